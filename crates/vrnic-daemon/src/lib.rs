@@ -1,0 +1,1 @@
+//! The vrnic daemon (placeholder).

@@ -1,0 +1,1 @@
+//! The vrnic driver library (placeholder).
