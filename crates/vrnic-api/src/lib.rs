@@ -1,1 +1,304 @@
-//! placeholder
+//! Control-path messages: what the driver library asks the daemon through a region's control
+//! mailbox (API remoting), and what the CLI asks the daemon on its admin socket.
+//!
+//! Messages are JSON (`serde_json`): the control path is not hot (tens of microseconds are
+//! fine), JSON is easy to inspect in logs, and its parser is safe on hostile input with bounded
+//! depth. The daemon treats every decoded request as untrusted: handles are checked against
+//! the requesting context, sizes against limits.
+//!
+//! Not here: the data path. Work requests and completions are fixed slots in rings
+//! (`vrnic-wire`), never messages.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use serde::{Deserialize, Serialize};
+use vrnic_wire::{QpAttr, QpCap, QpType};
+
+/// Identity and limits of a vRNIC, as the driver reports them through `ibv_query_device`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// Device name (`ibv_get_device_name`).
+    pub name: String,
+    /// Node GUID, network byte order.
+    pub guid: u64,
+    /// Port LID.
+    pub lid: u16,
+    /// GID index 0.
+    pub gid: [u8; 16],
+    /// Most QPs.
+    pub max_qp: u32,
+    /// Deepest work queue.
+    pub max_qp_wr: u32,
+    /// Most CQs.
+    pub max_cq: u32,
+    /// Deepest CQ.
+    pub max_cqe: u32,
+    /// Most MRs.
+    pub max_mr: u32,
+    /// Most PDs.
+    pub max_pd: u32,
+    /// Largest registration in bytes.
+    pub max_mr_size: u64,
+}
+
+/// A run of pages backing part of a registration: `pages` app pages from `va` are backed by
+/// region pages from `off`. `fresh` runs are new: the driver copies the app's current bytes
+/// into them and maps them over the app's range; other runs are already mapped there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRun {
+    /// App virtual address (page aligned).
+    pub va: u64,
+    /// Region offset (page aligned).
+    pub off: u64,
+    /// Number of 4 KiB pages.
+    pub pages: u32,
+    /// Whether the driver must copy and map it.
+    pub fresh: bool,
+}
+
+/// A request from a driver library context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Request {
+    /// Device identity and limits.
+    QueryDevice,
+    /// `ibv_alloc_pd`.
+    AllocPd,
+    /// `ibv_dealloc_pd`.
+    DeallocPd {
+        /// Handle.
+        pd: u32,
+    },
+    /// `ibv_reg_mr_iova2`.
+    RegMr {
+        /// PD handle.
+        pd: u32,
+        /// Start address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+        /// I/O virtual address the work requests use.
+        iova: u64,
+        /// `IBV_ACCESS_*`.
+        access: u32,
+    },
+    /// `ibv_dereg_mr`: the response lists the runs the driver must detach.
+    DeregMr {
+        /// MR handle.
+        mr: u32,
+    },
+    /// After a deregistration: the driver detached these runs; the daemon may reuse them.
+    ReleasePages {
+        /// The runs from the `DeregMr` response.
+        runs: Vec<PageRun>,
+    },
+    /// `ibv_create_cq`.
+    CreateCq {
+        /// Requested depth.
+        cqe: u32,
+    },
+    /// `ibv_destroy_cq`.
+    DestroyCq {
+        /// Handle.
+        cq: u32,
+    },
+    /// `ibv_create_qp`.
+    CreateQp {
+        /// PD handle.
+        pd: u32,
+        /// Send CQ handle.
+        send_cq: u32,
+        /// Receive CQ handle.
+        recv_cq: u32,
+        /// Transport.
+        qp_type: QpType,
+        /// Requested capacities.
+        cap: QpCap,
+        /// Signal every send.
+        sq_sig_all: bool,
+    },
+    /// `ibv_modify_qp`.
+    ModifyQp {
+        /// Handle.
+        qp: u32,
+        /// `IBV_QP_*` mask.
+        mask: u32,
+        /// Attributes.
+        attr: Box<QpAttr>,
+    },
+    /// `ibv_query_qp`.
+    QueryQp {
+        /// Handle.
+        qp: u32,
+    },
+    /// `ibv_destroy_qp`.
+    DestroyQp {
+        /// Handle.
+        qp: u32,
+    },
+}
+
+/// A successful answer; failures are [`Reply::Err`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Reply {
+    /// Done, nothing to return.
+    Ok,
+    /// An errno, with a message for logs.
+    Err {
+        /// Positive errno value.
+        errno: i32,
+        /// What went wrong.
+        msg: String,
+    },
+    /// For `QueryDevice`.
+    Device(DeviceInfo),
+    /// A new object's handle.
+    Handle(u32),
+    /// For `RegMr`.
+    Mr {
+        /// Handle.
+        mr: u32,
+        /// Local key.
+        lkey: u32,
+        /// Remote key.
+        rkey: u32,
+        /// Backing pages.
+        runs: Vec<PageRun>,
+    },
+    /// For `DeregMr`: runs to detach, then release.
+    Detach {
+        /// Runs whose last registration went away.
+        runs: Vec<PageRun>,
+    },
+    /// For `CreateCq`.
+    Cq {
+        /// Handle.
+        cq: u32,
+        /// Ring offset in the region.
+        ring: u64,
+        /// Ring depth (power of two, >= requested).
+        depth: u32,
+    },
+    /// For `CreateQp`.
+    Qp {
+        /// Handle.
+        qp: u32,
+        /// QP number.
+        qpn: u32,
+        /// Send ring offset.
+        sq: u64,
+        /// Send ring depth.
+        sq_depth: u32,
+        /// Receive ring offset.
+        rq: u64,
+        /// Receive ring depth.
+        rq_depth: u32,
+        /// Granted capacities.
+        cap: QpCap,
+    },
+    /// For `QueryQp`.
+    QpAttr(Box<QpAttr>),
+}
+
+/// Async event kinds carried in a mailbox's event ring (`enum ibv_event_type` values).
+pub mod event {
+    /// `IBV_EVENT_CQ_ERR`
+    pub const CQ_ERR: u32 = 0;
+    /// `IBV_EVENT_QP_FATAL`
+    pub const QP_FATAL: u32 = 1;
+    /// `IBV_EVENT_PORT_ACTIVE`
+    pub const PORT_ACTIVE: u32 = 9;
+    /// `IBV_EVENT_DEVICE_FATAL`
+    pub const DEVICE_FATAL: u32 = 8;
+}
+
+/// A request on the daemon's admin socket (one JSON line each way).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum AdminRequest {
+    /// List vRNICs.
+    List,
+    /// Create a vRNIC that stays until removed.
+    Create {
+        /// Name.
+        name: String,
+    },
+    /// Remove a vRNIC (its users lose it).
+    Remove {
+        /// Name.
+        name: String,
+    },
+    /// Hold a vRNIC for a `vrnic run`: created if missing (then removed when its last user
+    /// leaves), held while this admin connection stays open. `None` picks a fresh name.
+    Hold {
+        /// Name.
+        name: Option<String>,
+    },
+}
+
+/// One vRNIC in a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VnicSummary {
+    /// Name.
+    pub name: String,
+    /// LID.
+    pub lid: u16,
+    /// GID index 0.
+    pub gid: [u8; 16],
+    /// QPs now.
+    pub qps: usize,
+    /// Attached contexts plus holders.
+    pub users: usize,
+    /// Whether it was created explicitly (not removed with its last user).
+    pub persistent: bool,
+    /// Its directory (to bind-mount or preload against).
+    pub dir: String,
+}
+
+/// An answer on the admin socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum AdminReply {
+    /// Done.
+    Ok,
+    /// Failed.
+    Err(String),
+    /// Listing.
+    List(Vec<VnicSummary>),
+    /// The held or created vRNIC.
+    Vnic(VnicSummary),
+}
+
+/// Formats a GID the way `ibv_devinfo` does (`fe80:0000:...`).
+pub fn gid_string(gid: &[u8; 16]) -> String {
+    gid.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_through_json() {
+        let r = Request::ModifyQp { qp: 3, mask: 1, attr: Box::default() };
+        let s = serde_json::to_vec(&r).unwrap();
+        assert_eq!(serde_json::from_slice::<Request>(&s).unwrap(), r);
+    }
+
+    #[test]
+    fn hostile_bytes_are_an_error() {
+        assert!(serde_json::from_slice::<Request>(b"\xff{[[[").is_err());
+        let deep = "[".repeat(10_000);
+        assert!(serde_json::from_slice::<Request>(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn gid_formats_like_devinfo() {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[15] = 1;
+        assert_eq!(gid_string(&g), "fe80:0000:0000:0000:0000:0000:0000:0001");
+    }
+}

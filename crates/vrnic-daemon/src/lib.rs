@@ -1,1 +1,20 @@
-//! The vrnic daemon (placeholder).
+//! The vrnic virtual layer daemon: owns the vRNICs of a host, their shared regions and
+//! sockets, serves the control path, and drives the engine over the rings.
+//!
+//! `vrnic serve` is [`serve`] with [`ServeOptions`] from the command line; there is nothing
+//! else to configure on one host (the embedded default). The daemon is single-threaded by
+//! design for now: one loop owns the engine and every object, so nothing is locked; see
+//! [`server`] for how it spins and sleeps.
+//!
+//! The state dir holds `vrnic.sock` (the admin socket the CLI talks to), `daemon.lock` (one
+//! daemon per state dir), and one directory per vRNIC with its `region` file and `sock`.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod config;
+pub mod heap;
+pub mod server;
+mod sys;
+
+pub use server::{ServeOptions, serve};

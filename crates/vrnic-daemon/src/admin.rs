@@ -1,0 +1,52 @@
+//! The CLI's side of the admin socket: one JSON line per request and per reply.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use anyhow::{Context as _, Result, bail};
+use vrnic_api::{AdminReply, AdminRequest};
+
+use crate::config::ADMIN_SOCKET;
+
+/// A connection to a running daemon.
+#[derive(Debug)]
+pub struct AdminClient {
+    stream: BufReader<UnixStream>,
+}
+
+impl AdminClient {
+    /// Connects to the daemon serving `state_dir`, or explains that none does.
+    pub fn connect(state_dir: &Path) -> Result<AdminClient> {
+        let path = state_dir.join(ADMIN_SOCKET);
+        match UnixStream::connect(&path) {
+            Ok(s) => Ok(AdminClient { stream: BufReader::new(s) }),
+            Err(e) => bail!(
+                "no daemon running at {} ({e}); start one with `vrnic serve` (or pass --state-dir)",
+                state_dir.display()
+            ),
+        }
+    }
+
+    /// Sends one request and reads its reply. `AdminReply::Err` becomes an error.
+    pub fn call(&mut self, req: &AdminRequest) -> Result<AdminReply> {
+        let mut line = serde_json::to_vec(req)?;
+        line.push(b'\n');
+        self.stream.get_mut().write_all(&line).context("send to the daemon")?;
+        let mut reply = String::new();
+        self.stream.read_line(&mut reply).context("read from the daemon")?;
+        if reply.is_empty() {
+            bail!("the daemon closed the connection");
+        }
+        match serde_json::from_str(&reply).context("parse the daemon's reply")? {
+            AdminReply::Err(e) => bail!("{e}"),
+            r => Ok(r),
+        }
+    }
+
+    /// Lets the connection outlive an `exec` (for `vrnic run`, whose command then holds the
+    /// vRNIC for as long as it lives). Returns the fd number.
+    pub fn inherit_across_exec(&self) -> Result<i32> {
+        crate::sys::clear_cloexec(self.stream.get_ref()).context("keep the admin connection across exec")
+    }
+}

@@ -1,0 +1,1154 @@
+//! The daemon's one loop: sockets (admin, per-vRNIC, per-context), the control mailboxes, and
+//! the engine pass that moves work requests from the rings into the engine and completions
+//! back out.
+//!
+//! One thread owns everything, so there are no locks: a control request is served between two
+//! engine passes. The loop spins (yielding the CPU each idle pass) while there is traffic and
+//! sleeps in `epoll` after a quiet period; before sleeping it sets every region's
+//! engine-sleeping word and re-checks the rings, so a driver that publishes a work request
+//! and then reads that word can never be missed (brief §9, lost wake-ups).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use mio::net::{UnixListener, UnixStream};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use tracing::{debug, info, warn};
+use vrnic_api::{AdminReply, AdminRequest, PageRun, Reply, Request, VnicSummary};
+use vrnic_proto::{CqId, CtxId, Engine, Loc, Memory, MrId, PdId, QpId, VnicId};
+use vrnic_shm::layout::{self, hdr};
+use vrnic_shm::{Mailbox, MailboxState, Region, Ring};
+use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
+
+use crate::config::{self, ADMIN_SOCKET, REGION_FILE, VNIC_SOCKET};
+use crate::heap::Heap;
+use crate::sys;
+
+const SIGNAL: Token = Token(0);
+const ADMIN: Token = Token(1);
+/// How long the loop keeps spinning after the last work before it sleeps.
+const SPIN_QUIET: Duration = Duration::from_millis(2);
+/// Longest sleep, so timers and guest-polled regions are looked at regularly.
+const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Work requests taken from one ring per pass.
+const RING_BATCH: u32 = 64;
+/// Control requests served per wake of a context.
+const CTRL_BUDGET: usize = 8;
+/// Most QPs / CQs / MRs / PDs per vRNIC.
+const MAX_QP: u32 = 4096;
+const MAX_CQ: u32 = 4096;
+const MAX_MR: u32 = 65536;
+const MAX_PD: u32 = 4096;
+const MAX_QP_WR: u32 = 16384;
+const MAX_CQE: u32 = 65536;
+
+/// Options of `vrnic serve`.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The state dir.
+    pub state_dir: PathBuf,
+    /// Size of each region file (sparse).
+    pub region_size: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Tok {
+    VnicListener(VnicId),
+    Client(CtxId),
+    Admin(u64),
+}
+
+struct Vnic {
+    name: String,
+    dir: PathBuf,
+    region: Region,
+    lid: u16,
+    gid: [u8; 16],
+    guid: u64,
+    heap: Heap,
+    persistent: bool,
+    holders: usize,
+    contexts: HashSet<CtxId>,
+    listener: UnixListener,
+    token: Token,
+}
+
+struct Ctx {
+    vnic: VnicId,
+    stream: UnixStream,
+    token: Token,
+    mailbox: Mailbox,
+    ev_prod: u32,
+    /// App page address -> (region offset, registrations using it).
+    pages: HashMap<u64, (u64, u32)>,
+    /// MR -> the app pages it holds.
+    mrs: HashMap<MrId, (u64, u64)>,
+    /// Pages deregistered but still mapped by the app, by region offset.
+    detaching: HashSet<u64>,
+    cqs: HashSet<CqId>,
+    qps: HashSet<QpId>,
+    pds: u32,
+    wake: bool,
+}
+
+struct CqSlot {
+    vnic: VnicId,
+    ctx: CtxId,
+    ring: Ring,
+    prod: u32,
+    broken: bool,
+}
+
+struct QpSlot {
+    vnic: VnicId,
+    sq: Ring,
+    rq: Ring,
+    sq_fetched: u32,
+    rq_fetched: u32,
+    sq_cons: u32,
+    rq_cons: u32,
+    broken: bool,
+}
+
+struct AdminConn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    held: Option<VnicId>,
+}
+
+/// The daemon's state, owned by its one thread.
+pub struct Server {
+    opts: ServeOptions,
+    poll: Poll,
+    engine: Engine,
+    vnics: BTreeMap<VnicId, Vnic>,
+    ctxs: HashMap<CtxId, Ctx>,
+    cqs: HashMap<CqId, CqSlot>,
+    qps: BTreeMap<QpId, QpSlot>,
+    tokens: HashMap<Token, Tok>,
+    admin: UnixListener,
+    admins: HashMap<u64, AdminConn>,
+    next_token: usize,
+    next_vnic: u32,
+    next_ctx: u32,
+    next_admin: u64,
+    _signals: sys::SignalFd,
+    _lock: std::fs::File,
+    mounted: bool,
+    sleeping: bool,
+}
+
+/// Runs the daemon until SIGINT/SIGTERM.
+pub fn serve(opts: ServeOptions) -> Result<()> {
+    let mut server = Server::start(opts)?;
+    let r = server.run();
+    server.shutdown();
+    r
+}
+
+struct Mem<'a>(&'a BTreeMap<VnicId, Vnic>);
+
+impl Memory for Mem<'_> {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+        let (Some(s), Some(d)) = (self.0.get(&src.vnic), self.0.get(&dst.vnic)) else {
+            warn!(?src, ?dst, "copy between unknown vnics");
+            return;
+        };
+        if let Err(e) = Region::copy(&s.region, src.off, &d.region, dst.off, len as u64) {
+            warn!("engine copy refused: {e}");
+        }
+    }
+    fn write(&mut self, dst: Loc, data: &[u8]) {
+        if let Some(d) = self.0.get(&dst.vnic)
+            && let Err(e) = d.region.write_bytes(dst.off, data)
+        {
+            warn!("engine write refused: {e}");
+        }
+    }
+    fn read(&mut self, src: Loc, out: &mut [u8]) {
+        if let Some(s) = self.0.get(&src.vnic)
+            && let Err(e) = s.region.read_bytes(src.off, out)
+        {
+            warn!("engine read refused: {e}");
+        }
+    }
+}
+
+fn err(errno: i32, msg: impl Into<String>) -> Reply {
+    Reply::Err { errno, msg: msg.into() }
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+}
+
+impl Server {
+    fn start(opts: ServeOptions) -> Result<Server> {
+        let dir = &opts.state_dir;
+        std::fs::create_dir_all(dir).with_context(|| format!("create state dir {}", dir.display()))?;
+        let lock = sys::lock_exclusive(&dir.join(config::LOCK_FILE)).with_context(|| {
+            format!("another vrnic daemon already serves {} (its lock is held)", dir.display())
+        })?;
+        let mounted = sys::ensure_tmpfs(dir);
+        let stale = cleanup_stale(dir);
+        if stale > 0 {
+            info!("removed {stale} vRNICs left by a daemon that did not shut down cleanly");
+        }
+        let admin_path = dir.join(ADMIN_SOCKET);
+        let _ = std::fs::remove_file(&admin_path);
+        let mut admin = UnixListener::bind(&admin_path).with_context(|| format!("bind {}", admin_path.display()))?;
+        let poll = Poll::new()?;
+        let signals = sys::SignalFd::new().context("block SIGINT/SIGTERM")?;
+        poll.registry().register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
+        poll.registry().register(&mut admin, ADMIN, Interest::READABLE)?;
+        info!(state_dir = %dir.display(), "vrnic daemon serving");
+        Ok(Server {
+            opts,
+            poll,
+            engine: Engine::new(seed()),
+            vnics: BTreeMap::new(),
+            ctxs: HashMap::new(),
+            cqs: HashMap::new(),
+            qps: BTreeMap::new(),
+            tokens: HashMap::new(),
+            admin,
+            admins: HashMap::new(),
+            next_token: 2,
+            next_vnic: 1,
+            next_ctx: 1,
+            next_admin: 1,
+            _signals: signals,
+            _lock: lock,
+            mounted,
+            sleeping: false,
+        })
+    }
+
+    fn token(&mut self, t: Tok) -> Token {
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        self.tokens.insert(token, t);
+        token
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let mut events = Events::with_capacity(256);
+        let mut last_work = Instant::now();
+        let mut pass: u64 = 0;
+        loop {
+            let now = Instant::now();
+            let idle = now.duration_since(last_work);
+            let poll_now = pass % 32 == 0 || idle >= SPIN_QUIET;
+            if poll_now {
+                let timeout = if idle >= SPIN_QUIET {
+                    // Sleep: announce it, then look once more before really waiting.
+                    self.set_sleeping(true);
+                    if self.engine_pass(Instant::now()) {
+                        self.set_sleeping(false);
+                        last_work = Instant::now();
+                        Some(Duration::ZERO)
+                    } else {
+                        let t = self
+                            .engine
+                            .poll_timeout()
+                            .map(|t| t.saturating_duration_since(Instant::now()))
+                            .unwrap_or(MAX_SLEEP);
+                        Some(t.min(MAX_SLEEP))
+                    }
+                } else {
+                    Some(Duration::ZERO)
+                };
+                match self.poll.poll(&mut events, timeout) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e).context("epoll"),
+                }
+                if self.sleeping {
+                    self.set_sleeping(false);
+                }
+                let mut stop = false;
+                for ev in events.iter() {
+                    match ev.token() {
+                        SIGNAL => stop = true,
+                        ADMIN => self.accept_admin(),
+                        t => {
+                            if self.handle_token(t) {
+                                last_work = Instant::now();
+                            }
+                        }
+                    }
+                }
+                if stop {
+                    info!("signal received, shutting down");
+                    return Ok(());
+                }
+            }
+            let now = Instant::now();
+            self.engine.handle_timeout(now);
+            if self.engine_pass(now) {
+                last_work = Instant::now();
+            } else {
+                std::thread::yield_now();
+            }
+            pass = pass.wrapping_add(1);
+        }
+    }
+
+    fn set_sleeping(&mut self, on: bool) {
+        self.sleeping = on;
+        for v in self.vnics.values() {
+            if let Ok(w) = v.region.atomic_u32(hdr::ENGINE_SLEEPING) {
+                w.store(u32::from(on), Ordering::SeqCst);
+            }
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    fn handle_token(&mut self, t: Token) -> bool {
+        match self.tokens.get(&t).copied() {
+            Some(Tok::VnicListener(v)) => {
+                self.accept_client(v);
+                false
+            }
+            Some(Tok::Client(c)) => self.client_ready(c),
+            Some(Tok::Admin(a)) => {
+                self.admin_ready(a);
+                false
+            }
+            None => false,
+        }
+    }
+
+    // ---- vRNIC lifecycle -------------------------------------------------------------------
+
+    fn create_vnic(&mut self, name: &str, persistent: bool) -> Result<VnicId> {
+        if !config::valid_name(name) {
+            bail!("invalid vRNIC name {name:?}: use 1-63 letters, digits, '-' or '_'");
+        }
+        if self.vnics.values().any(|v| v.name == name) {
+            bail!("vRNIC {name} already exists");
+        }
+        let id = VnicId(self.next_vnic);
+        self.next_vnic += 1;
+        let lid = self.free_lid().context("no free LID")?;
+        let guid_host: u64 = 0x0256_5200_0000_0000 | u64::from(id.0);
+        let guid = guid_host.to_be();
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[8..].copy_from_slice(&guid_host.to_be_bytes());
+        let dir = self.opts.state_dir.join(name);
+        std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let region = match Region::create(&dir.join(REGION_FILE), self.opts.region_size, name, lid, gid, guid) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e).context("create region");
+            }
+        };
+        let heap_off = layout::HEAP_OFF;
+        let heap = Heap::new(heap_off, region.size() - heap_off, layout::PAGE);
+        let mut listener = UnixListener::bind(dir.join(VNIC_SOCKET)).context("bind vRNIC socket")?;
+        let token = self.token(Tok::VnicListener(id));
+        self.poll.registry().register(&mut listener, token, Interest::READABLE)?;
+        self.engine.add_vnic(id, lid, gid);
+        info!(vnic = name, lid, "vRNIC created");
+        self.vnics.insert(
+            id,
+            Vnic {
+                name: name.to_string(),
+                dir,
+                region,
+                lid,
+                gid,
+                guid,
+                heap,
+                persistent,
+                holders: 0,
+                contexts: HashSet::new(),
+                listener,
+                token,
+            },
+        );
+        Ok(id)
+    }
+
+    fn free_lid(&self) -> Option<u16> {
+        (1..0xbfff).find(|l| !self.vnics.values().any(|v| v.lid == *l))
+    }
+
+    fn remove_vnic(&mut self, id: VnicId) {
+        let ctxs: Vec<CtxId> = self.vnics.get(&id).map(|v| v.contexts.iter().copied().collect()).unwrap_or_default();
+        for c in ctxs {
+            self.drop_context(c);
+        }
+        self.engine.remove_vnic(Instant::now(), id);
+        if let Some(mut v) = self.vnics.remove(&id) {
+            let _ = self.poll.registry().deregister(&mut v.listener);
+            self.tokens.remove(&v.token);
+            if let Ok(w) = v.region.atomic_u32(hdr::DAEMON_STATE) {
+                w.store(2, Ordering::Release);
+            }
+            let _ = std::fs::remove_dir_all(&v.dir);
+            info!(vnic = v.name, "vRNIC removed");
+        }
+    }
+
+    fn maybe_reap(&mut self, id: VnicId) {
+        if let Some(v) = self.vnics.get(&id)
+            && !v.persistent
+            && v.holders == 0
+            && v.contexts.is_empty()
+        {
+            self.remove_vnic(id);
+        }
+    }
+
+    fn summary(&self, id: VnicId) -> Option<VnicSummary> {
+        let v = self.vnics.get(&id)?;
+        Some(VnicSummary {
+            name: v.name.clone(),
+            lid: v.lid,
+            gid: v.gid,
+            qps: self.engine.qp_count(id),
+            users: v.holders + v.contexts.len(),
+            persistent: v.persistent,
+            dir: v.dir.display().to_string(),
+        })
+    }
+
+    // ---- admin socket ----------------------------------------------------------------------
+
+    fn accept_admin(&mut self) {
+        loop {
+            match self.admin.accept() {
+                Ok((mut stream, _)) => {
+                    let id = self.next_admin;
+                    self.next_admin += 1;
+                    let token = self.token(Tok::Admin(id));
+                    if self.poll.registry().register(&mut stream, token, Interest::READABLE).is_ok() {
+                        self.admins.insert(id, AdminConn { stream, buf: Vec::new(), held: None });
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    warn!("admin accept: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admin_ready(&mut self, id: u64) {
+        let Some(conn) = self.admins.get_mut(&id) else { return };
+        let mut closed = false;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    conn.buf.extend_from_slice(&chunk[..n]);
+                    if conn.buf.len() > 1 << 16 {
+                        closed = true;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        while let Some(pos) = self.admins.get(&id).and_then(|c| c.buf.iter().position(|&b| b == b'\n')) {
+            let line: Vec<u8> = self.admins.get_mut(&id).map(|c| c.buf.drain(..=pos).collect()).unwrap_or_default();
+            let reply = match serde_json::from_slice::<AdminRequest>(&line) {
+                Ok(req) => self.admin_request(id, req),
+                Err(e) => AdminReply::Err(format!("bad admin request: {e}")),
+            };
+            if let Some(c) = self.admins.get_mut(&id) {
+                let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+                out.push(b'\n');
+                let _ = sys::write_all_blocking(&mut c.stream, &out);
+            }
+        }
+        if closed {
+            self.close_admin(id);
+        }
+    }
+
+    fn admin_request(&mut self, conn: u64, req: AdminRequest) -> AdminReply {
+        match req {
+            AdminRequest::List => AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect()),
+            AdminRequest::Create { name } => match self.create_vnic(&name, true) {
+                Ok(v) => self.summary(v).map(AdminReply::Vnic).unwrap_or(AdminReply::Ok),
+                Err(e) => AdminReply::Err(format!("{e:#}")),
+            },
+            AdminRequest::Remove { name } => match self.vnics.iter().find(|(_, v)| v.name == name) {
+                Some((&id, _)) => {
+                    self.remove_vnic(id);
+                    AdminReply::Ok
+                }
+                None => AdminReply::Err(format!("no vRNIC named {name}")),
+            },
+            AdminRequest::Hold { name } => {
+                if self.admins.get(&conn).is_some_and(|c| c.held.is_some()) {
+                    return AdminReply::Err("this connection already holds a vRNIC".into());
+                }
+                let existing = name.as_ref().and_then(|n| self.vnics.iter().find(|(_, v)| &v.name == n).map(|(&id, _)| id));
+                let id = match existing {
+                    Some(id) => id,
+                    None => {
+                        let name = name.unwrap_or_else(|| {
+                            (0..).map(|i| format!("vrnic{i}")).find(|n| !self.vnics.values().any(|v| &v.name == n)).unwrap_or_default()
+                        });
+                        match self.create_vnic(&name, false) {
+                            Ok(id) => id,
+                            Err(e) => return AdminReply::Err(format!("{e:#}")),
+                        }
+                    }
+                };
+                if let Some(v) = self.vnics.get_mut(&id) {
+                    v.holders += 1;
+                }
+                if let Some(c) = self.admins.get_mut(&conn) {
+                    c.held = Some(id);
+                }
+                self.summary(id).map(AdminReply::Vnic).unwrap_or(AdminReply::Ok)
+            }
+            _ => AdminReply::Err("unsupported admin request".into()),
+        }
+    }
+
+    fn close_admin(&mut self, id: u64) {
+        if let Some(mut c) = self.admins.remove(&id) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.tokens.retain(|_, t| !matches!(t, Tok::Admin(a) if *a == id));
+            if let Some(v) = c.held {
+                if let Some(vn) = self.vnics.get_mut(&v) {
+                    vn.holders = vn.holders.saturating_sub(1);
+                }
+                self.maybe_reap(v);
+            }
+        }
+    }
+
+    // ---- contexts (attached driver libraries) ----------------------------------------------
+
+    fn accept_client(&mut self, vnic: VnicId) {
+        loop {
+            let Some(v) = self.vnics.get(&vnic) else { return };
+            let (mut stream, _) = match v.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    warn!("accept: {e}");
+                    return;
+                }
+            };
+            let used: HashSet<u32> =
+                self.ctxs.values().filter(|c| c.vnic == vnic).map(|c| c.mailbox.index()).collect();
+            let Some(mailbox) = (0..layout::CTRL_SLOTS).find(|i| !used.contains(i)).and_then(Mailbox::new) else {
+                warn!(vnic = v.name, "all control mailboxes in use; refusing a context");
+                let _ = sys::write_all_blocking(&mut stream, &u32::MAX.to_le_bytes());
+                continue;
+            };
+            mailbox.reset(&v.region, MailboxState::Idle);
+            let id = CtxId(self.next_ctx);
+            self.next_ctx += 1;
+            if sys::write_all_blocking(&mut stream, &mailbox.index().to_le_bytes()).is_err() {
+                continue;
+            }
+            let _ = v;
+            let token = self.token(Tok::Client(id));
+            if self.poll.registry().register(&mut stream, token, Interest::READABLE).is_err() {
+                continue;
+            }
+            debug!(ctx = id.0, mailbox = mailbox.index(), "context attached");
+            self.ctxs.insert(
+                id,
+                Ctx {
+                    vnic,
+                    stream,
+                    token,
+                    mailbox,
+                    ev_prod: 0,
+                    pages: HashMap::new(),
+                    mrs: HashMap::new(),
+                    detaching: HashSet::new(),
+                    cqs: HashSet::new(),
+                    qps: HashSet::new(),
+                    pds: 0,
+                    wake: false,
+                },
+            );
+            if let Some(v) = self.vnics.get_mut(&vnic) {
+                v.contexts.insert(id);
+            }
+        }
+    }
+
+    /// A context's socket is readable: doorbells (drained), control requests, or its death.
+    fn client_ready(&mut self, id: CtxId) -> bool {
+        let Some(ctx) = self.ctxs.get_mut(&id) else { return false };
+        let mut buf = [0u8; 256];
+        let mut dead = false;
+        loop {
+            match ctx.stream.read(&mut buf) {
+                Ok(0) => {
+                    dead = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    dead = true;
+                    break;
+                }
+            }
+        }
+        if dead {
+            let vnic = ctx.vnic;
+            self.drop_context(id);
+            self.maybe_reap(vnic);
+            return true;
+        }
+        self.serve_mailbox(id);
+        true
+    }
+
+    fn serve_mailbox(&mut self, id: CtxId) {
+        for _ in 0..CTRL_BUDGET {
+            let Some(ctx) = self.ctxs.get(&id) else { return };
+            let Some(v) = self.vnics.get(&ctx.vnic) else { return };
+            let mailbox = ctx.mailbox;
+            let Some((seq, req)) = mailbox.take(&v.region) else { return };
+            let reply = match req {
+                Ok(bytes) => match serde_json::from_slice::<Request>(&bytes) {
+                    Ok(req) => self.control(id, req),
+                    Err(e) => err(libc::EINVAL, format!("malformed control request: {e}")),
+                },
+                Err(len) => err(libc::EINVAL, format!("control request length {len} out of range")),
+            };
+            if let Reply::Err { errno, msg } = &reply {
+                debug!(ctx = id.0, errno, "control request failed: {msg}");
+            }
+            let out = serde_json::to_vec(&reply).unwrap_or_default();
+            let Some(ctx) = self.ctxs.get(&id) else { return };
+            if let Some(v) = self.vnics.get(&ctx.vnic)
+                && let Err(e) = mailbox.respond(&v.region, seq, &out)
+            {
+                warn!("respond: {e}");
+            }
+        }
+    }
+
+    fn drop_context(&mut self, id: CtxId) {
+        let Some(mut ctx) = self.ctxs.remove(&id) else { return };
+        let now = Instant::now();
+        self.engine.destroy_context(now, id);
+        let _ = self.poll.registry().deregister(&mut ctx.stream);
+        self.tokens.remove(&ctx.token);
+        let Some(v) = self.vnics.get_mut(&ctx.vnic) else { return };
+        v.contexts.remove(&id);
+        for qp in &ctx.qps {
+            if let Some(slot) = self.qps.remove(qp) {
+                free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
+                free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
+            }
+        }
+        for cq in &ctx.cqs {
+            if let Some(slot) = self.cqs.remove(cq) {
+                free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
+            }
+        }
+        let offs: Vec<u64> = ctx.pages.values().map(|(off, _)| *off).chain(ctx.detaching.iter().copied()).collect();
+        for off in offs {
+            free_pages(v, off, 1);
+        }
+        ctx.mailbox.reset(&v.region, MailboxState::Free);
+        debug!(vnic = v.name, ctx = id.0, "context detached, resources reclaimed");
+    }
+
+    fn notify_ctx(&mut self, id: CtxId) {
+        if let Some(c) = self.ctxs.get_mut(&id) {
+            c.wake = true;
+        }
+    }
+
+    fn flush_wakes(&mut self) {
+        for c in self.ctxs.values_mut() {
+            if c.wake {
+                c.wake = false;
+                // A full socket buffer already holds a wake-up: WouldBlock is fine.
+                let _ = c.stream.write(&[1u8]);
+            }
+        }
+    }
+
+    // ---- control requests ------------------------------------------------------------------
+
+    fn control(&mut self, id: CtxId, req: Request) -> Reply {
+        let now = Instant::now();
+        let Some(ctx) = self.ctxs.get(&id) else { return err(libc::ENODEV, "no such context") };
+        let vnic = ctx.vnic;
+        match req {
+            Request::QueryDevice => {
+                let Some(v) = self.vnics.get(&vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+                Reply::Device(vrnic_api::DeviceInfo {
+                    name: v.name.clone(),
+                    guid: v.guid,
+                    lid: v.lid,
+                    gid: v.gid,
+                    max_qp: MAX_QP,
+                    max_qp_wr: MAX_QP_WR,
+                    max_cq: MAX_CQ,
+                    max_cqe: MAX_CQE,
+                    max_mr: MAX_MR,
+                    max_pd: MAX_PD,
+                    max_mr_size: v.region.size() - layout::HEAP_OFF,
+                })
+            }
+            Request::AllocPd => {
+                if ctx.pds >= MAX_PD {
+                    return err(libc::ENOMEM, "PD limit reached");
+                }
+                match self.engine.alloc_pd(vnic, id) {
+                    Ok(pd) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.pds += 1;
+                        }
+                        Reply::Handle(pd.0)
+                    }
+                    Err(e) => err(e, "alloc_pd"),
+                }
+            }
+            Request::DeallocPd { pd } => match self.engine.dealloc_pd(id, PdId(pd)) {
+                Ok(()) => {
+                    if let Some(c) = self.ctxs.get_mut(&id) {
+                        c.pds = c.pds.saturating_sub(1);
+                    }
+                    Reply::Ok
+                }
+                Err(e) => err(e, "dealloc_pd"),
+            },
+            Request::RegMr { pd, addr, len, iova, access } => self.reg_mr(id, PdId(pd), addr, len, iova, access),
+            Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
+            Request::ReleasePages { runs } => self.release_pages(id, &runs),
+            Request::CreateCq { cqe } => self.create_cq(id, cqe),
+            Request::DestroyCq { cq } => {
+                if !ctx.cqs.contains(&CqId(cq)) {
+                    return err(libc::EINVAL, "no such CQ");
+                }
+                match self.engine.destroy_cq(id, CqId(cq)) {
+                    Ok(()) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.cqs.remove(&CqId(cq));
+                        }
+                        if let (Some(slot), Some(v)) = (self.cqs.remove(&CqId(cq)), self.vnics.get_mut(&vnic)) {
+                            free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
+                        }
+                        Reply::Ok
+                    }
+                    Err(e) => err(e, "destroy_cq"),
+                }
+            }
+            Request::CreateQp { pd, send_cq, recv_cq, qp_type, cap, sq_sig_all } => {
+                self.create_qp(id, PdId(pd), CqId(send_cq), CqId(recv_cq), qp_type, cap, sq_sig_all)
+            }
+            Request::ModifyQp { qp, mask, attr } => match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
+                Ok(()) => Reply::Ok,
+                Err(e) => err(e, "modify_qp"),
+            },
+            Request::QueryQp { qp } => match self.engine.query_qp(id, QpId(qp)) {
+                Ok(a) => Reply::QpAttr(Box::new(a)),
+                Err(e) => err(e, "query_qp"),
+            },
+            Request::DestroyQp { qp } => {
+                if !ctx.qps.contains(&QpId(qp)) {
+                    return err(libc::EINVAL, "no such QP");
+                }
+                match self.engine.destroy_qp(now, id, QpId(qp)) {
+                    Ok(()) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.qps.remove(&QpId(qp));
+                        }
+                        if let (Some(slot), Some(v)) = (self.qps.remove(&QpId(qp)), self.vnics.get_mut(&vnic)) {
+                            free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
+                            free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
+                        }
+                        Reply::Ok
+                    }
+                    Err(e) => err(e, "destroy_qp"),
+                }
+            }
+            _ => err(libc::EOPNOTSUPP, "request not supported by this daemon"),
+        }
+    }
+
+    fn reg_mr(&mut self, id: CtxId, pd: PdId, addr: u64, len: u64, iova: u64, access: u32) -> Reply {
+        let page = layout::PAGE;
+        let Some(ctx) = self.ctxs.get_mut(&id) else { return err(libc::ENODEV, "no context") };
+        let Some(v) = self.vnics.get_mut(&ctx.vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+        if len == 0 || addr.checked_add(len).is_none() {
+            return err(libc::EINVAL, "empty or wrapping range");
+        }
+        if ctx.mrs.len() as u32 >= MAX_MR {
+            return err(libc::ENOMEM, "MR limit reached");
+        }
+        let first = addr / page * page;
+        let end = (addr + len).next_multiple_of(page);
+        let npages = (end - first) / page;
+        let missing: Vec<u64> = (0..npages).map(|i| first + i * page).filter(|va| !ctx.pages.contains_key(va)).collect();
+        let Some(allocated) = v.heap.alloc_runs(missing.len() as u64) else {
+            return err(libc::ENOMEM, format!("registering {len} bytes exceeds the vRNIC's free memory"));
+        };
+        // Hand out the fresh pages in address order.
+        let mut fresh_offs = allocated.iter().flat_map(|&(off, n)| (0..n).map(move |i| off + i * page));
+        let mut runs: Vec<PageRun> = Vec::new();
+        let mut page_list = Vec::with_capacity(npages as usize);
+        for i in 0..npages {
+            let va = first + i * page;
+            let (off, fresh) = match ctx.pages.get_mut(&va) {
+                Some(e) => {
+                    e.1 += 1;
+                    (e.0, false)
+                }
+                None => {
+                    // Invariant: we allocated exactly one page per missing va.
+                    let off = fresh_offs.next().expect("one fresh page per missing va");
+                    ctx.pages.insert(va, (off, 1));
+                    (off, true)
+                }
+            };
+            page_list.push(off);
+            match runs.last_mut() {
+                Some(r) if r.fresh == fresh && r.va + u64::from(r.pages) * page == va && r.off + u64::from(r.pages) * page == off => {
+                    r.pages += 1
+                }
+                _ => runs.push(PageRun { va, off, pages: 1, fresh }),
+            }
+        }
+        match self.engine.reg_mr(id, pd, addr, len, iova, access, page_list) {
+            Ok(keys) => {
+                ctx.mrs.insert(keys.mr, (first, npages));
+                Reply::Mr { mr: keys.mr.0, lkey: keys.lkey, rkey: keys.rkey, runs }
+            }
+            Err(e) => {
+                // Undo the page references taken above.
+                for i in 0..npages {
+                    let va = first + i * page;
+                    if let Some(entry) = ctx.pages.get_mut(&va) {
+                        entry.1 -= 1;
+                        if entry.1 == 0 {
+                            let off = entry.0;
+                            ctx.pages.remove(&va);
+                            free_pages(v, off, 1);
+                        }
+                    }
+                }
+                err(e, "reg_mr")
+            }
+        }
+    }
+
+    fn dereg_mr(&mut self, id: CtxId, mr: MrId) -> Reply {
+        let page = layout::PAGE;
+        let Some(ctx) = self.ctxs.get_mut(&id) else { return err(libc::ENODEV, "no context") };
+        let Some(&(first, npages)) = ctx.mrs.get(&mr) else { return err(libc::EINVAL, "no such MR") };
+        if let Err(e) = self.engine.dereg_mr(id, mr) {
+            return err(e, "dereg_mr");
+        }
+        ctx.mrs.remove(&mr);
+        let mut runs: Vec<PageRun> = Vec::new();
+        for i in 0..npages {
+            let va = first + i * page;
+            let Some(entry) = ctx.pages.get_mut(&va) else { continue };
+            entry.1 -= 1;
+            if entry.1 > 0 {
+                continue;
+            }
+            let off = entry.0;
+            ctx.pages.remove(&va);
+            ctx.detaching.insert(off);
+            match runs.last_mut() {
+                Some(r) if r.va + u64::from(r.pages) * page == va && r.off + u64::from(r.pages) * page == off => r.pages += 1,
+                _ => runs.push(PageRun { va, off, pages: 1, fresh: false }),
+            }
+        }
+        Reply::Detach { runs }
+    }
+
+    fn release_pages(&mut self, id: CtxId, runs: &[PageRun]) -> Reply {
+        let page = layout::PAGE;
+        let Some(ctx) = self.ctxs.get_mut(&id) else { return err(libc::ENODEV, "no context") };
+        let Some(v) = self.vnics.get_mut(&ctx.vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+        for r in runs.iter().take(1 << 16) {
+            for i in 0..u64::from(r.pages.min(1 << 20)) {
+                let off = r.off + i * page;
+                if ctx.detaching.remove(&off) {
+                    free_pages(v, off, 1);
+                }
+            }
+        }
+        Reply::Ok
+    }
+
+    fn create_cq(&mut self, id: CtxId, cqe: u32) -> Reply {
+        let Some(ctx) = self.ctxs.get(&id) else { return err(libc::ENODEV, "no context") };
+        let vnic = ctx.vnic;
+        if cqe == 0 || cqe > MAX_CQE {
+            return err(libc::EINVAL, format!("cqe {cqe} outside 1..={MAX_CQE}"));
+        }
+        if ctx.cqs.len() as u32 >= MAX_CQ {
+            return err(libc::ENOMEM, "CQ limit reached");
+        }
+        let depth = cqe.next_power_of_two();
+        let Some(v) = self.vnics.get_mut(&vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else { return err(libc::ENOMEM, "no memory for the CQ ring") };
+        match self.engine.create_cq(vnic, id, depth) {
+            Ok(cq) => {
+                self.cqs.insert(cq, CqSlot { vnic, ctx: id, ring, prod: 0, broken: false });
+                if let Some(c) = self.ctxs.get_mut(&id) {
+                    c.cqs.insert(cq);
+                }
+                Reply::Cq { cq: cq.0, ring: ring.offset(), depth }
+            }
+            Err(e) => {
+                free_ring(v, ring.offset(), depth, CQ_SLOT);
+                err(e, "create_cq")
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_qp(
+        &mut self,
+        id: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        qp_type: vrnic_wire::QpType,
+        mut cap: vrnic_wire::QpCap,
+        sq_sig_all: bool,
+    ) -> Reply {
+        let Some(ctx) = self.ctxs.get(&id) else { return err(libc::ENODEV, "no context") };
+        let vnic = ctx.vnic;
+        if ctx.qps.len() as u32 >= MAX_QP {
+            return err(libc::ENOMEM, "QP limit reached");
+        }
+        if cap.max_send_wr > MAX_QP_WR
+            || cap.max_recv_wr > MAX_QP_WR
+            || cap.max_send_sge as usize > vrnic_wire::MAX_SGE
+            || cap.max_recv_sge as usize > vrnic_wire::MAX_SGE
+            || cap.max_inline_data as usize > vrnic_wire::MAX_INLINE
+        {
+            return err(libc::EINVAL, "QP capabilities exceed the device limits");
+        }
+        let sq_depth = cap.max_send_wr.max(1).next_power_of_two();
+        let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
+        let Some(v) = self.vnics.get_mut(&vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+        let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else { return err(libc::ENOMEM, "no memory for the send ring") };
+        let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
+            free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
+            return err(libc::ENOMEM, "no memory for the receive ring");
+        };
+        cap.max_send_wr = cap.max_send_wr.max(1);
+        cap.max_recv_wr = cap.max_recv_wr.max(1);
+        cap.max_send_sge = cap.max_send_sge.max(1);
+        cap.max_recv_sge = cap.max_recv_sge.max(1);
+        cap.max_inline_data = vrnic_wire::MAX_INLINE as u32;
+        match self.engine.create_qp(id, pd, send_cq, recv_cq, qp_type, cap, sq_sig_all) {
+            Ok((qp, qpn)) => {
+                self.qps.insert(
+                    qp,
+                    QpSlot { vnic, sq, rq, sq_fetched: 0, rq_fetched: 0, sq_cons: 0, rq_cons: 0, broken: false },
+                );
+                if let Some(c) = self.ctxs.get_mut(&id) {
+                    c.qps.insert(qp);
+                }
+                Reply::Qp { qp: qp.0, qpn, sq: sq.offset(), sq_depth, rq: rq.offset(), rq_depth, cap }
+            }
+            Err(e) => {
+                free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
+                free_ring(v, rq.offset(), rq_depth, RQ_SLOT);
+                err(e, "create_qp")
+            }
+        }
+    }
+
+    // ---- the data path ---------------------------------------------------------------------
+
+    /// One pass over every ring: new work requests into the engine, engine work, completions
+    /// and retired indices out. Returns whether anything happened.
+    fn engine_pass(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        let mut sq_slot = [0u8; SQ_SLOT];
+        let mut rq_slot = [0u8; RQ_SLOT];
+        for (&qp, slot) in self.qps.iter_mut() {
+            if slot.broken {
+                continue;
+            }
+            let Some(v) = self.vnics.get(&slot.vnic) else { continue };
+            let region = &v.region;
+            // Send ring.
+            let prod = slot.sq.prod(region).load(Ordering::Acquire);
+            let retired = self.engine.sq_retired(qp);
+            if prod.wrapping_sub(retired) > slot.sq.depth() || prod.wrapping_sub(slot.sq_fetched) > slot.sq.depth() {
+                warn!(qp = qp.0, prod, retired, "garbage send producer index; failing the QP");
+                slot.broken = true;
+                self.engine.handle_send_wqe(now, qp, Err(vrnic_wire::ParseError::Completion("producer index")));
+                work = true;
+                continue;
+            }
+            let n = prod.wrapping_sub(slot.sq_fetched).min(self.engine.sq_room(qp)).min(RING_BATCH);
+            for _ in 0..n {
+                slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
+                slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
+                self.engine.handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
+                work = true;
+            }
+            // Receive ring.
+            let prod = slot.rq.prod(region).load(Ordering::Acquire);
+            let retired = self.engine.rq_retired(qp);
+            if prod.wrapping_sub(retired) > slot.rq.depth() || prod.wrapping_sub(slot.rq_fetched) > slot.rq.depth() {
+                warn!(qp = qp.0, prod, retired, "garbage receive producer index; failing the QP");
+                slot.broken = true;
+                self.engine.handle_recv_wqe(now, qp, Err(vrnic_wire::ParseError::Completion("producer index")));
+                work = true;
+                continue;
+            }
+            let n = prod.wrapping_sub(slot.rq_fetched).min(self.engine.rq_room(qp)).min(RING_BATCH);
+            for _ in 0..n {
+                slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
+                slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
+                self.engine.handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
+                work = true;
+            }
+        }
+        if self.engine.process(now, &mut Mem(&self.vnics)) {
+            work = true;
+        }
+        while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
+            work = true;
+            self.post_cqe(cq, &cqe, solicited);
+        }
+        for (&qp, slot) in self.qps.iter_mut() {
+            let Some(v) = self.vnics.get(&slot.vnic) else { continue };
+            let sq = self.engine.sq_retired(qp);
+            if sq != slot.sq_cons {
+                slot.sq_cons = sq;
+                slot.sq.cons(&v.region).store(sq, Ordering::Release);
+            }
+            let rq = self.engine.rq_retired(qp);
+            if rq != slot.rq_cons {
+                slot.rq_cons = rq;
+                slot.rq.cons(&v.region).store(rq, Ordering::Release);
+            }
+        }
+        while let Some((ctx, ev)) = self.engine.poll_event() {
+            work = true;
+            let (kind, handle) = match ev {
+                vrnic_proto::Event::QpFatal { qp } => (vrnic_api::event::QP_FATAL, qp.0),
+                vrnic_proto::Event::CqError { cq } => (vrnic_api::event::CQ_ERR, cq.0),
+            };
+            self.push_event(ctx, kind, handle);
+        }
+        self.flush_wakes();
+        work
+    }
+
+    fn push_event(&mut self, ctx: CtxId, kind: u32, handle: u32) {
+        let Some(c) = self.ctxs.get_mut(&ctx) else { return };
+        let Some(v) = self.vnics.get(&c.vnic) else { return };
+        if !c.mailbox.push_event(&v.region, &mut c.ev_prod, kind, handle) {
+            warn!(ctx = ctx.0, kind, "async event ring full; event dropped");
+        }
+        c.wake = true;
+    }
+
+    fn post_cqe(&mut self, cq: CqId, cqe: &Cqe, solicited: bool) {
+        let Some(slot) = self.cqs.get_mut(&cq) else { return };
+        let Some(v) = self.vnics.get(&slot.vnic) else { return };
+        if slot.broken {
+            return;
+        }
+        let region = &v.region;
+        let cons = slot.ring.cons(region).load(Ordering::Acquire);
+        if slot.prod.wrapping_sub(cons) >= slot.ring.depth() {
+            // Overflow (or a garbage consumer index): the CQ is in error, as on a device.
+            warn!(cq = cq.0, "completion queue overrun; CQ in error");
+            slot.broken = true;
+            let ctx = slot.ctx;
+            self.push_event(ctx, vrnic_api::event::CQ_ERR, cq.0);
+            return;
+        }
+        let mut raw = [0u8; CQ_SLOT];
+        cqe.encode(&mut raw);
+        slot.ring.write_slot(region, slot.prod, &raw);
+        slot.prod = slot.prod.wrapping_add(1);
+        slot.ring.prod(region).store(slot.prod, Ordering::Release);
+        // Arm word: 1 = next completion, 2 = next solicited completion.
+        let arm = slot.ring.arm(region);
+        let a = arm.load(Ordering::Acquire);
+        if (a == 1 || (a == 2 && solicited)) && arm.compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
+            let ctx = slot.ctx;
+            self.notify_ctx(ctx);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let ids: Vec<VnicId> = self.vnics.keys().copied().collect();
+        for id in ids {
+            self.remove_vnic(id);
+        }
+        let dir = self.opts.state_dir.clone();
+        let _ = std::fs::remove_file(dir.join(ADMIN_SOCKET));
+        if self.mounted {
+            sys::unmount(&dir);
+        }
+        let _ = std::fs::remove_file(dir.join(config::LOCK_FILE));
+        info!("vrnic daemon stopped");
+    }
+}
+
+fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> {
+    let bytes = layout::ring_bytes(depth, slot);
+    let off = v.heap.alloc_contiguous(bytes / layout::PAGE)?;
+    let ring = Ring::new(&v.region, off, depth, slot).ok()?;
+    ring.reset(&v.region);
+    Some(ring)
+}
+
+fn free_ring(v: &mut Vnic, off: u64, depth: u32, slot: usize) {
+    free_pages(v, off, layout::ring_bytes(depth, slot) / layout::PAGE);
+}
+
+fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
+    let _ = v.region.punch(off, pages * layout::PAGE);
+    v.heap.free(off, pages);
+}
+
+/// Removes vRNIC directories a dead daemon left behind. Returns how many.
+fn cleanup_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut n = 0;
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists()) && std::fs::remove_dir_all(&p).is_ok() {
+            n += 1;
+        }
+    }
+    n
+}

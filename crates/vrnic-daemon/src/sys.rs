@@ -1,0 +1,140 @@
+//! The daemon's few system calls that std does not wrap: the state-dir lock, the tmpfs mount,
+//! the signal fd. All unsafe code of the daemon lives here.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+/// Takes an exclusive, non-blocking `flock` on `path` (created if missing). The lock lives as
+/// long as the returned file, and the kernel drops it if the daemon dies.
+pub fn lock_exclusive(path: &Path) -> std::io::Result<File> {
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+    // SAFETY: flock on a valid fd we own; no memory is involved.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Makes sure `dir` is on tmpfs, so region pages live in memory: if it is not and we are
+/// root, mounts a tmpfs on it. Returns whether we mounted (and so must unmount).
+pub fn ensure_tmpfs(dir: &Path) -> bool {
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: an all-zero statfs is a valid out-parameter.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated, st is a valid out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == TMPFS_MAGIC {
+        return false;
+    }
+    let fstype = c"tmpfs";
+    let opts = c"mode=0755";
+    // SAFETY: all strings are NUL-terminated and live for the call.
+    let r = unsafe { libc::mount(fstype.as_ptr(), c.as_ptr(), fstype.as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, opts.as_ptr().cast()) };
+    if r == 0 {
+        info!(dir = %dir.display(), "mounted a tmpfs on the state dir");
+        true
+    } else {
+        warn!(
+            dir = %dir.display(),
+            "state dir is not on tmpfs and mounting one failed ({}); regions live on disk",
+            std::io::Error::last_os_error()
+        );
+        false
+    }
+}
+
+/// Unmounts the tmpfs mounted by [`ensure_tmpfs`].
+pub fn unmount(dir: &Path) {
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return };
+    // SAFETY: c is NUL-terminated.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        warn!("unmount {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
+}
+
+/// SIGINT and SIGTERM, blocked and delivered as a readable fd to the event loop.
+#[derive(Debug)]
+pub struct SignalFd {
+    fd: RawFd,
+}
+
+impl SignalFd {
+    /// Blocks the signals in this thread (threads started later inherit it) and opens the fd.
+    pub fn new() -> std::io::Result<SignalFd> {
+        // SAFETY: an empty sigset_t is valid storage for sigemptyset.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: set is valid storage.
+        unsafe { libc::sigemptyset(&mut set) };
+        // SAFETY: set is initialised.
+        unsafe { libc::sigaddset(&mut set, libc::SIGINT) };
+        // SAFETY: set is initialised.
+        unsafe { libc::sigaddset(&mut set, libc::SIGTERM) };
+        // SAFETY: set is initialised; a null old-set pointer is allowed.
+        if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: set is initialised; -1 asks for a new fd.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(SignalFd { fd })
+    }
+
+    /// The fd to poll.
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+impl Drop for SignalFd {
+    fn drop(&mut self) {
+        // SAFETY: we own fd.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// Writes all of `data` to a non-blocking stream, waiting briefly (at most 1 s) when its buffer
+/// is full. Used for small control messages only.
+pub fn write_all_blocking<W: Write>(w: &mut W, mut data: &[u8]) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !data.is_empty() {
+        match w.write(data) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                if Instant::now() > deadline {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Clears `FD_CLOEXEC` on a socket so an exec'd program inherits it. Returns the fd.
+pub fn clear_cloexec(s: &std::os::unix::net::UnixStream) -> std::io::Result<i32> {
+    let fd = s.as_raw_fd();
+    // SAFETY: fcntl F_GETFD/F_SETFD on a valid fd we own; no memory is involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}

@@ -1,0 +1,1041 @@
+//! The engine proper: objects, the control operations on them, and the execution of work
+//! requests on the local transport (both QPs on this daemon; one copy per byte).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use vrnic_wire::{
+    Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags,
+    SendOpcode, SendPayload, SendWqe, Sge, WC_WITH_IMM, WcOpcode, WcStatus, access, qp_attr,
+};
+
+use crate::errno::*;
+use crate::state;
+use crate::{CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, VnicId};
+
+/// Deepest work queue.
+pub const MAX_QP_WR: u32 = 16384;
+/// Deepest completion queue.
+pub const MAX_CQE: u32 = 65536;
+/// Work requests executed per [`Engine::process`] call.
+const WR_BUDGET: usize = 64;
+/// Bytes moved per [`Engine::process`] call (a work request in progress is finished).
+const BYTE_BUDGET: u64 = 4 << 20;
+const PAGE: u64 = 4096;
+
+#[derive(Debug)]
+struct Vnic {
+    lid: u16,
+    gid: [u8; 16],
+    /// Memory keys -> MR.
+    keys: HashMap<u32, MrId>,
+}
+
+#[derive(Debug)]
+struct Pd {
+    vnic: VnicId,
+    ctx: CtxId,
+    users: u32,
+}
+
+#[derive(Debug)]
+struct Mr {
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    addr: u64,
+    len: u64,
+    iova: u64,
+    access: u32,
+    key: u32,
+    /// Region offset of each 4 KiB page from floor(addr).
+    pages: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Cq {
+    ctx: CtxId,
+    users: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    None,
+    /// No receive at the responder: retry at `until`, `retries` timer expiries so far.
+    Rnr { until: Instant, retries: u8 },
+    /// No responder: fail at `until`.
+    Retry { until: Instant },
+}
+
+#[derive(Debug)]
+struct Qp {
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    send_cq: CqId,
+    recv_cq: CqId,
+    qpn: u32,
+    cap: QpCap,
+    sq_sig_all: bool,
+    attr: QpAttr,
+    sq: VecDeque<Result<SendWqe, ParseError>>,
+    rq: VecDeque<RecvWqe>,
+    sq_depth: u32,
+    rq_depth: u32,
+    sq_retired: u32,
+    rq_retired: u32,
+    wait: Wait,
+}
+
+/// Outcome of trying the head send WQE.
+enum Step {
+    /// Done (successfully or not): retire it.
+    Done(u64),
+    /// Cannot progress now.
+    Blocked,
+}
+
+/// The engine. See the crate documentation.
+#[derive(Debug)]
+pub struct Engine {
+    rng: u64,
+    next_id: u32,
+    next_qpn: u32,
+    vnics: HashMap<VnicId, Vnic>,
+    pds: HashMap<PdId, Pd>,
+    mrs: HashMap<MrId, Mr>,
+    cqs: HashMap<CqId, Cq>,
+    qps: BTreeMap<QpId, Qp>,
+    by_qpn: HashMap<u32, QpId>,
+    completions: VecDeque<(CqId, Cqe, bool)>,
+    events: VecDeque<(CtxId, Event)>,
+}
+
+fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
+    Cqe {
+        wr_id,
+        status,
+        opcode,
+        wc_flags: 0,
+        byte_len: 0,
+        imm_data: 0,
+        qp_num,
+        src_qp: 0,
+        slid: 0,
+        sl: 0,
+        vendor_err: if status == WcStatus::Success || status == WcStatus::WrFlushErr { 0 } else { 0x100 + status as u32 },
+        timestamp_ns: 0,
+    }
+}
+
+fn wqe_wc_opcode(w: &Result<SendWqe, ParseError>) -> WcOpcode {
+    w.as_ref().map(|w| w.opcode.wc_opcode()).unwrap_or(WcOpcode::Send)
+}
+
+impl Engine {
+    /// A new engine; `seed` drives key generation.
+    pub fn new(seed: u64) -> Engine {
+        Engine {
+            rng: seed | 1,
+            next_id: 1,
+            next_qpn: 0x11,
+            vnics: HashMap::new(),
+            pds: HashMap::new(),
+            mrs: HashMap::new(),
+            cqs: HashMap::new(),
+            qps: BTreeMap::new(),
+            by_qpn: HashMap::new(),
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    fn id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
+    fn random(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    // ---- vRNICs and contexts ---------------------------------------------------------------
+
+    /// Registers a vRNIC with its address.
+    pub fn add_vnic(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16]) {
+        self.vnics.insert(vnic, Vnic { lid, gid, keys: HashMap::new() });
+    }
+
+    /// Destroys every object of `vnic` and forgets it.
+    pub fn remove_vnic(&mut self, now: Instant, vnic: VnicId) {
+        let mut ctxs: Vec<CtxId> = self.pds.values().filter(|p| p.vnic == vnic).map(|p| p.ctx).collect();
+        ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
+        ctxs.sort();
+        ctxs.dedup();
+        for c in ctxs {
+            self.destroy_context(now, c);
+        }
+        self.vnics.remove(&vnic);
+    }
+
+    /// Destroys everything `ctx` owns: its QPs (their peers see errors), MRs, CQs and PDs.
+    pub fn destroy_context(&mut self, now: Instant, ctx: CtxId) {
+        let qps: Vec<QpId> = self.qps.iter().filter(|(_, q)| q.ctx == ctx).map(|(&id, _)| id).collect();
+        for qp in qps {
+            let _ = self.destroy_qp(now, ctx, qp);
+        }
+        let mrs: Vec<MrId> = self.mrs.iter().filter(|(_, m)| m.ctx == ctx).map(|(&id, _)| id).collect();
+        for mr in mrs {
+            let _ = self.dereg_mr(ctx, mr);
+        }
+        self.cqs.retain(|_, c| c.ctx != ctx);
+        self.pds.retain(|_, p| p.ctx != ctx);
+        self.completions.retain(|(cq, _, _)| self.cqs.contains_key(cq));
+        self.events.retain(|(c, _)| *c != ctx);
+    }
+
+    // ---- PDs and MRs -----------------------------------------------------------------------
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self, vnic: VnicId, ctx: CtxId) -> Result<PdId, Errno> {
+        if !self.vnics.contains_key(&vnic) {
+            return Err(ENOENT);
+        }
+        let pd = PdId(self.id());
+        self.pds.insert(pd, Pd { vnic, ctx, users: 0 });
+        Ok(pd)
+    }
+
+    /// `ibv_dealloc_pd`: `EBUSY` while MRs or QPs use it.
+    pub fn dealloc_pd(&mut self, ctx: CtxId, pd: PdId) -> Result<(), Errno> {
+        match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => {
+                if p.users > 0 {
+                    return Err(EBUSY);
+                }
+                self.pds.remove(&pd);
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_reg_mr`: `pages[i]` backs the i-th 4 KiB page from floor(`addr`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reg_mr(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+        pages: Vec<u64>,
+    ) -> Result<MrKeys, Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        if len == 0 || access & !access::SUPPORTED != 0 {
+            return Err(EINVAL);
+        }
+        let end = addr.checked_add(len).ok_or(EINVAL)?;
+        iova.checked_add(len).ok_or(EINVAL)?;
+        let npages = end.div_ceil(PAGE) - addr / PAGE;
+        if pages.len() as u64 != npages {
+            return Err(EINVAL);
+        }
+        let mut key;
+        loop {
+            key = self.random() as u32;
+            if key != 0 && !self.vnics.get(&vnic).is_some_and(|v| v.keys.contains_key(&key)) {
+                break;
+            }
+        }
+        let mr = MrId(self.id());
+        self.vnics.get_mut(&vnic).ok_or(ENOENT)?.keys.insert(key, mr);
+        self.mrs.insert(mr, Mr { vnic, ctx, pd, addr, len, iova, access, key, pages });
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        Ok(MrKeys { mr, lkey: key, rkey: key })
+    }
+
+    /// `ibv_dereg_mr`: from now on no work request can reach its memory.
+    pub fn dereg_mr(&mut self, ctx: CtxId, mr: MrId) -> Result<(), Errno> {
+        match self.mrs.get(&mr) {
+            Some(m) if m.ctx == ctx => {}
+            _ => return Err(EINVAL),
+        }
+        let m = self.mrs.remove(&mr).ok_or(EINVAL)?;
+        if let Some(v) = self.vnics.get_mut(&m.vnic) {
+            v.keys.remove(&m.key);
+        }
+        if let Some(p) = self.pds.get_mut(&m.pd) {
+            p.users = p.users.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    // ---- CQs and QPs -----------------------------------------------------------------------
+
+    /// `ibv_create_cq`.
+    pub fn create_cq(&mut self, vnic: VnicId, ctx: CtxId, depth: u32) -> Result<CqId, Errno> {
+        if !self.vnics.contains_key(&vnic) {
+            return Err(ENOENT);
+        }
+        if depth == 0 || depth > MAX_CQE {
+            return Err(EINVAL);
+        }
+        let cq = CqId(self.id());
+        self.cqs.insert(cq, Cq { ctx, users: 0 });
+        Ok(cq)
+    }
+
+    /// `ibv_destroy_cq`: `EBUSY` while a QP uses it.
+    pub fn destroy_cq(&mut self, ctx: CtxId, cq: CqId) -> Result<(), Errno> {
+        match self.cqs.get(&cq) {
+            Some(c) if c.ctx == ctx => {
+                if c.users > 0 {
+                    return Err(EBUSY);
+                }
+                self.cqs.remove(&cq);
+                self.completions.retain(|(c, _, _)| *c != cq);
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_create_qp`. Returns the QP and its number.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_qp(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        qp_type: QpType,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<(QpId, u32), Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        for cq in [send_cq, recv_cq] {
+            match self.cqs.get(&cq) {
+                Some(c) if c.ctx == ctx => {}
+                _ => return Err(EINVAL),
+            }
+        }
+        if qp_type != QpType::Rc {
+            return Err(EOPNOTSUPP);
+        }
+        if cap.max_send_wr > MAX_QP_WR
+            || cap.max_recv_wr > MAX_QP_WR
+            || cap.max_send_sge as usize > MAX_SGE
+            || cap.max_recv_sge as usize > MAX_SGE
+            || cap.max_inline_data as usize > MAX_INLINE
+        {
+            return Err(EINVAL);
+        }
+        let mut qpn = self.next_qpn;
+        while self.by_qpn.contains_key(&qpn) || qpn < 2 {
+            qpn = (qpn + 1) & 0xff_ffff;
+        }
+        self.next_qpn = (qpn + 1) & 0xff_ffff;
+        let id = QpId(self.id());
+        self.by_qpn.insert(qpn, id);
+        self.qps.insert(
+            id,
+            Qp {
+                vnic,
+                ctx,
+                pd,
+                send_cq,
+                recv_cq,
+                qpn,
+                cap,
+                sq_sig_all,
+                attr: QpAttr { cap, ..QpAttr::default() },
+                sq: VecDeque::new(),
+                rq: VecDeque::new(),
+                sq_depth: cap.max_send_wr.max(1).next_power_of_two(),
+                rq_depth: cap.max_recv_wr.max(1).next_power_of_two(),
+                sq_retired: 0,
+                rq_retired: 0,
+                wait: Wait::None,
+            },
+        );
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.users += 1;
+            }
+        }
+        Ok((id, qpn))
+    }
+
+    fn own_qp(&self, ctx: CtxId, qp: QpId) -> Result<&Qp, Errno> {
+        match self.qps.get(&qp) {
+            Some(q) if q.ctx == ctx => Ok(q),
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_modify_qp`, with the attribute-mask rules of a real device.
+    pub fn modify_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId, mask: u32, attr: &QpAttr) -> Result<(), Errno> {
+        let cur = self.own_qp(ctx, qp)?.attr.qp_state;
+        let next = if mask & qp_attr::STATE != 0 { attr.qp_state } else { cur };
+        if mask & qp_attr::CUR_STATE != 0 && attr.cur_qp_state != cur {
+            return Err(EINVAL);
+        }
+        if !state::check(cur, next, mask) {
+            return Err(EINVAL);
+        }
+        if (mask & qp_attr::PORT != 0 && attr.port_num != 1)
+            || (mask & qp_attr::PKEY_INDEX != 0 && attr.pkey_index != 0)
+            || (mask & qp_attr::PATH_MTU != 0 && !(1..=5).contains(&attr.path_mtu))
+            || (mask & qp_attr::MAX_QP_RD_ATOMIC != 0 && attr.max_rd_atomic > 16)
+            || (mask & qp_attr::MAX_DEST_RD_ATOMIC != 0 && attr.max_dest_rd_atomic > 16)
+            || (mask & qp_attr::MIN_RNR_TIMER != 0 && attr.min_rnr_timer > 31)
+            || (mask & qp_attr::TIMEOUT != 0 && attr.timeout > 31)
+            || (mask & qp_attr::RETRY_CNT != 0 && attr.retry_cnt > 7)
+            || (mask & qp_attr::RNR_RETRY != 0 && attr.rnr_retry > 7)
+            || (mask & qp_attr::ACCESS_FLAGS != 0
+                && attr.qp_access_flags & !(access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC) != 0)
+            || (mask & qp_attr::DEST_QPN != 0 && attr.dest_qp_num > 0xff_ffff)
+            || (mask & qp_attr::AV != 0 && attr.ah_attr.port_num > 1)
+        {
+            return Err(EINVAL);
+        }
+        let Some(q) = self.qps.get_mut(&qp) else { return Err(EINVAL) };
+        let a = &mut q.attr;
+        macro_rules! set {
+            ($bit:ident => $($f:ident),+) => {
+                if mask & qp_attr::$bit != 0 { $(a.$f = attr.$f;)+ }
+            };
+        }
+        set!(ACCESS_FLAGS => qp_access_flags);
+        set!(PKEY_INDEX => pkey_index);
+        set!(PORT => port_num);
+        set!(QKEY => qkey);
+        set!(AV => ah_attr);
+        set!(PATH_MTU => path_mtu);
+        set!(TIMEOUT => timeout);
+        set!(RETRY_CNT => retry_cnt);
+        set!(RNR_RETRY => rnr_retry);
+        set!(RQ_PSN => rq_psn);
+        set!(MAX_QP_RD_ATOMIC => max_rd_atomic);
+        set!(ALT_PATH => alt_ah_attr, alt_pkey_index, alt_port_num, alt_timeout);
+        set!(MIN_RNR_TIMER => min_rnr_timer);
+        set!(SQ_PSN => sq_psn);
+        set!(MAX_DEST_RD_ATOMIC => max_dest_rd_atomic);
+        set!(PATH_MIG_STATE => path_mig_state);
+        set!(DEST_QPN => dest_qp_num);
+        set!(EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify);
+        a.qp_state = next;
+        match next {
+            QpState::Reset => {
+                // Forget the queues silently: their slots are free again.
+                q.sq_retired = q.sq_retired.wrapping_add(q.sq.len() as u32);
+                q.rq_retired = q.rq_retired.wrapping_add(q.rq.len() as u32);
+                q.sq.clear();
+                q.rq.clear();
+                q.wait = Wait::None;
+                q.attr = QpAttr { cap: q.cap, ..QpAttr::default() };
+            }
+            QpState::Err => self.flush(qp),
+            _ => {}
+        }
+        let _ = now;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query_qp(&self, ctx: CtxId, qp: QpId) -> Result<QpAttr, Errno> {
+        let q = self.own_qp(ctx, qp)?;
+        let mut a = q.attr;
+        a.cur_qp_state = a.qp_state;
+        a.cap = q.cap;
+        Ok(a)
+    }
+
+    /// `ibv_destroy_qp`. A peer QP connected to it moves to ERR (its outstanding send fails
+    /// with `RETRY_EXC_ERR`, the rest flush), so no peer hangs.
+    pub fn destroy_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId) -> Result<(), Errno> {
+        self.own_qp(ctx, qp)?;
+        let Some(q) = self.qps.remove(&qp) else { return Err(EINVAL) };
+        self.by_qpn.remove(&q.qpn);
+        if let Some(p) = self.pds.get_mut(&q.pd) {
+            p.users = p.users.saturating_sub(1);
+        }
+        for cq in [q.send_cq, q.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        let (lid, gid) = self.vnics.get(&q.vnic).map(|v| (v.lid, v.gid)).unwrap_or_default();
+        let peers: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, p)| {
+                matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                    && p.attr.dest_qp_num == q.qpn
+                    && if p.attr.ah_attr.is_global { p.attr.ah_attr.grh.dgid == gid } else { p.attr.ah_attr.dlid == lid }
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for p in peers {
+            self.fail_qp(p, Some(WcStatus::RetryExcErr));
+        }
+        let _ = now;
+        Ok(())
+    }
+
+    /// The QP's current state.
+    pub fn qp_state(&self, qp: QpId) -> Option<QpState> {
+        self.qps.get(&qp).map(|q| q.attr.qp_state)
+    }
+
+    /// All QPs (for the daemon's ring scan).
+    pub fn qps(&self) -> impl Iterator<Item = QpId> + '_ {
+        self.qps.keys().copied()
+    }
+
+    /// Number of QPs of a vRNIC.
+    pub fn qp_count(&self, vnic: VnicId) -> usize {
+        self.qps.values().filter(|q| q.vnic == vnic).count()
+    }
+
+    // ---- feeding work requests -------------------------------------------------------------
+
+    /// Send WQEs that may be handed in now.
+    pub fn sq_room(&self, qp: QpId) -> u32 {
+        self.qps.get(&qp).map(|q| q.sq_depth.saturating_sub(q.sq.len() as u32)).unwrap_or(0)
+    }
+
+    /// Receive WQEs that may be handed in now.
+    pub fn rq_room(&self, qp: QpId) -> u32 {
+        self.qps.get(&qp).map(|q| q.rq_depth.saturating_sub(q.rq.len() as u32)).unwrap_or(0)
+    }
+
+    /// Send WQEs retired so far (free running).
+    pub fn sq_retired(&self, qp: QpId) -> u32 {
+        self.qps.get(&qp).map(|q| q.sq_retired).unwrap_or(0)
+    }
+
+    /// Receive WQEs retired so far (free running).
+    pub fn rq_retired(&self, qp: QpId) -> u32 {
+        self.qps.get(&qp).map(|q| q.rq_retired).unwrap_or(0)
+    }
+
+    /// A send WQE from the ring (already copied and parsed).
+    pub fn handle_send_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<SendWqe, ParseError>) {
+        let _ = now;
+        let Some(q) = self.qps.get_mut(&qp) else { return };
+        match q.attr.qp_state {
+            QpState::Reset => q.sq_retired = q.sq_retired.wrapping_add(1),
+            QpState::Err => {
+                let c = cqe(wqe.as_ref().map(|w| w.wr_id).unwrap_or(0), WcStatus::WrFlushErr, wqe_wc_opcode(&wqe), q.qpn);
+                q.sq_retired = q.sq_retired.wrapping_add(1);
+                self.completions.push_back((q.send_cq, c, false));
+            }
+            QpState::Init | QpState::Rtr => {
+                q.sq.push_back(wqe);
+                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+            }
+            _ => {
+                if wqe.is_err() || q.sq.len() as u32 >= q.sq_depth {
+                    q.sq.push_back(wqe);
+                    self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+                } else {
+                    q.sq.push_back(wqe);
+                }
+            }
+        }
+    }
+
+    /// A receive WQE from the ring.
+    pub fn handle_recv_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<RecvWqe, ParseError>) {
+        let _ = now;
+        let Some(q) = self.qps.get_mut(&qp) else { return };
+        match (q.attr.qp_state, wqe) {
+            (QpState::Reset, _) => q.rq_retired = q.rq_retired.wrapping_add(1),
+            (QpState::Err, w) => {
+                let c = cqe(w.map(|w| w.wr_id).unwrap_or(0), WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+                q.rq_retired = q.rq_retired.wrapping_add(1);
+                self.completions.push_back((q.recv_cq, c, false));
+            }
+            (_, Ok(w)) if (q.rq.len() as u32) < q.rq_depth => q.rq.push_back(w),
+            (_, w) => {
+                q.rq.push_back(w.unwrap_or(RecvWqe { wr_id: 0, sges: Vec::new() }));
+                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+            }
+        }
+    }
+
+    // ---- errors ----------------------------------------------------------------------------
+
+    /// Moves a QP to ERR because of an error: the head send completes with `head` (if given and
+    /// present), everything else flushes, and the owner gets `QP_FATAL`.
+    fn fail_qp(&mut self, qp: QpId, head: Option<WcStatus>) {
+        let Some(q) = self.qps.get_mut(&qp) else { return };
+        if q.attr.qp_state == QpState::Err {
+            return;
+        }
+        if let Some(status) = head
+            && let Some(w) = q.sq.pop_front()
+        {
+            let c = cqe(w.as_ref().map(|w| w.wr_id).unwrap_or(0), status, wqe_wc_opcode(&w), q.qpn);
+            q.sq_retired = q.sq_retired.wrapping_add(1);
+            self.completions.push_back((q.send_cq, c, false));
+        }
+        q.attr.qp_state = QpState::Err;
+        let ctx = q.ctx;
+        self.flush(qp);
+        self.events.push_back((ctx, Event::QpFatal { qp }));
+    }
+
+    /// Completes everything queued on an ERR QP with `WR_FLUSH_ERR`.
+    fn flush(&mut self, qp: QpId) {
+        let Some(q) = self.qps.get_mut(&qp) else { return };
+        q.wait = Wait::None;
+        while let Some(w) = q.sq.pop_front() {
+            let c = cqe(w.as_ref().map(|w| w.wr_id).unwrap_or(0), WcStatus::WrFlushErr, wqe_wc_opcode(&w), q.qpn);
+            q.sq_retired = q.sq_retired.wrapping_add(1);
+            self.completions.push_back((q.send_cq, c, false));
+        }
+        while let Some(w) = q.rq.pop_front() {
+            let c = cqe(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+            q.rq_retired = q.rq_retired.wrapping_add(1);
+            self.completions.push_back((q.recv_cq, c, false));
+        }
+    }
+
+    // ---- execution -------------------------------------------------------------------------
+
+    /// Timers are checked in [`Engine::process`]; this exists for drivers that separate the two.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let _ = now;
+    }
+
+    /// The earliest deadline of a waiting QP.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .filter_map(|q| match q.wait {
+                Wait::Rnr { until, .. } | Wait::Retry { until } => Some(until),
+                Wait::None => None,
+            })
+            .min()
+    }
+
+    /// The next completion: `(cq, cqe, solicited)`.
+    pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
+        self.completions.pop_front()
+    }
+
+    /// The next async event for a context.
+    pub fn poll_event(&mut self) -> Option<(CtxId, Event)> {
+        self.events.pop_front()
+    }
+
+    /// Executes queued work requests, a bounded amount; returns whether anything happened.
+    pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
+        let mut did = false;
+        let mut wrs = 0;
+        let mut bytes = 0u64;
+        let ids: Vec<QpId> = self.qps.iter().filter(|(_, q)| !q.sq.is_empty() && q.attr.qp_state == QpState::Rts).map(|(&id, _)| id).collect();
+        for qp in ids {
+            while wrs < WR_BUDGET && bytes < BYTE_BUDGET {
+                let Some(q) = self.qps.get(&qp) else { break };
+                if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+                    break;
+                }
+                match self.step(now, qp, mem) {
+                    Step::Done(n) => {
+                        did = true;
+                        wrs += 1;
+                        bytes += n;
+                    }
+                    Step::Blocked => break,
+                }
+            }
+        }
+        did
+    }
+
+    /// Finds the responder of an RC QP: the QP its address and `dest_qp_num` name, if it is
+    /// ready to receive and connected back to us.
+    fn responder(&self, qp: QpId) -> Option<QpId> {
+        let q = self.qps.get(&qp)?;
+        let ah = &q.attr.ah_attr;
+        let (&vid, _) = self.vnics.iter().find(|(_, v)| if ah.is_global { v.gid == ah.grh.dgid } else { v.lid == ah.dlid })?;
+        let &peer = self.by_qpn.get(&q.attr.dest_qp_num)?;
+        let p = self.qps.get(&peer)?;
+        let me = self.vnics.get(&q.vnic)?;
+        let back = if p.attr.ah_attr.is_global { p.attr.ah_attr.grh.dgid == me.gid } else { p.attr.ah_attr.dlid == me.lid };
+        (p.vnic == vid
+            && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            && p.attr.dest_qp_num == q.qpn
+            && back)
+            .then_some(peer)
+    }
+
+    /// Retires the head send WQE, with a completion if it is signaled.
+    fn complete_head(&mut self, qp: QpId, byte_len: u32) {
+        let Some(q) = self.qps.get_mut(&qp) else { return };
+        let Some(Ok(w)) = q.sq.pop_front() else { return };
+        q.sq_retired = q.sq_retired.wrapping_add(1);
+        q.wait = Wait::None;
+        if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+            let mut c = cqe(w.wr_id, WcStatus::Success, w.opcode.wc_opcode(), q.qpn);
+            c.byte_len = byte_len;
+            self.completions.push_back((q.send_cq, c, false));
+        }
+    }
+
+    fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
+        let Some(q) = self.qps.get(&qp) else { return Step::Blocked };
+        let wqe = match q.sq.front() {
+            Some(Ok(w)) => w.clone(),
+            Some(Err(_)) => {
+                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+                return Step::Done(0);
+            }
+            None => return Step::Blocked,
+        };
+        let (vnic, pd) = (q.vnic, q.pd);
+        let len = wqe.payload.len();
+        if len > u64::from(MAX_MSG_SIZE) {
+            self.fail_qp(qp, Some(WcStatus::LocLenErr));
+            return Step::Done(0);
+        }
+        // Local side: where the payload comes from (or, for READ/atomics, goes to).
+        let needs_write = matches!(wqe.opcode, SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd);
+        let local = match &wqe.payload {
+            SendPayload::Sges(sges) => match self.translate_sges(vnic, pd, sges, needs_write) {
+                Some(runs) => Some(runs),
+                None => {
+                    self.fail_qp(qp, Some(WcStatus::LocProtErr));
+                    return Step::Done(0);
+                }
+            },
+            SendPayload::Inline(_) if needs_write => {
+                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+                return Step::Done(0);
+            }
+            SendPayload::Inline(_) => None,
+        };
+        // Remote side.
+        let Some(peer) = self.responder(qp) else {
+            let q = self.qps.get_mut(&qp).expect("checked above");
+            match q.wait {
+                Wait::Retry { until } if now >= until => {
+                    self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+                    return Step::Done(0);
+                }
+                Wait::Retry { .. } => {}
+                _ => {
+                    let us = state::ack_timeout_us(q.attr.timeout).saturating_mul(u64::from(q.attr.retry_cnt) + 1);
+                    q.wait = Wait::Retry { until: now + Duration::from_micros(us) };
+                }
+            }
+            return Step::Blocked;
+        };
+        match wqe.opcode {
+            SendOpcode::Send | SendOpcode::SendWithImm => self.exec_send(now, qp, peer, &wqe, local, mem),
+            SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => self.exec_write(now, qp, peer, &wqe, local, mem),
+            SendOpcode::RdmaRead => self.exec_read(qp, peer, &wqe, local.unwrap_or_default(), mem),
+            SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd => {
+                self.exec_atomic(qp, peer, &wqe, local.unwrap_or_default(), mem)
+            }
+        }
+    }
+
+    /// Handles "no receive posted" at the responder: RNR wait and retry accounting.
+    fn rnr(&mut self, now: Instant, qp: QpId, peer: QpId) -> Step {
+        let timer = self.qps.get(&peer).map(|p| p.attr.min_rnr_timer).unwrap_or(0);
+        let Some(q) = self.qps.get_mut(&qp) else { return Step::Blocked };
+        let limit = q.attr.rnr_retry;
+        match q.wait {
+            Wait::Rnr { until, retries } if now >= until => {
+                let retries = retries.saturating_add(1);
+                if limit != 7 && retries > limit {
+                    self.fail_qp(qp, Some(WcStatus::RnrRetryExcErr));
+                    return Step::Done(0);
+                }
+                q.wait = Wait::Rnr { until: now + Duration::from_micros(state::rnr_timer_us(timer)), retries };
+            }
+            Wait::Rnr { .. } => {}
+            _ => q.wait = Wait::Rnr { until: now + Duration::from_micros(state::rnr_timer_us(timer)), retries: 0 },
+        }
+        Step::Blocked
+    }
+
+    /// Both QPs to ERR after a responder-detected error.
+    fn fail_both(&mut self, qp: QpId, requester: WcStatus, peer: QpId) {
+        self.fail_qp(qp, Some(requester));
+        self.fail_qp(peer, None);
+    }
+
+    fn exec_send(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        peer: QpId,
+        wqe: &SendWqe,
+        local: Option<Vec<(Loc, u64)>>,
+        mem: &mut dyn Memory,
+    ) -> Step {
+        let len = wqe.payload.len();
+        let Some(p) = self.qps.get(&peer) else { return Step::Blocked };
+        let Some(recv) = p.rq.front().cloned() else { return self.rnr(now, qp, peer) };
+        let (pvnic, ppd, precv_cq, pqpn) = (p.vnic, p.pd, p.recv_cq, p.qpn);
+        let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
+        let Some(dst) = self.translate_sges(pvnic, ppd, &recv.sges, true) else {
+            // The responder's own receive buffer is bad: its receive fails, the requester
+            // learns a remote operational error.
+            self.take_recv(peer, WcStatus::LocProtErr, 0, None);
+            self.fail_both(qp, WcStatus::RemOpErr, peer);
+            return Step::Done(0);
+        };
+        if len > capacity {
+            self.take_recv(peer, WcStatus::LocLenErr, 0, None);
+            self.fail_both(qp, WcStatus::RemInvReqErr, peer);
+            return Step::Done(0);
+        }
+        match (&wqe.payload, local) {
+            (SendPayload::Inline(data), _) => scatter_bytes(mem, data, &dst),
+            (_, Some(src)) => copy_runs(mem, &src, &dst, len),
+            _ => {}
+        }
+        let imm = (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data);
+        let (slid, qpn) = (self.lid_of(qp), self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0));
+        self.take_recv_ok(peer, WcOpcode::Recv, len as u32, imm, qpn, slid, wqe.flags.contains(SendFlags::SOLICITED));
+        let _ = (precv_cq, pqpn);
+        self.complete_head(qp, len as u32);
+        Step::Done(len)
+    }
+
+    fn exec_write(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        peer: QpId,
+        wqe: &SendWqe,
+        local: Option<Vec<(Loc, u64)>>,
+        mem: &mut dyn Memory,
+    ) -> Step {
+        let len = wqe.payload.len();
+        let with_imm = wqe.opcode == SendOpcode::RdmaWriteWithImm;
+        if with_imm && self.qps.get(&peer).is_some_and(|p| p.rq.is_empty()) {
+            return self.rnr(now, qp, peer);
+        }
+        let dst = if len == 0 {
+            Some(Vec::new())
+        } else {
+            self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_WRITE)
+        };
+        let Some(dst) = dst else {
+            self.fail_both(qp, WcStatus::RemAccessErr, peer);
+            return Step::Done(0);
+        };
+        match (&wqe.payload, local) {
+            (SendPayload::Inline(data), _) => scatter_bytes(mem, data, &dst),
+            (_, Some(src)) => copy_runs(mem, &src, &dst, len),
+            _ => {}
+        }
+        if with_imm {
+            let (slid, qpn) = (self.lid_of(qp), self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0));
+            self.take_recv_ok(peer, WcOpcode::RecvRdmaWithImm, len as u32, Some(wqe.imm_data), qpn, slid, wqe.flags.contains(SendFlags::SOLICITED));
+        }
+        self.complete_head(qp, len as u32);
+        Step::Done(len)
+    }
+
+    fn exec_read(&mut self, qp: QpId, peer: QpId, wqe: &SendWqe, local: Vec<(Loc, u64)>, mem: &mut dyn Memory) -> Step {
+        let len = wqe.payload.len();
+        let src = if len == 0 { Some(Vec::new()) } else { self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_READ) };
+        let Some(src) = src else {
+            self.fail_both(qp, WcStatus::RemAccessErr, peer);
+            return Step::Done(0);
+        };
+        copy_runs(mem, &src, &local, len);
+        self.complete_head(qp, len as u32);
+        Step::Done(len)
+    }
+
+    fn exec_atomic(&mut self, qp: QpId, peer: QpId, wqe: &SendWqe, local: Vec<(Loc, u64)>, mem: &mut dyn Memory) -> Step {
+        if wqe.payload.len() != 8 || wqe.remote_addr % 8 != 0 {
+            self.fail_both(qp, WcStatus::RemInvReqErr, peer);
+            return Step::Done(0);
+        }
+        let Some(dst) = self.translate_remote(peer, wqe.remote_addr, 8, wqe.rkey, access::REMOTE_ATOMIC) else {
+            self.fail_both(qp, WcStatus::RemAccessErr, peer);
+            return Step::Done(0);
+        };
+        // An aligned 8-byte word never crosses a page, so it is one run.
+        let Some(&(at, _)) = dst.first() else { return Step::Done(0) };
+        let mut old = [0u8; 8];
+        mem.read(at, &mut old);
+        let cur = u64::from_le_bytes(old);
+        let new = match wqe.opcode {
+            SendOpcode::AtomicCmpAndSwp if cur == wqe.compare_add => Some(wqe.swap),
+            SendOpcode::AtomicCmpAndSwp => None,
+            _ => Some(cur.wrapping_add(wqe.compare_add)),
+        };
+        if let Some(v) = new {
+            mem.write(at, &v.to_le_bytes());
+        }
+        scatter_bytes(mem, &old, &local);
+        self.complete_head(qp, 8);
+        Step::Done(8)
+    }
+
+    fn lid_of(&self, qp: QpId) -> u16 {
+        self.qps.get(&qp).and_then(|q| self.vnics.get(&q.vnic)).map(|v| v.lid).unwrap_or(0)
+    }
+
+    fn take_recv(&mut self, peer: QpId, status: WcStatus, byte_len: u32, imm: Option<u32>) {
+        let Some(p) = self.qps.get_mut(&peer) else { return };
+        let Some(r) = p.rq.pop_front() else { return };
+        p.rq_retired = p.rq_retired.wrapping_add(1);
+        let mut c = cqe(r.wr_id, status, WcOpcode::Recv, p.qpn);
+        c.byte_len = byte_len;
+        if let Some(i) = imm {
+            c.imm_data = i;
+            c.wc_flags |= WC_WITH_IMM;
+        }
+        self.completions.push_back((p.recv_cq, c, false));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn take_recv_ok(&mut self, peer: QpId, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, src_qp: u32, slid: u16, solicited: bool) {
+        let Some(p) = self.qps.get_mut(&peer) else { return };
+        let Some(r) = p.rq.pop_front() else { return };
+        p.rq_retired = p.rq_retired.wrapping_add(1);
+        let mut c = cqe(r.wr_id, WcStatus::Success, opcode, p.qpn);
+        c.byte_len = byte_len;
+        c.src_qp = src_qp;
+        c.slid = slid;
+        if let Some(i) = imm {
+            c.imm_data = i;
+            c.wc_flags |= WC_WITH_IMM;
+        }
+        self.completions.push_back((p.recv_cq, c, solicited));
+    }
+
+    /// Translates local SGEs (lkeys of `vnic` in `pd`) into region runs; `None` on any
+    /// protection failure.
+    fn translate_sges(&self, vnic: VnicId, pd: PdId, sges: &[Sge], write: bool) -> Option<Vec<(Loc, u64)>> {
+        let v = self.vnics.get(&vnic)?;
+        let mut runs = Vec::new();
+        for s in sges.iter().take(MAX_SGE) {
+            if s.length == 0 {
+                continue;
+            }
+            let &mr = v.keys.get(&s.lkey)?;
+            let m = self.mrs.get(&mr)?;
+            if m.pd != pd || (write && m.access & access::LOCAL_WRITE == 0) {
+                return None;
+            }
+            translate(m, s.addr, u64::from(s.length), &mut runs)?;
+        }
+        Some(runs)
+    }
+
+    /// Translates a remote range through the responder's rkey, with the responder's PD and
+    /// access checks; `None` on any violation.
+    fn translate_remote(&mut self, peer: QpId, addr: u64, len: u64, rkey: u32, need: u32) -> Option<Vec<(Loc, u64)>> {
+        let p = self.qps.get(&peer)?;
+        if p.attr.qp_access_flags & need == 0 {
+            return None;
+        }
+        let v = self.vnics.get(&p.vnic)?;
+        let &mr = v.keys.get(&rkey)?;
+        let m = self.mrs.get(&mr)?;
+        if m.pd != p.pd || m.access & need == 0 {
+            return None;
+        }
+        let mut runs = Vec::new();
+        translate(m, addr, len, &mut runs)?;
+        Some(runs)
+    }
+
+    /// The number of completions waiting (for tests and metrics).
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+}
+
+/// Appends the region runs of `[addr, addr+len)` (in the MR's iova space) to `runs`, merging
+/// contiguous pages; `None` if the range leaves the MR.
+fn translate(m: &Mr, addr: u64, len: u64, runs: &mut Vec<(Loc, u64)>) -> Option<()> {
+    let start = addr.checked_sub(m.iova)?;
+    let end = start.checked_add(len)?;
+    if end > m.len {
+        return None;
+    }
+    let mut app = m.addr.checked_add(start)?;
+    let app_end = m.addr.checked_add(end)?;
+    let first_page = m.addr / PAGE;
+    while app < app_end {
+        let page = (app / PAGE - first_page) as usize;
+        let in_page = app % PAGE;
+        let n = (PAGE - in_page).min(app_end - app);
+        let off = m.pages.get(page)? + in_page;
+        match runs.last_mut() {
+            Some((loc, l)) if loc.vnic == m.vnic && loc.off + *l == off => *l += n,
+            _ => runs.push((Loc { vnic: m.vnic, off }, n)),
+        }
+        app += n;
+    }
+    Some(())
+}
+
+/// Copies `len` bytes from the `src` runs into the `dst` runs.
+fn copy_runs(mem: &mut dyn Memory, src: &[(Loc, u64)], dst: &[(Loc, u64)], len: u64) {
+    let (mut si, mut so, mut di, mut dof) = (0usize, 0u64, 0usize, 0u64);
+    let mut left = len;
+    while left > 0 && si < src.len() && di < dst.len() {
+        let (s, sl) = src[si];
+        let (d, dl) = dst[di];
+        let n = (sl - so).min(dl - dof).min(left);
+        mem.copy(Loc { vnic: s.vnic, off: s.off + so }, Loc { vnic: d.vnic, off: d.off + dof }, n as usize);
+        so += n;
+        dof += n;
+        left -= n;
+        if so == sl {
+            si += 1;
+            so = 0;
+        }
+        if dof == dl {
+            di += 1;
+            dof = 0;
+        }
+    }
+}
+
+/// Writes `data` across the `dst` runs.
+fn scatter_bytes(mem: &mut dyn Memory, data: &[u8], dst: &[(Loc, u64)]) {
+    let mut at = 0usize;
+    for &(d, l) in dst {
+        if at >= data.len() {
+            break;
+        }
+        let n = (l as usize).min(data.len() - at);
+        mem.write(d, &data[at..at + n]);
+        at += n;
+    }
+}

@@ -1,0 +1,447 @@
+//! The safe core of the driver library: finding the vRNIC, attaching to it (a context), the
+//! control calls over the region's mailbox, the data-path rings, and the notifier thread that
+//! turns the daemon's notifications into readable file descriptors.
+//!
+//! Nothing here knows C types; `ffi` converts between the verbs structs and these calls.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vrnic_api::{DeviceInfo, Reply, Request, event};
+use vrnic_shm::layout::{self, hdr};
+use vrnic_shm::{Mailbox, Region, Ring};
+use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
+
+use crate::sys::{self, EventFd};
+
+/// Environment variable naming the vRNIC directory (set by `vrnic run`).
+pub const DEVICE_ENV: &str = "VRNIC_DEVICE";
+/// Where a container finds its vRNIC when the variable is unset (the bind-mount target).
+pub const CONTAINER_DEVICE_DIR: &str = "/run/vrnic-device";
+
+/// How long a control call may wait for the daemon.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether `VRNIC_LOG` asks the library to explain failures on stderr.
+pub fn log_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("VRNIC_LOG").is_some_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Prints a diagnostic when `VRNIC_LOG` is set; silent otherwise.
+macro_rules! vlog {
+    ($($arg:tt)*) => {
+        if $crate::client::log_enabled() {
+            eprintln!("vrnic: {}", format_args!($($arg)*));
+        }
+    };
+}
+pub(crate) use vlog;
+
+/// A vRNIC this process can attach to.
+#[derive(Debug, Clone)]
+pub struct Device {
+    /// Its directory (region file and socket).
+    pub dir: PathBuf,
+    /// Its name.
+    pub name: String,
+    /// Node GUID, network byte order.
+    pub guid: u64,
+}
+
+/// Finds the vRNIC: `$VRNIC_DEVICE`, else the container mount point.
+pub fn discover() -> Vec<Device> {
+    let dir = match std::env::var_os(DEVICE_ENV).filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(CONTAINER_DEVICE_DIR),
+    };
+    match read_header(&dir) {
+        Some(d) => vec![d],
+        None => {
+            vlog!("no vRNIC at {} (run the program under `vrnic run`)", dir.display());
+            Vec::new()
+        }
+    }
+}
+
+fn read_header(dir: &Path) -> Option<Device> {
+    let mut f = std::fs::File::open(dir.join("region")).ok()?;
+    let mut h = [0u8; 4096];
+    f.read_exact(&mut h).ok()?;
+    if h[..8] != layout::MAGIC {
+        return None;
+    }
+    let at = |o: u64| o as usize;
+    let name_raw = &h[at(hdr::NAME)..at(hdr::NAME) + hdr::NAME_LEN];
+    let end = name_raw.iter().position(|&b| b == 0).unwrap_or(name_raw.len());
+    let name = String::from_utf8_lossy(&name_raw[..end]).into_owned();
+    let mut g = [0u8; 8];
+    g.copy_from_slice(&h[at(hdr::GUID)..at(hdr::GUID) + 8]);
+    Some(Device { dir: dir.to_path_buf(), name, guid: u64::from_le_bytes(g) })
+}
+
+/// A completion channel: an fd the app polls, and the CQs whose events are pending on it.
+#[derive(Debug)]
+pub struct Channel {
+    /// The fd.
+    pub efd: EventFd,
+    /// CQs (as `*mut ibv_cq` addresses) with an event not yet taken by `ibv_get_cq_event`.
+    pub queue: Mutex<VecDeque<usize>>,
+}
+
+/// A CQ whose notifications the notifier thread forwards to a channel.
+#[derive(Debug)]
+struct Watch {
+    ring: Ring,
+    seen: u32,
+    channel: Arc<Channel>,
+}
+
+/// Async events waiting for `ibv_get_async_event`.
+#[derive(Debug)]
+pub struct AsyncQueue {
+    /// The fd (`context->async_fd`).
+    pub efd: EventFd,
+    /// `(ibv_event_type, object handle)`.
+    pub queue: Mutex<VecDeque<(u32, u32)>>,
+}
+
+/// An attached context: one `ibv_open_device`.
+#[derive(Debug)]
+pub struct Conn {
+    /// The vRNIC's region, mapped whole.
+    pub region: Region,
+    stream: UnixStream,
+    mailbox: Mailbox,
+    seq: Mutex<u32>,
+    /// Identity and limits.
+    pub info: DeviceInfo,
+    dead: AtomicBool,
+    stop: AtomicBool,
+    watches: Mutex<HashMap<usize, Watch>>,
+    /// Async events.
+    pub async_q: AsyncQueue,
+    notifier: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Conn {
+    /// Attaches to `dev`: connects its socket (the daemon assigns a mailbox and from then on
+    /// knows when this process dies), maps its region and asks for its attributes.
+    pub fn open(dev: &Device) -> Result<Arc<Conn>, i32> {
+        let mut stream = UnixStream::connect(dev.dir.join("sock")).map_err(|e| {
+            vlog!("cannot reach the vrnic daemon at {}: {e}", dev.dir.display());
+            libc::ENODEV
+        })?;
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let mut idx = [0u8; 4];
+        stream.read_exact(&mut idx).map_err(|e| {
+            vlog!("the vrnic daemon did not answer: {e}");
+            libc::ENODEV
+        })?;
+        let mailbox = Mailbox::new(u32::from_le_bytes(idx)).ok_or_else(|| {
+            vlog!("the vRNIC serves too many contexts");
+            libc::EMFILE
+        })?;
+        let _ = stream.set_read_timeout(None);
+        let region = Region::open(&dev.dir.join("region")).map_err(|e| {
+            vlog!("cannot map the vRNIC region: {e}");
+            libc::ENODEV
+        })?;
+        let efd = EventFd::new().map_err(|_| libc::EMFILE)?;
+        let mut conn = Conn {
+            region,
+            stream,
+            mailbox,
+            seq: Mutex::new(0),
+            info: DeviceInfo {
+                name: dev.name.clone(),
+                guid: dev.guid,
+                lid: 0,
+                gid: [0; 16],
+                max_qp: 0,
+                max_qp_wr: 0,
+                max_cq: 0,
+                max_cqe: 0,
+                max_mr: 0,
+                max_pd: 0,
+                max_mr_size: 0,
+            },
+            dead: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            watches: Mutex::new(HashMap::new()),
+            async_q: AsyncQueue { efd, queue: Mutex::new(VecDeque::new()) },
+            notifier: Mutex::new(None),
+        };
+        match conn.call(&Request::QueryDevice)? {
+            Reply::Device(info) => conn.info = info,
+            _ => return Err(libc::EPROTO),
+        }
+        let conn = Arc::new(conn);
+        let weak = Arc::downgrade(&conn);
+        let handle = std::thread::Builder::new()
+            .name("vrnic-notify".into())
+            .spawn(move || notifier(weak))
+            .map_err(|_| libc::EAGAIN)?;
+        if let Ok(mut n) = conn.notifier.lock() {
+            *n = Some(handle);
+        }
+        Ok(conn)
+    }
+
+    /// The socket fd (exposed as `context->cmd_fd`).
+    pub fn fd(&self) -> i32 {
+        self.stream.as_raw_fd()
+    }
+
+    /// Sends a control request and waits for its reply; `Reply::Err` becomes its errno.
+    pub fn call(&self, req: &Request) -> Result<Reply, i32> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(libc::ENODEV);
+        }
+        let bytes = serde_json::to_vec(req).map_err(|_| libc::EINVAL)?;
+        let mut seq = self.seq.lock().map_err(|_| libc::EIO)?;
+        *seq = seq.wrapping_add(1);
+        let stream = &self.stream;
+        let dead = &self.dead;
+        let r = self.mailbox.call(
+            &self.region,
+            *seq,
+            &bytes,
+            &mut || {
+                let _ = (&*stream).write(&[0u8]);
+            },
+            &mut || !dead.load(Ordering::Acquire) && self.daemon_alive(),
+            CALL_TIMEOUT,
+        );
+        let out = match r {
+            Ok(out) => out,
+            Err(e) => {
+                vlog!("control call failed: {e}");
+                return Err(match e {
+                    vrnic_shm::WaitError::TooLarge(_) => libc::EINVAL,
+                    vrnic_shm::WaitError::Timeout(_) => libc::ETIMEDOUT,
+                    _ => libc::ENODEV,
+                });
+            }
+        };
+        match serde_json::from_slice::<Reply>(&out) {
+            Ok(Reply::Err { errno, msg }) => {
+                vlog!("{req:?} failed: {msg} (errno {errno})");
+                Err(errno)
+            }
+            Ok(r) => Ok(r),
+            Err(_) => Err(libc::EPROTO),
+        }
+    }
+
+    fn daemon_alive(&self) -> bool {
+        self.region.atomic_u32(hdr::DAEMON_STATE).map(|w| w.load(Ordering::Acquire) == 1).unwrap_or(false)
+    }
+
+    /// After publishing work: wakes the engine if it announced that it sleeps. The SeqCst
+    /// fence orders our producer-index store before the read of the sleeping word, pairing
+    /// with the engine's store-then-recheck (no lost wake-up).
+    pub fn doorbell(&self) {
+        fence(Ordering::SeqCst);
+        if let Ok(w) = self.region.atomic_u32(hdr::ENGINE_SLEEPING)
+            && w.load(Ordering::SeqCst) != 0
+            && w.swap(0, Ordering::SeqCst) != 0
+        {
+            let _ = (&self.stream).write(&[0u8]);
+        }
+    }
+
+    /// Starts forwarding `ring`'s notifications (CQ `cq`, an `ibv_cq` address) to `channel`.
+    pub fn watch(&self, cq: usize, ring: Ring, channel: Arc<Channel>) {
+        let seen = ring.notify(&self.region).load(Ordering::Acquire);
+        if let Ok(mut w) = self.watches.lock() {
+            w.insert(cq, Watch { ring, seen, channel });
+        }
+    }
+
+    /// Stops forwarding for `cq`.
+    pub fn unwatch(&self, cq: usize) {
+        if let Ok(mut w) = self.watches.lock() {
+            w.remove(&cq);
+        }
+    }
+
+    /// Detaches: the daemon sees the socket close and reclaims everything of this context.
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let handle = self.notifier.lock().ok().and_then(|mut n| n.take());
+        if let Some(h) = handle
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+
+    /// Forwards pending notifications: async events and armed-CQ events.
+    fn forward(&self) {
+        while let Some((kind, handle)) = self.mailbox.pop_event(&self.region) {
+            if let Ok(mut q) = self.async_q.queue.lock() {
+                q.push_back((kind, handle));
+            }
+            self.async_q.efd.signal();
+        }
+        let Ok(mut watches) = self.watches.lock() else { return };
+        for (&cq, w) in watches.iter_mut() {
+            let now = w.ring.notify(&self.region).load(Ordering::Acquire);
+            let n = now.wrapping_sub(w.seen).min(1024);
+            w.seen = now;
+            for _ in 0..n {
+                if let Ok(mut q) = w.channel.queue.lock() {
+                    q.push_back(cq);
+                }
+                w.channel.efd.signal();
+            }
+        }
+    }
+
+    fn daemon_died(&self) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            vlog!("the vrnic daemon went away; the device is unusable");
+            if let Ok(mut q) = self.async_q.queue.lock() {
+                q.push_back((event::DEVICE_FATAL, 0));
+            }
+            self.async_q.efd.signal();
+        }
+    }
+}
+
+/// The notifier thread: sleeps on the context's socket (the daemon writes a byte when it has
+/// something to say) and on a timer (so a region-only daemon, as a VM guest has, works too).
+fn notifier(conn: std::sync::Weak<Conn>) {
+    loop {
+        let Some(c) = conn.upgrade() else { return };
+        if c.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let fd = c.fd();
+        drop(c);
+        let (readable, hup) = sys::poll_in(fd, 100);
+        let Some(c) = conn.upgrade() else { return };
+        if c.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if readable {
+            let mut buf = [0u8; 256];
+            // 0 bytes means the daemon closed the socket.
+            match (&c.stream).read(&mut buf) {
+                Ok(0) => {
+                    c.forward();
+                    c.daemon_died();
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {}
+            }
+        }
+        if hup || !c.daemon_alive() {
+            c.forward();
+            c.daemon_died();
+            return;
+        }
+        c.forward();
+    }
+}
+
+/// A send or receive queue of a QP, as the driver sees it: it owns the producer index.
+#[derive(Debug)]
+pub struct WorkQueue {
+    /// The ring.
+    pub ring: Ring,
+    /// Private producer index (the region's copy is only published).
+    pub prod: u32,
+}
+
+impl WorkQueue {
+    /// Free slots (the daemon's retired index is the consumer).
+    pub fn room(&self, region: &Region) -> u32 {
+        let cons = self.ring.cons(region).load(Ordering::Acquire);
+        self.ring.depth().saturating_sub(self.prod.wrapping_sub(cons))
+    }
+
+    /// Writes a send WQE into the next slot (not yet published).
+    pub fn push_send(&mut self, region: &Region, wqe: &SendWqe) {
+        let mut slot = [0u8; SQ_SLOT];
+        wqe.encode(&mut slot);
+        self.ring.write_slot(region, self.prod, &slot);
+        self.prod = self.prod.wrapping_add(1);
+    }
+
+    /// Writes a receive WQE into the next slot (not yet published).
+    pub fn push_recv(&mut self, region: &Region, wqe: &RecvWqe) {
+        let mut slot = [0u8; RQ_SLOT];
+        wqe.encode(&mut slot);
+        self.ring.write_slot(region, self.prod, &slot);
+        self.prod = self.prod.wrapping_add(1);
+    }
+
+    /// Publishes what was pushed.
+    pub fn publish(&self, region: &Region) {
+        self.ring.prod(region).store(self.prod, Ordering::Release);
+    }
+}
+
+/// A CQ as the driver sees it: it owns the consumer index.
+#[derive(Debug)]
+pub struct CompQueue {
+    /// The ring.
+    pub ring: Ring,
+    /// Private consumer index.
+    pub cons: u32,
+    /// Empty polls in a row (to yield the CPU now and then).
+    pub empty: u32,
+}
+
+impl CompQueue {
+    /// Takes up to `max` completions, calling `out` for each.
+    pub fn poll(&mut self, region: &Region, max: usize, mut out: impl FnMut(usize, &Cqe)) -> usize {
+        let prod = self.ring.prod(region).load(Ordering::Acquire);
+        let mut n = 0;
+        let mut raw = [0u8; CQ_SLOT];
+        while n < max && self.cons != prod {
+            self.ring.read_slot(region, self.cons, &mut raw);
+            self.cons = self.cons.wrapping_add(1);
+            // The daemon is trusted by the driver; a slot that does not parse is skipped.
+            if let Ok(cqe) = Cqe::parse(&raw) {
+                out(n, &cqe);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.ring.cons(region).store(self.cons, Ordering::Release);
+            self.empty = 0;
+        } else {
+            self.empty = self.empty.wrapping_add(1);
+            // On a machine with few cores, an app spinning on an empty CQ can starve the
+            // engine that would fill it: give the CPU away now and then.
+            if self.empty % 64 == 0 {
+                sys::yield_cpu();
+            }
+        }
+        n
+    }
+
+    /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
+    pub fn arm(&self, region: &Region, solicited_only: bool) {
+        self.ring.arm(region).store(if solicited_only { 2 } else { 1 }, Ordering::Release);
+    }
+}
+
+/// A QP's cached state, for the checks a device makes when posting.
+#[derive(Debug, Default)]
+pub struct QpShadow {
+    /// Last state set through modify_qp (the engine may have moved it to ERR since).
+    pub state: AtomicU32,
+}

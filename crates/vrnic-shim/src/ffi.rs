@@ -1,0 +1,1433 @@
+//! Every `extern "C"` function of the driver library: the exported libibverbs symbols and the
+//! functions placed in the ops tables (`ibv_context_ops`, `verbs_context`).
+//!
+//! Each function has the same shape: inside [`guard`] (which catches panics, so none crosses
+//! into C), null checks, pointer to the Rust object behind the C struct (each object starts
+//! with its rdma-core struct: container_of), a call into `client`, and the mapping of the
+//! outcome to rdma-core's return convention (an errno, or NULL/-1 with `errno` set).
+#![allow(unsafe_code)]
+#![allow(clippy::missing_safety_doc)]
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::mem::offset_of;
+use std::panic::AssertUnwindSafe;
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use vrnic_api::{PageRun, Reply, Request};
+use vrnic_shm::Ring;
+use vrnic_shm::layout::PAGE;
+use vrnic_wire::{
+    AhAttr, CQ_SLOT, GlobalRoute, MAX_INLINE, MAX_SGE, QpAttr, QpCap, QpState, QpType, RQ_SLOT, RecvWqe, SQ_SLOT,
+    SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
+};
+
+use crate::abi::*;
+use crate::client::{self, Channel, CompQueue, Conn, Device, WorkQueue, vlog};
+use crate::sys::{self, set_errno};
+
+/// Runs `f`, turning a panic into `fail` (a panic must never unwind into C).
+fn guard<R>(fail: R, f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            vlog!("internal error (panic) caught at the C boundary");
+            fail
+        }
+    }
+}
+
+/// Returns NULL with `errno` set.
+fn null_err<T>(e: i32) -> *mut T {
+    set_errno(e);
+    null_mut()
+}
+
+/// Returns -1 with `errno` set.
+fn minus_one(e: i32) -> c_int {
+    set_errno(e);
+    -1
+}
+
+// ---- the objects behind the C structs ------------------------------------------------------
+
+/// A device: `ibv_device` first, then room for the provider's `verbs_device` word (left NULL so
+/// provider-specific calls fail cleanly), then ours.
+#[repr(C)]
+pub struct VDevice {
+    dev: ibv_device,
+    verbs_device_pad: [u8; 128],
+    info: Device,
+}
+
+/// A context: `verbs_context` first (the app gets a pointer to its last member, `context`).
+#[repr(C)]
+pub struct VContext {
+    vctx: verbs_context,
+    conn: Arc<Conn>,
+    /// QP handle -> `*mut VQp`, for async events.
+    qps: Mutex<HashMap<u32, usize>>,
+    /// CQ handle -> `*mut VCq`, for async events.
+    cqs: Mutex<HashMap<u32, usize>>,
+}
+
+#[repr(C)]
+struct VPd {
+    pd: ibv_pd,
+}
+
+#[repr(C)]
+struct VMr {
+    mr: ibv_mr,
+}
+
+#[repr(C)]
+struct VChannel {
+    ch: ibv_comp_channel,
+    chan: Arc<Channel>,
+}
+
+#[repr(C)]
+struct VCq {
+    cq: ibv_cq,
+    q: Mutex<CompQueue>,
+    channel: Option<Arc<Channel>>,
+    delivered: std::sync::atomic::AtomicU32,
+}
+
+#[repr(C)]
+struct VQp {
+    qp: ibv_qp,
+    sq: Mutex<WorkQueue>,
+    rq: Mutex<WorkQueue>,
+    cap: QpCap,
+    sq_sig_all: bool,
+    state: std::sync::atomic::AtomicU32,
+}
+
+
+fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
+    ctx.cast::<u8>().wrapping_sub(offset_of!(verbs_context, context)).cast()
+}
+
+/// The context behind `ctx`.
+///
+/// # Safety
+/// `ctx` must be a context returned by our `ibv_open_device` and not yet closed.
+unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a VContext {
+    // SAFETY: per the contract, ctx is the `context` member of a live VContext.
+    unsafe { &*vctx_of(ctx) }
+}
+
+fn copy_name(dst: &mut [c_char], name: &str) {
+    let n = name.len().min(dst.len() - 1);
+    for (d, s) in dst.iter_mut().zip(name.bytes().take(n)) {
+        *d = s as c_char;
+    }
+    dst[n] = 0;
+}
+
+// ---- devices ---------------------------------------------------------------------------------
+
+static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn device_for(d: Device) -> *mut ibv_device {
+    let mut list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    for &p in list.iter() {
+        // SAFETY: entries are VDevices we leaked; they are never freed.
+        let v = unsafe { &*(p as *const VDevice) };
+        if v.info.dir == d.dir {
+            return p as *mut ibv_device;
+        }
+    }
+    // SAFETY: ibv_device is plain C data (pointers, ints, arrays): all-zero is a valid value.
+    let mut dev: ibv_device = unsafe { std::mem::zeroed() };
+    dev.node_type = IBV_NODE_CA;
+    dev.transport_type = IBV_TRANSPORT_IB;
+    copy_name(&mut dev.name, &d.name);
+    copy_name(&mut dev.dev_name, &format!("uverbs-{}", d.name));
+    copy_name(&mut dev.dev_path, &d.dir.display().to_string());
+    copy_name(&mut dev.ibdev_path, &d.dir.display().to_string());
+    let p = Box::into_raw(Box::new(VDevice { dev, verbs_device_pad: [0; 128], info: d }));
+    list.push(p as usize);
+    p.cast()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    guard(null_mut(), || {
+        let devs: Vec<*mut ibv_device> = client::discover().into_iter().map(device_for).collect();
+        if !num.is_null() {
+            // SAFETY: the caller passes a valid int pointer or NULL.
+            unsafe { *num = devs.len() as c_int };
+        }
+        let mut arr = devs;
+        arr.push(null_mut());
+        Box::into_raw(arr.into_boxed_slice()).cast()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_free_device_list(list: *mut *mut ibv_device) {
+    guard((), || {
+        if list.is_null() {
+            return;
+        }
+        let mut n = 0;
+        // SAFETY: list is an array we returned, NULL-terminated.
+        while !unsafe { *list.add(n) }.is_null() {
+            n += 1;
+        }
+        // SAFETY: it was a boxed slice of n + 1 pointers.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
+    if dev.is_null() {
+        return std::ptr::null();
+    }
+    // SAFETY: dev is one of our devices; name is NUL-terminated.
+    unsafe { (*dev).name.as_ptr() }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
+    if dev.is_null() {
+        return 0;
+    }
+    // SAFETY: dev is one of our devices (VDevice starts with ibv_device).
+    unsafe { (*dev.cast::<VDevice>()).info.guid }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_device_index(dev: *mut ibv_device) -> c_int {
+    if dev.is_null() {
+        return -1;
+    }
+    0
+}
+
+// ---- contexts --------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    guard(null_err(libc::EIO), || {
+        if dev.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: dev came from our device list (VDevice starts with ibv_device).
+        let info = unsafe { &(*dev.cast::<VDevice>()).info };
+        let conn = match Conn::open(info) {
+            Ok(c) => c,
+            Err(e) => return null_err(e),
+        };
+        // SAFETY: verbs_context is plain C data (fn pointers as Option, ints): zero is valid.
+        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+        vctx.sz = std::mem::size_of::<verbs_context>();
+        vctx.query_port = Some(vrnic_query_port);
+        vctx.query_device_ex = Some(vrnic_query_device_ex);
+        vctx.context.device = dev;
+        vctx.context.cmd_fd = conn.fd();
+        vctx.context.async_fd = conn.async_q.efd.fd();
+        vctx.context.num_comp_vectors = 1;
+        vctx.context.abi_compat = usize::MAX as *mut c_void;
+        let ops = &mut vctx.context.ops;
+        ops.poll_cq = Some(vrnic_poll_cq);
+        ops.req_notify_cq = Some(vrnic_req_notify_cq);
+        ops.post_send = Some(vrnic_post_send);
+        ops.post_recv = Some(vrnic_post_recv);
+        ops.post_srq_recv = Some(vrnic_post_srq_recv);
+        ops.alloc_mw = Some(vrnic_alloc_mw);
+        ops.dealloc_mw = Some(vrnic_dealloc_mw);
+        ops.bind_mw = Some(vrnic_bind_mw);
+        let b = Box::new(VContext { vctx, conn, qps: Mutex::new(HashMap::new()), cqs: Mutex::new(HashMap::new()) });
+        let p = Box::into_raw(b);
+        // SAFETY: p is a live VContext we just leaked; `context` is its embedded ibv_context.
+        unsafe { &raw mut (*p).vctx.context }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    guard(-1, || {
+        if ctx.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: ctx is a live context of ours; after this call the app may not use it.
+        let b = unsafe { Box::from_raw(vctx_of(ctx)) };
+        b.conn.close();
+        drop(b);
+        0
+    })
+}
+
+fn device_attr(conn: &Conn) -> ibv_device_attr {
+    let i = &conn.info;
+    // SAFETY: plain C data; zero is valid.
+    let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
+    copy_name(&mut a.fw_ver, "vrnic 0.1.0");
+    a.node_guid = i.guid;
+    a.sys_image_guid = i.guid;
+    a.max_mr_size = i.max_mr_size;
+    a.page_size_cap = PAGE;
+    a.vendor_id = 0x5652; // "VR"
+    a.vendor_part_id = 1;
+    a.hw_ver = 1;
+    a.max_qp = i.max_qp as c_int;
+    a.max_qp_wr = i.max_qp_wr as c_int;
+    a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT;
+    a.max_sge = MAX_SGE as c_int;
+    a.max_sge_rd = MAX_SGE as c_int;
+    a.max_cq = i.max_cq as c_int;
+    a.max_cqe = i.max_cqe as c_int;
+    a.max_mr = i.max_mr as c_int;
+    a.max_pd = i.max_pd as c_int;
+    a.max_qp_rd_atom = 16;
+    a.max_ee_rd_atom = 0;
+    a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(16);
+    a.max_qp_init_rd_atom = 16;
+    a.atomic_cap = IBV_ATOMIC_HCA;
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+    a
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    guard(libc::EIO, || {
+        if ctx.is_null() || attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: ctx is ours; attr points to a caller-owned ibv_device_attr.
+        unsafe { *attr = device_attr(&context(ctx).conn) };
+        0
+    })
+}
+
+pub extern "C" fn vrnic_query_device_ex(
+    ctx: *mut ibv_context,
+    _input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        if ctx.is_null() || attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: ctx is ours.
+        let conn = &unsafe { context(ctx) }.conn;
+        // SAFETY: plain C data; zero is valid.
+        let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        ex.orig_attr = device_attr(conn);
+        ex.max_dm_size = 0;
+        ex.phys_port_cnt_ex = 1;
+        let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
+        // SAFETY: the caller's buffer holds attr_size bytes; we write at most that many.
+        unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast::<u8>(), attr.cast::<u8>(), n) };
+        0
+    })
+}
+
+fn port_attr(conn: &Conn) -> ibv_port_attr {
+    // SAFETY: plain C data; zero is valid.
+    let mut p: ibv_port_attr = unsafe { std::mem::zeroed() };
+    p.state = IBV_PORT_ACTIVE;
+    p.max_mtu = IBV_MTU_4096;
+    p.active_mtu = IBV_MTU_4096;
+    p.gid_tbl_len = 1;
+    p.port_cap_flags = 0;
+    p.max_msg_sz = vrnic_wire::MAX_MSG_SIZE;
+    p.pkey_tbl_len = 1;
+    p.lid = conn.info.lid;
+    p.sm_lid = conn.info.lid;
+    p.max_vl_num = 1;
+    p.active_width = 2; // 4X
+    p.active_speed = 32; // EDR
+    p.phys_state = 5; // LinkUp
+    p.link_layer = IBV_LINK_LAYER_INFINIBAND;
+    p
+}
+
+pub extern "C" fn vrnic_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: usize) -> c_int {
+    guard(libc::EIO, || {
+        if ctx.is_null() || attr.is_null() {
+            return libc::EINVAL;
+        }
+        if port != 1 {
+            return libc::EINVAL;
+        }
+        // SAFETY: ctx is ours.
+        let p = port_attr(&unsafe { context(ctx) }.conn);
+        let n = len.min(std::mem::size_of::<ibv_port_attr>());
+        // SAFETY: the caller's buffer holds `len` bytes; we write at most that many.
+        unsafe { std::ptr::copy_nonoverlapping((&raw const p).cast::<u8>(), attr.cast::<u8>(), n) };
+        0
+    })
+}
+
+/// The exported `ibv_query_port` writes the 48-byte compat layout (rdma-core's
+/// `struct _compat_ibv_port_attr`).
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+    vrnic_query_port(ctx, port, attr, 48)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+    guard(-1, || {
+        if ctx.is_null() || gid.is_null() || port != 1 || index != 0 {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: ctx is ours; gid is a caller-owned 16-byte union.
+        unsafe { (*gid).raw = context(ctx).conn.info.gid };
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    guard(-1, || {
+        if ctx.is_null() || pkey.is_null() || port != 1 || index != 0 {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: pkey is a caller-owned u16.
+        unsafe { *pkey = 0xffffu16.to_be() };
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    if ctx.is_null() || port != 1 {
+        return minus_one(libc::EINVAL);
+    }
+    if pkey == 0xffffu16.to_be() { 0 } else { minus_one(libc::ENOENT) }
+}
+
+/// `ibv_query_gid_type` (private ABI, used by `ibv_devinfo`): GID 0 is an InfiniBand GID.
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: c_uint, ty: *mut c_uint) -> c_int {
+    if ctx.is_null() || ty.is_null() || port != 1 || index != 0 {
+        return minus_one(libc::EINVAL);
+    }
+    // SAFETY: ty is a caller-owned enum slot.
+    unsafe { *ty = 0 };
+    0
+}
+
+fn gid_entry(conn: &Conn) -> ibv_gid_entry {
+    // SAFETY: plain C data; zero is valid.
+    let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
+    e.gid.raw = conn.info.gid;
+    e.gid_index = 0;
+    e.port_num = 1;
+    e.gid_type = IBV_GID_TYPE_IB;
+    e.ndev_ifindex = 0;
+    e
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic__ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    _flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        if ctx.is_null() || entry.is_null() || port != 1 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return libc::EINVAL;
+        }
+        if index != 0 {
+            return libc::ENODATA;
+        }
+        // SAFETY: ctx is ours; entry holds at least one ibv_gid_entry.
+        unsafe { *entry = gid_entry(&context(ctx).conn) };
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic__ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max: usize,
+    _flags: u32,
+    entry_size: usize,
+) -> isize {
+    guard(-(libc::EIO as isize), || {
+        if ctx.is_null() || entries.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return -(libc::EINVAL as isize);
+        }
+        if max == 0 {
+            return -(libc::EINVAL as isize);
+        }
+        // SAFETY: ctx is ours; entries has room for `max` >= 1 entries of entry_size bytes.
+        unsafe { *entries = gid_entry(&context(ctx).conn) };
+        1
+    })
+}
+
+// ---- protection domains and memory regions ---------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    guard(null_err(libc::EIO), || {
+        if ctx.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: ctx is ours.
+        let c = unsafe { context(ctx) };
+        match c.conn.call(&Request::AllocPd) {
+            Ok(Reply::Handle(h)) => {
+                let pd = ibv_pd { context: ctx, handle: h };
+                Box::into_raw(Box::new(VPd { pd })).cast()
+            }
+            Ok(_) => null_err(libc::EPROTO),
+            Err(e) => null_err(e),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    guard(libc::EIO, || {
+        if pd.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: pd is ours and live.
+        let (ctx, h) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: the PD's context outlives it.
+        match unsafe { context(ctx) }.conn.call(&Request::DeallocPd { pd: h }) {
+            Ok(_) => {
+                // SAFETY: pd was boxed by alloc_pd; the app gives it up now.
+                drop(unsafe { Box::from_raw(pd.cast::<VPd>()) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
+    guard(null_err(libc::EIO), || {
+        if pd.is_null() || (addr.is_null() && len > 0) {
+            return null_err(libc::EINVAL);
+        }
+        if access & !vrnic_wire::access::SUPPORTED != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        // Remote write or atomic access requires local write, as on every device.
+        let needs_local = vrnic_wire::access::REMOTE_WRITE | vrnic_wire::access::REMOTE_ATOMIC;
+        if access & needs_local != 0 && access & vrnic_wire::access::LOCAL_WRITE == 0 {
+            return null_err(libc::EINVAL);
+        }
+        if len == 0 {
+            return null_err(libc::EINVAL);
+        }
+        if !sys::range_mapped(addr as usize, len) {
+            return null_err(libc::EFAULT);
+        }
+        // SAFETY: pd is ours and live.
+        let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: the PD's context outlives it.
+        let conn = &unsafe { context(ctx) }.conn;
+        let req = Request::RegMr { pd: pdh, addr: addr as u64, len: len as u64, iova, access };
+        let (mr, lkey, rkey, runs) = match conn.call(&req) {
+            Ok(Reply::Mr { mr, lkey, rkey, runs }) => (mr, lkey, rkey, runs),
+            Ok(_) => return null_err(libc::EPROTO),
+            Err(e) => return null_err(e),
+        };
+        for r in runs.iter().filter(|r| r.fresh) {
+            let bytes = u64::from(r.pages) * PAGE;
+            // SAFETY: the run lies inside the range mincore just proved mapped (page rounded).
+            let cur = unsafe { sys::read_app(r.va as usize, bytes as usize) };
+            if conn.region.write_bytes(r.off, &cur).is_err() {
+                return null_err(libc::EFAULT);
+            }
+            // SAFETY: the pages are the app's registered buffer; their bytes were copied into
+            // the region pages, so the app sees the same contents after the remap.
+            if let Err(e) = unsafe { conn.region.map_over(r.va as usize, r.off, bytes) } {
+                vlog!("remapping registered memory failed: {e}");
+                let _ = conn.call(&Request::DeregMr { mr });
+                return null_err(libc::EFAULT);
+            }
+        }
+        let m = ibv_mr { context: ctx, pd, addr, length: len, handle: mr, lkey, rkey };
+        Box::into_raw(Box::new(VMr { mr: m })).cast()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+    reg_mr(pd, addr, len, addr as u64, access as c_uint)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    reg_mr(pd, addr, len, iova, access as c_uint)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    reg_mr(pd, addr, len, iova, access)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard(libc::EIO, || {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: mr is ours and live.
+        let (ctx, h) = unsafe { ((*mr).context, (*mr).handle) };
+        // SAFETY: the MR's context outlives it.
+        let conn = &unsafe { context(ctx) }.conn;
+        let runs: Vec<PageRun> = match conn.call(&Request::DeregMr { mr: h }) {
+            Ok(Reply::Detach { runs }) => runs,
+            Ok(_) => return libc::EPROTO,
+            Err(e) => return e,
+        };
+        // The app keeps its bytes, on private memory again; then the pages may be reused.
+        let mut released = Vec::with_capacity(runs.len());
+        for r in runs {
+            let bytes = u64::from(r.pages) * PAGE;
+            // SAFETY: these pages are the app's registered buffer that we mapped over.
+            match unsafe { vrnic_shm::remap_private(r.va as usize, bytes as usize) } {
+                Ok(()) => released.push(r),
+                Err(e) => vlog!("detaching deregistered memory failed: {e}; its pages stay reserved"),
+            }
+        }
+        if !released.is_empty() {
+            let _ = conn.call(&Request::ReleasePages { runs: released });
+        }
+        // SAFETY: mr was boxed by reg_mr; the app gives it up now.
+        drop(unsafe { Box::from_raw(mr.cast::<VMr>()) });
+        0
+    })
+}
+
+// ---- completion channels and CQs -------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    guard(null_err(libc::EIO), || {
+        if ctx.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        let efd = match sys::EventFd::new() {
+            Ok(e) => e,
+            Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        };
+        let chan = Arc::new(Channel { efd, queue: Mutex::new(Default::default()) });
+        let ch = ibv_comp_channel { context: ctx, fd: chan.efd.fd(), refcnt: 0 };
+        Box::into_raw(Box::new(VChannel { ch, chan })).cast()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    guard(libc::EIO, || {
+        if ch.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: ch is ours and live.
+        if unsafe { (*ch).refcnt } > 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: boxed by create_comp_channel; the app gives it up now.
+        drop(unsafe { Box::from_raw(ch.cast::<VChannel>()) });
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard(null_err(libc::EIO), || {
+        if ctx.is_null() || cqe <= 0 {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: ctx is ours.
+        let c = unsafe { context(ctx) };
+        let (h, ring_off, depth) = match c.conn.call(&Request::CreateCq { cqe: cqe as u32 }) {
+            Ok(Reply::Cq { cq, ring, depth }) => (cq, ring, depth),
+            Ok(_) => return null_err(libc::EPROTO),
+            Err(e) => return null_err(e),
+        };
+        let Ok(ring) = Ring::new(&c.conn.region, ring_off, depth, CQ_SLOT) else {
+            let _ = c.conn.call(&Request::DestroyCq { cq: h });
+            return null_err(libc::EPROTO);
+        };
+        // SAFETY: channel is NULL or one of ours.
+        let chan = (!channel.is_null()).then(|| unsafe { (*channel.cast::<VChannel>()).chan.clone() });
+        if !channel.is_null() {
+            // SAFETY: channel is live; refcnt is only touched under the verbs calls.
+            unsafe { (*channel).refcnt += 1 };
+        }
+        // SAFETY: plain C data plus pthread objects, whose all-zero value is their static
+        // initializer in glibc.
+        let mut cq: ibv_cq = unsafe { std::mem::zeroed() };
+        cq.context = ctx;
+        cq.channel = channel;
+        cq.cq_context = cq_context;
+        cq.handle = h;
+        cq.cqe = depth as c_int;
+        let v = Box::new(VCq {
+            cq,
+            q: Mutex::new(CompQueue { ring, cons: 0, empty: 0 }),
+            channel: chan.clone(),
+            delivered: std::sync::atomic::AtomicU32::new(0),
+        });
+        let p = Box::into_raw(v);
+        if let Some(chan) = chan {
+            c.conn.watch(p as usize, ring, chan);
+        }
+        if let Ok(mut m) = c.cqs.lock() {
+            m.insert(h, p as usize);
+        }
+        p.cast()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard(libc::EIO, || {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: cq is ours and live.
+        let (ctx, h, channel) = unsafe { ((*cq).context, (*cq).handle, (*cq).channel) };
+        // SAFETY: the CQ's context outlives it.
+        let c = unsafe { context(ctx) };
+        if let Err(e) = c.conn.call(&Request::DestroyCq { cq: h }) {
+            return e;
+        }
+        c.conn.unwatch(cq as usize);
+        if let Ok(mut m) = c.cqs.lock() {
+            m.remove(&h);
+        }
+        if !channel.is_null() {
+            // SAFETY: the channel outlives the CQs attached to it (destroy refuses otherwise).
+            unsafe { (*channel).refcnt -= 1 };
+            // SAFETY: as above.
+            let chan = unsafe { &(*channel.cast::<VChannel>()).chan };
+            if let Ok(mut q) = chan.queue.lock() {
+                q.retain(|&p| p != cq as usize);
+            }
+        }
+        // SAFETY: boxed by create_cq; the app gives it up now.
+        drop(unsafe { Box::from_raw(cq.cast::<VCq>()) });
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    guard(-1, || {
+        if ch.is_null() || cq_out.is_null() || ctx_out.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: ch is ours and live.
+        let chan = unsafe { &(*ch.cast::<VChannel>()).chan };
+        if let Err(e) = chan.efd.wait() {
+            return minus_one(e);
+        }
+        let Some(p) = chan.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+            return minus_one(libc::EAGAIN);
+        };
+        let cq = p as *mut VCq;
+        // SAFETY: queued CQs are live (destroy_cq removes them from the queue).
+        unsafe {
+            (*cq).delivered.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: out-pointers are valid per the API; cq is live.
+        unsafe { *cq_out = cq.cast() };
+        // SAFETY: as above.
+        unsafe { *ctx_out = (*cq).cq.cq_context };
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
+    guard((), || {
+        if cq.is_null() {
+            return;
+        }
+        // SAFETY: cq is ours; comp_events_completed is read by the app only under its mutex
+        // in rdma-core, and single-threaded apps ack from one thread.
+        unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+    })
+}
+
+pub extern "C" fn vrnic_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: cq is ours and live.
+        let v = unsafe { &*cq.cast::<VCq>() };
+        // SAFETY: the CQ's context outlives it.
+        let conn = &unsafe { context(v.cq.context) }.conn;
+        if let Ok(q) = v.q.lock() {
+            q.arm(&conn.region, solicited_only != 0);
+        }
+        0
+    })
+}
+
+pub extern "C" fn vrnic_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    guard(-1, || {
+        if cq.is_null() || n < 0 || (wc.is_null() && n > 0) {
+            return -1;
+        }
+        // SAFETY: cq is ours and live.
+        let v = unsafe { &*cq.cast::<VCq>() };
+        // SAFETY: the CQ's context outlives it.
+        let conn = &unsafe { context(v.cq.context) }.conn;
+        let Ok(mut q) = v.q.lock() else { return -1 };
+        q.poll(&conn.region, n as usize, |i, c| {
+            let w = ibv_wc {
+                wr_id: c.wr_id,
+                status: c.status as c_uint,
+                opcode: c.opcode as c_uint,
+                vendor_err: c.vendor_err,
+                byte_len: c.byte_len,
+                imm_data: c.imm_data,
+                qp_num: c.qp_num,
+                src_qp: c.src_qp,
+                wc_flags: c_uint::from(c.wc_flags),
+                pkey_index: 0,
+                slid: c.slid,
+                sl: c.sl,
+                dlid_path_bits: 0,
+            };
+            // SAFETY: the app's array holds n entries and i < n.
+            unsafe { wc.add(i).write(w) };
+        }) as c_int
+    })
+}
+
+// ---- queue pairs ----------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard(null_err(libc::EIO), || {
+        if pd.is_null() || init.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: init is a caller-owned ibv_qp_init_attr.
+        let ia = unsafe { &mut *init };
+        if ia.send_cq.is_null() || ia.recv_cq.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        if !ia.srq.is_null() {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        let qp_type = match ia.qp_type {
+            IBV_QPT_RC => QpType::Rc,
+            IBV_QPT_UC => QpType::Uc,
+            IBV_QPT_UD => QpType::Ud,
+            _ => return null_err(libc::EOPNOTSUPP),
+        };
+        let cap = QpCap {
+            max_send_wr: ia.cap.max_send_wr,
+            max_recv_wr: ia.cap.max_recv_wr,
+            max_send_sge: ia.cap.max_send_sge,
+            max_recv_sge: ia.cap.max_recv_sge,
+            max_inline_data: ia.cap.max_inline_data,
+        };
+        // SAFETY: pd and the CQs are ours and live.
+        let (ctx, pdh, scq, rcq) = unsafe { ((*pd).context, (*pd).handle, (*ia.send_cq).handle, (*ia.recv_cq).handle) };
+        // SAFETY: the PD's context outlives it.
+        let c = unsafe { context(ctx) };
+        let req = Request::CreateQp { pd: pdh, send_cq: scq, recv_cq: rcq, qp_type, cap, sq_sig_all: ia.sq_sig_all != 0 };
+        let (h, qpn, sq, sq_depth, rq, rq_depth, cap) = match c.conn.call(&req) {
+            Ok(Reply::Qp { qp, qpn, sq, sq_depth, rq, rq_depth, cap }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap),
+            Ok(_) => return null_err(libc::EPROTO),
+            Err(e) => return null_err(e),
+        };
+        let (Ok(sq), Ok(rq)) = (
+            Ring::new(&c.conn.region, sq, sq_depth, SQ_SLOT),
+            Ring::new(&c.conn.region, rq, rq_depth, RQ_SLOT),
+        ) else {
+            let _ = c.conn.call(&Request::DestroyQp { qp: h });
+            return null_err(libc::EPROTO);
+        };
+        ia.cap.max_send_wr = cap.max_send_wr;
+        ia.cap.max_recv_wr = cap.max_recv_wr;
+        ia.cap.max_send_sge = cap.max_send_sge;
+        ia.cap.max_recv_sge = cap.max_recv_sge;
+        ia.cap.max_inline_data = cap.max_inline_data;
+        // SAFETY: plain C data plus pthread objects (all-zero is their initializer in glibc).
+        let mut qp: ibv_qp = unsafe { std::mem::zeroed() };
+        qp.context = ctx;
+        qp.qp_context = ia.qp_context;
+        qp.pd = pd;
+        qp.send_cq = ia.send_cq;
+        qp.recv_cq = ia.recv_cq;
+        qp.srq = null_mut();
+        qp.handle = h;
+        qp.qp_num = qpn;
+        qp.state = IBV_QPS_RESET;
+        qp.qp_type = ia.qp_type;
+        let v = Box::new(VQp {
+            qp,
+            sq: Mutex::new(WorkQueue { ring: sq, prod: 0 }),
+            rq: Mutex::new(WorkQueue { ring: rq, prod: 0 }),
+            cap,
+            sq_sig_all: ia.sq_sig_all != 0,
+            state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),
+        });
+        let p = Box::into_raw(v);
+        if let Ok(mut m) = c.qps.lock() {
+            m.insert(h, p as usize);
+        }
+        p.cast()
+    })
+}
+
+fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
+    AhAttr {
+        // SAFETY: reading the raw bytes of a 16-byte union is always valid.
+        grh: GlobalRoute {
+            dgid: unsafe { a.grh.dgid.raw },
+            flow_label: a.grh.flow_label,
+            sgid_index: a.grh.sgid_index,
+            hop_limit: a.grh.hop_limit,
+            traffic_class: a.grh.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global != 0,
+        port_num: a.port_num,
+    }
+}
+
+fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
+    // SAFETY: plain C data; zero is valid.
+    let mut c: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    c.grh.dgid.raw = a.grh.dgid;
+    c.grh.flow_label = a.grh.flow_label;
+    c.grh.sgid_index = a.grh.sgid_index;
+    c.grh.hop_limit = a.grh.hop_limit;
+    c.grh.traffic_class = a.grh.traffic_class;
+    c.dlid = a.dlid;
+    c.sl = a.sl;
+    c.src_path_bits = a.src_path_bits;
+    c.static_rate = a.static_rate;
+    c.is_global = u8::from(a.is_global);
+    c.port_num = a.port_num;
+    c
+}
+
+fn state_from_c(s: c_uint) -> Option<QpState> {
+    QpState::from_u32(s)
+}
+
+fn attr_from_c(a: &ibv_qp_attr) -> Option<QpAttr> {
+    Some(QpAttr {
+        qp_state: state_from_c(a.qp_state)?,
+        cur_qp_state: state_from_c(a.cur_qp_state).unwrap_or_default(),
+        path_mtu: a.path_mtu as u8,
+        path_mig_state: a.path_mig_state as u8,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags as u32,
+        cap: QpCap {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline_data: a.cap.max_inline_data,
+        },
+        ah_attr: ah_from_c(&a.ah_attr),
+        alt_ah_attr: ah_from_c(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+    })
+}
+
+fn attr_to_c(a: &QpAttr) -> ibv_qp_attr {
+    // SAFETY: plain C data; zero is valid.
+    let mut c: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    c.qp_state = a.qp_state as c_uint;
+    c.cur_qp_state = a.qp_state as c_uint;
+    c.path_mtu = c_uint::from(a.path_mtu);
+    c.path_mig_state = c_uint::from(a.path_mig_state);
+    c.qkey = a.qkey;
+    c.rq_psn = a.rq_psn;
+    c.sq_psn = a.sq_psn;
+    c.dest_qp_num = a.dest_qp_num;
+    c.qp_access_flags = a.qp_access_flags as _;
+    c.cap.max_send_wr = a.cap.max_send_wr;
+    c.cap.max_recv_wr = a.cap.max_recv_wr;
+    c.cap.max_send_sge = a.cap.max_send_sge;
+    c.cap.max_recv_sge = a.cap.max_recv_sge;
+    c.cap.max_inline_data = a.cap.max_inline_data;
+    c.ah_attr = ah_to_c(&a.ah_attr);
+    c.alt_ah_attr = ah_to_c(&a.alt_ah_attr);
+    c.pkey_index = a.pkey_index;
+    c.alt_pkey_index = a.alt_pkey_index;
+    c.en_sqd_async_notify = a.en_sqd_async_notify;
+    c.sq_draining = a.sq_draining;
+    c.max_rd_atomic = a.max_rd_atomic;
+    c.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    c.min_rnr_timer = a.min_rnr_timer;
+    c.port_num = a.port_num;
+    c.timeout = a.timeout;
+    c.retry_cnt = a.retry_cnt;
+    c.rnr_retry = a.rnr_retry;
+    c.alt_port_num = a.alt_port_num;
+    c.alt_timeout = a.alt_timeout;
+    c
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    guard(libc::EIO, || {
+        if qp.is_null() || attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: qp is ours and live; attr is caller-owned.
+        let (v, a) = unsafe { (&*qp.cast::<VQp>(), &*attr) };
+        let mask = mask as u32;
+        let mut qa = match attr_from_c(a) {
+            Some(q) => q,
+            None if mask & vrnic_wire::qp_attr::STATE == 0 => {
+                let mut a2 = *a;
+                a2.qp_state = IBV_QPS_RESET;
+                match attr_from_c(&a2) {
+                    Some(q) => q,
+                    None => return libc::EINVAL,
+                }
+            }
+            None => return libc::EINVAL,
+        };
+        if mask & vrnic_wire::qp_attr::STATE == 0 {
+            qa.qp_state = state_from_c(v.state.load(Ordering::Acquire)).unwrap_or_default();
+        }
+        // SAFETY: the QP's context outlives it.
+        let conn = &unsafe { context(v.qp.context) }.conn;
+        match conn.call(&Request::ModifyQp { qp: v.qp.handle, mask, attr: Box::new(qa) }) {
+            Ok(_) => {
+                if mask & vrnic_wire::qp_attr::STATE != 0 {
+                    v.state.store(a.qp_state, Ordering::Release);
+                    // SAFETY: `state` is a plain field apps read; we own the QP struct.
+                    unsafe { (*qp).state = a.qp_state };
+                    if a.qp_state == IBV_QPS_RESET {
+                        // The engine forgot the queues: start the rings afresh.
+                        if let (Ok(mut sq), Ok(mut rq)) = (v.sq.lock(), v.rq.lock()) {
+                            sq.prod = sq.ring.cons(&conn.region).load(Ordering::Acquire);
+                            rq.prod = rq.ring.cons(&conn.region).load(Ordering::Acquire);
+                            sq.publish(&conn.region);
+                            rq.publish(&conn.region);
+                        }
+                    }
+                }
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        if qp.is_null() || attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: qp is ours and live.
+        let v = unsafe { &*qp.cast::<VQp>() };
+        // SAFETY: the QP's context outlives it.
+        let conn = &unsafe { context(v.qp.context) }.conn;
+        let qa = match conn.call(&Request::QueryQp { qp: v.qp.handle }) {
+            Ok(Reply::QpAttr(a)) => a,
+            Ok(_) => return libc::EPROTO,
+            Err(e) => return e,
+        };
+        let mut c = attr_to_c(&qa);
+        c.cap.max_send_wr = v.cap.max_send_wr;
+        c.cap.max_recv_wr = v.cap.max_recv_wr;
+        c.cap.max_send_sge = v.cap.max_send_sge;
+        c.cap.max_recv_sge = v.cap.max_recv_sge;
+        c.cap.max_inline_data = v.cap.max_inline_data;
+        // SAFETY: attr is caller-owned.
+        unsafe { *attr = c };
+        v.state.store(qa.qp_state as u32, Ordering::Release);
+        if !init.is_null() {
+            // SAFETY: plain C data; zero is valid.
+            let mut i: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            i.qp_context = v.qp.qp_context;
+            i.send_cq = v.qp.send_cq;
+            i.recv_cq = v.qp.recv_cq;
+            i.srq = v.qp.srq;
+            i.cap = c.cap;
+            i.qp_type = v.qp.qp_type;
+            i.sq_sig_all = c_int::from(v.sq_sig_all);
+            // SAFETY: init is caller-owned.
+            unsafe { *init = i };
+        }
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard(libc::EIO, || {
+        if qp.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: qp is ours and live.
+        let (ctx, h) = unsafe { ((*qp).context, (*qp).handle) };
+        // SAFETY: the QP's context outlives it.
+        let c = unsafe { context(ctx) };
+        if let Err(e) = c.conn.call(&Request::DestroyQp { qp: h }) {
+            return e;
+        }
+        if let Ok(mut m) = c.qps.lock() {
+            m.remove(&h);
+        }
+        // SAFETY: boxed by create_qp; the app gives it up now.
+        drop(unsafe { Box::from_raw(qp.cast::<VQp>()) });
+        0
+    })
+}
+
+fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+    (0..n.max(0) as usize)
+        .map(|i| {
+            // SAFETY: the app's list holds num_sge entries (checked against the limit first).
+            let s = unsafe { &*list.add(i) };
+            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
+        })
+        .collect()
+}
+
+pub extern "C" fn vrnic_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+    guard(libc::EIO, || {
+        let fail = |w: *mut ibv_send_wr, e: c_int| {
+            if !bad.is_null() {
+                // SAFETY: bad is the app's out-pointer.
+                unsafe { *bad = w };
+            }
+            e
+        };
+        if qp.is_null() {
+            return fail(wr, libc::EINVAL);
+        }
+        // SAFETY: qp is ours and live.
+        let v = unsafe { &*qp.cast::<VQp>() };
+        let state = v.state.load(Ordering::Acquire);
+        if state != IBV_QPS_RTS && state != IBV_QPS_SQD && state != IBV_QPS_ERR && state != IBV_QPS_SQE {
+            return fail(wr, libc::EINVAL);
+        }
+        // SAFETY: the QP's context outlives it.
+        let conn = &unsafe { context(v.qp.context) }.conn;
+        let Ok(mut sq) = v.sq.lock() else { return fail(wr, libc::EIO) };
+        let mut cur = wr;
+        let mut posted = false;
+        let mut rc = 0;
+        while !cur.is_null() {
+            // SAFETY: cur is a node of the app's list.
+            let w = unsafe { &*cur };
+            let opcode = match u8::try_from(w.opcode).map(SendOpcode::from_u8) {
+                Ok(Ok(o)) => o,
+                _ => {
+                    rc = libc::EINVAL;
+                    break;
+                }
+            };
+            if w.num_sge < 0 || w.num_sge as u32 > v.cap.max_send_sge.max(1).min(MAX_SGE as u32) {
+                rc = libc::EINVAL;
+                break;
+            }
+            if sq.room(&conn.region) == 0 {
+                rc = libc::ENOMEM;
+                break;
+            }
+            let mut flags = SendFlags((w.send_flags & u32::from(SendFlags::ALL)) as u8);
+            if v.sq_sig_all {
+                flags = flags | SendFlags::SIGNALED;
+            }
+            let list = sges(w.sg_list, w.num_sge);
+            let payload = if flags.contains(SendFlags::INLINE) {
+                let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+                if total > MAX_INLINE as u64 {
+                    rc = libc::EINVAL;
+                    break;
+                }
+                let mut data = Vec::with_capacity(total as usize);
+                for s in &list {
+                    if s.length > 0 {
+                        // SAFETY: inline data is read from the app's buffer at post time,
+                        // as a device's driver does; the app vouches it is readable.
+                        data.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
+                    }
+                }
+                SendPayload::Inline(data)
+            } else {
+                SendPayload::Sges(list)
+            };
+            let (remote_addr, rkey, compare_add, swap) = send_wr_remote(w, opcode);
+            let wqe = SendWqe {
+                wr_id: w.wr_id,
+                opcode,
+                flags,
+                imm_data: send_wr_imm(w),
+                remote_addr,
+                rkey,
+                compare_add,
+                swap,
+                payload,
+            };
+            sq.push_send(&conn.region, &wqe);
+            posted = true;
+            cur = w.next;
+        }
+        if posted {
+            sq.publish(&conn.region);
+            drop(sq);
+            conn.doorbell();
+        }
+        if rc != 0 { fail(cur, rc) } else { 0 }
+    })
+}
+
+pub extern "C" fn vrnic_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    guard(libc::EIO, || {
+        let fail = |w: *mut ibv_recv_wr, e: c_int| {
+            if !bad.is_null() {
+                // SAFETY: bad is the app's out-pointer.
+                unsafe { *bad = w };
+            }
+            e
+        };
+        if qp.is_null() {
+            return fail(wr, libc::EINVAL);
+        }
+        // SAFETY: qp is ours and live.
+        let v = unsafe { &*qp.cast::<VQp>() };
+        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET {
+            return fail(wr, libc::EINVAL);
+        }
+        // SAFETY: the QP's context outlives it.
+        let conn = &unsafe { context(v.qp.context) }.conn;
+        let Ok(mut rq) = v.rq.lock() else { return fail(wr, libc::EIO) };
+        let mut cur = wr;
+        let mut posted = false;
+        let mut rc = 0;
+        while !cur.is_null() {
+            // SAFETY: cur is a node of the app's list.
+            let w = unsafe { &*cur };
+            if w.num_sge < 0 || w.num_sge as u32 > v.cap.max_recv_sge.max(1).min(MAX_SGE as u32) {
+                rc = libc::EINVAL;
+                break;
+            }
+            if rq.room(&conn.region) == 0 {
+                rc = libc::ENOMEM;
+                break;
+            }
+            rq.push_recv(&conn.region, &RecvWqe { wr_id: w.wr_id, sges: sges(w.sg_list, w.num_sge) });
+            posted = true;
+            cur = w.next;
+        }
+        if posted {
+            rq.publish(&conn.region);
+            drop(rq);
+            conn.doorbell();
+        }
+        if rc != 0 { fail(cur, rc) } else { 0 }
+    })
+}
+
+pub extern "C" fn vrnic_post_srq_recv(_srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: bad is the app's out-pointer.
+        unsafe { *bad = wr };
+    }
+    libc::EOPNOTSUPP
+}
+
+pub extern "C" fn vrnic_alloc_mw(_pd: *mut ibv_pd, _ty: c_uint) -> *mut ibv_mw {
+    null_err(libc::EOPNOTSUPP)
+}
+
+pub extern "C" fn vrnic_dealloc_mw(_mw: *mut ibv_mw) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+pub extern "C" fn vrnic_bind_mw(_qp: *mut ibv_qp, _mw: *mut ibv_mw, _bind: *mut ibv_mw_bind) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+// ---- async events ----------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_get_async_event(ctx: *mut ibv_context, ev: *mut ibv_async_event) -> c_int {
+    guard(-1, || {
+        if ctx.is_null() || ev.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: ctx is ours.
+        let c = unsafe { context(ctx) };
+        if let Err(e) = c.conn.async_q.efd.wait() {
+            return minus_one(e);
+        }
+        let Some((kind, handle)) = c.conn.async_q.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+            return minus_one(libc::EAGAIN);
+        };
+        // SAFETY: plain C data; zero is valid.
+        let mut out: ibv_async_event = unsafe { std::mem::zeroed() };
+        out.event_type = kind;
+        match kind {
+            vrnic_api::event::QP_FATAL => {
+                let p = c.qps.lock().ok().and_then(|m| m.get(&handle).copied()).unwrap_or(0);
+                out.element.qp = p as *mut ibv_qp;
+            }
+            vrnic_api::event::CQ_ERR => {
+                let p = c.cqs.lock().ok().and_then(|m| m.get(&handle).copied()).unwrap_or(0);
+                out.element.cq = p as *mut ibv_cq;
+            }
+            _ => out.element.port_num = 1,
+        }
+        // SAFETY: ev is caller-owned.
+        unsafe { *ev = out };
+        0
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_ack_async_event(_ev: *mut ibv_async_event) {}
+
+// ---- calls this device does not support ------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_fork_init() -> c_int {
+    // Registered memory is MAP_SHARED region memory: a child shares it instead of copying on
+    // write (docs/verbs.md). There is nothing to set up.
+    0
+}
+
+macro_rules! unsupported_ptr {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name($(_: $ty),*) -> *mut $ret {
+            null_err(libc::EOPNOTSUPP)
+        }
+    )*};
+}
+
+macro_rules! unsupported_int {
+    ($($name:ident($($arg:ident: $ty:ty),*) = $val:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name($(_: $ty),*) -> c_int {
+            $val
+        }
+    )*};
+}
+
+unsupported_ptr! {
+    vrnic_ibv_create_srq(pd: *mut ibv_pd, a: *mut c_void) -> ibv_srq;
+    vrnic_ibv_create_ah(pd: *mut ibv_pd, a: *mut ibv_ah_attr) -> ibv_ah;
+    vrnic_ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut c_void, port: u8) -> ibv_ah;
+    vrnic_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> c_void;
+    vrnic_ibv_reg_dmabuf_mr(pd: *mut ibv_pd, off: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> ibv_mr;
+    vrnic_ibv_import_device(fd: c_int) -> ibv_context;
+    vrnic_ibv_import_pd(ctx: *mut ibv_context, h: u32) -> ibv_pd;
+    vrnic_ibv_import_mr(pd: *mut ibv_pd, h: u32) -> ibv_mr;
+    vrnic_ibv_import_dm(ctx: *mut ibv_context, h: u32) -> c_void;
+}
+
+unsupported_int! {
+    vrnic_ibv_destroy_srq(s: *mut ibv_srq) = libc::EOPNOTSUPP;
+    vrnic_ibv_modify_srq(s: *mut ibv_srq, a: *mut c_void, m: c_int) = libc::EOPNOTSUPP;
+    vrnic_ibv_query_srq(s: *mut ibv_srq, a: *mut c_void) = libc::EOPNOTSUPP;
+    vrnic_ibv_destroy_ah(a: *mut ibv_ah) = libc::EOPNOTSUPP;
+    vrnic_ibv_init_ah_from_wc(ctx: *mut ibv_context, port: u8, wc: *mut ibv_wc, grh: *mut c_void, ah: *mut ibv_ah_attr) = minus_one(libc::EOPNOTSUPP);
+    vrnic_ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) = libc::EOPNOTSUPP;
+    vrnic_ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) = libc::EOPNOTSUPP;
+    vrnic_ibv_resize_cq(cq: *mut ibv_cq, n: c_int) = libc::EOPNOTSUPP;
+    vrnic_ibv_rereg_mr(mr: *mut ibv_mr, f: c_int, pd: *mut ibv_pd, a: *mut c_void, l: usize, acc: c_int) = libc::EOPNOTSUPP;
+    vrnic_ibv_resolve_eth_l2_from_gid(ctx: *mut ibv_context, a: *mut ibv_ah_attr, mac: *mut u8, vid: *mut u16) = libc::EOPNOTSUPP;
+    vrnic_ibv_query_ece(qp: *mut ibv_qp, ece: *mut c_void) = libc::EOPNOTSUPP;
+    vrnic_ibv_set_ece(qp: *mut ibv_qp, ece: *mut c_void) = libc::EOPNOTSUPP;
+    vrnic_ibv_query_qp_data_in_order(qp: *mut ibv_qp, op: c_uint, flags: u32) = 0;
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_unimport_pd(_pd: *mut ibv_pd) {}
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_unimport_mr(_mr: *mut ibv_mr) {}
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_unimport_dm(_dm: *mut c_void) {}
+
+/// Remote address, rkey and atomic operands of a send work request, from the union that fits
+/// its opcode.
+fn send_wr_remote(w: &ibv_send_wr, op: SendOpcode) -> (u64, u32, u64, u64) {
+    match op {
+        // SAFETY: for atomics the app filled the `atomic` member of the union (verbs.h).
+        SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd => unsafe {
+            let a = w.wr.atomic;
+            (a.remote_addr, a.rkey, a.compare_add, a.swap)
+        },
+        // SAFETY: for RDMA operations the app filled `rdma`; for sends the bytes are unused
+        // and any bit pattern of two integers is valid.
+        _ => unsafe { (w.wr.rdma.remote_addr, w.wr.rdma.rkey, 0, 0) },
+    }
+}
+
+/// Immediate data, kept in network order as the app wrote it.
+fn send_wr_imm(w: &ibv_send_wr) -> u32 {
+    w.imm_data
+}

@@ -1,0 +1,120 @@
+//! The driver library's system calls: event fds, `poll`, `mincore`. Unsafe code lives here and
+//! in `ffi`/`objects` (the C boundary), nowhere else.
+#![allow(unsafe_code)]
+
+use std::os::fd::RawFd;
+
+/// An `eventfd` in semaphore mode: each `read` takes one event, `poll` says readable while any
+/// is pending. Used for completion channels and the async event fd, which apps poll and read.
+#[derive(Debug)]
+pub struct EventFd(RawFd);
+
+impl EventFd {
+    /// A new event fd (close-on-exec).
+    pub fn new() -> std::io::Result<EventFd> {
+        // SAFETY: eventfd has no memory preconditions.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(EventFd(fd))
+    }
+
+    /// The fd handed to the app.
+    pub fn fd(&self) -> RawFd {
+        self.0
+    }
+
+    /// Adds one event.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our fd.
+        unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
+    }
+
+    /// Takes one event, blocking unless the app set `O_NONBLOCK` on the fd. Returns the errno on
+    /// failure (`EAGAIN` when non-blocking and empty).
+    pub fn wait(&self) -> Result<(), i32> {
+        let mut v: u64 = 0;
+        loop {
+            // SAFETY: reads 8 bytes into a valid u64 from our fd.
+            let r = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+            if r == 8 {
+                return Ok(());
+            }
+            let e = errno();
+            if e != libc::EINTR {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl Drop for EventFd {
+    fn drop(&mut self) {
+        // SAFETY: we own the fd.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Sets the calling thread's errno.
+pub fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Waits until `fd` is readable or hung up, for at most `timeout_ms`. Returns `(readable, hup)`.
+pub fn poll_in(fd: RawFd, timeout_ms: i32) -> (bool, bool) {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if r <= 0 {
+        return (false, false);
+    }
+    (p.revents & libc::POLLIN != 0, p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0)
+}
+
+/// Whether every page of `addr..addr+len` is mapped in this process (`mincore` fails with
+/// `ENOMEM` on a hole), so a registration of unmapped memory fails with `EFAULT` instead of a
+/// fault inside the driver.
+pub fn range_mapped(addr: usize, len: usize) -> bool {
+    let page = 4096usize;
+    let start = addr / page * page;
+    let Some(end) = addr.checked_add(len).map(|e| e.next_multiple_of(page)) else { return false };
+    let pages = (end - start) / page;
+    let mut vec = vec![0u8; pages.min(1 << 20)];
+    let mut at = start;
+    while at < end {
+        let n = ((end - at) / page).min(vec.len());
+        // SAFETY: vec has room for n entries; mincore only reads the page tables.
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, n * page, vec.as_mut_ptr()) };
+        if r != 0 {
+            return false;
+        }
+        at += n * page;
+    }
+    true
+}
+
+/// Copies `len` bytes of this process's memory at `addr` (checked mapped by the caller) into
+/// a vector.
+///
+/// # Safety
+/// `addr..addr+len` must be mapped readable memory of this process.
+pub unsafe fn read_app(addr: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: the caller guarantees the source is mapped and readable; out is private.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), len) };
+    out
+}
+
+/// Yields the CPU (to the engine thread, on a small machine).
+pub fn yield_cpu() {
+    // SAFETY: sched_yield has no preconditions.
+    unsafe { libc::sched_yield() };
+}

@@ -1,0 +1,384 @@
+//! The mapping of a region file and every raw memory access to it. All unsafe code of the
+//! crate lives here: the rest goes through these bounds-checked calls.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::AtomicU32;
+
+use crate::layout::{self, hdr};
+
+/// Why a region could not be created, opened or accessed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegionError {
+    /// A system call failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is no vRNIC region of this version.
+    #[error("{0} is not a vrnic region (bad magic or version)")]
+    Format(String),
+    /// An access outside the mapping.
+    #[error("access {off:#x}+{len:#x} outside the region of {size:#x} bytes")]
+    Bounds {
+        /// Offset.
+        off: u64,
+        /// Length.
+        len: u64,
+        /// Region size.
+        size: u64,
+    },
+}
+
+/// A mapped region file. Dropping it unmaps the file and closes it.
+#[derive(Debug)]
+pub struct Region {
+    base: *mut u8,
+    size: u64,
+    file: File,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every access goes through
+// methods that copy with raw pointer operations or atomics, which are valid from any thread.
+unsafe impl Send for Region {}
+// SAFETY: as above: no method hands out non-atomic references, so shared use is sound.
+unsafe impl Sync for Region {}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RegionError + 'a {
+    move |source| RegionError::Io { op, path: path.display().to_string(), source }
+}
+
+fn last_os(op: &'static str, path: &Path) -> RegionError {
+    io(op, path)(std::io::Error::last_os_error())
+}
+
+impl Region {
+    /// Creates a new region file of `size` bytes (sparse) and writes its header. Fails if the
+    /// file exists.
+    pub fn create(path: &Path, size: u64, name: &str, lid: u16, gid: [u8; 16], guid: u64) -> Result<Region, RegionError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let size = size.max(layout::MIN_REGION_SIZE).next_multiple_of(2 << 20);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io("create", path))?;
+        file.set_len(size).map_err(io("truncate", path))?;
+        let region = Self::map(file, size, path)?;
+        let mut name_bytes = [0u8; hdr::NAME_LEN];
+        let n = name.len().min(hdr::NAME_LEN - 1);
+        name_bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        region.write_bytes(hdr::VERSION, &layout::VERSION.to_le_bytes())?;
+        region.write_bytes(hdr::PAGE_SIZE, &(layout::PAGE as u32).to_le_bytes())?;
+        region.write_bytes(hdr::REGION_SIZE, &size.to_le_bytes())?;
+        region.write_bytes(hdr::CTRL_OFF, &layout::CTRL_OFF.to_le_bytes())?;
+        region.write_bytes(hdr::CTRL_SLOTS, &layout::CTRL_SLOTS.to_le_bytes())?;
+        region.write_bytes(hdr::CTRL_SLOT_SIZE, &layout::CTRL_SLOT_SIZE.to_le_bytes())?;
+        region.write_bytes(hdr::HEAP_OFF, &layout::HEAP_OFF.to_le_bytes())?;
+        region.write_bytes(hdr::HEAP_SIZE, &(size - layout::HEAP_OFF).to_le_bytes())?;
+        region.write_bytes(hdr::LID, &lid.to_le_bytes())?;
+        region.write_bytes(hdr::GID, &gid)?;
+        region.write_bytes(hdr::GUID, &guid.to_le_bytes())?;
+        region.write_bytes(hdr::NAME, &name_bytes)?;
+        region.write_bytes(hdr::DAEMON_PID, &std::process::id().to_le_bytes())?;
+        region.atomic_u32(hdr::DAEMON_STATE)?.store(1, std::sync::atomic::Ordering::Release);
+        // The magic goes last: a reader that sees it sees a complete header.
+        region.write_bytes(hdr::MAGIC, &layout::MAGIC)?;
+        Ok(region)
+    }
+
+    /// Opens and maps an existing region file (a host file or a VM's PCI BAR `resource2`).
+    pub fn open(path: &Path) -> Result<Region, RegionError> {
+        let cpath = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| RegionError::Format(path.display().to_string()))?;
+        // SAFETY: cpath is a valid NUL-terminated string; open has no memory preconditions.
+        let fd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(last_os("open", path));
+        }
+        // SAFETY: fd was just opened by us and is owned by nothing else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let size = file.metadata().map_err(io("stat", path))?.len();
+        if size < layout::MIN_REGION_SIZE {
+            return Err(RegionError::Format(path.display().to_string()));
+        }
+        let region = Self::map(file, size, path)?;
+        let mut magic = [0u8; 8];
+        region.read_bytes(hdr::MAGIC, &mut magic)?;
+        if magic != layout::MAGIC || region.read_u32(hdr::VERSION)? != layout::VERSION {
+            return Err(RegionError::Format(path.display().to_string()));
+        }
+        Ok(region)
+    }
+
+    fn map(file: File, size: u64, path: &Path) -> Result<Region, RegionError> {
+        // SAFETY: a fresh shared mapping chosen by the kernel (no MAP_FIXED), of a file we hold
+        // open; it aliases no Rust object.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(last_os("mmap", path));
+        }
+        Ok(Region { base: base.cast(), size, file })
+    }
+
+    /// The region's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The region file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The address where this process maps the region (for address arithmetic only).
+    pub fn base_addr(&self) -> usize {
+        self.base as usize
+    }
+
+    fn check(&self, off: u64, len: u64) -> Result<*mut u8, RegionError> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.size => Ok(self.base.wrapping_add(off as usize)),
+            _ => Err(RegionError::Bounds { off, len, size: self.size }),
+        }
+    }
+
+    /// Copies bytes out of the region.
+    pub fn read_bytes(&self, off: u64, out: &mut [u8]) -> Result<(), RegionError> {
+        let src = self.check(off, out.len() as u64)?;
+        // SAFETY: src..src+len is inside our live mapping (checked); `out` is private memory that
+        // cannot overlap a shared mapping we created.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes into the region.
+    pub fn write_bytes(&self, off: u64, data: &[u8]) -> Result<(), RegionError> {
+        let dst = self.check(off, data.len() as u64)?;
+        // SAFETY: dst..dst+len is inside our live mapping (checked); `data` is private memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Reads a little-endian `u32`.
+    pub fn read_u32(&self, off: u64) -> Result<u32, RegionError> {
+        let mut b = [0u8; 4];
+        self.read_bytes(off, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Reads a little-endian `u64`.
+    pub fn read_u64(&self, off: u64) -> Result<u64, RegionError> {
+        let mut b = [0u8; 8];
+        self.read_bytes(off, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// An atomic word in the region. `off` must be 4-byte aligned.
+    pub fn atomic_u32(&self, off: u64) -> Result<&AtomicU32, RegionError> {
+        let p = self.check(off, 4)?;
+        if off % 4 != 0 {
+            return Err(RegionError::Bounds { off, len: 4, size: self.size });
+        }
+        // SAFETY: p is in bounds and 4-byte aligned (the mapping is page aligned); AtomicU32 has
+        // no invalid bit patterns and tolerates concurrent writers, and the mapping outlives the
+        // returned borrow of self.
+        Ok(unsafe { AtomicU32::from_ptr(p.cast()) })
+    }
+
+    /// Copies `len` bytes from `src_off` in `src` to `dst_off` in `dst` (memmove: the two ranges
+    /// may overlap when `src` and `dst` are the same region).
+    pub fn copy(src: &Region, src_off: u64, dst: &Region, dst_off: u64, len: u64) -> Result<(), RegionError> {
+        let s = src.check(src_off, len)?;
+        let d = dst.check(dst_off, len)?;
+        // SAFETY: both ranges lie inside live mappings (checked); ptr::copy allows overlap.
+        unsafe { std::ptr::copy(s, d, len as usize) };
+        Ok(())
+    }
+
+    /// Maps `len` bytes of the region at `off` over this process's memory at `addr`, replacing
+    /// whatever was mapped there (`MAP_FIXED`). `addr`, `off` and `len` must be page aligned.
+    ///
+    /// # Safety
+    /// The caller owns `addr..addr+len` in the sense that replacing its backing with region pages
+    /// (after copying the old contents in, so that the bytes stay the same) breaks no invariant of
+    /// any Rust object: it is memory the application handed to `ibv_reg_mr`.
+    pub unsafe fn map_over(&self, addr: usize, off: u64, len: u64) -> Result<(), RegionError> {
+        self.check(off, len)?;
+        // SAFETY: range checked against the file; the caller vouches for the target range.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.file.as_raw_fd(),
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(RegionError::Io {
+                op: "mmap fixed",
+                path: "region".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives `len` bytes at `off` back to the file system (their contents become zero).
+    pub fn punch(&self, off: u64, len: u64) -> Result<(), RegionError> {
+        self.check(off, len)?;
+        // SAFETY: fallocate on our own fd with an in-bounds range; no memory is touched.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return Err(RegionError::Io { op: "punch", path: "region".into(), source: std::io::Error::last_os_error() });
+        }
+        Ok(())
+    }
+}
+
+/// Replaces the pages at `addr..addr+len` of this process with private anonymous memory holding
+/// the same bytes (used after deregistration, so region pages can be reused).
+///
+/// # Safety
+/// Same contract as [`Region::map_over`]: the range is application memory given to the driver.
+pub unsafe fn remap_private(addr: usize, len: usize) -> std::io::Result<()> {
+    // SAFETY: a fresh anonymous mapping chosen by the kernel.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if tmp == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both ranges are mapped and `len` long; they are distinct mappings.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, tmp.cast::<u8>(), len) };
+    // SAFETY: moves our private mapping over the caller's range, which the caller vouches for.
+    let moved = unsafe {
+        libc::mremap(tmp, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, addr as *mut libc::c_void)
+    };
+    if moved == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: tmp is our own mapping of len bytes.
+        unsafe { libc::munmap(tmp, len) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: base/size are the mapping created in `map`; no borrow of it outlives self.
+        unsafe { libc::munmap(self.base.cast(), self.size as usize) };
+    }
+}
+
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ms / 1000) as libc::time_t,
+        tv_nsec: ((timeout_ms % 1000) * 1_000_000) as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT (shared) on a valid aligned word with a valid timespec; returns at once
+    // if the word no longer holds `expected`.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec)
+    };
+}
+
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE (shared) on a valid aligned word touches no memory.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("vrnic-shm-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn create_then_open_sees_the_header() {
+        let p = tmp("hdr");
+        let r = Region::create(&p, 0, "vr0", 7, [1; 16], 9).unwrap();
+        let o = Region::open(&p).unwrap();
+        assert_eq!(o.size(), r.size());
+        assert_eq!(o.read_u32(hdr::LID).unwrap() & 0xffff, 7);
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn out_of_bounds_access_is_an_error_not_a_fault() {
+        let p = tmp("oob");
+        let r = Region::create(&p, 0, "vr0", 1, [0; 16], 1).unwrap();
+        let size = r.size();
+        assert!(r.read_bytes(size - 1, &mut [0u8; 2]).is_err());
+        assert!(r.write_bytes(u64::MAX - 1, &[0u8; 4]).is_err());
+        assert!(Region::copy(&r, 0, &r, size, 1).is_err());
+        assert!(r.atomic_u32(2).is_err());
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn map_over_makes_app_memory_region_memory() {
+        let p = tmp("map");
+        let r = Region::create(&p, 0, "vr0", 1, [0; 16], 1).unwrap();
+        let mut buf = vec![0u8; 3 * 4096];
+        let addr = (buf.as_mut_ptr() as usize).next_multiple_of(4096);
+        let off = layout::HEAP_OFF;
+        // SAFETY: addr..addr+4096 lies inside `buf`, which we own and whose bytes we do not keep
+        // references to across the remap.
+        unsafe { r.map_over(addr, off, 4096).unwrap() };
+        r.write_bytes(off + 5, b"hello").unwrap();
+        // SAFETY: addr+5..addr+10 is inside buf and now maps region bytes we just wrote.
+        let seen = unsafe { std::slice::from_raw_parts((addr + 5) as *const u8, 5) }.to_vec();
+        assert_eq!(seen, b"hello");
+        // SAFETY: same range as above, application-owned.
+        unsafe { remap_private(addr, 4096).unwrap() };
+        r.write_bytes(off + 5, b"world").unwrap();
+        // SAFETY: as above.
+        let after = unsafe { std::slice::from_raw_parts((addr + 5) as *const u8, 5) }.to_vec();
+        assert_eq!(after, b"hello", "after remap_private the app keeps its bytes, detached");
+        drop(buf);
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -1,0 +1,115 @@
+//! Single-producer single-consumer rings of fixed-size slots in a region.
+//!
+//! Indices are free-running `u32`s; a slot is `index & (depth - 1)`. The producer writes a slot,
+//! then publishes `prod` with Release; the consumer reads `prod` with Acquire, copies the slot out,
+//! then publishes `cons`. Both indices live in the region and so can be garbage: the reading side
+//! always validates `prod - cons <= depth` with its own private copy of the index it owns.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::layout::{self, ring};
+use crate::map::{Region, RegionError};
+
+/// A ring at `off` in a region, with `depth` slots of `slot` bytes. `depth` is a power of two
+/// and is the creator's private knowledge (never read back from the region).
+#[derive(Debug, Clone, Copy)]
+pub struct Ring {
+    off: u64,
+    depth: u32,
+    slot: usize,
+}
+
+impl Ring {
+    /// Describes a ring. Fails if it does not fit the region or `depth` is not a power of two.
+    pub fn new(region: &Region, off: u64, depth: u32, slot: usize) -> Result<Ring, RegionError> {
+        let bytes = layout::ring_bytes(depth, slot);
+        if !depth.is_power_of_two() || off % layout::PAGE != 0 || off.checked_add(bytes).is_none_or(|e| e > region.size()) {
+            return Err(RegionError::Bounds { off, len: bytes, size: region.size() });
+        }
+        Ok(Ring { off, depth, slot })
+    }
+
+    /// Offset of the ring in its region.
+    pub fn offset(&self) -> u64 {
+        self.off
+    }
+
+    /// Number of slots.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    fn word<'r>(&self, region: &'r Region, at: u64) -> &'r AtomicU32 {
+        // Invariant: `new` checked the ring lies in the region; `at` is a 4-aligned header field.
+        region.atomic_u32(self.off + at).expect("ring header inside the region")
+    }
+
+    /// The producer index word.
+    pub fn prod<'r>(&self, region: &'r Region) -> &'r AtomicU32 {
+        self.word(region, ring::PROD)
+    }
+
+    /// The consumer index word.
+    pub fn cons<'r>(&self, region: &'r Region) -> &'r AtomicU32 {
+        self.word(region, ring::CONS)
+    }
+
+    /// The consumer-side auxiliary word (a CQ's arm word).
+    pub fn arm<'r>(&self, region: &'r Region) -> &'r AtomicU32 {
+        self.word(region, ring::ARM)
+    }
+
+    /// The daemon-side auxiliary word (a CQ's notification count, a QP's state mirror).
+    pub fn notify<'r>(&self, region: &'r Region) -> &'r AtomicU32 {
+        self.word(region, ring::NOTIFY)
+    }
+
+    fn slot_off(&self, index: u32) -> u64 {
+        self.off + ring::SLOTS + u64::from(index & (self.depth - 1)) * self.slot as u64
+    }
+
+    /// Copies slot `index` (masked) out of the ring.
+    pub fn read_slot(&self, region: &Region, index: u32, out: &mut [u8]) {
+        debug_assert_eq!(out.len(), self.slot);
+        // Invariant: the slot lies inside the ring, which `new` checked against the region.
+        region.read_bytes(self.slot_off(index), &mut out[..self.slot]).expect("slot inside the region");
+    }
+
+    /// Copies `data` into slot `index` (masked).
+    pub fn write_slot(&self, region: &Region, index: u32, data: &[u8]) {
+        debug_assert_eq!(data.len(), self.slot);
+        // Invariant: as in read_slot.
+        region.write_bytes(self.slot_off(index), &data[..self.slot]).expect("slot inside the region");
+    }
+
+    /// Zeroes the header words (done by the daemon when it creates the ring).
+    pub fn reset(&self, region: &Region) {
+        for at in [ring::PROD, ring::CONS, ring::ARM, ring::NOTIFY] {
+            self.word(region, at).store(0, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_wrap_and_indices_publish() {
+        let p = std::env::temp_dir().join(format!("vrnic-ring-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        assert!(Ring::new(&r, layout::HEAP_OFF, 3, 64).is_err());
+        assert!(Ring::new(&r, r.size() - 4096, 128, 64).is_err());
+        let ring = Ring::new(&r, layout::HEAP_OFF, 4, 64).unwrap();
+        ring.reset(&r);
+        for i in 0..10u32 {
+            ring.write_slot(&r, i, &[i as u8; 64]);
+            ring.prod(&r).store(i + 1, Ordering::Release);
+            let mut out = [0u8; 64];
+            ring.read_slot(&r, i, &mut out);
+            assert_eq!(out, [i as u8; 64]);
+        }
+        std::fs::remove_file(p).unwrap();
+    }
+}
