@@ -1098,11 +1098,15 @@ impl Server {
         slot.ring.write_slot(region, slot.prod, &raw);
         slot.prod = slot.prod.wrapping_add(1);
         slot.ring.prod(region).store(slot.prod, Ordering::Release);
+        // Store-then-load against the driver's arm-then-poll: without a full fence both sides
+        // could miss each other (the CQE unseen by the poll, the arm unseen here).
+        fence(Ordering::SeqCst);
         // Arm word: 1 = next completion, 2 = next solicited completion.
         let arm = slot.ring.arm(region);
         let a = arm.load(Ordering::Acquire);
         if (a == 1 || (a == 2 && solicited)) && arm.compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
+            let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
+            tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
             let ctx = slot.ctx;
             self.notify_ctx(ctx);
         }

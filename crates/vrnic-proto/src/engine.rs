@@ -188,6 +188,7 @@ impl Engine {
     pub fn destroy_context(&mut self, now: Instant, ctx: CtxId) {
         let qps: Vec<QpId> = self.qps.iter().filter(|(_, q)| q.ctx == ctx).map(|(&id, _)| id).collect();
         for qp in qps {
+            self.fail_peers(qp);
             let _ = self.destroy_qp(now, ctx, qp);
         }
         let mrs: Vec<MrId> = self.mrs.iter().filter(|(_, m)| m.ctx == ctx).map(|(&id, _)| id).collect();
@@ -470,8 +471,8 @@ impl Engine {
         Ok(a)
     }
 
-    /// `ibv_destroy_qp`. A peer QP connected to it moves to ERR (its outstanding send fails
-    /// with `RETRY_EXC_ERR`, the rest flush), so no peer hangs.
+    /// `ibv_destroy_qp`. As on a real fabric, a connected peer notices only when it next sends
+    /// (`RETRY_EXC_ERR` after its transport timeout).
     pub fn destroy_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId) -> Result<(), Errno> {
         self.own_qp(ctx, qp)?;
         let Some(q) = self.qps.remove(&qp) else { return Err(EINVAL) };
@@ -484,13 +485,23 @@ impl Engine {
                 c.users = c.users.saturating_sub(1);
             }
         }
-        let (lid, gid) = self.vnics.get(&q.vnic).map(|v| (v.lid, v.gid)).unwrap_or_default();
+        let _ = now;
+        Ok(())
+    }
+
+    /// A context died with `qp` still connected: its RC peers move to ERR at once (the head
+    /// send fails with `RETRY_EXC_ERR`, everything else flushes), so a peer that only waits for
+    /// receives does not hang.
+    fn fail_peers(&mut self, qp: QpId) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let (qpn, vnic) = (q.qpn, q.vnic);
+        let (lid, gid) = self.vnics.get(&vnic).map(|v| (v.lid, v.gid)).unwrap_or_default();
         let peers: Vec<QpId> = self
             .qps
             .iter()
             .filter(|(_, p)| {
                 matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-                    && p.attr.dest_qp_num == q.qpn
+                    && p.attr.dest_qp_num == qpn
                     && if p.attr.ah_attr.is_global { p.attr.ah_attr.grh.dgid == gid } else { p.attr.ah_attr.dlid == lid }
             })
             .map(|(&id, _)| id)
@@ -498,8 +509,6 @@ impl Engine {
         for p in peers {
             self.fail_qp(p, Some(WcStatus::RetryExcErr));
         }
-        let _ = now;
-        Ok(())
     }
 
     /// The QP's current state.
@@ -593,6 +602,7 @@ impl Engine {
         if q.attr.qp_state == QpState::Err {
             return;
         }
+        tracing::debug!(qpn = q.qpn, ?head, state = ?q.attr.qp_state, "QP to error");
         if let Some(status) = head
             && let Some(w) = q.sq.pop_front()
         {

@@ -435,7 +435,10 @@ impl CompQueue {
 
     /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
     pub fn arm(&self, region: &Region, solicited_only: bool) {
-        self.ring.arm(region).store(if solicited_only { 2 } else { 1 }, Ordering::Release);
+        self.ring.arm(region).store(if solicited_only { 2 } else { 1 }, Ordering::SeqCst);
+        // Pairs with the daemon's fence between publishing a CQE and reading the arm word: a
+        // CQE the daemon wrote without seeing the arm is visible to the app's next poll.
+        fence(Ordering::SeqCst);
     }
 }
 
