@@ -189,13 +189,25 @@ fn seed() -> u64 {
 }
 
 impl Server {
-    fn start(opts: ServeOptions) -> Result<Server> {
-        let dir = &opts.state_dir;
-        std::fs::create_dir_all(dir).with_context(|| format!("create state dir {}", dir.display()))?;
-        let lock = sys::lock_exclusive(&dir.join(config::LOCK_FILE)).with_context(|| {
-            format!("another vrnic daemon already serves {} (its lock is held)", dir.display())
-        })?;
+    fn start(mut opts: ServeOptions) -> Result<Server> {
+        std::fs::create_dir_all(&opts.state_dir)
+            .with_context(|| format!("create state dir {}", opts.state_dir.display()))?;
+        opts.state_dir = opts.state_dir.canonicalize().context("resolve the state dir")?;
+        let dir = &opts.state_dir.clone();
+        // Mount first, then lock inside the mount: a lock taken under the mount point would be
+        // hidden by it, and a second daemon would not see it.
         let mounted = sys::ensure_tmpfs(dir);
+        let lock = match sys::lock_exclusive(&dir.join(config::LOCK_FILE)) {
+            Ok(l) => l,
+            Err(e) => {
+                if mounted {
+                    sys::unmount(dir);
+                }
+                return Err(e).with_context(|| {
+                    format!("another vrnic daemon already serves {} (its lock is held)", dir.display())
+                });
+            }
+        };
         let stale = cleanup_stale(dir);
         if stale > 0 {
             info!("removed {stale} vRNICs left by a daemon that did not shut down cleanly");

@@ -25,6 +25,8 @@ pub fn lock_exclusive(path: &Path) -> std::io::Result<File> {
 }
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// Marks a tmpfs the daemon mounted itself.
+const MOUNT_MARKER: &str = ".vrnic-tmpfs";
 
 /// Makes sure `dir` is on tmpfs, so region pages live in memory: if it is not and we are
 /// root, mounts a tmpfs on it. Returns whether we mounted (and so must unmount).
@@ -34,7 +36,9 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is NUL-terminated, st is a valid out-pointer.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == TMPFS_MAGIC {
-        return false;
+        // A tmpfs that a daemon killed before its cleanup mounted: adopt it (and unmount it on
+        // exit); any other tmpfs is not ours.
+        return dir.join(MOUNT_MARKER).exists();
     }
     let fstype = c"tmpfs";
     let opts = c"mode=0755";
@@ -42,6 +46,7 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
     let r = unsafe { libc::mount(fstype.as_ptr(), c.as_ptr(), fstype.as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, opts.as_ptr().cast()) };
     if r == 0 {
         info!(dir = %dir.display(), "mounted a tmpfs on the state dir");
+        let _ = std::fs::write(dir.join(MOUNT_MARKER), b"mounted by vrnic serve\n");
         true
     } else {
         warn!(
