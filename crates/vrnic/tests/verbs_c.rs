@@ -1,0 +1,77 @@
+//! Our own verbs checks (`tests/c/verbs_check.c`, built against the system's libibverbs-dev),
+//! run as two separate processes under `vrnic run`: bytes land exactly where they should for
+//! SEND/WRITE/WRITE_WITH_IMM at every awkward size and alignment, protection errors complete
+//! with the statuses a real RNIC gives on the right side and change no byte, later work
+//! requests flush, and overlapping registrations and deregistration behave.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{Daemon, port, run_pair};
+
+fn verbs_check() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/verbs_check.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("verbs_check");
+        let cc = Command::new("cc")
+            .args(["-O2", "-Wall", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-libverbs")
+            .output()
+            .expect("run cc (install gcc and libibverbs-dev: bash scripts/test does)");
+        assert!(
+            cc.status.success(),
+            "building verbs_check.c failed (libibverbs-dev installed?):\n{}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        out
+    })
+}
+
+fn check(mode: &str) {
+    let bin = verbs_check().to_str().expect("utf-8 path").to_string();
+    let d = Daemon::start();
+    let p = port().to_string();
+    let pair = run_pair(&d, &[&bin, "server", &p, mode], &[&bin, "client", "127.0.0.1", &p, mode], Duration::from_secs(60));
+    pair.assert_ok();
+    for side in [&pair.server, &pair.client] {
+        assert!(side.stdout.contains(&format!(" {mode} done")), "{}", side.stdout);
+        assert!(!side.stdout.contains("FAIL"), "{}", side.stdout);
+    }
+}
+
+#[test]
+fn send_and_write_land_exact_bytes_at_every_size_and_alignment() {
+    check("data");
+}
+
+#[test]
+fn write_with_a_wrong_rkey_is_a_remote_access_error_and_changes_nothing() {
+    check("badrkey");
+}
+
+#[test]
+fn write_past_the_end_of_an_mr_is_a_remote_access_error_and_changes_nothing() {
+    check("pastend");
+}
+
+#[test]
+fn write_to_an_mr_without_remote_write_is_a_remote_access_error() {
+    check("noaccess");
+}
+
+#[test]
+fn send_with_a_bad_lkey_is_a_local_protection_error() {
+    check("badlkey");
+}
+
+#[test]
+fn overlapping_registrations_and_deregistration() {
+    check("overlap");
+}

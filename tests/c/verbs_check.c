@@ -1,0 +1,428 @@
+/*
+ * verbs_check: our own two-process verbs test, built against libibverbs-dev and run unmodified
+ * under `vrnic run` (server and client on separate vRNICs of one daemon). The two sides swap
+ * LID/QPN/addresses/rkeys over a TCP socket, like ibv_rc_pingpong, then check real outcomes:
+ * bytes landed (or did not), completion status/opcode/byte_len/imm_data/wr_id, on the right side.
+ *
+ *   verbs_check server PORT MODE
+ *   verbs_check client HOST PORT MODE
+ *
+ * MODE: data | badrkey | pastend | noaccess | badlkey | overlap
+ * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define BUF_SIZE (2u << 20)
+#define MR_LEN (1048576u + 64u)
+#define SENTINEL 0xEE
+
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stdout, "FAIL ");
+	vfprintf(stdout, fmt, ap);
+	fprintf(stdout, "\n");
+	fflush(stdout);
+	va_end(ap);
+	exit(1);
+}
+
+static void ok(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stdout, "OK ");
+	vfprintf(stdout, fmt, ap);
+	fprintf(stdout, "\n");
+	fflush(stdout);
+	va_end(ap);
+}
+
+struct info {
+	uint32_t lid, qpn, rkey_rw, rkey_ro;
+	uint64_t addr_rw, addr_ro;
+};
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	uint8_t *raw_rw, *raw_ro, *rw, *ro;
+	struct ibv_mr *mr_rw, *mr_ro;
+	struct info me, peer;
+	int sock;
+};
+
+static void xfer(int sock, void *buf, size_t len, int send_it)
+{
+	size_t done = 0;
+	while (done < len) {
+		ssize_t n = send_it ? send(sock, (char *)buf + done, len - done, MSG_NOSIGNAL)
+				    : recv(sock, (char *)buf + done, len - done, 0);
+		if (n <= 0)
+			fail("socket %s", send_it ? "send" : "recv");
+		done += n;
+	}
+}
+
+static void say(struct side *s, uint32_t v) { xfer(s->sock, &v, 4, 1); }
+static uint32_t hear(struct side *s) { uint32_t v; xfer(s->sock, &v, 4, 0); return v; }
+
+static int connect_to(const char *host, const char *port)
+{
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
+	for (int i = 0; i < 100; i++) {
+		if (getaddrinfo(host, port, &hints, &res) == 0) {
+			int fd = socket(res->ai_family, res->ai_socktype, 0);
+			if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+				freeaddrinfo(res);
+				return fd;
+			}
+			close(fd);
+			freeaddrinfo(res);
+		}
+		usleep(100000);
+	}
+	fail("connect to %s:%s", host, port);
+	return -1;
+}
+
+static int listen_on(const char *port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(port)) };
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 1))
+		fail("listen on %s", port);
+	int c = accept(fd, NULL, NULL);
+	close(fd);
+	return c;
+}
+
+static void setup(struct side *s)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list || n < 1)
+		fail("no RDMA device");
+	s->ctx = ibv_open_device(list[0]);
+	if (!s->ctx)
+		fail("open device");
+	s->pd = ibv_alloc_pd(s->ctx);
+	s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
+	if (!s->pd || !s->cq)
+		fail("pd/cq");
+	/* Unaligned buffers: malloc + 3 and + 5 bytes. */
+	s->raw_rw = malloc(BUF_SIZE + 64);
+	s->raw_ro = malloc(BUF_SIZE + 64);
+	s->rw = s->raw_rw + 3;
+	s->ro = s->raw_ro + 5;
+	memset(s->rw, SENTINEL, MR_LEN);
+	memset(s->ro, SENTINEL, MR_LEN);
+	s->mr_rw = ibv_reg_mr(s->pd, s->rw, MR_LEN, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	s->mr_ro = ibv_reg_mr(s->pd, s->ro, MR_LEN, IBV_ACCESS_LOCAL_WRITE);
+	if (!s->mr_rw || !s->mr_ro)
+		fail("reg_mr");
+	if (s->rw[0] != SENTINEL || s->rw[MR_LEN - 1] != SENTINEL)
+		fail("registration changed the buffer's bytes");
+	struct ibv_qp_init_attr ia = {
+		.send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2 },
+	};
+	s->qp = ibv_create_qp(s->pd, &ia);
+	if (!s->qp)
+		fail("create_qp");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("modify INIT");
+	struct ibv_port_attr pa;
+	if (ibv_query_port(s->ctx, 1, &pa))
+		fail("query_port");
+	s->me = (struct info){ .lid = pa.lid, .qpn = s->qp->qp_num, .rkey_rw = s->mr_rw->rkey,
+			       .rkey_ro = s->mr_ro->rkey, .addr_rw = (uintptr_t)s->rw, .addr_ro = (uintptr_t)s->ro };
+	xfer(s->sock, &s->me, sizeof s->me, 1);
+	xfer(s->sock, &s->peer, sizeof s->peer, 0);
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn,
+				  .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+				  .ah_attr = { .dlid = s->peer.lid, .port_num = 1 } };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		fail("modify RTR");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 10, .retry_cnt = 2, .rnr_retry = 7,
+				  .sq_psn = 0, .max_rd_atomic = 1 };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		fail("modify RTS");
+	ibv_free_device_list(list);
+}
+
+static struct ibv_wc poll1(struct side *s)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 2000000000L; i++) {
+		int n = ibv_poll_cq(s->cq, 1, &wc);
+		if (n < 0)
+			fail("poll_cq");
+		if (n == 1)
+			return wc;
+		if ((i & 0xffff) == 0xffff)
+			usleep(10);
+	}
+	fail("no completion");
+	return wc;
+}
+
+static void post_recv(struct side *s, uint64_t wr_id, uint8_t *buf, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = s->mr_rw->lkey };
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	if (ibv_post_recv(s->qp, &wr, &bad))
+		fail("post_recv");
+}
+
+static uint8_t pat(size_t i, uint32_t size) { return (uint8_t)(i * 7 + size); }
+
+enum { OP_SEND = 1, OP_WRITE = 2, OP_WRITE_IMM = 3 };
+static const uint32_t sizes[] = { 0, 1, 4095, 4096, 4097, 1048576 };
+#define RX_OFF 11 /* receive/write at an odd offset inside the MR */
+
+static void server_data(struct side *s)
+{
+	for (;;) {
+		uint32_t op = hear(s);
+		if (op == 0)
+			break;
+		uint32_t size = hear(s);
+		uint8_t *dst = s->rw + RX_OFF;
+		memset(s->rw, SENTINEL, MR_LEN);
+		if (op != OP_WRITE)
+			post_recv(s, 1000 + op, dst, MR_LEN - RX_OFF);
+		say(s, 1); /* ready */
+		if (op != OP_WRITE) {
+			struct ibv_wc wc = poll1(s);
+			if (wc.status != IBV_WC_SUCCESS)
+				fail("op %u size %u: recv status %s", op, size, ibv_wc_status_str(wc.status));
+			if (wc.wr_id != 1000 + op)
+				fail("recv wr_id %lu", (unsigned long)wc.wr_id);
+			if (op == OP_SEND && wc.opcode != IBV_WC_RECV)
+				fail("recv opcode %d", wc.opcode);
+			if (op == OP_WRITE_IMM && wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM)
+				fail("write-imm opcode %d", wc.opcode);
+			if (wc.byte_len != size)
+				fail("op %u: byte_len %u, expected %u", op, wc.byte_len, size);
+			if (!(wc.wc_flags & IBV_WC_WITH_IMM) || ntohl(wc.imm_data) != 0xabc000u + size)
+				fail("op %u: imm_data %#x flags %#x", op, ntohl(wc.imm_data), wc.wc_flags);
+			if (wc.qp_num != s->qp->qp_num || wc.src_qp != s->peer.qpn)
+				fail("qp_num %u src_qp %u", wc.qp_num, wc.src_qp);
+		} else if (hear(s) != 2) {
+			fail("protocol");
+		}
+		for (uint32_t i = 0; i < size; i++)
+			if (dst[i] != pat(i, size))
+				fail("op %u size %u: byte %u is %#x, expected %#x", op, size, i, dst[i], pat(i, size));
+		for (uint32_t i = 0; i < RX_OFF; i++)
+			if (s->rw[i] != SENTINEL)
+				fail("op %u size %u: byte before the target changed", op, size);
+		if (size + RX_OFF < MR_LEN && dst[size] != SENTINEL)
+			fail("op %u size %u: byte after the message changed", op, size);
+		say(s, 1); /* checked */
+	}
+	ok("server data checks");
+}
+
+static void client_data(struct side *s)
+{
+	for (int op = OP_SEND; op <= OP_WRITE_IMM; op++) {
+		for (unsigned k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+			uint32_t size = sizes[k];
+			for (uint32_t i = 0; i < size; i++)
+				s->rw[i] = pat(i, size);
+			say(s, op);
+			say(s, size);
+			hear(s);
+			struct ibv_sge sge = { .addr = (uintptr_t)s->rw, .length = size, .lkey = s->mr_rw->lkey };
+			struct ibv_send_wr wr = { .wr_id = 77 + k, .sg_list = &sge, .num_sge = 1,
+						  .send_flags = IBV_SEND_SIGNALED,
+						  .imm_data = htonl(0xabc000u + size) }, *bad;
+			wr.opcode = op == OP_SEND ? IBV_WR_SEND_WITH_IMM : op == OP_WRITE ? IBV_WR_RDMA_WRITE
+											  : IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr.wr.rdma.remote_addr = s->peer.addr_rw + RX_OFF;
+			wr.wr.rdma.rkey = s->peer.rkey_rw;
+			if (ibv_post_send(s->qp, &wr, &bad))
+				fail("post_send");
+			struct ibv_wc wc = poll1(s);
+			if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 77 + k)
+				fail("op %d size %u: send status %s wr_id %lu", op, size, ibv_wc_status_str(wc.status),
+				     (unsigned long)wc.wr_id);
+			if (wc.opcode != (op == OP_SEND ? IBV_WC_SEND : IBV_WC_RDMA_WRITE))
+				fail("send opcode %d", wc.opcode);
+			if (op == OP_WRITE)
+				say(s, 2);
+			hear(s);
+			ok("%s size %u", op == OP_SEND ? "SEND_WITH_IMM" : op == OP_WRITE ? "RDMA_WRITE" : "RDMA_WRITE_WITH_IMM",
+			   size);
+		}
+	}
+	say(s, 0);
+}
+
+/* An error case: the first WR fails with `want`, the two after it are flushed. */
+static void client_error(struct side *s, const char *mode)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)s->rw, .length = 64, .lkey = s->mr_rw->lkey };
+	struct ibv_sge good = sge;
+	struct ibv_send_wr w3 = { .wr_id = 3, .sg_list = &good, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr w2 = w3, w1 = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+						 .send_flags = IBV_SEND_SIGNALED }, *bad;
+	w2.wr_id = 2;
+	w1.next = &w2;
+	w2.next = &w3;
+	enum ibv_wc_status want = IBV_WC_REM_ACCESS_ERR;
+	w1.wr.rdma.remote_addr = s->peer.addr_rw;
+	w1.wr.rdma.rkey = s->peer.rkey_rw;
+	memset(s->rw, 0x42, 64);
+	if (!strcmp(mode, "badrkey")) {
+		w1.wr.rdma.rkey = s->peer.rkey_rw ^ 0x5a5a5a5a;
+	} else if (!strcmp(mode, "pastend")) {
+		w1.wr.rdma.remote_addr = s->peer.addr_rw + MR_LEN - 10;
+	} else if (!strcmp(mode, "noaccess")) {
+		w1.wr.rdma.remote_addr = s->peer.addr_ro;
+		w1.wr.rdma.rkey = s->peer.rkey_ro;
+	} else if (!strcmp(mode, "badlkey")) {
+		sge.lkey ^= 0x10101;
+		w1.opcode = IBV_WR_SEND;
+		want = IBV_WC_LOC_PROT_ERR;
+	}
+	hear(s); /* server has posted its receive */
+	if (ibv_post_send(s->qp, &w1, &bad))
+		fail("post_send");
+	for (uint64_t i = 1; i <= 3; i++) {
+		struct ibv_wc wc = poll1(s);
+		enum ibv_wc_status exp = i == 1 ? want : IBV_WC_WR_FLUSH_ERR;
+		if (wc.wr_id != i || wc.status != exp)
+			fail("%s: wr %lu got %s, expected %s", mode, (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status),
+			     ibv_wc_status_str(exp));
+		ok("%s: wr %lu completed with %s", mode, (unsigned long)i, ibv_wc_status_str(wc.status));
+	}
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	if (ibv_query_qp(s->qp, &qa, IBV_QP_STATE, &qia) || qa.qp_state != IBV_QPS_ERR)
+		fail("%s: requester QP not in ERR", mode);
+	ok("%s: requester QP in ERR", mode);
+	say(s, 1); /* done */
+	hear(s);
+}
+
+static void server_error(struct side *s, const char *mode)
+{
+	post_recv(s, 500, s->rw + 4096, 4096);
+	say(s, 1);
+	hear(s); /* client saw its completions */
+	for (uint32_t i = 0; i < MR_LEN; i++)
+		if (s->rw[i] != SENTINEL || s->ro[i] != SENTINEL)
+			fail("%s: target byte %u changed", mode, i);
+	ok("%s: target memory unchanged", mode);
+	if (strcmp(mode, "badlkey")) {
+		/* A remote access error moves the responder to ERR too: its receive is flushed. */
+		struct ibv_wc wc = poll1(s);
+		if (wc.wr_id != 500 || wc.status != IBV_WC_WR_FLUSH_ERR)
+			fail("%s: responder receive got %s", mode, ibv_wc_status_str(wc.status));
+		ok("%s: responder receive flushed", mode);
+	}
+	say(s, 1);
+}
+
+static void client_overlap(struct side *s)
+{
+	/* A second MR over the same pages, and a third over a sub-range of it. */
+	struct ibv_mr *m2 = ibv_reg_mr(s->pd, s->rw, MR_LEN, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *m3 = ibv_reg_mr(s->pd, s->rw + 5000, 3000, IBV_ACCESS_LOCAL_WRITE);
+	if (!m2 || !m3)
+		fail("overlapping reg_mr");
+	for (int i = 0; i < 8000; i++)
+		s->rw[i] = pat(i, 99);
+	struct ibv_mr *mrs[] = { s->mr_rw, m2, m3 };
+	for (int k = 0; k < 3; k++) {
+		hear(s);
+		struct ibv_sge sge = { .addr = (uintptr_t)s->rw + 5000, .length = 3000, .lkey = mrs[k]->lkey };
+		struct ibv_send_wr wr = { .wr_id = k, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad;
+		if (ibv_post_send(s->qp, &wr, &bad))
+			fail("post_send");
+		struct ibv_wc wc = poll1(s);
+		if (wc.status != IBV_WC_SUCCESS)
+			fail("send through MR %d: %s", k, ibv_wc_status_str(wc.status));
+		hear(s);
+		ok("send through overlapping MR %d", k);
+	}
+	say(s, 0);
+	if (ibv_dereg_mr(m3) || ibv_dereg_mr(m2))
+		fail("dereg overlapping");
+	/* The original MR still works after its siblings are gone. */
+	if (ibv_dereg_mr(s->mr_rw))
+		fail("dereg");
+	for (int i = 0; i < 8000; i++)
+		if (s->rw[i] != pat(i, 99))
+			fail("after dereg, byte %d changed", i);
+	memset(s->rw, 0x11, 8000);
+	if (s->rw[7999] != 0x11)
+		fail("after dereg, buffer not writable");
+	ok("after dereg the buffer keeps its bytes and stays writable");
+}
+
+static void server_overlap(struct side *s)
+{
+	for (int k = 0; k < 3; k++) {
+		memset(s->rw, SENTINEL, 8192);
+		post_recv(s, 900 + k, s->rw + 1, 4096);
+		say(s, 1);
+		struct ibv_wc wc = poll1(s);
+		if (wc.status != IBV_WC_SUCCESS || wc.byte_len != 3000)
+			fail("overlap recv %d: %s len %u", k, ibv_wc_status_str(wc.status), wc.byte_len);
+		for (int i = 0; i < 3000; i++)
+			if (s->rw[1 + i] != pat(5000 + i, 99))
+				fail("overlap recv %d: byte %d wrong", k, i);
+		say(s, 1);
+	}
+	if (hear(s) != 0)
+		fail("protocol");
+	ok("server overlap checks");
+}
+
+int main(int argc, char **argv)
+{
+	struct side s = { 0 };
+	int server = argc == 4 && !strcmp(argv[1], "server");
+	if (!server && !(argc == 5 && !strcmp(argv[1], "client"))) {
+		fprintf(stderr, "usage: verbs_check server PORT MODE | client HOST PORT MODE\n");
+		return 2;
+	}
+	const char *mode = argv[argc - 1];
+	s.sock = server ? listen_on(argv[2]) : connect_to(argv[2], argv[3]);
+	setup(&s);
+	if (!strcmp(mode, "data"))
+		server ? server_data(&s) : client_data(&s);
+	else if (!strcmp(mode, "overlap"))
+		server ? server_overlap(&s) : client_overlap(&s);
+	else if (!strcmp(mode, "badrkey") || !strcmp(mode, "pastend") || !strcmp(mode, "noaccess") ||
+		 !strcmp(mode, "badlkey"))
+		server ? server_error(&s, mode) : client_error(&s, mode);
+	else
+		fail("unknown mode %s", mode);
+	ok("%s %s done", server ? "server" : "client", mode);
+	return 0;
+}
