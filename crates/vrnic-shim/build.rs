@@ -19,8 +19,18 @@ fn main() {
         .collect();
     // Version nodes in rdma-core's order; each public node inherits the previous one.
     let order = [
-        "IBVERBS_1.0", "IBVERBS_1.1", "IBVERBS_1.5", "IBVERBS_1.6", "IBVERBS_1.7", "IBVERBS_1.8",
-        "IBVERBS_1.9", "IBVERBS_1.10", "IBVERBS_1.11", "IBVERBS_1.12", "IBVERBS_1.13", "IBVERBS_1.14",
+        "IBVERBS_1.0",
+        "IBVERBS_1.1",
+        "IBVERBS_1.5",
+        "IBVERBS_1.6",
+        "IBVERBS_1.7",
+        "IBVERBS_1.8",
+        "IBVERBS_1.9",
+        "IBVERBS_1.10",
+        "IBVERBS_1.11",
+        "IBVERBS_1.12",
+        "IBVERBS_1.13",
+        "IBVERBS_1.14",
     ];
     let mut script = String::new();
     let mut prev: Option<&str> = None;
@@ -40,8 +50,16 @@ fn main() {
         }
         prev = Some(v);
     }
-    let private: Vec<&str> = exports.iter().filter(|e| e.1.starts_with("IBVERBS_PRIVATE")).map(|e| e.0).collect();
-    let _ = writeln!(script, "IBVERBS_PRIVATE_34 {{ global: {}; }};", private.join("; "));
+    let private: Vec<&str> = exports
+        .iter()
+        .filter(|e| e.1.starts_with("IBVERBS_PRIVATE"))
+        .map(|e| e.0)
+        .collect();
+    let _ = writeln!(
+        script,
+        "IBVERBS_PRIVATE_34 {{ global: {}; }};",
+        private.join("; ")
+    );
     let script_path = out.join("vrnic.map");
     std::fs::write(&script_path, script).expect("write version script");
     let mut symver = String::from("symver! {\n");
@@ -54,5 +72,8 @@ fn main() {
     table.push_str("]\n");
     std::fs::write(out.join("symver.in"), symver).expect("write symver table");
     std::fs::write(out.join("exports.in"), table).expect("write export table");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", script_path.display());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        script_path.display()
+    );
 }

@@ -272,7 +272,10 @@ pub enum AdminReply {
 
 /// Formats a GID the way `ibv_devinfo` does (`fe80:0000:...`).
 pub fn gid_string(gid: &[u8; 16]) -> String {
-    gid.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]
@@ -281,7 +284,11 @@ mod tests {
 
     #[test]
     fn requests_round_trip_through_json() {
-        let r = Request::ModifyQp { qp: 3, mask: 1, attr: Box::default() };
+        let r = Request::ModifyQp {
+            qp: 3,
+            mask: 1,
+            attr: Box::default(),
+        };
         let s = serde_json::to_vec(&r).unwrap();
         assert_eq!(serde_json::from_slice::<Request>(&s).unwrap(), r);
     }

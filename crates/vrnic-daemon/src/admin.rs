@@ -20,7 +20,9 @@ impl AdminClient {
     pub fn connect(state_dir: &Path) -> Result<AdminClient> {
         let path = state_dir.join(ADMIN_SOCKET);
         match UnixStream::connect(&path) {
-            Ok(s) => Ok(AdminClient { stream: BufReader::new(s) }),
+            Ok(s) => Ok(AdminClient {
+                stream: BufReader::new(s),
+            }),
             Err(e) => bail!(
                 "no daemon running at {} ({e}); start one with `vrnic serve` (or pass --state-dir)",
                 state_dir.display()
@@ -32,9 +34,14 @@ impl AdminClient {
     pub fn call(&mut self, req: &AdminRequest) -> Result<AdminReply> {
         let mut line = serde_json::to_vec(req)?;
         line.push(b'\n');
-        self.stream.get_mut().write_all(&line).context("send to the daemon")?;
+        self.stream
+            .get_mut()
+            .write_all(&line)
+            .context("send to the daemon")?;
         let mut reply = String::new();
-        self.stream.read_line(&mut reply).context("read from the daemon")?;
+        self.stream
+            .read_line(&mut reply)
+            .context("read from the daemon")?;
         if reply.is_empty() {
             bail!("the daemon closed the connection");
         }
@@ -47,6 +54,7 @@ impl AdminClient {
     /// Lets the connection outlive an `exec` (for `vrnic run`, whose command then holds the
     /// vRNIC for as long as it lives). Returns the fd number.
     pub fn inherit_across_exec(&self) -> Result<i32> {
-        crate::sys::clear_cloexec(self.stream.get_ref()).context("keep the admin connection across exec")
+        crate::sys::clear_cloexec(self.stream.get_ref())
+            .context("keep the admin connection across exec")
     }
 }

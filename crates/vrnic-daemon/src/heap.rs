@@ -18,7 +18,11 @@ impl Heap {
         if size >= page {
             free.insert(off, size / page * page);
         }
-        Heap { free, page, free_bytes: size / page * page }
+        Heap {
+            free,
+            page,
+            free_bytes: size / page * page,
+        }
     }
 
     /// Bytes still free.
@@ -52,7 +56,7 @@ impl Heap {
             return Some(vec![(off, pages)]);
         }
         let mut runs: Vec<(u64, u64)> = self.free.iter().map(|(&s, &l)| (s, l)).collect();
-        runs.sort_by(|a, b| b.1.cmp(&a.1));
+        runs.sort_by_key(|r| std::cmp::Reverse(r.1));
         let mut out = Vec::new();
         let mut left = want;
         for (start, len) in runs {
@@ -75,7 +79,12 @@ impl Heap {
     pub fn free(&mut self, off: u64, pages: u64) {
         let mut start = off;
         let mut len = pages * self.page;
-        debug_assert!(self.free.range(..start + len).next_back().is_none_or(|(&s, &l)| s + l <= start));
+        debug_assert!(
+            self.free
+                .range(..start + len)
+                .next_back()
+                .is_none_or(|(&s, &l)| s + l <= start)
+        );
         self.free_bytes += len;
         if let Some((&ps, &pl)) = self.free.range(..start).next_back()
             && ps + pl == start

@@ -180,11 +180,16 @@ impl Memory for Mem<'_> {
 }
 
 fn err(errno: i32, msg: impl Into<String>) -> Reply {
-    Reply::Err { errno, msg: msg.into() }
+    Reply::Err {
+        errno,
+        msg: msg.into(),
+    }
 }
 
 fn seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
 }
 
@@ -192,7 +197,10 @@ impl Server {
     fn start(mut opts: ServeOptions) -> Result<Server> {
         std::fs::create_dir_all(&opts.state_dir)
             .with_context(|| format!("create state dir {}", opts.state_dir.display()))?;
-        opts.state_dir = opts.state_dir.canonicalize().context("resolve the state dir")?;
+        opts.state_dir = opts
+            .state_dir
+            .canonicalize()
+            .context("resolve the state dir")?;
         let dir = &opts.state_dir.clone();
         // Mount first, then lock inside the mount: a lock taken under the mount point would be
         // hidden by it, and a second daemon would not see it.
@@ -204,7 +212,10 @@ impl Server {
                     sys::unmount(dir);
                 }
                 return Err(e).with_context(|| {
-                    format!("another vrnic daemon already serves {} (its lock is held)", dir.display())
+                    format!(
+                        "another vrnic daemon already serves {} (its lock is held)",
+                        dir.display()
+                    )
                 });
             }
         };
@@ -214,11 +225,14 @@ impl Server {
         }
         let admin_path = dir.join(ADMIN_SOCKET);
         let _ = std::fs::remove_file(&admin_path);
-        let mut admin = UnixListener::bind(&admin_path).with_context(|| format!("bind {}", admin_path.display()))?;
+        let mut admin = UnixListener::bind(&admin_path)
+            .with_context(|| format!("bind {}", admin_path.display()))?;
         let poll = Poll::new()?;
         let signals = sys::SignalFd::new().context("block SIGINT/SIGTERM")?;
-        poll.registry().register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
-        poll.registry().register(&mut admin, ADMIN, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut admin, ADMIN, Interest::READABLE)?;
         info!(state_dir = %dir.display(), "vrnic daemon serving");
         Ok(Server {
             opts,
@@ -256,7 +270,7 @@ impl Server {
         loop {
             let now = Instant::now();
             let idle = now.duration_since(last_work);
-            let poll_now = pass % 32 == 0 || idle >= SPIN_QUIET;
+            let poll_now = pass.is_multiple_of(32) || idle >= SPIN_QUIET;
             if poll_now {
                 let timeout = if idle >= SPIN_QUIET {
                     // Sleep: announce it, then look once more before really waiting.
@@ -357,7 +371,14 @@ impl Server {
         gid[8..].copy_from_slice(&guid_host.to_be_bytes());
         let dir = self.opts.state_dir.join(name);
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
-        let region = match Region::create(&dir.join(REGION_FILE), self.opts.region_size, name, lid, gid, guid) {
+        let region = match Region::create(
+            &dir.join(REGION_FILE),
+            self.opts.region_size,
+            name,
+            lid,
+            gid,
+            guid,
+        ) {
             Ok(r) => r,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -366,9 +387,12 @@ impl Server {
         };
         let heap_off = layout::HEAP_OFF;
         let heap = Heap::new(heap_off, region.size() - heap_off, layout::PAGE);
-        let mut listener = UnixListener::bind(dir.join(VNIC_SOCKET)).context("bind vRNIC socket")?;
+        let mut listener =
+            UnixListener::bind(dir.join(VNIC_SOCKET)).context("bind vRNIC socket")?;
         let token = self.token(Tok::VnicListener(id));
-        self.poll.registry().register(&mut listener, token, Interest::READABLE)?;
+        self.poll
+            .registry()
+            .register(&mut listener, token, Interest::READABLE)?;
         self.engine.add_vnic(id, lid, gid);
         info!(vnic = name, lid, "vRNIC created");
         self.vnics.insert(
@@ -396,7 +420,11 @@ impl Server {
     }
 
     fn remove_vnic(&mut self, id: VnicId) {
-        let ctxs: Vec<CtxId> = self.vnics.get(&id).map(|v| v.contexts.iter().copied().collect()).unwrap_or_default();
+        let ctxs: Vec<CtxId> = self
+            .vnics
+            .get(&id)
+            .map(|v| v.contexts.iter().copied().collect())
+            .unwrap_or_default();
         for c in ctxs {
             self.drop_context(c);
         }
@@ -444,8 +472,20 @@ impl Server {
                     let id = self.next_admin;
                     self.next_admin += 1;
                     let token = self.token(Tok::Admin(id));
-                    if self.poll.registry().register(&mut stream, token, Interest::READABLE).is_ok() {
-                        self.admins.insert(id, AdminConn { stream, buf: Vec::new(), held: None });
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, token, Interest::READABLE)
+                        .is_ok()
+                    {
+                        self.admins.insert(
+                            id,
+                            AdminConn {
+                                stream,
+                                buf: Vec::new(),
+                                held: None,
+                            },
+                        );
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
@@ -458,7 +498,9 @@ impl Server {
     }
 
     fn admin_ready(&mut self, id: u64) {
-        let Some(conn) = self.admins.get_mut(&id) else { return };
+        let Some(conn) = self.admins.get_mut(&id) else {
+            return;
+        };
         let mut closed = false;
         let mut chunk = [0u8; 4096];
         loop {
@@ -481,8 +523,16 @@ impl Server {
                 }
             }
         }
-        while let Some(pos) = self.admins.get(&id).and_then(|c| c.buf.iter().position(|&b| b == b'\n')) {
-            let line: Vec<u8> = self.admins.get_mut(&id).map(|c| c.buf.drain(..=pos).collect()).unwrap_or_default();
+        while let Some(pos) = self
+            .admins
+            .get(&id)
+            .and_then(|c| c.buf.iter().position(|&b| b == b'\n'))
+        {
+            let line: Vec<u8> = self
+                .admins
+                .get_mut(&id)
+                .map(|c| c.buf.drain(..=pos).collect())
+                .unwrap_or_default();
             let reply = match serde_json::from_slice::<AdminRequest>(&line) {
                 Ok(req) => self.admin_request(id, req),
                 Err(e) => AdminReply::Err(format!("bad admin request: {e}")),
@@ -500,28 +550,43 @@ impl Server {
 
     fn admin_request(&mut self, conn: u64, req: AdminRequest) -> AdminReply {
         match req {
-            AdminRequest::List => AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect()),
+            AdminRequest::List => {
+                AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect())
+            }
             AdminRequest::Create { name } => match self.create_vnic(&name, true) {
-                Ok(v) => self.summary(v).map(AdminReply::Vnic).unwrap_or(AdminReply::Ok),
+                Ok(v) => self
+                    .summary(v)
+                    .map(AdminReply::Vnic)
+                    .unwrap_or(AdminReply::Ok),
                 Err(e) => AdminReply::Err(format!("{e:#}")),
             },
-            AdminRequest::Remove { name } => match self.vnics.iter().find(|(_, v)| v.name == name) {
-                Some((&id, _)) => {
-                    self.remove_vnic(id);
-                    AdminReply::Ok
+            AdminRequest::Remove { name } => {
+                match self.vnics.iter().find(|(_, v)| v.name == name) {
+                    Some((&id, _)) => {
+                        self.remove_vnic(id);
+                        AdminReply::Ok
+                    }
+                    None => AdminReply::Err(format!("no vRNIC named {name}")),
                 }
-                None => AdminReply::Err(format!("no vRNIC named {name}")),
-            },
+            }
             AdminRequest::Hold { name } => {
                 if self.admins.get(&conn).is_some_and(|c| c.held.is_some()) {
                     return AdminReply::Err("this connection already holds a vRNIC".into());
                 }
-                let existing = name.as_ref().and_then(|n| self.vnics.iter().find(|(_, v)| &v.name == n).map(|(&id, _)| id));
+                let existing = name.as_ref().and_then(|n| {
+                    self.vnics
+                        .iter()
+                        .find(|(_, v)| &v.name == n)
+                        .map(|(&id, _)| id)
+                });
                 let id = match existing {
                     Some(id) => id,
                     None => {
                         let name = name.unwrap_or_else(|| {
-                            (0..).map(|i| format!("vrnic{i}")).find(|n| !self.vnics.values().any(|v| &v.name == n)).unwrap_or_default()
+                            (0..)
+                                .map(|i| format!("vrnic{i}"))
+                                .find(|n| !self.vnics.values().any(|v| &v.name == n))
+                                .unwrap_or_default()
                         });
                         match self.create_vnic(&name, false) {
                             Ok(id) => id,
@@ -535,7 +600,9 @@ impl Server {
                 if let Some(c) = self.admins.get_mut(&conn) {
                     c.held = Some(id);
                 }
-                self.summary(id).map(AdminReply::Vnic).unwrap_or(AdminReply::Ok)
+                self.summary(id)
+                    .map(AdminReply::Vnic)
+                    .unwrap_or(AdminReply::Ok)
             }
             _ => AdminReply::Err("unsupported admin request".into()),
         }
@@ -544,7 +611,8 @@ impl Server {
     fn close_admin(&mut self, id: u64) {
         if let Some(mut c) = self.admins.remove(&id) {
             let _ = self.poll.registry().deregister(&mut c.stream);
-            self.tokens.retain(|_, t| !matches!(t, Tok::Admin(a) if *a == id));
+            self.tokens
+                .retain(|_, t| !matches!(t, Tok::Admin(a) if *a == id));
             if let Some(v) = c.held {
                 if let Some(vn) = self.vnics.get_mut(&v) {
                     vn.holders = vn.holders.saturating_sub(1);
@@ -558,7 +626,9 @@ impl Server {
 
     fn accept_client(&mut self, vnic: VnicId) {
         loop {
-            let Some(v) = self.vnics.get(&vnic) else { return };
+            let Some(v) = self.vnics.get(&vnic) else {
+                return;
+            };
             let (mut stream, _) = match v.listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
@@ -567,10 +637,20 @@ impl Server {
                     return;
                 }
             };
-            let used: HashSet<u32> =
-                self.ctxs.values().filter(|c| c.vnic == vnic).map(|c| c.mailbox.index()).collect();
-            let Some(mailbox) = (0..layout::CTRL_SLOTS).find(|i| !used.contains(i)).and_then(Mailbox::new) else {
-                warn!(vnic = v.name, "all control mailboxes in use; refusing a context");
+            let used: HashSet<u32> = self
+                .ctxs
+                .values()
+                .filter(|c| c.vnic == vnic)
+                .map(|c| c.mailbox.index())
+                .collect();
+            let Some(mailbox) = (0..layout::CTRL_SLOTS)
+                .find(|i| !used.contains(i))
+                .and_then(Mailbox::new)
+            else {
+                warn!(
+                    vnic = v.name,
+                    "all control mailboxes in use; refusing a context"
+                );
                 let _ = sys::write_all_blocking(&mut stream, &u32::MAX.to_le_bytes());
                 continue;
             };
@@ -582,7 +662,12 @@ impl Server {
             }
             let _ = v;
             let token = self.token(Tok::Client(id));
-            if self.poll.registry().register(&mut stream, token, Interest::READABLE).is_err() {
+            if self
+                .poll
+                .registry()
+                .register(&mut stream, token, Interest::READABLE)
+                .is_err()
+            {
                 continue;
             }
             debug!(ctx = id.0, mailbox = mailbox.index(), "context attached");
@@ -611,7 +696,9 @@ impl Server {
 
     /// A context's socket is readable: doorbells (drained), control requests, or its death.
     fn client_ready(&mut self, id: CtxId) -> bool {
-        let Some(ctx) = self.ctxs.get_mut(&id) else { return false };
+        let Some(ctx) = self.ctxs.get_mut(&id) else {
+            return false;
+        };
         let mut buf = [0u8; 256];
         let mut dead = false;
         loop {
@@ -641,22 +728,33 @@ impl Server {
 
     fn serve_mailbox(&mut self, id: CtxId) {
         for _ in 0..CTRL_BUDGET {
-            let Some(ctx) = self.ctxs.get(&id) else { return };
-            let Some(v) = self.vnics.get(&ctx.vnic) else { return };
+            let Some(ctx) = self.ctxs.get(&id) else {
+                return;
+            };
+            let Some(v) = self.vnics.get(&ctx.vnic) else {
+                return;
+            };
             let mailbox = ctx.mailbox;
-            let Some((seq, req)) = mailbox.take(&v.region) else { return };
+            let Some((seq, req)) = mailbox.take(&v.region) else {
+                return;
+            };
             let reply = match req {
                 Ok(bytes) => match serde_json::from_slice::<Request>(&bytes) {
                     Ok(req) => self.control(id, req),
                     Err(e) => err(libc::EINVAL, format!("malformed control request: {e}")),
                 },
-                Err(len) => err(libc::EINVAL, format!("control request length {len} out of range")),
+                Err(len) => err(
+                    libc::EINVAL,
+                    format!("control request length {len} out of range"),
+                ),
             };
             if let Reply::Err { errno, msg } = &reply {
                 debug!(ctx = id.0, errno, "control request failed: {msg}");
             }
             let out = serde_json::to_vec(&reply).unwrap_or_default();
-            let Some(ctx) = self.ctxs.get(&id) else { return };
+            let Some(ctx) = self.ctxs.get(&id) else {
+                return;
+            };
             if let Some(v) = self.vnics.get(&ctx.vnic)
                 && let Err(e) = mailbox.respond(&v.region, seq, &out)
             {
@@ -666,12 +764,16 @@ impl Server {
     }
 
     fn drop_context(&mut self, id: CtxId) {
-        let Some(mut ctx) = self.ctxs.remove(&id) else { return };
+        let Some(mut ctx) = self.ctxs.remove(&id) else {
+            return;
+        };
         let now = Instant::now();
         self.engine.destroy_context(now, id);
         let _ = self.poll.registry().deregister(&mut ctx.stream);
         self.tokens.remove(&ctx.token);
-        let Some(v) = self.vnics.get_mut(&ctx.vnic) else { return };
+        let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
+            return;
+        };
         v.contexts.remove(&id);
         for qp in &ctx.qps {
             if let Some(slot) = self.qps.remove(qp) {
@@ -684,12 +786,21 @@ impl Server {
                 free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
             }
         }
-        let offs: Vec<u64> = ctx.pages.values().map(|(off, _)| *off).chain(ctx.detaching.iter().copied()).collect();
+        let offs: Vec<u64> = ctx
+            .pages
+            .values()
+            .map(|(off, _)| *off)
+            .chain(ctx.detaching.iter().copied())
+            .collect();
         for off in offs {
             free_pages(v, off, 1);
         }
         ctx.mailbox.reset(&v.region, MailboxState::Free);
-        debug!(vnic = v.name, ctx = id.0, "context detached, resources reclaimed");
+        debug!(
+            vnic = v.name,
+            ctx = id.0,
+            "context detached, resources reclaimed"
+        );
     }
 
     fn notify_ctx(&mut self, id: CtxId) {
@@ -712,11 +823,15 @@ impl Server {
 
     fn control(&mut self, id: CtxId, req: Request) -> Reply {
         let now = Instant::now();
-        let Some(ctx) = self.ctxs.get(&id) else { return err(libc::ENODEV, "no such context") };
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no such context");
+        };
         let vnic = ctx.vnic;
         match req {
             Request::QueryDevice => {
-                let Some(v) = self.vnics.get(&vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+                let Some(v) = self.vnics.get(&vnic) else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
                 Reply::Device(vrnic_api::DeviceInfo {
                     name: v.name.clone(),
                     guid: v.guid,
@@ -754,7 +869,13 @@ impl Server {
                 }
                 Err(e) => err(e, "dealloc_pd"),
             },
-            Request::RegMr { pd, addr, len, iova, access } => self.reg_mr(id, PdId(pd), addr, len, iova, access),
+            Request::RegMr {
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            } => self.reg_mr(id, PdId(pd), addr, len, iova, access),
             Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
             Request::ReleasePages { runs } => self.release_pages(id, &runs),
             Request::CreateCq { cqe } => self.create_cq(id, cqe),
@@ -767,7 +888,9 @@ impl Server {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.cqs.remove(&CqId(cq));
                         }
-                        if let (Some(slot), Some(v)) = (self.cqs.remove(&CqId(cq)), self.vnics.get_mut(&vnic)) {
+                        if let (Some(slot), Some(v)) =
+                            (self.cqs.remove(&CqId(cq)), self.vnics.get_mut(&vnic))
+                        {
                             free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
                         }
                         Reply::Ok
@@ -775,13 +898,28 @@ impl Server {
                     Err(e) => err(e, "destroy_cq"),
                 }
             }
-            Request::CreateQp { pd, send_cq, recv_cq, qp_type, cap, sq_sig_all } => {
-                self.create_qp(id, PdId(pd), CqId(send_cq), CqId(recv_cq), qp_type, cap, sq_sig_all)
+            Request::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                qp_type,
+                cap,
+                sq_sig_all,
+            } => self.create_qp(
+                id,
+                PdId(pd),
+                CqId(send_cq),
+                CqId(recv_cq),
+                qp_type,
+                cap,
+                sq_sig_all,
+            ),
+            Request::ModifyQp { qp, mask, attr } => {
+                match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "modify_qp"),
+                }
             }
-            Request::ModifyQp { qp, mask, attr } => match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
-                Ok(()) => Reply::Ok,
-                Err(e) => err(e, "modify_qp"),
-            },
             Request::QueryQp { qp } => match self.engine.query_qp(id, QpId(qp)) {
                 Ok(a) => Reply::QpAttr(Box::new(a)),
                 Err(e) => err(e, "query_qp"),
@@ -795,7 +933,9 @@ impl Server {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.qps.remove(&QpId(qp));
                         }
-                        if let (Some(slot), Some(v)) = (self.qps.remove(&QpId(qp)), self.vnics.get_mut(&vnic)) {
+                        if let (Some(slot), Some(v)) =
+                            (self.qps.remove(&QpId(qp)), self.vnics.get_mut(&vnic))
+                        {
                             free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
                             free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
                         }
@@ -808,10 +948,22 @@ impl Server {
         }
     }
 
-    fn reg_mr(&mut self, id: CtxId, pd: PdId, addr: u64, len: u64, iova: u64, access: u32) -> Reply {
+    fn reg_mr(
+        &mut self,
+        id: CtxId,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+    ) -> Reply {
         let page = layout::PAGE;
-        let Some(ctx) = self.ctxs.get_mut(&id) else { return err(libc::ENODEV, "no context") };
-        let Some(v) = self.vnics.get_mut(&ctx.vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+        let Some(ctx) = self.ctxs.get_mut(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
         if len == 0 || addr.checked_add(len).is_none() {
             return err(libc::EINVAL, "empty or wrapping range");
         }
@@ -821,12 +973,20 @@ impl Server {
         let first = addr / page * page;
         let end = (addr + len).next_multiple_of(page);
         let npages = (end - first) / page;
-        let missing: Vec<u64> = (0..npages).map(|i| first + i * page).filter(|va| !ctx.pages.contains_key(va)).collect();
+        let missing: Vec<u64> = (0..npages)
+            .map(|i| first + i * page)
+            .filter(|va| !ctx.pages.contains_key(va))
+            .collect();
         let Some(allocated) = v.heap.alloc_runs(missing.len() as u64) else {
-            return err(libc::ENOMEM, format!("registering {len} bytes exceeds the vRNIC's free memory"));
+            return err(
+                libc::ENOMEM,
+                format!("registering {len} bytes exceeds the vRNIC's free memory"),
+            );
         };
         // Hand out the fresh pages in address order.
-        let mut fresh_offs = allocated.iter().flat_map(|&(off, n)| (0..n).map(move |i| off + i * page));
+        let mut fresh_offs = allocated
+            .iter()
+            .flat_map(|&(off, n)| (0..n).map(move |i| off + i * page));
         let mut runs: Vec<PageRun> = Vec::new();
         let mut page_list = Vec::with_capacity(npages as usize);
         for i in 0..npages {
@@ -845,16 +1005,33 @@ impl Server {
             };
             page_list.push(off);
             match runs.last_mut() {
-                Some(r) if r.fresh == fresh && r.va + u64::from(r.pages) * page == va && r.off + u64::from(r.pages) * page == off => {
+                Some(r)
+                    if r.fresh == fresh
+                        && r.va + u64::from(r.pages) * page == va
+                        && r.off + u64::from(r.pages) * page == off =>
+                {
                     r.pages += 1
                 }
-                _ => runs.push(PageRun { va, off, pages: 1, fresh }),
+                _ => runs.push(PageRun {
+                    va,
+                    off,
+                    pages: 1,
+                    fresh,
+                }),
             }
         }
-        match self.engine.reg_mr(id, pd, addr, len, iova, access, page_list) {
+        match self
+            .engine
+            .reg_mr(id, pd, addr, len, iova, access, page_list)
+        {
             Ok(keys) => {
                 ctx.mrs.insert(keys.mr, (first, npages));
-                Reply::Mr { mr: keys.mr.0, lkey: keys.lkey, rkey: keys.rkey, runs }
+                Reply::Mr {
+                    mr: keys.mr.0,
+                    lkey: keys.lkey,
+                    rkey: keys.rkey,
+                    runs,
+                }
             }
             Err(e) => {
                 // Undo the page references taken above.
@@ -876,8 +1053,12 @@ impl Server {
 
     fn dereg_mr(&mut self, id: CtxId, mr: MrId) -> Reply {
         let page = layout::PAGE;
-        let Some(ctx) = self.ctxs.get_mut(&id) else { return err(libc::ENODEV, "no context") };
-        let Some(&(first, npages)) = ctx.mrs.get(&mr) else { return err(libc::EINVAL, "no such MR") };
+        let Some(ctx) = self.ctxs.get_mut(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let Some(&(first, npages)) = ctx.mrs.get(&mr) else {
+            return err(libc::EINVAL, "no such MR");
+        };
         if let Err(e) = self.engine.dereg_mr(id, mr) {
             return err(e, "dereg_mr");
         }
@@ -885,7 +1066,9 @@ impl Server {
         let mut runs: Vec<PageRun> = Vec::new();
         for i in 0..npages {
             let va = first + i * page;
-            let Some(entry) = ctx.pages.get_mut(&va) else { continue };
+            let Some(entry) = ctx.pages.get_mut(&va) else {
+                continue;
+            };
             entry.1 -= 1;
             if entry.1 > 0 {
                 continue;
@@ -894,8 +1077,18 @@ impl Server {
             ctx.pages.remove(&va);
             ctx.detaching.insert(off);
             match runs.last_mut() {
-                Some(r) if r.va + u64::from(r.pages) * page == va && r.off + u64::from(r.pages) * page == off => r.pages += 1,
-                _ => runs.push(PageRun { va, off, pages: 1, fresh: false }),
+                Some(r)
+                    if r.va + u64::from(r.pages) * page == va
+                        && r.off + u64::from(r.pages) * page == off =>
+                {
+                    r.pages += 1
+                }
+                _ => runs.push(PageRun {
+                    va,
+                    off,
+                    pages: 1,
+                    fresh: false,
+                }),
             }
         }
         Reply::Detach { runs }
@@ -903,8 +1096,12 @@ impl Server {
 
     fn release_pages(&mut self, id: CtxId, runs: &[PageRun]) -> Reply {
         let page = layout::PAGE;
-        let Some(ctx) = self.ctxs.get_mut(&id) else { return err(libc::ENODEV, "no context") };
-        let Some(v) = self.vnics.get_mut(&ctx.vnic) else { return err(libc::ENODEV, "vRNIC gone") };
+        let Some(ctx) = self.ctxs.get_mut(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
         for r in runs.iter().take(1 << 16) {
             for i in 0..u64::from(r.pages.min(1 << 20)) {
                 let off = r.off + i * page;
@@ -917,7 +1114,9 @@ impl Server {
     }
 
     fn create_cq(&mut self, id: CtxId, cqe: u32) -> Reply {
-        let Some(ctx) = self.ctxs.get(&id) else { return err(libc::ENODEV, "no context") };
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
         let vnic = ctx.vnic;
         if cqe == 0 || cqe > MAX_CQE {
             return err(libc::EINVAL, format!("cqe {cqe} outside 1..={MAX_CQE}"));
@@ -926,15 +1125,32 @@ impl Server {
             return err(libc::ENOMEM, "CQ limit reached");
         }
         let depth = cqe.next_power_of_two();
-        let Some(v) = self.vnics.get_mut(&vnic) else { return err(libc::ENODEV, "vRNIC gone") };
-        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else { return err(libc::ENOMEM, "no memory for the CQ ring") };
+        let Some(v) = self.vnics.get_mut(&vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the CQ ring");
+        };
         match self.engine.create_cq(vnic, id, depth) {
             Ok(cq) => {
-                self.cqs.insert(cq, CqSlot { vnic, ctx: id, ring, prod: 0, broken: false });
+                self.cqs.insert(
+                    cq,
+                    CqSlot {
+                        vnic,
+                        ctx: id,
+                        ring,
+                        prod: 0,
+                        broken: false,
+                    },
+                );
                 if let Some(c) = self.ctxs.get_mut(&id) {
                     c.cqs.insert(cq);
                 }
-                Reply::Cq { cq: cq.0, ring: ring.offset(), depth }
+                Reply::Cq {
+                    cq: cq.0,
+                    ring: ring.offset(),
+                    depth,
+                }
             }
             Err(e) => {
                 free_ring(v, ring.offset(), depth, CQ_SLOT);
@@ -954,7 +1170,9 @@ impl Server {
         mut cap: vrnic_wire::QpCap,
         sq_sig_all: bool,
     ) -> Reply {
-        let Some(ctx) = self.ctxs.get(&id) else { return err(libc::ENODEV, "no context") };
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
         let vnic = ctx.vnic;
         if ctx.qps.len() as u32 >= MAX_QP {
             return err(libc::ENOMEM, "QP limit reached");
@@ -969,8 +1187,12 @@ impl Server {
         }
         let sq_depth = cap.max_send_wr.max(1).next_power_of_two();
         let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
-        let Some(v) = self.vnics.get_mut(&vnic) else { return err(libc::ENODEV, "vRNIC gone") };
-        let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else { return err(libc::ENOMEM, "no memory for the send ring") };
+        let Some(v) = self.vnics.get_mut(&vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the send ring");
+        };
         let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
             free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
             return err(libc::ENOMEM, "no memory for the receive ring");
@@ -980,16 +1202,36 @@ impl Server {
         cap.max_send_sge = cap.max_send_sge.max(1);
         cap.max_recv_sge = cap.max_recv_sge.max(1);
         cap.max_inline_data = vrnic_wire::MAX_INLINE as u32;
-        match self.engine.create_qp(id, pd, send_cq, recv_cq, qp_type, cap, sq_sig_all) {
+        match self
+            .engine
+            .create_qp(id, pd, send_cq, recv_cq, qp_type, cap, sq_sig_all)
+        {
             Ok((qp, qpn)) => {
                 self.qps.insert(
                     qp,
-                    QpSlot { vnic, sq, rq, sq_fetched: 0, rq_fetched: 0, sq_cons: 0, rq_cons: 0, broken: false },
+                    QpSlot {
+                        vnic,
+                        sq,
+                        rq,
+                        sq_fetched: 0,
+                        rq_fetched: 0,
+                        sq_cons: 0,
+                        rq_cons: 0,
+                        broken: false,
+                    },
                 );
                 if let Some(c) = self.ctxs.get_mut(&id) {
                     c.qps.insert(qp);
                 }
-                Reply::Qp { qp: qp.0, qpn, sq: sq.offset(), sq_depth, rq: rq.offset(), rq_depth, cap }
+                Reply::Qp {
+                    qp: qp.0,
+                    qpn,
+                    sq: sq.offset(),
+                    sq_depth,
+                    rq: rq.offset(),
+                    rq_depth,
+                    cap,
+                }
             }
             Err(e) => {
                 free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
@@ -1011,40 +1253,68 @@ impl Server {
             if slot.broken {
                 continue;
             }
-            let Some(v) = self.vnics.get(&slot.vnic) else { continue };
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
             let region = &v.region;
             // Send ring.
             let prod = slot.sq.prod(region).load(Ordering::Acquire);
             let retired = self.engine.sq_retired(qp);
-            if prod.wrapping_sub(retired) > slot.sq.depth() || prod.wrapping_sub(slot.sq_fetched) > slot.sq.depth() {
-                warn!(qp = qp.0, prod, retired, "garbage send producer index; failing the QP");
+            if prod.wrapping_sub(retired) > slot.sq.depth()
+                || prod.wrapping_sub(slot.sq_fetched) > slot.sq.depth()
+            {
+                warn!(
+                    qp = qp.0,
+                    prod, retired, "garbage send producer index; failing the QP"
+                );
                 slot.broken = true;
-                self.engine.handle_send_wqe(now, qp, Err(vrnic_wire::ParseError::Completion("producer index")));
+                self.engine.handle_send_wqe(
+                    now,
+                    qp,
+                    Err(vrnic_wire::ParseError::Completion("producer index")),
+                );
                 work = true;
                 continue;
             }
-            let n = prod.wrapping_sub(slot.sq_fetched).min(self.engine.sq_room(qp)).min(RING_BATCH);
+            let n = prod
+                .wrapping_sub(slot.sq_fetched)
+                .min(self.engine.sq_room(qp))
+                .min(RING_BATCH);
             for _ in 0..n {
                 slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
                 slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
-                self.engine.handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
+                self.engine
+                    .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
                 work = true;
             }
             // Receive ring.
             let prod = slot.rq.prod(region).load(Ordering::Acquire);
             let retired = self.engine.rq_retired(qp);
-            if prod.wrapping_sub(retired) > slot.rq.depth() || prod.wrapping_sub(slot.rq_fetched) > slot.rq.depth() {
-                warn!(qp = qp.0, prod, retired, "garbage receive producer index; failing the QP");
+            if prod.wrapping_sub(retired) > slot.rq.depth()
+                || prod.wrapping_sub(slot.rq_fetched) > slot.rq.depth()
+            {
+                warn!(
+                    qp = qp.0,
+                    prod, retired, "garbage receive producer index; failing the QP"
+                );
                 slot.broken = true;
-                self.engine.handle_recv_wqe(now, qp, Err(vrnic_wire::ParseError::Completion("producer index")));
+                self.engine.handle_recv_wqe(
+                    now,
+                    qp,
+                    Err(vrnic_wire::ParseError::Completion("producer index")),
+                );
                 work = true;
                 continue;
             }
-            let n = prod.wrapping_sub(slot.rq_fetched).min(self.engine.rq_room(qp)).min(RING_BATCH);
+            let n = prod
+                .wrapping_sub(slot.rq_fetched)
+                .min(self.engine.rq_room(qp))
+                .min(RING_BATCH);
             for _ in 0..n {
                 slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
                 slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
-                self.engine.handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
+                self.engine
+                    .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
                 work = true;
             }
         }
@@ -1056,7 +1326,9 @@ impl Server {
             self.post_cqe(cq, &cqe, solicited);
         }
         for (&qp, slot) in self.qps.iter_mut() {
-            let Some(v) = self.vnics.get(&slot.vnic) else { continue };
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
             let sq = self.engine.sq_retired(qp);
             if sq != slot.sq_cons {
                 slot.sq_cons = sq;
@@ -1081,17 +1353,28 @@ impl Server {
     }
 
     fn push_event(&mut self, ctx: CtxId, kind: u32, handle: u32) {
-        let Some(c) = self.ctxs.get_mut(&ctx) else { return };
-        let Some(v) = self.vnics.get(&c.vnic) else { return };
-        if !c.mailbox.push_event(&v.region, &mut c.ev_prod, kind, handle) {
+        let Some(c) = self.ctxs.get_mut(&ctx) else {
+            return;
+        };
+        let Some(v) = self.vnics.get(&c.vnic) else {
+            return;
+        };
+        if !c
+            .mailbox
+            .push_event(&v.region, &mut c.ev_prod, kind, handle)
+        {
             warn!(ctx = ctx.0, kind, "async event ring full; event dropped");
         }
         c.wake = true;
     }
 
     fn post_cqe(&mut self, cq: CqId, cqe: &Cqe, solicited: bool) {
-        let Some(slot) = self.cqs.get_mut(&cq) else { return };
-        let Some(v) = self.vnics.get(&slot.vnic) else { return };
+        let Some(slot) = self.cqs.get_mut(&cq) else {
+            return;
+        };
+        let Some(v) = self.vnics.get(&slot.vnic) else {
+            return;
+        };
         if slot.broken {
             return;
         }
@@ -1116,7 +1399,11 @@ impl Server {
         // Arm word: 1 = next completion, 2 = next solicited completion.
         let arm = slot.ring.arm(region);
         let a = arm.load(Ordering::Acquire);
-        if (a == 1 || (a == 2 && solicited)) && arm.compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if (a == 1 || (a == 2 && solicited))
+            && arm
+                .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
             let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
             tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
             let ctx = slot.ctx;
@@ -1158,11 +1445,16 @@ fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
 
 /// Removes vRNIC directories a dead daemon left behind. Returns how many.
 fn cleanup_stale(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
     let mut n = 0;
     for e in entries.flatten() {
         let p = e.path();
-        if p.is_dir() && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists()) && std::fs::remove_dir_all(&p).is_ok() {
+        if p.is_dir()
+            && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists())
+            && std::fs::remove_dir_all(&p).is_ok()
+        {
             n += 1;
         }
     }

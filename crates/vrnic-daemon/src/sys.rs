@@ -15,7 +15,11 @@ use tracing::{info, warn};
 /// Takes an exclusive, non-blocking `flock` on `path` (created if missing). The lock lives as
 /// long as the returned file, and the kernel drops it if the daemon dies.
 pub fn lock_exclusive(path: &Path) -> std::io::Result<File> {
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
     // SAFETY: flock on a valid fd we own; no memory is involved.
     let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if r != 0 {
@@ -31,7 +35,9 @@ const MOUNT_MARKER: &str = ".vrnic-tmpfs";
 /// Makes sure `dir` is on tmpfs, so region pages live in memory: if it is not and we are
 /// root, mounts a tmpfs on it. Returns whether we mounted (and so must unmount).
 pub fn ensure_tmpfs(dir: &Path) -> bool {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
     // SAFETY: an all-zero statfs is a valid out-parameter.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is NUL-terminated, st is a valid out-pointer.
@@ -43,7 +49,15 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
     let fstype = c"tmpfs";
     let opts = c"mode=0755";
     // SAFETY: all strings are NUL-terminated and live for the call.
-    let r = unsafe { libc::mount(fstype.as_ptr(), c.as_ptr(), fstype.as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, opts.as_ptr().cast()) };
+    let r = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            c.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr().cast(),
+        )
+    };
     if r == 0 {
         info!(dir = %dir.display(), "mounted a tmpfs on the state dir");
         let _ = std::fs::write(dir.join(MOUNT_MARKER), b"mounted by vrnic serve\n");
@@ -60,10 +74,16 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
 
 /// Unmounts the tmpfs mounted by [`ensure_tmpfs`].
 pub fn unmount(dir: &Path) {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return };
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
     // SAFETY: c is NUL-terminated.
     if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        warn!("unmount {}: {}", dir.display(), std::io::Error::last_os_error());
+        warn!(
+            "unmount {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
     }
 }
 

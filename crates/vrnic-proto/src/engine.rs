@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use vrnic_wire::{
-    Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags,
-    SendOpcode, SendPayload, SendWqe, Sge, WC_WITH_IMM, WcOpcode, WcStatus, access, qp_attr,
+    Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType, RecvWqe,
+    SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_WITH_IMM, WcOpcode, WcStatus, access,
+    qp_attr,
 };
 
 use crate::errno::*;
@@ -62,9 +63,14 @@ struct Cq {
 enum Wait {
     None,
     /// No receive at the responder: retry at `until`, `retries` timer expiries so far.
-    Rnr { until: Instant, retries: u8 },
+    Rnr {
+        until: Instant,
+        retries: u8,
+    },
     /// No responder: fail at `until`.
-    Retry { until: Instant },
+    Retry {
+        until: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -123,13 +129,19 @@ fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
         src_qp: 0,
         slid: 0,
         sl: 0,
-        vendor_err: if status == WcStatus::Success || status == WcStatus::WrFlushErr { 0 } else { 0x100 + status as u32 },
+        vendor_err: if status == WcStatus::Success || status == WcStatus::WrFlushErr {
+            0
+        } else {
+            0x100 + status as u32
+        },
         timestamp_ns: 0,
     }
 }
 
 fn wqe_wc_opcode(w: &Result<SendWqe, ParseError>) -> WcOpcode {
-    w.as_ref().map(|w| w.opcode.wc_opcode()).unwrap_or(WcOpcode::Send)
+    w.as_ref()
+        .map(|w| w.opcode.wc_opcode())
+        .unwrap_or(WcOpcode::Send)
 }
 
 impl Engine {
@@ -169,12 +181,24 @@ impl Engine {
 
     /// Registers a vRNIC with its address.
     pub fn add_vnic(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16]) {
-        self.vnics.insert(vnic, Vnic { lid, gid, keys: HashMap::new() });
+        self.vnics.insert(
+            vnic,
+            Vnic {
+                lid,
+                gid,
+                keys: HashMap::new(),
+            },
+        );
     }
 
     /// Destroys every object of `vnic` and forgets it.
     pub fn remove_vnic(&mut self, now: Instant, vnic: VnicId) {
-        let mut ctxs: Vec<CtxId> = self.pds.values().filter(|p| p.vnic == vnic).map(|p| p.ctx).collect();
+        let mut ctxs: Vec<CtxId> = self
+            .pds
+            .values()
+            .filter(|p| p.vnic == vnic)
+            .map(|p| p.ctx)
+            .collect();
         ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
         ctxs.sort();
         ctxs.dedup();
@@ -186,18 +210,29 @@ impl Engine {
 
     /// Destroys everything `ctx` owns: its QPs (their peers see errors), MRs, CQs and PDs.
     pub fn destroy_context(&mut self, now: Instant, ctx: CtxId) {
-        let qps: Vec<QpId> = self.qps.iter().filter(|(_, q)| q.ctx == ctx).map(|(&id, _)| id).collect();
+        let qps: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.ctx == ctx)
+            .map(|(&id, _)| id)
+            .collect();
         for qp in qps {
             self.fail_peers(qp);
             let _ = self.destroy_qp(now, ctx, qp);
         }
-        let mrs: Vec<MrId> = self.mrs.iter().filter(|(_, m)| m.ctx == ctx).map(|(&id, _)| id).collect();
+        let mrs: Vec<MrId> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(&id, _)| id)
+            .collect();
         for mr in mrs {
             let _ = self.dereg_mr(ctx, mr);
         }
         self.cqs.retain(|_, c| c.ctx != ctx);
         self.pds.retain(|_, p| p.ctx != ctx);
-        self.completions.retain(|(cq, _, _)| self.cqs.contains_key(cq));
+        self.completions
+            .retain(|(cq, _, _)| self.cqs.contains_key(cq));
         self.events.retain(|(c, _)| *c != ctx);
     }
 
@@ -209,7 +244,14 @@ impl Engine {
             return Err(ENOENT);
         }
         let pd = PdId(self.id());
-        self.pds.insert(pd, Pd { vnic, ctx, users: 0 });
+        self.pds.insert(
+            pd,
+            Pd {
+                vnic,
+                ctx,
+                users: 0,
+            },
+        );
         Ok(pd)
     }
 
@@ -255,17 +297,43 @@ impl Engine {
         let mut key;
         loop {
             key = self.random() as u32;
-            if key != 0 && !self.vnics.get(&vnic).is_some_and(|v| v.keys.contains_key(&key)) {
+            if key != 0
+                && !self
+                    .vnics
+                    .get(&vnic)
+                    .is_some_and(|v| v.keys.contains_key(&key))
+            {
                 break;
             }
         }
         let mr = MrId(self.id());
-        self.vnics.get_mut(&vnic).ok_or(ENOENT)?.keys.insert(key, mr);
-        self.mrs.insert(mr, Mr { vnic, ctx, pd, addr, len, iova, access, key, pages });
+        self.vnics
+            .get_mut(&vnic)
+            .ok_or(ENOENT)?
+            .keys
+            .insert(key, mr);
+        self.mrs.insert(
+            mr,
+            Mr {
+                vnic,
+                ctx,
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+                key,
+                pages,
+            },
+        );
         if let Some(p) = self.pds.get_mut(&pd) {
             p.users += 1;
         }
-        Ok(MrKeys { mr, lkey: key, rkey: key })
+        Ok(MrKeys {
+            mr,
+            lkey: key,
+            rkey: key,
+        })
     }
 
     /// `ibv_dereg_mr`: from now on no work request can reach its memory.
@@ -365,7 +433,10 @@ impl Engine {
                 qpn,
                 cap,
                 sq_sig_all,
-                attr: QpAttr { cap, ..QpAttr::default() },
+                attr: QpAttr {
+                    cap,
+                    ..QpAttr::default()
+                },
                 sq: VecDeque::new(),
                 rq: VecDeque::new(),
                 sq_depth: cap.max_send_wr.max(1).next_power_of_two(),
@@ -394,9 +465,20 @@ impl Engine {
     }
 
     /// `ibv_modify_qp`, with the attribute-mask rules of a real device.
-    pub fn modify_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId, mask: u32, attr: &QpAttr) -> Result<(), Errno> {
+    pub fn modify_qp(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        qp: QpId,
+        mask: u32,
+        attr: &QpAttr,
+    ) -> Result<(), Errno> {
         let cur = self.own_qp(ctx, qp)?.attr.qp_state;
-        let next = if mask & qp_attr::STATE != 0 { attr.qp_state } else { cur };
+        let next = if mask & qp_attr::STATE != 0 {
+            attr.qp_state
+        } else {
+            cur
+        };
         if mask & qp_attr::CUR_STATE != 0 && attr.cur_qp_state != cur {
             return Err(EINVAL);
         }
@@ -413,13 +495,20 @@ impl Engine {
             || (mask & qp_attr::RETRY_CNT != 0 && attr.retry_cnt > 7)
             || (mask & qp_attr::RNR_RETRY != 0 && attr.rnr_retry > 7)
             || (mask & qp_attr::ACCESS_FLAGS != 0
-                && attr.qp_access_flags & !(access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC) != 0)
+                && attr.qp_access_flags
+                    & !(access::LOCAL_WRITE
+                        | access::REMOTE_WRITE
+                        | access::REMOTE_READ
+                        | access::REMOTE_ATOMIC)
+                    != 0)
             || (mask & qp_attr::DEST_QPN != 0 && attr.dest_qp_num > 0xff_ffff)
             || (mask & qp_attr::AV != 0 && attr.ah_attr.port_num > 1)
         {
             return Err(EINVAL);
         }
-        let Some(q) = self.qps.get_mut(&qp) else { return Err(EINVAL) };
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return Err(EINVAL);
+        };
         let a = &mut q.attr;
         macro_rules! set {
             ($bit:ident => $($f:ident),+) => {
@@ -453,7 +542,10 @@ impl Engine {
                 q.sq.clear();
                 q.rq.clear();
                 q.wait = Wait::None;
-                q.attr = QpAttr { cap: q.cap, ..QpAttr::default() };
+                q.attr = QpAttr {
+                    cap: q.cap,
+                    ..QpAttr::default()
+                };
             }
             QpState::Err => self.flush(qp),
             _ => {}
@@ -475,7 +567,9 @@ impl Engine {
     /// (`RETRY_EXC_ERR` after its transport timeout).
     pub fn destroy_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId) -> Result<(), Errno> {
         self.own_qp(ctx, qp)?;
-        let Some(q) = self.qps.remove(&qp) else { return Err(EINVAL) };
+        let Some(q) = self.qps.remove(&qp) else {
+            return Err(EINVAL);
+        };
         self.by_qpn.remove(&q.qpn);
         if let Some(p) = self.pds.get_mut(&q.pd) {
             p.users = p.users.saturating_sub(1);
@@ -495,14 +589,22 @@ impl Engine {
     fn fail_peers(&mut self, qp: QpId) {
         let Some(q) = self.qps.get(&qp) else { return };
         let (qpn, vnic) = (q.qpn, q.vnic);
-        let (lid, gid) = self.vnics.get(&vnic).map(|v| (v.lid, v.gid)).unwrap_or_default();
+        let (lid, gid) = self
+            .vnics
+            .get(&vnic)
+            .map(|v| (v.lid, v.gid))
+            .unwrap_or_default();
         let peers: Vec<QpId> = self
             .qps
             .iter()
             .filter(|(_, p)| {
                 matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
                     && p.attr.dest_qp_num == qpn
-                    && if p.attr.ah_attr.is_global { p.attr.ah_attr.grh.dgid == gid } else { p.attr.ah_attr.dlid == lid }
+                    && if p.attr.ah_attr.is_global {
+                        p.attr.ah_attr.grh.dgid == gid
+                    } else {
+                        p.attr.ah_attr.dlid == lid
+                    }
             })
             .map(|(&id, _)| id)
             .collect();
@@ -530,12 +632,18 @@ impl Engine {
 
     /// Send WQEs that may be handed in now.
     pub fn sq_room(&self, qp: QpId) -> u32 {
-        self.qps.get(&qp).map(|q| q.sq_depth.saturating_sub(q.sq.len() as u32)).unwrap_or(0)
+        self.qps
+            .get(&qp)
+            .map(|q| q.sq_depth.saturating_sub(q.sq.len() as u32))
+            .unwrap_or(0)
     }
 
     /// Receive WQEs that may be handed in now.
     pub fn rq_room(&self, qp: QpId) -> u32 {
-        self.qps.get(&qp).map(|q| q.rq_depth.saturating_sub(q.rq.len() as u32)).unwrap_or(0)
+        self.qps
+            .get(&qp)
+            .map(|q| q.rq_depth.saturating_sub(q.rq.len() as u32))
+            .unwrap_or(0)
     }
 
     /// Send WQEs retired so far (free running).
@@ -551,11 +659,18 @@ impl Engine {
     /// A send WQE from the ring (already copied and parsed).
     pub fn handle_send_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<SendWqe, ParseError>) {
         let _ = now;
-        let Some(q) = self.qps.get_mut(&qp) else { return };
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
         match q.attr.qp_state {
             QpState::Reset => q.sq_retired = q.sq_retired.wrapping_add(1),
             QpState::Err => {
-                let c = cqe(wqe.as_ref().map(|w| w.wr_id).unwrap_or(0), WcStatus::WrFlushErr, wqe_wc_opcode(&wqe), q.qpn);
+                let c = cqe(
+                    wqe.as_ref().map(|w| w.wr_id).unwrap_or(0),
+                    WcStatus::WrFlushErr,
+                    wqe_wc_opcode(&wqe),
+                    q.qpn,
+                );
                 q.sq_retired = q.sq_retired.wrapping_add(1);
                 self.completions.push_back((q.send_cq, c, false));
             }
@@ -577,17 +692,27 @@ impl Engine {
     /// A receive WQE from the ring.
     pub fn handle_recv_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<RecvWqe, ParseError>) {
         let _ = now;
-        let Some(q) = self.qps.get_mut(&qp) else { return };
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
         match (q.attr.qp_state, wqe) {
             (QpState::Reset, _) => q.rq_retired = q.rq_retired.wrapping_add(1),
             (QpState::Err, w) => {
-                let c = cqe(w.map(|w| w.wr_id).unwrap_or(0), WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+                let c = cqe(
+                    w.map(|w| w.wr_id).unwrap_or(0),
+                    WcStatus::WrFlushErr,
+                    WcOpcode::Recv,
+                    q.qpn,
+                );
                 q.rq_retired = q.rq_retired.wrapping_add(1);
                 self.completions.push_back((q.recv_cq, c, false));
             }
             (_, Ok(w)) if (q.rq.len() as u32) < q.rq_depth => q.rq.push_back(w),
             (_, w) => {
-                q.rq.push_back(w.unwrap_or(RecvWqe { wr_id: 0, sges: Vec::new() }));
+                q.rq.push_back(w.unwrap_or(RecvWqe {
+                    wr_id: 0,
+                    sges: Vec::new(),
+                }));
                 self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
             }
         }
@@ -598,7 +723,9 @@ impl Engine {
     /// Moves a QP to ERR because of an error: the head send completes with `head` (if given and
     /// present), everything else flushes, and the owner gets `QP_FATAL`.
     fn fail_qp(&mut self, qp: QpId, head: Option<WcStatus>) {
-        let Some(q) = self.qps.get_mut(&qp) else { return };
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
         if q.attr.qp_state == QpState::Err {
             return;
         }
@@ -606,7 +733,12 @@ impl Engine {
         if let Some(status) = head
             && let Some(w) = q.sq.pop_front()
         {
-            let c = cqe(w.as_ref().map(|w| w.wr_id).unwrap_or(0), status, wqe_wc_opcode(&w), q.qpn);
+            let c = cqe(
+                w.as_ref().map(|w| w.wr_id).unwrap_or(0),
+                status,
+                wqe_wc_opcode(&w),
+                q.qpn,
+            );
             q.sq_retired = q.sq_retired.wrapping_add(1);
             self.completions.push_back((q.send_cq, c, false));
         }
@@ -618,10 +750,17 @@ impl Engine {
 
     /// Completes everything queued on an ERR QP with `WR_FLUSH_ERR`.
     fn flush(&mut self, qp: QpId) {
-        let Some(q) = self.qps.get_mut(&qp) else { return };
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
         q.wait = Wait::None;
         while let Some(w) = q.sq.pop_front() {
-            let c = cqe(w.as_ref().map(|w| w.wr_id).unwrap_or(0), WcStatus::WrFlushErr, wqe_wc_opcode(&w), q.qpn);
+            let c = cqe(
+                w.as_ref().map(|w| w.wr_id).unwrap_or(0),
+                WcStatus::WrFlushErr,
+                wqe_wc_opcode(&w),
+                q.qpn,
+            );
             q.sq_retired = q.sq_retired.wrapping_add(1);
             self.completions.push_back((q.send_cq, c, false));
         }
@@ -665,7 +804,12 @@ impl Engine {
         let mut did = false;
         let mut wrs = 0;
         let mut bytes = 0u64;
-        let ids: Vec<QpId> = self.qps.iter().filter(|(_, q)| !q.sq.is_empty() && q.attr.qp_state == QpState::Rts).map(|(&id, _)| id).collect();
+        let ids: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| !q.sq.is_empty() && q.attr.qp_state == QpState::Rts)
+            .map(|(&id, _)| id)
+            .collect();
         for qp in ids {
             while wrs < WR_BUDGET && bytes < BYTE_BUDGET {
                 let Some(q) = self.qps.get(&qp) else { break };
@@ -690,11 +834,21 @@ impl Engine {
     fn responder(&self, qp: QpId) -> Option<QpId> {
         let q = self.qps.get(&qp)?;
         let ah = &q.attr.ah_attr;
-        let (&vid, _) = self.vnics.iter().find(|(_, v)| if ah.is_global { v.gid == ah.grh.dgid } else { v.lid == ah.dlid })?;
+        let (&vid, _) = self.vnics.iter().find(|(_, v)| {
+            if ah.is_global {
+                v.gid == ah.grh.dgid
+            } else {
+                v.lid == ah.dlid
+            }
+        })?;
         let &peer = self.by_qpn.get(&q.attr.dest_qp_num)?;
         let p = self.qps.get(&peer)?;
         let me = self.vnics.get(&q.vnic)?;
-        let back = if p.attr.ah_attr.is_global { p.attr.ah_attr.grh.dgid == me.gid } else { p.attr.ah_attr.dlid == me.lid };
+        let back = if p.attr.ah_attr.is_global {
+            p.attr.ah_attr.grh.dgid == me.gid
+        } else {
+            p.attr.ah_attr.dlid == me.lid
+        };
         (p.vnic == vid
             && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
             && p.attr.dest_qp_num == q.qpn
@@ -704,8 +858,12 @@ impl Engine {
 
     /// Retires the head send WQE, with a completion if it is signaled.
     fn complete_head(&mut self, qp: QpId, byte_len: u32) {
-        let Some(q) = self.qps.get_mut(&qp) else { return };
-        let Some(Ok(w)) = q.sq.pop_front() else { return };
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        let Some(Ok(w)) = q.sq.pop_front() else {
+            return;
+        };
         q.sq_retired = q.sq_retired.wrapping_add(1);
         q.wait = Wait::None;
         if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
@@ -716,7 +874,9 @@ impl Engine {
     }
 
     fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
-        let Some(q) = self.qps.get(&qp) else { return Step::Blocked };
+        let Some(q) = self.qps.get(&qp) else {
+            return Step::Blocked;
+        };
         let wqe = match q.sq.front() {
             Some(Ok(w)) => w.clone(),
             Some(Err(_)) => {
@@ -732,7 +892,10 @@ impl Engine {
             return Step::Done(0);
         }
         // Local side: where the payload comes from (or, for READ/atomics, goes to).
-        let needs_write = matches!(wqe.opcode, SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd);
+        let needs_write = matches!(
+            wqe.opcode,
+            SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
+        );
         let local = match &wqe.payload {
             SendPayload::Sges(sges) => match self.translate_sges(vnic, pd, sges, needs_write) {
                 Some(runs) => Some(runs),
@@ -757,15 +920,22 @@ impl Engine {
                 }
                 Wait::Retry { .. } => {}
                 _ => {
-                    let us = state::ack_timeout_us(q.attr.timeout).saturating_mul(u64::from(q.attr.retry_cnt) + 1);
-                    q.wait = Wait::Retry { until: now + Duration::from_micros(us) };
+                    let us = state::ack_timeout_us(q.attr.timeout)
+                        .saturating_mul(u64::from(q.attr.retry_cnt) + 1);
+                    q.wait = Wait::Retry {
+                        until: now + Duration::from_micros(us),
+                    };
                 }
             }
             return Step::Blocked;
         };
         match wqe.opcode {
-            SendOpcode::Send | SendOpcode::SendWithImm => self.exec_send(now, qp, peer, &wqe, local, mem),
-            SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => self.exec_write(now, qp, peer, &wqe, local, mem),
+            SendOpcode::Send | SendOpcode::SendWithImm => {
+                self.exec_send(now, qp, peer, &wqe, local, mem)
+            }
+            SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => {
+                self.exec_write(now, qp, peer, &wqe, local, mem)
+            }
             SendOpcode::RdmaRead => self.exec_read(qp, peer, &wqe, local.unwrap_or_default(), mem),
             SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd => {
                 self.exec_atomic(qp, peer, &wqe, local.unwrap_or_default(), mem)
@@ -775,8 +945,14 @@ impl Engine {
 
     /// Handles "no receive posted" at the responder: RNR wait and retry accounting.
     fn rnr(&mut self, now: Instant, qp: QpId, peer: QpId) -> Step {
-        let timer = self.qps.get(&peer).map(|p| p.attr.min_rnr_timer).unwrap_or(0);
-        let Some(q) = self.qps.get_mut(&qp) else { return Step::Blocked };
+        let timer = self
+            .qps
+            .get(&peer)
+            .map(|p| p.attr.min_rnr_timer)
+            .unwrap_or(0);
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return Step::Blocked;
+        };
         let limit = q.attr.rnr_retry;
         match q.wait {
             Wait::Rnr { until, retries } if now >= until => {
@@ -785,10 +961,18 @@ impl Engine {
                     self.fail_qp(qp, Some(WcStatus::RnrRetryExcErr));
                     return Step::Done(0);
                 }
-                q.wait = Wait::Rnr { until: now + Duration::from_micros(state::rnr_timer_us(timer)), retries };
+                q.wait = Wait::Rnr {
+                    until: now + Duration::from_micros(state::rnr_timer_us(timer)),
+                    retries,
+                };
             }
             Wait::Rnr { .. } => {}
-            _ => q.wait = Wait::Rnr { until: now + Duration::from_micros(state::rnr_timer_us(timer)), retries: 0 },
+            _ => {
+                q.wait = Wait::Rnr {
+                    until: now + Duration::from_micros(state::rnr_timer_us(timer)),
+                    retries: 0,
+                }
+            }
         }
         Step::Blocked
     }
@@ -809,8 +993,12 @@ impl Engine {
         mem: &mut dyn Memory,
     ) -> Step {
         let len = wqe.payload.len();
-        let Some(p) = self.qps.get(&peer) else { return Step::Blocked };
-        let Some(recv) = p.rq.front().cloned() else { return self.rnr(now, qp, peer) };
+        let Some(p) = self.qps.get(&peer) else {
+            return Step::Blocked;
+        };
+        let Some(recv) = p.rq.front().cloned() else {
+            return self.rnr(now, qp, peer);
+        };
         let (pvnic, ppd, precv_cq, pqpn) = (p.vnic, p.pd, p.recv_cq, p.qpn);
         let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
         let Some(dst) = self.translate_sges(pvnic, ppd, &recv.sges, true) else {
@@ -831,8 +1019,19 @@ impl Engine {
             _ => {}
         }
         let imm = (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data);
-        let (slid, qpn) = (self.lid_of(qp), self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0));
-        self.take_recv_ok(peer, WcOpcode::Recv, len as u32, imm, qpn, slid, wqe.flags.contains(SendFlags::SOLICITED));
+        let (slid, qpn) = (
+            self.lid_of(qp),
+            self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0),
+        );
+        self.take_recv_ok(
+            peer,
+            WcOpcode::Recv,
+            len as u32,
+            imm,
+            qpn,
+            slid,
+            wqe.flags.contains(SendFlags::SOLICITED),
+        );
         let _ = (precv_cq, pqpn);
         self.complete_head(qp, len as u32);
         Step::Done(len)
@@ -867,16 +1066,38 @@ impl Engine {
             _ => {}
         }
         if with_imm {
-            let (slid, qpn) = (self.lid_of(qp), self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0));
-            self.take_recv_ok(peer, WcOpcode::RecvRdmaWithImm, len as u32, Some(wqe.imm_data), qpn, slid, wqe.flags.contains(SendFlags::SOLICITED));
+            let (slid, qpn) = (
+                self.lid_of(qp),
+                self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0),
+            );
+            self.take_recv_ok(
+                peer,
+                WcOpcode::RecvRdmaWithImm,
+                len as u32,
+                Some(wqe.imm_data),
+                qpn,
+                slid,
+                wqe.flags.contains(SendFlags::SOLICITED),
+            );
         }
         self.complete_head(qp, len as u32);
         Step::Done(len)
     }
 
-    fn exec_read(&mut self, qp: QpId, peer: QpId, wqe: &SendWqe, local: Vec<(Loc, u64)>, mem: &mut dyn Memory) -> Step {
+    fn exec_read(
+        &mut self,
+        qp: QpId,
+        peer: QpId,
+        wqe: &SendWqe,
+        local: Vec<(Loc, u64)>,
+        mem: &mut dyn Memory,
+    ) -> Step {
         let len = wqe.payload.len();
-        let src = if len == 0 { Some(Vec::new()) } else { self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_READ) };
+        let src = if len == 0 {
+            Some(Vec::new())
+        } else {
+            self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_READ)
+        };
         let Some(src) = src else {
             self.fail_both(qp, WcStatus::RemAccessErr, peer);
             return Step::Done(0);
@@ -886,17 +1107,28 @@ impl Engine {
         Step::Done(len)
     }
 
-    fn exec_atomic(&mut self, qp: QpId, peer: QpId, wqe: &SendWqe, local: Vec<(Loc, u64)>, mem: &mut dyn Memory) -> Step {
-        if wqe.payload.len() != 8 || wqe.remote_addr % 8 != 0 {
+    fn exec_atomic(
+        &mut self,
+        qp: QpId,
+        peer: QpId,
+        wqe: &SendWqe,
+        local: Vec<(Loc, u64)>,
+        mem: &mut dyn Memory,
+    ) -> Step {
+        if wqe.payload.len() != 8 || !wqe.remote_addr.is_multiple_of(8) {
             self.fail_both(qp, WcStatus::RemInvReqErr, peer);
             return Step::Done(0);
         }
-        let Some(dst) = self.translate_remote(peer, wqe.remote_addr, 8, wqe.rkey, access::REMOTE_ATOMIC) else {
+        let Some(dst) =
+            self.translate_remote(peer, wqe.remote_addr, 8, wqe.rkey, access::REMOTE_ATOMIC)
+        else {
             self.fail_both(qp, WcStatus::RemAccessErr, peer);
             return Step::Done(0);
         };
         // An aligned 8-byte word never crosses a page, so it is one run.
-        let Some(&(at, _)) = dst.first() else { return Step::Done(0) };
+        let Some(&(at, _)) = dst.first() else {
+            return Step::Done(0);
+        };
         let mut old = [0u8; 8];
         mem.read(at, &mut old);
         let cur = u64::from_le_bytes(old);
@@ -914,11 +1146,17 @@ impl Engine {
     }
 
     fn lid_of(&self, qp: QpId) -> u16 {
-        self.qps.get(&qp).and_then(|q| self.vnics.get(&q.vnic)).map(|v| v.lid).unwrap_or(0)
+        self.qps
+            .get(&qp)
+            .and_then(|q| self.vnics.get(&q.vnic))
+            .map(|v| v.lid)
+            .unwrap_or(0)
     }
 
     fn take_recv(&mut self, peer: QpId, status: WcStatus, byte_len: u32, imm: Option<u32>) {
-        let Some(p) = self.qps.get_mut(&peer) else { return };
+        let Some(p) = self.qps.get_mut(&peer) else {
+            return;
+        };
         let Some(r) = p.rq.pop_front() else { return };
         p.rq_retired = p.rq_retired.wrapping_add(1);
         let mut c = cqe(r.wr_id, status, WcOpcode::Recv, p.qpn);
@@ -931,8 +1169,19 @@ impl Engine {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn take_recv_ok(&mut self, peer: QpId, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, src_qp: u32, slid: u16, solicited: bool) {
-        let Some(p) = self.qps.get_mut(&peer) else { return };
+    fn take_recv_ok(
+        &mut self,
+        peer: QpId,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        src_qp: u32,
+        slid: u16,
+        solicited: bool,
+    ) {
+        let Some(p) = self.qps.get_mut(&peer) else {
+            return;
+        };
         let Some(r) = p.rq.pop_front() else { return };
         p.rq_retired = p.rq_retired.wrapping_add(1);
         let mut c = cqe(r.wr_id, WcStatus::Success, opcode, p.qpn);
@@ -948,7 +1197,13 @@ impl Engine {
 
     /// Translates local SGEs (lkeys of `vnic` in `pd`) into region runs; `None` on any
     /// protection failure.
-    fn translate_sges(&self, vnic: VnicId, pd: PdId, sges: &[Sge], write: bool) -> Option<Vec<(Loc, u64)>> {
+    fn translate_sges(
+        &self,
+        vnic: VnicId,
+        pd: PdId,
+        sges: &[Sge],
+        write: bool,
+    ) -> Option<Vec<(Loc, u64)>> {
         let v = self.vnics.get(&vnic)?;
         let mut runs = Vec::new();
         for s in sges.iter().take(MAX_SGE) {
@@ -967,7 +1222,14 @@ impl Engine {
 
     /// Translates a remote range through the responder's rkey, with the responder's PD and
     /// access checks; `None` on any violation.
-    fn translate_remote(&mut self, peer: QpId, addr: u64, len: u64, rkey: u32, need: u32) -> Option<Vec<(Loc, u64)>> {
+    fn translate_remote(
+        &mut self,
+        peer: QpId,
+        addr: u64,
+        len: u64,
+        rkey: u32,
+        need: u32,
+    ) -> Option<Vec<(Loc, u64)>> {
         let p = self.qps.get(&peer)?;
         if p.attr.qp_access_flags & need == 0 {
             return None;
@@ -1022,7 +1284,17 @@ fn copy_runs(mem: &mut dyn Memory, src: &[(Loc, u64)], dst: &[(Loc, u64)], len: 
         let (s, sl) = src[si];
         let (d, dl) = dst[di];
         let n = (sl - so).min(dl - dof).min(left);
-        mem.copy(Loc { vnic: s.vnic, off: s.off + so }, Loc { vnic: d.vnic, off: d.off + dof }, n as usize);
+        mem.copy(
+            Loc {
+                vnic: s.vnic,
+                off: s.off + so,
+            },
+            Loc {
+                vnic: d.vnic,
+                off: d.off + dof,
+            },
+            n as usize,
+        );
         so += n;
         dof += n;
         left -= n;

@@ -21,10 +21,30 @@ pub fn rc_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
             SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC,
             CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER | ALT_PATH | PATH_MIG_STATE,
         ),
-        (Rts, Rts) => (0, CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER | ALT_PATH | PATH_MIG_STATE),
+        (Rts, Rts) => (
+            0,
+            CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER | ALT_PATH | PATH_MIG_STATE,
+        ),
         (Rts, Sqd) => (0, EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Sqd) => (0, ACCESS_FLAGS | MIN_RNR_TIMER | MAX_QP_RD_ATOMIC | MAX_DEST_RD_ATOMIC | TIMEOUT | RETRY_CNT | RNR_RETRY | ALT_PATH | PATH_MIG_STATE | AV | PKEY_INDEX | PORT),
-        (Sqd, Rts) => (0, CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER | ALT_PATH | PATH_MIG_STATE),
+        (Sqd, Sqd) => (
+            0,
+            ACCESS_FLAGS
+                | MIN_RNR_TIMER
+                | MAX_QP_RD_ATOMIC
+                | MAX_DEST_RD_ATOMIC
+                | TIMEOUT
+                | RETRY_CNT
+                | RNR_RETRY
+                | ALT_PATH
+                | PATH_MIG_STATE
+                | AV
+                | PKEY_INDEX
+                | PORT,
+        ),
+        (Sqd, Rts) => (
+            0,
+            CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER | ALT_PATH | PATH_MIG_STATE,
+        ),
         (Sqe, Rts) => (0, CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER),
         _ => return None,
     })
@@ -33,7 +53,9 @@ pub fn rc_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
 /// Checks `mask` for `cur -> next`: every required bit present, nothing outside required,
 /// optional and `STATE`.
 pub fn check(cur: QpState, next: QpState, mask: u32) -> bool {
-    let Some((req, opt)) = rc_masks(cur, next) else { return false };
+    let Some((req, opt)) = rc_masks(cur, next) else {
+        return false;
+    };
     let mask = mask & !STATE;
     mask & req == req && mask & !(req | opt) == 0
 }
@@ -41,8 +63,9 @@ pub fn check(cur: QpState, next: QpState, mask: u32) -> bool {
 /// RNR NAK timer codes (IB spec table 45) in microseconds.
 pub fn rnr_timer_us(code: u8) -> u64 {
     const T: [u64; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120, 7680,
-        10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+        245_760, 327_680, 491_520,
     ];
     T[usize::from(code & 31)]
 }
@@ -50,7 +73,11 @@ pub fn rnr_timer_us(code: u8) -> u64 {
 /// Local ACK timeout: 4.096 us * 2^code; 0 means infinite, which we cap at one second so a dead
 /// peer still fails a QP.
 pub fn ack_timeout_us(code: u8) -> u64 {
-    if code == 0 { 1_000_000 } else { (4096u64 << u32::from(code.min(31))) / 1000 }
+    if code == 0 {
+        1_000_000
+    } else {
+        (4096u64 << u32::from(code.min(31))) / 1000
+    }
 }
 
 #[cfg(test)]
@@ -61,7 +88,11 @@ mod tests {
     fn reset_to_init_requires_pkey_port_access() {
         assert!(check(Reset, Init, STATE | PKEY_INDEX | PORT | ACCESS_FLAGS));
         assert!(!check(Reset, Init, STATE | PKEY_INDEX | PORT));
-        assert!(!check(Reset, Init, STATE | PKEY_INDEX | PORT | ACCESS_FLAGS | AV));
+        assert!(!check(
+            Reset,
+            Init,
+            STATE | PKEY_INDEX | PORT | ACCESS_FLAGS | AV
+        ));
     }
 
     #[test]
@@ -75,7 +106,11 @@ mod tests {
     #[test]
     fn illegal_transitions_are_refused() {
         assert!(!check(Reset, Rts, STATE));
-        assert!(!check(Init, Rts, STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC));
+        assert!(!check(
+            Init,
+            Rts,
+            STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC
+        ));
         assert!(check(Rts, Err, STATE));
         assert!(check(Err, Reset, STATE));
     }

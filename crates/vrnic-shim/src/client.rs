@@ -64,7 +64,10 @@ pub fn discover() -> Vec<Device> {
     match read_header(&dir) {
         Some(d) => vec![d],
         None => {
-            vlog!("no vRNIC at {} (run the program under `vrnic run`)", dir.display());
+            vlog!(
+                "no vRNIC at {} (run the program under `vrnic run`)",
+                dir.display()
+            );
             Vec::new()
         }
     }
@@ -79,11 +82,18 @@ fn read_header(dir: &Path) -> Option<Device> {
     }
     let at = |o: u64| o as usize;
     let name_raw = &h[at(hdr::NAME)..at(hdr::NAME) + hdr::NAME_LEN];
-    let end = name_raw.iter().position(|&b| b == 0).unwrap_or(name_raw.len());
+    let end = name_raw
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(name_raw.len());
     let name = String::from_utf8_lossy(&name_raw[..end]).into_owned();
     let mut g = [0u8; 8];
     g.copy_from_slice(&h[at(hdr::GUID)..at(hdr::GUID) + 8]);
-    Some(Device { dir: dir.to_path_buf(), name, guid: u64::from_le_bytes(g) })
+    Some(Device {
+        dir: dir.to_path_buf(),
+        name,
+        guid: u64::from_le_bytes(g),
+    })
 }
 
 /// A completion channel: an fd the app polls, and the CQs whose events are pending on it.
@@ -135,7 +145,10 @@ impl Conn {
     /// knows when this process dies), maps its region and asks for its attributes.
     pub fn open(dev: &Device) -> Result<Arc<Conn>, i32> {
         let mut stream = UnixStream::connect(dev.dir.join("sock")).map_err(|e| {
-            vlog!("cannot reach the vrnic daemon at {}: {e}", dev.dir.display());
+            vlog!(
+                "cannot reach the vrnic daemon at {}: {e}",
+                dev.dir.display()
+            );
             libc::ENODEV
         })?;
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
@@ -175,7 +188,10 @@ impl Conn {
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             watches: Mutex::new(HashMap::new()),
-            async_q: AsyncQueue { efd, queue: Mutex::new(VecDeque::new()) },
+            async_q: AsyncQueue {
+                efd,
+                queue: Mutex::new(VecDeque::new()),
+            },
             notifier: Mutex::new(None),
         };
         match conn.call(&Request::QueryDevice)? {
@@ -241,7 +257,10 @@ impl Conn {
     }
 
     fn daemon_alive(&self) -> bool {
-        self.region.atomic_u32(hdr::DAEMON_STATE).map(|w| w.load(Ordering::Acquire) == 1).unwrap_or(false)
+        self.region
+            .atomic_u32(hdr::DAEMON_STATE)
+            .map(|w| w.load(Ordering::Acquire) == 1)
+            .unwrap_or(false)
     }
 
     /// After publishing work: wakes the engine if it announced that it sleeps. The SeqCst
@@ -261,7 +280,14 @@ impl Conn {
     pub fn watch(&self, cq: usize, ring: Ring, channel: Arc<Channel>) {
         let seen = ring.notify(&self.region).load(Ordering::Acquire);
         if let Ok(mut w) = self.watches.lock() {
-            w.insert(cq, Watch { ring, seen, channel });
+            w.insert(
+                cq,
+                Watch {
+                    ring,
+                    seen,
+                    channel,
+                },
+            );
         }
     }
 
@@ -292,7 +318,9 @@ impl Conn {
             }
             self.async_q.efd.signal();
         }
-        let Ok(mut watches) = self.watches.lock() else { return };
+        let Ok(mut watches) = self.watches.lock() else {
+            return;
+        };
         for (&cq, w) in watches.iter_mut() {
             let now = w.ring.notify(&self.region).load(Ordering::Acquire);
             let n = now.wrapping_sub(w.seen).min(1024);
@@ -368,7 +396,9 @@ impl WorkQueue {
     /// Free slots (the daemon's retired index is the consumer).
     pub fn room(&self, region: &Region) -> u32 {
         let cons = self.ring.cons(region).load(Ordering::Acquire);
-        self.ring.depth().saturating_sub(self.prod.wrapping_sub(cons))
+        self.ring
+            .depth()
+            .saturating_sub(self.prod.wrapping_sub(cons))
     }
 
     /// Writes a send WQE into the next slot (not yet published).
@@ -426,7 +456,7 @@ impl CompQueue {
             self.empty = self.empty.wrapping_add(1);
             // On a machine with few cores, an app spinning on an empty CQ can starve the
             // engine that would fill it: give the CPU away now and then.
-            if self.empty % 64 == 0 {
+            if self.empty.is_multiple_of(64) {
                 sys::yield_cpu();
             }
         }
@@ -435,7 +465,9 @@ impl CompQueue {
 
     /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
     pub fn arm(&self, region: &Region, solicited_only: bool) {
-        self.ring.arm(region).store(if solicited_only { 2 } else { 1 }, Ordering::SeqCst);
+        self.ring
+            .arm(region)
+            .store(if solicited_only { 2 } else { 1 }, Ordering::SeqCst);
         // Pairs with the daemon's fence between publishing a CQE and reading the arm word: a
         // CQE the daemon wrote without seeing the arm is visible to the app's next poll.
         fence(Ordering::SeqCst);

@@ -21,8 +21,8 @@ use vrnic_api::{PageRun, Reply, Request};
 use vrnic_shm::Ring;
 use vrnic_shm::layout::PAGE;
 use vrnic_wire::{
-    AhAttr, CQ_SLOT, GlobalRoute, MAX_INLINE, MAX_SGE, QpAttr, QpCap, QpState, QpType, RQ_SLOT, RecvWqe, SQ_SLOT,
-    SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
+    AhAttr, CQ_SLOT, GlobalRoute, MAX_INLINE, MAX_SGE, QpAttr, QpCap, QpState, QpType, RQ_SLOT,
+    RecvWqe, SQ_SLOT, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
 };
 
 use crate::abi::*;
@@ -108,9 +108,10 @@ struct VQp {
     state: std::sync::atomic::AtomicU32,
 }
 
-
 fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
-    ctx.cast::<u8>().wrapping_sub(offset_of!(verbs_context, context)).cast()
+    ctx.cast::<u8>()
+        .wrapping_sub(offset_of!(verbs_context, context))
+        .cast()
 }
 
 /// The context behind `ctx`.
@@ -151,7 +152,11 @@ fn device_for(d: Device) -> *mut ibv_device {
     copy_name(&mut dev.dev_name, &format!("uverbs-{}", d.name));
     copy_name(&mut dev.dev_path, &d.dir.display().to_string());
     copy_name(&mut dev.ibdev_path, &d.dir.display().to_string());
-    let p = Box::into_raw(Box::new(VDevice { dev, verbs_device_pad: [0; 128], info: d }));
+    let p = Box::into_raw(Box::new(VDevice {
+        dev,
+        verbs_device_pad: [0; 128],
+        info: d,
+    }));
     list.push(p as usize);
     p.cast()
 }
@@ -177,8 +182,14 @@ pub extern "C" fn vrnic_ibv_free_device_list(list: *mut *mut ibv_device) {
             return;
         }
         let mut n = 0;
-        // SAFETY: list is an array we returned, NULL-terminated.
-        while !unsafe { *list.add(n) }.is_null() {
+        loop {
+            // SAFETY: list is an array we returned, NULL-terminated, so every index up to the
+            // terminator is in bounds.
+            let slot = unsafe { list.add(n) };
+            // SAFETY: slot is in bounds of the array.
+            if unsafe { slot.read() }.is_null() {
+                break;
+            }
             n += 1;
         }
         // SAFETY: it was a boxed slice of n + 1 pointers.
@@ -245,7 +256,12 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         ops.alloc_mw = Some(vrnic_alloc_mw);
         ops.dealloc_mw = Some(vrnic_dealloc_mw);
         ops.bind_mw = Some(vrnic_bind_mw);
-        let b = Box::new(VContext { vctx, conn, qps: Mutex::new(HashMap::new()), cqs: Mutex::new(HashMap::new()) });
+        let b = Box::new(VContext {
+            vctx,
+            conn,
+            qps: Mutex::new(HashMap::new()),
+            cqs: Mutex::new(HashMap::new()),
+        });
         let p = Box::into_raw(b);
         // SAFETY: p is a live VContext we just leaked; `context` is its embedded ibv_context.
         unsafe { &raw mut (*p).vctx.context }
@@ -299,13 +315,18 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+pub extern "C" fn vrnic_ibv_query_device(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
     guard(libc::EIO, || {
         if ctx.is_null() || attr.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: ctx is ours; attr points to a caller-owned ibv_device_attr.
-        unsafe { *attr = device_attr(&context(ctx).conn) };
+        // SAFETY: ctx is ours.
+        let a = device_attr(&unsafe { context(ctx) }.conn);
+        // SAFETY: attr points to a caller-owned ibv_device_attr.
+        unsafe { attr.write(a) };
         0
     })
 }
@@ -329,7 +350,9 @@ pub extern "C" fn vrnic_query_device_ex(
         ex.phys_port_cnt_ex = 1;
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; we write at most that many.
-        unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast::<u8>(), attr.cast::<u8>(), n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping((&raw const ex).cast::<u8>(), attr.cast::<u8>(), n)
+        };
         0
     })
 }
@@ -354,7 +377,12 @@ fn port_attr(conn: &Conn) -> ibv_port_attr {
     p
 }
 
-pub extern "C" fn vrnic_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: usize) -> c_int {
+pub extern "C" fn vrnic_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
     guard(libc::EIO, || {
         if ctx.is_null() || attr.is_null() {
             return libc::EINVAL;
@@ -374,24 +402,40 @@ pub extern "C" fn vrnic_query_port(ctx: *mut ibv_context, port: u8, attr: *mut i
 /// The exported `ibv_query_port` writes the 48-byte compat layout (rdma-core's
 /// `struct _compat_ibv_port_attr`).
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+pub extern "C" fn vrnic_ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
     vrnic_query_port(ctx, port, attr, 48)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub extern "C" fn vrnic_ibv_query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
     guard(-1, || {
         if ctx.is_null() || gid.is_null() || port != 1 || index != 0 {
             return minus_one(libc::EINVAL);
         }
-        // SAFETY: ctx is ours; gid is a caller-owned 16-byte union.
-        unsafe { (*gid).raw = context(ctx).conn.info.gid };
+        // SAFETY: ctx is ours.
+        let raw = unsafe { context(ctx) }.conn.info.gid;
+        // SAFETY: gid is a caller-owned 16-byte union; any 16 bytes are a valid value.
+        unsafe { gid.write(ibv_gid { raw }) };
         0
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub extern "C" fn vrnic_ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     guard(-1, || {
         if ctx.is_null() || pkey.is_null() || port != 1 || index != 0 {
             return minus_one(libc::EINVAL);
@@ -407,12 +451,21 @@ pub extern "C" fn vrnic_ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey
     if ctx.is_null() || port != 1 {
         return minus_one(libc::EINVAL);
     }
-    if pkey == 0xffffu16.to_be() { 0 } else { minus_one(libc::ENOENT) }
+    if pkey == 0xffffu16.to_be() {
+        0
+    } else {
+        minus_one(libc::ENOENT)
+    }
 }
 
 /// `ibv_query_gid_type` (private ABI, used by `ibv_devinfo`): GID 0 is an InfiniBand GID.
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: c_uint, ty: *mut c_uint) -> c_int {
+pub extern "C" fn vrnic_ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut c_uint,
+) -> c_int {
     if ctx.is_null() || ty.is_null() || port != 1 || index != 0 {
         return minus_one(libc::EINVAL);
     }
@@ -442,14 +495,20 @@ pub extern "C" fn vrnic__ibv_query_gid_ex(
     entry_size: usize,
 ) -> c_int {
     guard(libc::EIO, || {
-        if ctx.is_null() || entry.is_null() || port != 1 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+        if ctx.is_null()
+            || entry.is_null()
+            || port != 1
+            || entry_size < std::mem::size_of::<ibv_gid_entry>()
+        {
             return libc::EINVAL;
         }
         if index != 0 {
             return libc::ENODATA;
         }
-        // SAFETY: ctx is ours; entry holds at least one ibv_gid_entry.
-        unsafe { *entry = gid_entry(&context(ctx).conn) };
+        // SAFETY: ctx is ours.
+        let e = gid_entry(&unsafe { context(ctx) }.conn);
+        // SAFETY: entry holds at least one ibv_gid_entry (entry_size checked).
+        unsafe { entry.write(e) };
         0
     })
 }
@@ -469,8 +528,10 @@ pub extern "C" fn vrnic__ibv_query_gid_table(
         if max == 0 {
             return -(libc::EINVAL as isize);
         }
-        // SAFETY: ctx is ours; entries has room for `max` >= 1 entries of entry_size bytes.
-        unsafe { *entries = gid_entry(&context(ctx).conn) };
+        // SAFETY: ctx is ours.
+        let e = gid_entry(&unsafe { context(ctx) }.conn);
+        // SAFETY: entries has room for `max` >= 1 entries of entry_size bytes.
+        unsafe { entries.write(e) };
         1
     })
 }
@@ -487,7 +548,10 @@ pub extern "C" fn vrnic_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         let c = unsafe { context(ctx) };
         match c.conn.call(&Request::AllocPd) {
             Ok(Reply::Handle(h)) => {
-                let pd = ibv_pd { context: ctx, handle: h };
+                let pd = ibv_pd {
+                    context: ctx,
+                    handle: h,
+                };
                 Box::into_raw(Box::new(VPd { pd })).cast()
             }
             Ok(_) => null_err(libc::EPROTO),
@@ -503,9 +567,13 @@ pub extern "C" fn vrnic_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: pd is ours and live.
-        let (ctx, h) = unsafe { ((*pd).context, (*pd).handle) };
+        let pdr = unsafe { &*pd };
+        let (ctx, h) = (pdr.context, pdr.handle);
         // SAFETY: the PD's context outlives it.
-        match unsafe { context(ctx) }.conn.call(&Request::DeallocPd { pd: h }) {
+        match unsafe { context(ctx) }
+            .conn
+            .call(&Request::DeallocPd { pd: h })
+        {
             Ok(_) => {
                 // SAFETY: pd was boxed by alloc_pd; the app gives it up now.
                 drop(unsafe { Box::from_raw(pd.cast::<VPd>()) });
@@ -516,7 +584,13 @@ pub extern "C" fn vrnic_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
-fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
+fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
     guard(null_err(libc::EIO), || {
         if pd.is_null() || (addr.is_null() && len > 0) {
             return null_err(libc::EINVAL);
@@ -536,12 +610,24 @@ fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_u
             return null_err(libc::EFAULT);
         }
         // SAFETY: pd is ours and live.
-        let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+        let pdr = unsafe { &*pd };
+        let (ctx, pdh) = (pdr.context, pdr.handle);
         // SAFETY: the PD's context outlives it.
         let conn = &unsafe { context(ctx) }.conn;
-        let req = Request::RegMr { pd: pdh, addr: addr as u64, len: len as u64, iova, access };
+        let req = Request::RegMr {
+            pd: pdh,
+            addr: addr as u64,
+            len: len as u64,
+            iova,
+            access,
+        };
         let (mr, lkey, rkey, runs) = match conn.call(&req) {
-            Ok(Reply::Mr { mr, lkey, rkey, runs }) => (mr, lkey, rkey, runs),
+            Ok(Reply::Mr {
+                mr,
+                lkey,
+                rkey,
+                runs,
+            }) => (mr, lkey, rkey, runs),
             Ok(_) => return null_err(libc::EPROTO),
             Err(e) => return null_err(e),
         };
@@ -560,13 +646,26 @@ fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_u
                 return null_err(libc::EFAULT);
             }
         }
-        let m = ibv_mr { context: ctx, pd, addr, length: len, handle: mr, lkey, rkey };
+        let m = ibv_mr {
+            context: ctx,
+            pd,
+            addr,
+            length: len,
+            handle: mr,
+            lkey,
+            rkey,
+        };
         Box::into_raw(Box::new(VMr { mr: m })).cast()
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub extern "C" fn vrnic_ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     reg_mr(pd, addr, len, addr as u64, access as c_uint)
 }
 
@@ -599,7 +698,8 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: mr is ours and live.
-        let (ctx, h) = unsafe { ((*mr).context, (*mr).handle) };
+        let mrr = unsafe { &*mr };
+        let (ctx, h) = (mrr.context, mrr.handle);
         // SAFETY: the MR's context outlives it.
         let conn = &unsafe { context(ctx) }.conn;
         let runs: Vec<PageRun> = match conn.call(&Request::DeregMr { mr: h }) {
@@ -614,7 +714,9 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             // SAFETY: these pages are the app's registered buffer that we mapped over.
             match unsafe { vrnic_shm::remap_private(r.va as usize, bytes as usize) } {
                 Ok(()) => released.push(r),
-                Err(e) => vlog!("detaching deregistered memory failed: {e}; its pages stay reserved"),
+                Err(e) => {
+                    vlog!("detaching deregistered memory failed: {e}; its pages stay reserved")
+                }
             }
         }
         if !released.is_empty() {
@@ -638,8 +740,15 @@ pub extern "C" fn vrnic_ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut i
             Ok(e) => e,
             Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
         };
-        let chan = Arc::new(Channel { efd, queue: Mutex::new(Default::default()) });
-        let ch = ibv_comp_channel { context: ctx, fd: chan.efd.fd(), refcnt: 0 };
+        let chan = Arc::new(Channel {
+            efd,
+            queue: Mutex::new(Default::default()),
+        });
+        let ch = ibv_comp_channel {
+            context: ctx,
+            fd: chan.efd.fd(),
+            refcnt: 0,
+        };
         Box::into_raw(Box::new(VChannel { ch, chan })).cast()
     })
 }
@@ -684,7 +793,8 @@ pub extern "C" fn vrnic_ibv_create_cq(
             return null_err(libc::EPROTO);
         };
         // SAFETY: channel is NULL or one of ours.
-        let chan = (!channel.is_null()).then(|| unsafe { (*channel.cast::<VChannel>()).chan.clone() });
+        let chan =
+            (!channel.is_null()).then(|| unsafe { (*channel.cast::<VChannel>()).chan.clone() });
         if !channel.is_null() {
             // SAFETY: channel is live; refcnt is only touched under the verbs calls.
             unsafe { (*channel).refcnt += 1 };
@@ -699,7 +809,11 @@ pub extern "C" fn vrnic_ibv_create_cq(
         cq.cqe = depth as c_int;
         let v = Box::new(VCq {
             cq,
-            q: Mutex::new(CompQueue { ring, cons: 0, empty: 0 }),
+            q: Mutex::new(CompQueue {
+                ring,
+                cons: 0,
+                empty: 0,
+            }),
             channel: chan.clone(),
             delivered: std::sync::atomic::AtomicU32::new(0),
         });
@@ -721,7 +835,8 @@ pub extern "C" fn vrnic_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: cq is ours and live.
-        let (ctx, h, channel) = unsafe { ((*cq).context, (*cq).handle, (*cq).channel) };
+        let cqr = unsafe { &*cq };
+        let (ctx, h, channel) = (cqr.context, cqr.handle, cqr.channel);
         // SAFETY: the CQ's context outlives it.
         let c = unsafe { context(ctx) };
         if let Err(e) = c.conn.call(&Request::DestroyCq { cq: h }) {
@@ -771,8 +886,10 @@ pub extern "C" fn vrnic_ibv_get_cq_event(
         }
         // SAFETY: out-pointers are valid per the API; cq is live.
         unsafe { *cq_out = cq.cast() };
-        // SAFETY: as above.
-        unsafe { *ctx_out = (*cq).cq.cq_context };
+        // SAFETY: cq is live (see above).
+        let user = unsafe { &*cq }.cq.cq_context;
+        // SAFETY: the out-pointer is valid per the API.
+        unsafe { ctx_out.write(user) };
         0
     })
 }
@@ -785,7 +902,8 @@ pub extern "C" fn vrnic_ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
         }
         // SAFETY: cq is ours; comp_events_completed is read by the app only under its mutex
         // in rdma-core, and single-threaded apps ack from one thread.
-        unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+        let c = unsafe { &mut *cq };
+        c.comp_events_completed = c.comp_events_completed.wrapping_add(n);
     })
 }
 
@@ -832,7 +950,9 @@ pub extern "C" fn vrnic_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c
                 dlid_path_bits: 0,
             };
             // SAFETY: the app's array holds n entries and i < n.
-            unsafe { wc.add(i).write(w) };
+            let slot = unsafe { wc.add(i) };
+            // SAFETY: as above: slot is in the app's array.
+            unsafe { slot.write(w) };
         }) as c_int
     })
 }
@@ -866,13 +986,33 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
             max_recv_sge: ia.cap.max_recv_sge,
             max_inline_data: ia.cap.max_inline_data,
         };
-        // SAFETY: pd and the CQs are ours and live.
-        let (ctx, pdh, scq, rcq) = unsafe { ((*pd).context, (*pd).handle, (*ia.send_cq).handle, (*ia.recv_cq).handle) };
+        // SAFETY: pd is ours and live.
+        let pdr = unsafe { &*pd };
+        // SAFETY: the CQs named in the app's init attributes are ours and live.
+        let scq = unsafe { &*ia.send_cq }.handle;
+        // SAFETY: as above.
+        let rcq = unsafe { &*ia.recv_cq }.handle;
+        let (ctx, pdh) = (pdr.context, pdr.handle);
         // SAFETY: the PD's context outlives it.
         let c = unsafe { context(ctx) };
-        let req = Request::CreateQp { pd: pdh, send_cq: scq, recv_cq: rcq, qp_type, cap, sq_sig_all: ia.sq_sig_all != 0 };
+        let req = Request::CreateQp {
+            pd: pdh,
+            send_cq: scq,
+            recv_cq: rcq,
+            qp_type,
+            cap,
+            sq_sig_all: ia.sq_sig_all != 0,
+        };
         let (h, qpn, sq, sq_depth, rq, rq_depth, cap) = match c.conn.call(&req) {
-            Ok(Reply::Qp { qp, qpn, sq, sq_depth, rq, rq_depth, cap }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap),
+            Ok(Reply::Qp {
+                qp,
+                qpn,
+                sq,
+                sq_depth,
+                rq,
+                rq_depth,
+                cap,
+            }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap),
             Ok(_) => return null_err(libc::EPROTO),
             Err(e) => return null_err(e),
         };
@@ -918,8 +1058,8 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
 
 fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
-        // SAFETY: reading the raw bytes of a 16-byte union is always valid.
         grh: GlobalRoute {
+            // SAFETY: reading the raw bytes of a 16-byte union is always valid.
             dgid: unsafe { a.grh.dgid.raw },
             flow_label: a.grh.flow_label,
             sgid_index: a.grh.sgid_index,
@@ -966,7 +1106,7 @@ fn attr_from_c(a: &ibv_qp_attr) -> Option<QpAttr> {
         rq_psn: a.rq_psn,
         sq_psn: a.sq_psn,
         dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags as u32,
+        qp_access_flags: a.qp_access_flags,
         cap: QpCap {
             max_send_wr: a.cap.max_send_wr,
             max_recv_wr: a.cap.max_recv_wr,
@@ -1028,13 +1168,19 @@ fn attr_to_c(a: &QpAttr) -> ibv_qp_attr {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub extern "C" fn vrnic_ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     guard(libc::EIO, || {
         if qp.is_null() || attr.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: qp is ours and live; attr is caller-owned.
-        let (v, a) = unsafe { (&*qp.cast::<VQp>(), &*attr) };
+        // SAFETY: qp is ours and live.
+        let v = unsafe { &*qp.cast::<VQp>() };
+        // SAFETY: attr is caller-owned.
+        let a = unsafe { &*attr };
         let mask = mask as u32;
         let mut qa = match attr_from_c(a) {
             Some(q) => q,
@@ -1053,7 +1199,11 @@ pub extern "C" fn vrnic_ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         }
         // SAFETY: the QP's context outlives it.
         let conn = &unsafe { context(v.qp.context) }.conn;
-        match conn.call(&Request::ModifyQp { qp: v.qp.handle, mask, attr: Box::new(qa) }) {
+        match conn.call(&Request::ModifyQp {
+            qp: v.qp.handle,
+            mask,
+            attr: Box::new(qa),
+        }) {
             Ok(_) => {
                 if mask & vrnic_wire::qp_attr::STATE != 0 {
                     v.state.store(a.qp_state, Ordering::Release);
@@ -1129,7 +1279,8 @@ pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: qp is ours and live.
-        let (ctx, h) = unsafe { ((*qp).context, (*qp).handle) };
+        let qpr = unsafe { &*qp };
+        let (ctx, h) = (qpr.context, qpr.handle);
         // SAFETY: the QP's context outlives it.
         let c = unsafe { context(ctx) };
         if let Err(e) = c.conn.call(&Request::DestroyQp { qp: h }) {
@@ -1148,13 +1299,23 @@ fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
     (0..n.max(0) as usize)
         .map(|i| {
             // SAFETY: the app's list holds num_sge entries (checked against the limit first).
-            let s = unsafe { &*list.add(i) };
-            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
+            let p = unsafe { list.add(i) };
+            // SAFETY: p is one of the app's num_sge entries.
+            let s = unsafe { p.read() };
+            Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            }
         })
         .collect()
 }
 
-pub extern "C" fn vrnic_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+pub extern "C" fn vrnic_post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     guard(libc::EIO, || {
         let fail = |w: *mut ibv_send_wr, e: c_int| {
             if !bad.is_null() {
@@ -1169,12 +1330,18 @@ pub extern "C" fn vrnic_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *m
         // SAFETY: qp is ours and live.
         let v = unsafe { &*qp.cast::<VQp>() };
         let state = v.state.load(Ordering::Acquire);
-        if state != IBV_QPS_RTS && state != IBV_QPS_SQD && state != IBV_QPS_ERR && state != IBV_QPS_SQE {
+        if state != IBV_QPS_RTS
+            && state != IBV_QPS_SQD
+            && state != IBV_QPS_ERR
+            && state != IBV_QPS_SQE
+        {
             return fail(wr, libc::EINVAL);
         }
         // SAFETY: the QP's context outlives it.
         let conn = &unsafe { context(v.qp.context) }.conn;
-        let Ok(mut sq) = v.sq.lock() else { return fail(wr, libc::EIO) };
+        let Ok(mut sq) = v.sq.lock() else {
+            return fail(wr, libc::EIO);
+        };
         let mut cur = wr;
         let mut posted = false;
         let mut rc = 0;
@@ -1212,7 +1379,9 @@ pub extern "C" fn vrnic_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *m
                     if s.length > 0 {
                         // SAFETY: inline data is read from the app's buffer at post time,
                         // as a device's driver does; the app vouches it is readable.
-                        data.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
+                        data.extend_from_slice(unsafe {
+                            std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
+                        });
                     }
                 }
                 SendPayload::Inline(data)
@@ -1244,7 +1413,11 @@ pub extern "C" fn vrnic_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *m
     })
 }
 
-pub extern "C" fn vrnic_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub extern "C" fn vrnic_post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     guard(libc::EIO, || {
         let fail = |w: *mut ibv_recv_wr, e: c_int| {
             if !bad.is_null() {
@@ -1263,7 +1436,9 @@ pub extern "C" fn vrnic_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *m
         }
         // SAFETY: the QP's context outlives it.
         let conn = &unsafe { context(v.qp.context) }.conn;
-        let Ok(mut rq) = v.rq.lock() else { return fail(wr, libc::EIO) };
+        let Ok(mut rq) = v.rq.lock() else {
+            return fail(wr, libc::EIO);
+        };
         let mut cur = wr;
         let mut posted = false;
         let mut rc = 0;
@@ -1278,7 +1453,13 @@ pub extern "C" fn vrnic_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *m
                 rc = libc::ENOMEM;
                 break;
             }
-            rq.push_recv(&conn.region, &RecvWqe { wr_id: w.wr_id, sges: sges(w.sg_list, w.num_sge) });
+            rq.push_recv(
+                &conn.region,
+                &RecvWqe {
+                    wr_id: w.wr_id,
+                    sges: sges(w.sg_list, w.num_sge),
+                },
+            );
             posted = true;
             cur = w.next;
         }
@@ -1291,7 +1472,11 @@ pub extern "C" fn vrnic_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *m
     })
 }
 
-pub extern "C" fn vrnic_post_srq_recv(_srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub extern "C" fn vrnic_post_srq_recv(
+    _srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     if !bad.is_null() {
         // SAFETY: bad is the app's out-pointer.
         unsafe { *bad = wr };
@@ -1307,14 +1492,21 @@ pub extern "C" fn vrnic_dealloc_mw(_mw: *mut ibv_mw) -> c_int {
     libc::EOPNOTSUPP
 }
 
-pub extern "C" fn vrnic_bind_mw(_qp: *mut ibv_qp, _mw: *mut ibv_mw, _bind: *mut ibv_mw_bind) -> c_int {
+pub extern "C" fn vrnic_bind_mw(
+    _qp: *mut ibv_qp,
+    _mw: *mut ibv_mw,
+    _bind: *mut ibv_mw_bind,
+) -> c_int {
     libc::EOPNOTSUPP
 }
 
 // ---- async events ----------------------------------------------------------------------------
 
 #[unsafe(no_mangle)]
-pub extern "C" fn vrnic_ibv_get_async_event(ctx: *mut ibv_context, ev: *mut ibv_async_event) -> c_int {
+pub extern "C" fn vrnic_ibv_get_async_event(
+    ctx: *mut ibv_context,
+    ev: *mut ibv_async_event,
+) -> c_int {
     guard(-1, || {
         if ctx.is_null() || ev.is_null() {
             return minus_one(libc::EINVAL);
@@ -1324,7 +1516,14 @@ pub extern "C" fn vrnic_ibv_get_async_event(ctx: *mut ibv_context, ev: *mut ibv_
         if let Err(e) = c.conn.async_q.efd.wait() {
             return minus_one(e);
         }
-        let Some((kind, handle)) = c.conn.async_q.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+        let Some((kind, handle)) = c
+            .conn
+            .async_q
+            .queue
+            .lock()
+            .ok()
+            .and_then(|mut q| q.pop_front())
+        else {
             return minus_one(libc::EAGAIN);
         };
         // SAFETY: plain C data; zero is valid.
@@ -1332,11 +1531,21 @@ pub extern "C" fn vrnic_ibv_get_async_event(ctx: *mut ibv_context, ev: *mut ibv_
         out.event_type = kind;
         match kind {
             vrnic_api::event::QP_FATAL => {
-                let p = c.qps.lock().ok().and_then(|m| m.get(&handle).copied()).unwrap_or(0);
+                let p = c
+                    .qps
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&handle).copied())
+                    .unwrap_or(0);
                 out.element.qp = p as *mut ibv_qp;
             }
             vrnic_api::event::CQ_ERR => {
-                let p = c.cqs.lock().ok().and_then(|m| m.get(&handle).copied()).unwrap_or(0);
+                let p = c
+                    .cqs
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&handle).copied())
+                    .unwrap_or(0);
                 out.element.cq = p as *mut ibv_cq;
             }
             _ => out.element.port_num = 1,
@@ -1421,9 +1630,12 @@ fn send_wr_remote(w: &ibv_send_wr, op: SendOpcode) -> (u64, u32, u64, u64) {
             let a = w.wr.atomic;
             (a.remote_addr, a.rkey, a.compare_add, a.swap)
         },
-        // SAFETY: for RDMA operations the app filled `rdma`; for sends the bytes are unused
-        // and any bit pattern of two integers is valid.
-        _ => unsafe { (w.wr.rdma.remote_addr, w.wr.rdma.rkey, 0, 0) },
+        _ => {
+            // SAFETY: for RDMA operations the app filled `rdma`; for sends the bytes are unused
+            // and any bit pattern of two integers is valid.
+            let r = unsafe { w.wr.rdma };
+            (r.remote_addr, r.rkey, 0, 0)
+        }
     }
 }
 

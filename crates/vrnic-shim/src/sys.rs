@@ -59,24 +59,35 @@ impl Drop for EventFd {
 
 /// The calling thread's errno.
 pub fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Sets the calling thread's errno.
 pub fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot, always valid.
-    unsafe { *libc::__errno_location() = e };
+    // SAFETY: __errno_location has no preconditions.
+    let slot = unsafe { libc::__errno_location() };
+    // SAFETY: it returns this thread's errno slot, always valid and aligned.
+    unsafe { slot.write(e) };
 }
 
 /// Waits until `fd` is readable or hung up, for at most `timeout_ms`. Returns `(readable, hup)`.
 pub fn poll_in(fd: RawFd, timeout_ms: i32) -> (bool, bool) {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
     if r <= 0 {
         return (false, false);
     }
-    (p.revents & libc::POLLIN != 0, p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0)
+    (
+        p.revents & libc::POLLIN != 0,
+        p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+    )
 }
 
 /// Whether every page of `addr..addr+len` is mapped in this process (`mincore` fails with
@@ -85,7 +96,9 @@ pub fn poll_in(fd: RawFd, timeout_ms: i32) -> (bool, bool) {
 pub fn range_mapped(addr: usize, len: usize) -> bool {
     let page = 4096usize;
     let start = addr / page * page;
-    let Some(end) = addr.checked_add(len).map(|e| e.next_multiple_of(page)) else { return false };
+    let Some(end) = addr.checked_add(len).map(|e| e.next_multiple_of(page)) else {
+        return false;
+    };
     let pages = (end - start) / page;
     let mut vec = vec![0u8; pages.min(1 << 20)];
     let mut at = start;

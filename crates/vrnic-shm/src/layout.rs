@@ -57,7 +57,8 @@ pub const CTRL_SLOTS: u32 = 64;
 /// Size of one control mailbox.
 pub const CTRL_SLOT_SIZE: u32 = 128 << 10;
 /// Offset of the heap: after the mailboxes, rounded to 2 MiB.
-pub const HEAP_OFF: u64 = (CTRL_OFF + CTRL_SLOTS as u64 * CTRL_SLOT_SIZE as u64).next_multiple_of(2 << 20);
+pub const HEAP_OFF: u64 =
+    (CTRL_OFF + CTRL_SLOTS as u64 * CTRL_SLOT_SIZE as u64).next_multiple_of(2 << 20);
 
 /// Mailbox field offsets (from the mailbox start).
 pub mod mbox {

@@ -20,9 +20,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod map;
 pub mod layout;
 mod mailbox;
+mod map;
 mod ring;
 
 pub use mailbox::{Mailbox, MailboxState, WaitError};

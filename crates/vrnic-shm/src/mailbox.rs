@@ -69,7 +69,9 @@ impl Mailbox {
 
     fn state<'r>(&self, region: &'r Region) -> &'r std::sync::atomic::AtomicU32 {
         // Invariant: `new` bounds the index; every region has all mailboxes (MIN_REGION_SIZE).
-        region.atomic_u32(self.off(mbox::STATE)).expect("mailbox inside the region")
+        region
+            .atomic_u32(self.off(mbox::STATE))
+            .expect("mailbox inside the region")
     }
 
     /// Reads the state word (garbage reads as `None`).
@@ -87,8 +89,14 @@ impl Mailbox {
     /// Daemon: sets the state (claim as `Idle`, release as `Free`) and clears the event ring.
     pub fn reset(&self, region: &Region, state: MailboxState) {
         // Invariant: as in `state`.
-        region.atomic_u32(self.off(mbox::EV_PROD)).expect("mailbox").store(0, Ordering::Release);
-        region.atomic_u32(self.off(mbox::EV_CONS)).expect("mailbox").store(0, Ordering::Release);
+        region
+            .atomic_u32(self.off(mbox::EV_PROD))
+            .expect("mailbox")
+            .store(0, Ordering::Release);
+        region
+            .atomic_u32(self.off(mbox::EV_CONS))
+            .expect("mailbox")
+            .store(0, Ordering::Release);
         self.state(region).store(state as u32, Ordering::Release);
     }
 
@@ -108,9 +116,15 @@ impl Mailbox {
             return Err(WaitError::TooLarge(request.len()));
         }
         let bounds = |_: RegionError| WaitError::Malformed;
-        region.write_bytes(self.off(mbox::PAYLOAD), request).map_err(bounds)?;
-        region.write_bytes(self.off(mbox::LEN), &(request.len() as u32).to_le_bytes()).map_err(bounds)?;
-        region.write_bytes(self.off(mbox::SEQ), &seq.to_le_bytes()).map_err(bounds)?;
+        region
+            .write_bytes(self.off(mbox::PAYLOAD), request)
+            .map_err(bounds)?;
+        region
+            .write_bytes(self.off(mbox::LEN), &(request.len() as u32).to_le_bytes())
+            .map_err(bounds)?;
+        region
+            .write_bytes(self.off(mbox::SEQ), &seq.to_le_bytes())
+            .map_err(bounds)?;
         let state = self.state(region);
         state.store(MailboxState::Request as u32, Ordering::Release);
         doorbell();
@@ -141,7 +155,9 @@ impl Mailbox {
             return Err(WaitError::Malformed);
         }
         let mut out = vec![0u8; len];
-        region.read_bytes(self.off(mbox::PAYLOAD), &mut out).map_err(bounds)?;
+        region
+            .read_bytes(self.off(mbox::PAYLOAD), &mut out)
+            .map_err(bounds)?;
         state.store(MailboxState::Idle as u32, Ordering::Release);
         Ok(out)
     }
@@ -152,7 +168,12 @@ impl Mailbox {
     pub fn take(&self, region: &Region) -> Option<(u32, Result<Vec<u8>, usize>)> {
         let state = self.state(region);
         state
-            .compare_exchange(MailboxState::Request as u32, MailboxState::Busy as u32, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                MailboxState::Request as u32,
+                MailboxState::Busy as u32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .ok()?;
         let seq = region.read_u32(self.off(mbox::SEQ)).ok()?;
         let len = region.read_u32(self.off(mbox::LEN)).ok()? as usize;
@@ -179,7 +200,9 @@ impl Mailbox {
     /// Daemon: appends an async event record if the ring has room (`prod` is the daemon's
     /// private producer index, advanced on success). Returns whether it was queued.
     pub fn push_event(&self, region: &Region, prod: &mut u32, kind: u32, handle: u32) -> bool {
-        let Ok(cons) = region.atomic_u32(self.off(mbox::EV_CONS)) else { return false };
+        let Ok(cons) = region.atomic_u32(self.off(mbox::EV_CONS)) else {
+            return false;
+        };
         let cons = cons.load(Ordering::Acquire);
         if prod.wrapping_sub(cons) >= mbox::EV_SLOTS {
             return false;
@@ -200,7 +223,10 @@ impl Mailbox {
 
     /// Driver: takes the next async event `(kind, handle)`, if any.
     pub fn pop_event(&self, region: &Region) -> Option<(u32, u32)> {
-        let prod = region.atomic_u32(self.off(mbox::EV_PROD)).ok()?.load(Ordering::Acquire);
+        let prod = region
+            .atomic_u32(self.off(mbox::EV_PROD))
+            .ok()?
+            .load(Ordering::Acquire);
         let cons_w = region.atomic_u32(self.off(mbox::EV_CONS)).ok()?;
         let cons = cons_w.load(Ordering::Acquire);
         if prod == cons || prod.wrapping_sub(cons) > mbox::EV_SLOTS {
@@ -240,7 +266,16 @@ mod tests {
                 std::thread::yield_now();
             }
         });
-        let resp = mb.call(&r, 9, b"abc", &mut || {}, &mut || true, Duration::from_secs(10)).unwrap();
+        let resp = mb
+            .call(
+                &r,
+                9,
+                b"abc",
+                &mut || {},
+                &mut || true,
+                Duration::from_secs(10),
+            )
+            .unwrap();
         assert_eq!(resp, b"cba");
         server.join().unwrap();
         let mut prod = 0;
@@ -256,7 +291,14 @@ mod tests {
         let _ = std::fs::remove_file(&p);
         let r = Region::create(&p, 0, "m", 1, [0; 16], 1).unwrap();
         let mb = Mailbox::new(0).unwrap();
-        let e = mb.call(&r, 1, b"x", &mut || {}, &mut || false, Duration::from_secs(10));
+        let e = mb.call(
+            &r,
+            1,
+            b"x",
+            &mut || {},
+            &mut || false,
+            Duration::from_secs(10),
+        );
         assert_eq!(e, Err(WaitError::DaemonGone));
         std::fs::remove_file(p).unwrap();
     }

@@ -56,7 +56,11 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RegionError + 'a {
-    move |source| RegionError::Io { op, path: path.display().to_string(), source }
+    move |source| RegionError::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 fn last_os(op: &'static str, path: &Path) -> RegionError {
@@ -66,7 +70,14 @@ fn last_os(op: &'static str, path: &Path) -> RegionError {
 impl Region {
     /// Creates a new region file of `size` bytes (sparse) and writes its header. Fails if the
     /// file exists.
-    pub fn create(path: &Path, size: u64, name: &str, lid: u16, gid: [u8; 16], guid: u64) -> Result<Region, RegionError> {
+    pub fn create(
+        path: &Path,
+        size: u64,
+        name: &str,
+        lid: u16,
+        gid: [u8; 16],
+        guid: u64,
+    ) -> Result<Region, RegionError> {
         use std::os::unix::fs::OpenOptionsExt;
         let size = size.max(layout::MIN_REGION_SIZE).next_multiple_of(2 << 20);
         let file = std::fs::OpenOptions::new()
@@ -94,7 +105,9 @@ impl Region {
         region.write_bytes(hdr::GUID, &guid.to_le_bytes())?;
         region.write_bytes(hdr::NAME, &name_bytes)?;
         region.write_bytes(hdr::DAEMON_PID, &std::process::id().to_le_bytes())?;
-        region.atomic_u32(hdr::DAEMON_STATE)?.store(1, std::sync::atomic::Ordering::Release);
+        region
+            .atomic_u32(hdr::DAEMON_STATE)?
+            .store(1, std::sync::atomic::Ordering::Release);
         // The magic goes last: a reader that sees it sees a complete header.
         region.write_bytes(hdr::MAGIC, &layout::MAGIC)?;
         Ok(region)
@@ -140,7 +153,11 @@ impl Region {
         if base == libc::MAP_FAILED {
             return Err(last_os("mmap", path));
         }
-        Ok(Region { base: base.cast(), size, file })
+        Ok(Region {
+            base: base.cast(),
+            size,
+            file,
+        })
     }
 
     /// The region's size in bytes.
@@ -161,7 +178,11 @@ impl Region {
     fn check(&self, off: u64, len: u64) -> Result<*mut u8, RegionError> {
         match off.checked_add(len) {
             Some(end) if end <= self.size => Ok(self.base.wrapping_add(off as usize)),
-            _ => Err(RegionError::Bounds { off, len, size: self.size }),
+            _ => Err(RegionError::Bounds {
+                off,
+                len,
+                size: self.size,
+            }),
         }
     }
 
@@ -199,8 +220,12 @@ impl Region {
     /// An atomic word in the region. `off` must be 4-byte aligned.
     pub fn atomic_u32(&self, off: u64) -> Result<&AtomicU32, RegionError> {
         let p = self.check(off, 4)?;
-        if off % 4 != 0 {
-            return Err(RegionError::Bounds { off, len: 4, size: self.size });
+        if !off.is_multiple_of(4) {
+            return Err(RegionError::Bounds {
+                off,
+                len: 4,
+                size: self.size,
+            });
         }
         // SAFETY: p is in bounds and 4-byte aligned (the mapping is page aligned); AtomicU32 has
         // no invalid bit patterns and tolerates concurrent writers, and the mapping outlives the
@@ -210,7 +235,13 @@ impl Region {
 
     /// Copies `len` bytes from `src_off` in `src` to `dst_off` in `dst` (memmove: the two ranges
     /// may overlap when `src` and `dst` are the same region).
-    pub fn copy(src: &Region, src_off: u64, dst: &Region, dst_off: u64, len: u64) -> Result<(), RegionError> {
+    pub fn copy(
+        src: &Region,
+        src_off: u64,
+        dst: &Region,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<(), RegionError> {
         let s = src.check(src_off, len)?;
         let d = dst.check(dst_off, len)?;
         // SAFETY: both ranges lie inside live mappings (checked); ptr::copy allows overlap.
@@ -261,7 +292,11 @@ impl Region {
             )
         };
         if r != 0 {
-            return Err(RegionError::Io { op: "punch", path: "region".into(), source: std::io::Error::last_os_error() });
+            return Err(RegionError::Io {
+                op: "punch",
+                path: "region".into(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         Ok(())
     }
@@ -291,7 +326,13 @@ pub unsafe fn remap_private(addr: usize, len: usize) -> std::io::Result<()> {
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, tmp.cast::<u8>(), len) };
     // SAFETY: moves our private mapping over the caller's range, which the caller vouches for.
     let moved = unsafe {
-        libc::mremap(tmp, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, addr as *mut libc::c_void)
+        libc::mremap(
+            tmp,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            addr as *mut libc::c_void,
+        )
     };
     if moved == libc::MAP_FAILED {
         let e = std::io::Error::last_os_error();
@@ -317,7 +358,13 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
     // SAFETY: FUTEX_WAIT (shared) on a valid aligned word with a valid timespec; returns at once
     // if the word no longer holds `expected`.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec)
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
     };
 }
 
@@ -377,7 +424,10 @@ mod tests {
         r.write_bytes(off + 5, b"world").unwrap();
         // SAFETY: as above.
         let after = unsafe { std::slice::from_raw_parts((addr + 5) as *const u8, 5) }.to_vec();
-        assert_eq!(after, b"hello", "after remap_private the app keeps its bytes, detached");
+        assert_eq!(
+            after, b"hello",
+            "after remap_private the app keeps its bytes, detached"
+        );
         drop(buf);
         std::fs::remove_file(p).unwrap();
     }

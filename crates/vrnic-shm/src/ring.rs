@@ -23,8 +23,15 @@ impl Ring {
     /// Describes a ring. Fails if it does not fit the region or `depth` is not a power of two.
     pub fn new(region: &Region, off: u64, depth: u32, slot: usize) -> Result<Ring, RegionError> {
         let bytes = layout::ring_bytes(depth, slot);
-        if !depth.is_power_of_two() || off % layout::PAGE != 0 || off.checked_add(bytes).is_none_or(|e| e > region.size()) {
-            return Err(RegionError::Bounds { off, len: bytes, size: region.size() });
+        if !depth.is_power_of_two()
+            || !off.is_multiple_of(layout::PAGE)
+            || off.checked_add(bytes).is_none_or(|e| e > region.size())
+        {
+            return Err(RegionError::Bounds {
+                off,
+                len: bytes,
+                size: region.size(),
+            });
         }
         Ok(Ring { off, depth, slot })
     }
@@ -41,7 +48,9 @@ impl Ring {
 
     fn word<'r>(&self, region: &'r Region, at: u64) -> &'r AtomicU32 {
         // Invariant: `new` checked the ring lies in the region; `at` is a 4-aligned header field.
-        region.atomic_u32(self.off + at).expect("ring header inside the region")
+        region
+            .atomic_u32(self.off + at)
+            .expect("ring header inside the region")
     }
 
     /// The producer index word.
@@ -72,14 +81,18 @@ impl Ring {
     pub fn read_slot(&self, region: &Region, index: u32, out: &mut [u8]) {
         debug_assert_eq!(out.len(), self.slot);
         // Invariant: the slot lies inside the ring, which `new` checked against the region.
-        region.read_bytes(self.slot_off(index), &mut out[..self.slot]).expect("slot inside the region");
+        region
+            .read_bytes(self.slot_off(index), &mut out[..self.slot])
+            .expect("slot inside the region");
     }
 
     /// Copies `data` into slot `index` (masked).
     pub fn write_slot(&self, region: &Region, index: u32, data: &[u8]) {
         debug_assert_eq!(data.len(), self.slot);
         // Invariant: as in read_slot.
-        region.write_bytes(self.slot_off(index), &data[..self.slot]).expect("slot inside the region");
+        region
+            .write_bytes(self.slot_off(index), &data[..self.slot])
+            .expect("slot inside the region");
     }
 
     /// Zeroes the header words (done by the daemon when it creates the ring).

@@ -109,7 +109,11 @@ pub struct Sge {
 
 impl Sge {
     fn parse(b: &[u8]) -> Sge {
-        Sge { addr: get_u64(b, 0), length: get_u32(b, 8), lkey: get_u32(b, 12) }
+        Sge {
+            addr: get_u64(b, 0),
+            length: get_u32(b, 8),
+            lkey: get_u32(b, 12),
+        }
     }
     fn encode(&self, b: &mut [u8]) {
         put_u64(b, 0, self.addr);
@@ -333,8 +337,13 @@ impl RecvWqe {
         if n as usize > MAX_SGE {
             return Err(ParseError::TooManySges(n.min(255) as u8));
         }
-        let sges = (0..n as usize).map(|i| Sge::parse(&slot[RQ_HEADER + i * SGE_SIZE..])).collect();
-        Ok(RecvWqe { wr_id: get_u64(slot, 0), sges })
+        let sges = (0..n as usize)
+            .map(|i| Sge::parse(&slot[RQ_HEADER + i * SGE_SIZE..]))
+            .collect();
+        Ok(RecvWqe {
+            wr_id: get_u64(slot, 0),
+            sges,
+        })
     }
 
     /// Encodes into a slot; panics above [`MAX_SGE`] SGEs (the caller checks first).
@@ -383,10 +392,28 @@ impl WcStatus {
     pub fn from_u8(v: u8) -> Option<Self> {
         use WcStatus::*;
         const ALL: [WcStatus; 22] = [
-            Success, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr,
-            BadRespErr, LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr,
-            RnrRetryExcErr, LocRddViolErr, RemInvRdReqErr, RemAbortErr, InvEecnErr,
-            InvEecStateErr, FatalErr, RespTimeoutErr, GeneralErr,
+            Success,
+            LocLenErr,
+            LocQpOpErr,
+            LocEecOpErr,
+            LocProtErr,
+            WrFlushErr,
+            MwBindErr,
+            BadRespErr,
+            LocAccessErr,
+            RemInvReqErr,
+            RemAccessErr,
+            RemOpErr,
+            RetryExcErr,
+            RnrRetryExcErr,
+            LocRddViolErr,
+            RemInvRdReqErr,
+            RemAbortErr,
+            InvEecnErr,
+            InvEecStateErr,
+            FatalErr,
+            RespTimeoutErr,
+            GeneralErr,
         ];
         ALL.get(v as usize).copied()
     }
@@ -537,7 +564,6 @@ pub enum QpType {
     Uc = 3,
     Ud = 4,
 }
-
 
 /// Capacities of a QP (`struct ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -711,7 +737,13 @@ mod tests {
             compare_add: 1,
             swap: 2,
             payload: SendPayload::Sges(
-                (0..MAX_SGE as u32).map(|i| Sge { addr: i as u64, length: i, lkey: i }).collect(),
+                (0..MAX_SGE as u32)
+                    .map(|i| Sge {
+                        addr: i as u64,
+                        length: i,
+                        lkey: i,
+                    })
+                    .collect(),
             ),
         };
         let mut slot = [0xffu8; SQ_SLOT];
@@ -734,7 +766,10 @@ mod tests {
         slot[9] = SendFlags::INLINE.0;
         slot[28] = 0xff;
         slot[29] = 0xff;
-        assert!(matches!(SendWqe::parse(&slot), Err(ParseError::InlineTooLong(_))));
+        assert!(matches!(
+            SendWqe::parse(&slot),
+            Err(ParseError::InlineTooLong(_))
+        ));
         let mut r = [0u8; RQ_SLOT];
         r[8] = 0xff;
         r[11] = 0xff;

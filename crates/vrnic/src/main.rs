@@ -16,7 +16,11 @@ use vrnic_daemon::config::{self, DEVICE_ENV, STATE_DIR_ENV};
 const DRIVER: &str = "libvrnic_shim.so";
 
 #[derive(Parser)]
-#[command(name = "vrnic", version, about = "User-space virtual RDMA NICs for processes, containers and VMs")]
+#[command(
+    name = "vrnic",
+    version,
+    about = "User-space virtual RDMA NICs for processes, containers and VMs"
+)]
 struct Cli {
     /// The daemon's state dir [default: /run/vrnic as root, else $XDG_RUNTIME_DIR/vrnic].
     #[arg(long, global = true, env = STATE_DIR_ENV)]
@@ -81,17 +85,35 @@ fn real_main() -> Result<()> {
         Cmd::Run { vrnic, cmd } => run(&state_dir, vrnic, &cmd),
         Cmd::Ls => {
             let mut c = AdminClient::connect(&state_dir)?;
-            let AdminReply::List(list) = c.call(&AdminRequest::List)? else { bail!("unexpected reply") };
-            println!("{:<16} {:>6} {:<40} {:>4} {:>5}", "NAME", "LID", "GID", "QPS", "USERS");
+            let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
+                bail!("unexpected reply")
+            };
+            println!(
+                "{:<16} {:>6} {:<40} {:>4} {:>5}",
+                "NAME", "LID", "GID", "QPS", "USERS"
+            );
             for v in list {
-                println!("{:<16} {:>6} {:<40} {:>4} {:>5}", v.name, v.lid, gid_string(&v.gid), v.qps, v.users);
+                println!(
+                    "{:<16} {:>6} {:<40} {:>4} {:>5}",
+                    v.name,
+                    v.lid,
+                    gid_string(&v.gid),
+                    v.qps,
+                    v.users
+                );
             }
             Ok(())
         }
         Cmd::Create { name } => {
             let mut c = AdminClient::connect(&state_dir)?;
             if let AdminReply::Vnic(v) = c.call(&AdminRequest::Create { name })? {
-                println!("{} lid {} gid {} dir {}", v.name, v.lid, gid_string(&v.gid), v.dir);
+                println!(
+                    "{} lid {} gid {} dir {}",
+                    v.name,
+                    v.lid,
+                    gid_string(&v.gid),
+                    v.dir
+                );
             }
             Ok(())
         }
@@ -111,13 +133,18 @@ fn driver_path() -> Result<PathBuf> {
             return Ok(cand.canonicalize().unwrap_or(cand));
         }
     }
-    bail!("driver library {DRIVER} not found next to {}; build it with `cargo build --release --workspace`", exe.display())
+    bail!(
+        "driver library {DRIVER} not found next to {}; build it with `cargo build --release --workspace`",
+        exe.display()
+    )
 }
 
 fn run(state_dir: &std::path::Path, vrnic: Option<String>, cmd: &[String]) -> Result<()> {
     let driver = driver_path()?;
     let mut admin = AdminClient::connect(state_dir)?;
-    let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold { name: vrnic })? else { bail!("unexpected reply") };
+    let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold { name: vrnic })? else {
+        bail!("unexpected reply")
+    };
     // The command inherits the admin connection: the vRNIC is held for as long as the command
     // (or anything it forks) lives, and released by the kernel when it exits or is killed.
     admin.inherit_across_exec()?;

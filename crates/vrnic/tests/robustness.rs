@@ -13,7 +13,15 @@ fn killing_an_app_mid_stream_harms_only_its_own_connection() {
     let mut d = Daemon::start();
     let p = port().to_string();
     // Pair A: a long stream of 64 KiB messages.
-    let args = ["ibv_rc_pingpong", "-p", &p, "-s", "65536", "-n", "100000000"];
+    let args = [
+        "ibv_rc_pingpong",
+        "-p",
+        &p,
+        "-s",
+        "65536",
+        "-n",
+        "100000000",
+    ];
     let server = Proc::spawn(d.run(Some("victim-srv"), &args), "server A");
     let mut client_args = args.to_vec();
     client_args.push("localhost");
@@ -24,18 +32,28 @@ fn killing_an_app_mid_stream_harms_only_its_own_connection() {
         let mut c = c;
         match c.child.try_wait() {
             Ok(None) => break c,
-            _ => assert!(start.elapsed() < Duration::from_secs(10), "client A could not connect"),
+            _ => assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "client A could not connect"
+            ),
         }
     };
     // Let traffic flow, then kill the client without warning.
     std::thread::sleep(Duration::from_secs(1));
-    assert!(d.ls().contains("victim-cli"), "client's vRNIC missing:\n{}", d.ls());
+    assert!(
+        d.ls().contains("victim-cli"),
+        "client's vRNIC missing:\n{}",
+        d.ls()
+    );
     kill_group(client.pid(), libc::SIGKILL);
     let killed = client.wait(Duration::from_secs(10));
     assert!(!killed.ok());
     // The survivor sees its QP fail instead of hanging.
     let survivor = server.wait(Duration::from_secs(30));
-    assert!(!survivor.ok(), "server A should report the failed connection");
+    assert!(
+        !survivor.ok(),
+        "server A should report the failed connection"
+    );
     assert!(
         survivor.stderr.contains("Failed status") || survivor.stderr.contains("Failed to"),
         "server A stderr: {}",
@@ -45,7 +63,11 @@ fn killing_an_app_mid_stream_harms_only_its_own_connection() {
     assert!(d.alive(), "daemon died");
     let start = Instant::now();
     while d.ls().contains("victim") {
-        assert!(start.elapsed() < Duration::from_secs(5), "vRNICs of dead apps not reclaimed:\n{}", d.ls());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "vRNICs of dead apps not reclaimed:\n{}",
+            d.ls()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // An unrelated pair works afterwards.
@@ -65,21 +87,57 @@ fn an_unrelated_pair_keeps_working_while_another_app_is_killed() {
     let mut d = Daemon::start();
     // Pair B runs a long test while pair A's client is killed repeatedly.
     let pb = port().to_string();
-    let b_server = Proc::spawn(d.run(None, &["ibv_rc_pingpong", "-p", &pb, "-c", "-n", "200000"]), "server B");
+    let b_server = Proc::spawn(
+        d.run(None, &["ibv_rc_pingpong", "-p", &pb, "-c", "-n", "200000"]),
+        "server B",
+    );
     std::thread::sleep(Duration::from_millis(300));
-    let b_client = Proc::spawn(d.run(None, &["ibv_rc_pingpong", "-p", &pb, "-c", "-n", "200000", "localhost"]), "client B");
+    let b_client = Proc::spawn(
+        d.run(
+            None,
+            &[
+                "ibv_rc_pingpong",
+                "-p",
+                &pb,
+                "-c",
+                "-n",
+                "200000",
+                "localhost",
+            ],
+        ),
+        "client B",
+    );
     for _ in 0..3 {
         let pa = port().to_string();
-        let a_server = Proc::spawn(d.run(None, &["ibv_rc_pingpong", "-p", &pa, "-n", "100000000"]), "server A");
+        let a_server = Proc::spawn(
+            d.run(None, &["ibv_rc_pingpong", "-p", &pa, "-n", "100000000"]),
+            "server A",
+        );
         std::thread::sleep(Duration::from_millis(300));
-        let a_client = Proc::spawn(d.run(None, &["ibv_rc_pingpong", "-p", &pa, "-n", "100000000", "localhost"]), "client A");
+        let a_client = Proc::spawn(
+            d.run(
+                None,
+                &["ibv_rc_pingpong", "-p", &pa, "-n", "100000000", "localhost"],
+            ),
+            "client A",
+        );
         std::thread::sleep(Duration::from_millis(500));
         kill_group(a_client.pid(), libc::SIGKILL);
         let _ = a_client.wait_timeout(Duration::from_secs(10));
-        assert!(a_server.wait_timeout(Duration::from_secs(30)).is_some(), "survivor of a kill hung");
+        assert!(
+            a_server.wait_timeout(Duration::from_secs(30)).is_some(),
+            "survivor of a kill hung"
+        );
     }
     let c = b_client.wait(Duration::from_secs(120));
     let s = b_server.wait(Duration::from_secs(30));
-    assert!(c.ok() && s.ok(), "pair B failed:\n{}\n{}\n{}\n{}", c.stdout, c.stderr, s.stdout, s.stderr);
+    assert!(
+        c.ok() && s.ok(),
+        "pair B failed:\n{}\n{}\n{}\n{}",
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
     assert!(d.alive());
 }

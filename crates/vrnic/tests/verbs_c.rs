@@ -38,10 +38,19 @@ fn check(mode: &str) {
     let bin = verbs_check().to_str().expect("utf-8 path").to_string();
     let d = Daemon::start();
     let p = port().to_string();
-    let pair = run_pair(&d, &[&bin, "server", &p, mode], &[&bin, "client", "127.0.0.1", &p, mode], Duration::from_secs(60));
+    let pair = run_pair(
+        &d,
+        &[&bin, "server", &p, mode],
+        &[&bin, "client", "127.0.0.1", &p, mode],
+        Duration::from_secs(60),
+    );
     pair.assert_ok();
     for side in [&pair.server, &pair.client] {
-        assert!(side.stdout.contains(&format!(" {mode} done")), "{}", side.stdout);
+        assert!(
+            side.stdout.contains(&format!(" {mode} done")),
+            "{}",
+            side.stdout
+        );
         assert!(!side.stdout.contains("FAIL"), "{}", side.stdout);
     }
 }

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 /// The `vrnic` binary: `$VRNIC_BIN` (the release build, as `scripts/test` sets it) or the one
 /// cargo built for this test.
 pub fn vrnic_bin() -> PathBuf {
-    std::env::var_os("VRNIC_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vrnic")))
+    std::env::var_os("VRNIC_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vrnic")))
 }
 
 /// A TCP port for a pingpong pair, unique within this test process and unlikely to collide
@@ -31,7 +33,9 @@ pub fn require(tool: &str) -> PathBuf {
             return p;
         }
     }
-    panic!("{tool} is not installed: run `bash scripts/test`, which installs ibverbs-utils and friends");
+    panic!(
+        "{tool} is not installed: run `bash scripts/test`, which installs ibverbs-utils and friends"
+    );
 }
 
 /// A child killed (with its process group) on drop.
@@ -43,9 +47,15 @@ pub struct Proc {
 impl Proc {
     pub fn spawn(mut cmd: Command, name: &str) -> Proc {
         use std::os::unix::process::CommandExt;
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).process_group(0);
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null())
+            .process_group(0);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        Proc { child, name: name.to_string() }
+        Proc {
+            child,
+            name: name.to_string(),
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -63,7 +73,10 @@ impl Proc {
                 kill_group(self.pid(), libc::SIGKILL);
                 let status = self.child.wait().expect("wait");
                 let out = self.collect(status);
-                panic!("{} did not finish in {limit:?}\nstdout:\n{}\nstderr:\n{}", self.name, out.stdout, out.stderr);
+                panic!(
+                    "{} did not finish in {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    self.name, out.stdout, out.stderr
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -94,7 +107,11 @@ impl Proc {
         if let Some(mut e) = self.child.stderr.take() {
             let _ = e.read_to_string(&mut stderr);
         }
-        Output { status, stdout, stderr }
+        Output {
+            status,
+            stdout,
+            stderr,
+        }
     }
 }
 
@@ -136,11 +153,18 @@ static SEQ: AtomicU16 = AtomicU16::new(0);
 
 impl Daemon {
     pub fn start() -> Daemon {
-        let dir = std::env::temp_dir().join(format!("vrnic-test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "vrnic-test-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("state dir");
         let mut cmd = Command::new(vrnic_bin());
-        cmd.arg("serve").arg("--state-dir").arg(&dir).env("RUST_LOG", "info");
+        cmd.arg("serve")
+            .arg("--state-dir")
+            .arg(&dir)
+            .env("RUST_LOG", "info");
         let mut proc = Proc::spawn(cmd, "vrnic serve");
         let sock = dir.join("vrnic.sock");
         let start = Instant::now();
@@ -149,10 +173,17 @@ impl Daemon {
                 let out = proc.collect(status);
                 panic!("daemon exited at start: {}", out.stderr);
             }
-            assert!(start.elapsed() < Duration::from_secs(10), "daemon did not create {}", sock.display());
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "daemon did not create {}",
+                sock.display()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
-        Daemon { dir, proc: Some(proc) }
+        Daemon {
+            dir,
+            proc: Some(proc),
+        }
     }
 
     /// A `vrnic` command on this daemon's state dir.
@@ -178,7 +209,9 @@ impl Daemon {
     }
 
     pub fn alive(&mut self) -> bool {
-        self.proc.as_mut().is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
+        self.proc
+            .as_mut()
+            .is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
     }
 
     /// `vrnic ls` output.
@@ -237,14 +270,17 @@ pub fn run_pair(d: &Daemon, server_args: &[&str], client_args: &[&str], limit: D
     let client = loop {
         let c = Proc::spawn(d.run(None, client_args), client_args[0]);
         let out = c.wait(limit);
-        let refused = !out.ok() && (out.stderr.contains("Couldn't connect") || out.stdout.contains("Couldn't connect"));
+        let refused = !out.ok()
+            && (out.stderr.contains("Couldn't connect") || out.stdout.contains("Couldn't connect"));
         if refused && start.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
         break out;
     };
-    let left = limit.saturating_sub(start.elapsed()).max(Duration::from_secs(5));
+    let left = limit
+        .saturating_sub(start.elapsed())
+        .max(Duration::from_secs(5));
     let server = server.wait(left);
     Pair { server, client }
 }
