@@ -18,10 +18,10 @@ use crate::{CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, Vn
 pub const MAX_QP_WR: u32 = 16384;
 /// Deepest completion queue.
 pub const MAX_CQE: u32 = 65536;
-/// Work requests executed per [`Engine::process`] call.
-const WR_BUDGET: usize = 64;
-/// Bytes moved per [`Engine::process`] call (a work request in progress is finished).
-const BYTE_BUDGET: u64 = 4 << 20;
+/// Work requests one QP executes per [`Engine::process`] call.
+const WR_BUDGET: usize = 16;
+/// Bytes one QP moves per [`Engine::process`] call (a work request in progress is finished).
+const BYTE_BUDGET: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 
 #[derive(Debug)]
@@ -115,6 +115,8 @@ pub struct Engine {
     by_qpn: HashMap<u32, QpId>,
     completions: VecDeque<(CqId, Cqe, bool)>,
     events: VecDeque<(CtxId, Event)>,
+    /// Reused list of QPs with work (no allocation per pass).
+    scratch: Vec<QpId>,
 }
 
 fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
@@ -159,6 +161,7 @@ impl Engine {
             by_qpn: HashMap::new(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -802,15 +805,17 @@ impl Engine {
     /// Executes queued work requests, a bounded amount; returns whether anything happened.
     pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
         let mut did = false;
-        let mut wrs = 0;
-        let mut bytes = 0u64;
-        let ids: Vec<QpId> = self
-            .qps
-            .iter()
-            .filter(|(_, q)| !q.sq.is_empty() && q.attr.qp_state == QpState::Rts)
-            .map(|(&id, _)| id)
-            .collect();
-        for qp in ids {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        ids.extend(
+            self.qps
+                .iter()
+                .filter(|(_, q)| !q.sq.is_empty() && q.attr.qp_state == QpState::Rts)
+                .map(|(&id, _)| id),
+        );
+        // Each QP gets its own budget, so one busy QP cannot starve the others.
+        for &qp in &ids {
+            let (mut wrs, mut bytes) = (0, 0u64);
             while wrs < WR_BUDGET && bytes < BYTE_BUDGET {
                 let Some(q) = self.qps.get(&qp) else { break };
                 if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
@@ -826,6 +831,7 @@ impl Engine {
                 }
             }
         }
+        self.scratch = ids;
         did
     }
 
