@@ -1257,65 +1257,55 @@ impl Server {
                 continue;
             };
             let region = &v.region;
-            // Send ring.
-            let prod = slot.sq.prod(region).load(Ordering::Acquire);
-            let retired = self.engine.sq_retired(qp);
-            if prod.wrapping_sub(retired) > slot.sq.depth()
-                || prod.wrapping_sub(slot.sq_fetched) > slot.sq.depth()
-            {
-                warn!(
-                    qp = qp.0,
-                    prod, retired, "garbage send producer index; failing the QP"
-                );
-                slot.broken = true;
-                self.engine.handle_send_wqe(
-                    now,
-                    qp,
-                    Err(vrnic_wire::ParseError::Completion("producer index")),
-                );
-                work = true;
-                continue;
+            // Send ring, then receive ring: copy new slots out once, parse, hand to the engine.
+            let room = self.engine.sq_room(qp);
+            match pending(
+                &slot.sq,
+                region,
+                slot.sq_fetched,
+                self.engine.sq_retired(qp),
+                room,
+            ) {
+                Ok(n) => {
+                    for _ in 0..n {
+                        slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
+                        slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
+                        self.engine
+                            .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
+                        work = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(qp = qp.0, "send ring: {e}; failing the QP");
+                    slot.broken = true;
+                    self.engine.handle_send_wqe(now, qp, Err(e));
+                    work = true;
+                    continue;
+                }
             }
-            let n = prod
-                .wrapping_sub(slot.sq_fetched)
-                .min(self.engine.sq_room(qp))
-                .min(RING_BATCH);
-            for _ in 0..n {
-                slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
-                slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
-                self.engine
-                    .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
-                work = true;
-            }
-            // Receive ring.
-            let prod = slot.rq.prod(region).load(Ordering::Acquire);
-            let retired = self.engine.rq_retired(qp);
-            if prod.wrapping_sub(retired) > slot.rq.depth()
-                || prod.wrapping_sub(slot.rq_fetched) > slot.rq.depth()
-            {
-                warn!(
-                    qp = qp.0,
-                    prod, retired, "garbage receive producer index; failing the QP"
-                );
-                slot.broken = true;
-                self.engine.handle_recv_wqe(
-                    now,
-                    qp,
-                    Err(vrnic_wire::ParseError::Completion("producer index")),
-                );
-                work = true;
-                continue;
-            }
-            let n = prod
-                .wrapping_sub(slot.rq_fetched)
-                .min(self.engine.rq_room(qp))
-                .min(RING_BATCH);
-            for _ in 0..n {
-                slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
-                slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
-                self.engine
-                    .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
-                work = true;
+            let room = self.engine.rq_room(qp);
+            match pending(
+                &slot.rq,
+                region,
+                slot.rq_fetched,
+                self.engine.rq_retired(qp),
+                room,
+            ) {
+                Ok(n) => {
+                    for _ in 0..n {
+                        slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
+                        slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
+                        self.engine
+                            .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
+                        work = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(qp = qp.0, "receive ring: {e}; failing the QP");
+                    slot.broken = true;
+                    self.engine.handle_recv_wqe(now, qp, Err(e));
+                    work = true;
+                }
             }
         }
         if self.engine.process(now, &mut Mem(&self.vnics)) {
@@ -1424,6 +1414,22 @@ impl Server {
         let _ = std::fs::remove_file(dir.join(config::LOCK_FILE));
         info!("vrnic daemon stopped");
     }
+}
+
+/// How many new work requests to take from a send or receive ring now. The producer index
+/// comes from the region (hostile): more outstanding entries than the ring holds is an error.
+fn pending(
+    ring: &Ring,
+    region: &Region,
+    fetched: u32,
+    retired: u32,
+    room: u32,
+) -> Result<u32, vrnic_wire::ParseError> {
+    let prod = ring.prod(region).load(Ordering::Acquire);
+    if prod.wrapping_sub(retired) > ring.depth() || prod.wrapping_sub(fetched) > ring.depth() {
+        return Err(vrnic_wire::ParseError::ProducerIndex(prod));
+    }
+    Ok(prod.wrapping_sub(fetched).min(room).min(RING_BATCH))
 }
 
 fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> {

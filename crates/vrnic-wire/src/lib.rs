@@ -73,6 +73,9 @@ pub enum ParseError {
     /// A status or opcode byte in a completion is out of range.
     #[error("bad completion field {0}")]
     Completion(&'static str),
+    /// The ring's producer index claims more entries than the ring holds.
+    #[error("producer index {0} out of range")]
+    ProducerIndex(u32),
 }
 
 fn get_u16(b: &[u8], off: usize) -> u16 {
