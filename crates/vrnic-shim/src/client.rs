@@ -456,7 +456,7 @@ impl CompQueue {
             self.empty = self.empty.wrapping_add(1);
             // On a machine with few cores, an app spinning on an empty CQ can starve the
             // engine that would fill it: give the CPU away now and then.
-            if self.empty.is_multiple_of(64) {
+            if self.empty.is_multiple_of(8) {
                 sys::yield_cpu();
             }
         }
