@@ -633,9 +633,10 @@ fn reg_mr(
         };
         for r in runs.iter().filter(|r| r.fresh) {
             let bytes = u64::from(r.pages) * PAGE;
-            // SAFETY: the run lies inside the range mincore just proved mapped (page rounded).
-            let cur = unsafe { sys::read_app(r.va as usize, bytes as usize) };
-            if conn.region.write_bytes(r.off, &cur).is_err() {
+            // SAFETY: the run lies inside the range mincore just proved mapped (page rounded);
+            // it is the app's private memory, read once here, before the remap below.
+            let cur = unsafe { std::slice::from_raw_parts(r.va as *const u8, bytes as usize) };
+            if conn.region.write_bytes(r.off, cur).is_err() {
                 return null_err(libc::EFAULT);
             }
             // SAFETY: the pages are the app's registered buffer; their bytes were copied into

@@ -114,18 +114,6 @@ pub fn range_mapped(addr: usize, len: usize) -> bool {
     true
 }
 
-/// Copies `len` bytes of this process's memory at `addr` (checked mapped by the caller) into
-/// a vector.
-///
-/// # Safety
-/// `addr..addr+len` must be mapped readable memory of this process.
-pub unsafe fn read_app(addr: usize, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: the caller guarantees the source is mapped and readable; out is private.
-    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), len) };
-    out
-}
-
 /// Yields the CPU (to the engine thread, on a small machine).
 pub fn yield_cpu() {
     // SAFETY: sched_yield has no preconditions.
