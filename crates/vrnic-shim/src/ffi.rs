@@ -1312,19 +1312,22 @@ fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
         .collect()
 }
 
+/// Reports the first work request that was not posted through the app's `bad_wr` pointer.
+fn fail_at<T>(bad: *mut *mut T, w: *mut T, e: c_int) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: bad is the app's out-pointer (NULL checked).
+        unsafe { bad.write(w) };
+    }
+    e
+}
+
 pub extern "C" fn vrnic_post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     guard(libc::EIO, || {
-        let fail = |w: *mut ibv_send_wr, e: c_int| {
-            if !bad.is_null() {
-                // SAFETY: bad is the app's out-pointer.
-                unsafe { *bad = w };
-            }
-            e
-        };
+        let fail = |w: *mut ibv_send_wr, e: c_int| fail_at(bad, w, e);
         if qp.is_null() {
             return fail(wr, libc::EINVAL);
         }
@@ -1420,13 +1423,7 @@ pub extern "C" fn vrnic_post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     guard(libc::EIO, || {
-        let fail = |w: *mut ibv_recv_wr, e: c_int| {
-            if !bad.is_null() {
-                // SAFETY: bad is the app's out-pointer.
-                unsafe { *bad = w };
-            }
-            e
-        };
+        let fail = |w: *mut ibv_recv_wr, e: c_int| fail_at(bad, w, e);
         if qp.is_null() {
             return fail(wr, libc::EINVAL);
         }
@@ -1478,11 +1475,7 @@ pub extern "C" fn vrnic_post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if !bad.is_null() {
-        // SAFETY: bad is the app's out-pointer.
-        unsafe { *bad = wr };
-    }
-    libc::EOPNOTSUPP
+    fail_at(bad, wr, libc::EOPNOTSUPP)
 }
 
 pub extern "C" fn vrnic_alloc_mw(_pd: *mut ibv_pd, _ty: c_uint) -> *mut ibv_mw {
