@@ -382,6 +382,19 @@ static void client_overlap(struct side *s)
 	if (s->rw[7999] != 0x11)
 		fail("after dereg, buffer not writable");
 	ok("after dereg the buffer keeps its bytes and stays writable");
+	/* Closing the device with an MR still registered keeps the app's bytes too. */
+	uint8_t *keep = malloc(3 * 4096 + 7) + 7;
+	for (int i = 0; i < 3 * 4096; i++)
+		keep[i] = pat(i, 5);
+	if (!ibv_reg_mr(s->pd, keep, 3 * 4096, IBV_ACCESS_LOCAL_WRITE))
+		fail("reg before close");
+	if (ibv_close_device(s->ctx))
+		fail("close_device");
+	for (int i = 0; i < 3 * 4096; i++)
+		if (keep[i] != pat(i, 5))
+			fail("after close_device, byte %d changed", i);
+	keep[0] = 1;
+	ok("closing the device with a live MR keeps the buffer's bytes");
 }
 
 static void server_overlap(struct side *s)

@@ -72,6 +72,9 @@ pub struct VContext {
     qps: Mutex<HashMap<u32, usize>>,
     /// CQ handle -> `*mut VCq`, for async events.
     cqs: Mutex<HashMap<u32, usize>>,
+    /// Live MRs (`*mut VMr`): closing the device deregisters them, so the app's buffers are
+    /// back on private memory before the daemon reuses their region pages.
+    mrs: Mutex<std::collections::HashSet<usize>>,
 }
 
 #[repr(C)]
@@ -261,6 +264,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
             conn,
             qps: Mutex::new(HashMap::new()),
             cqs: Mutex::new(HashMap::new()),
+            mrs: Mutex::new(Default::default()),
         });
         let p = Box::into_raw(b);
         // SAFETY: p is a live VContext we just leaked; `context` is its embedded ibv_context.
@@ -273,6 +277,16 @@ pub extern "C" fn vrnic_ibv_close_device(ctx: *mut ibv_context) -> c_int {
     guard(-1, || {
         if ctx.is_null() {
             return minus_one(libc::EINVAL);
+        }
+        // Registered buffers go back to private memory (with their bytes) first.
+        // SAFETY: ctx is a live context of ours.
+        let live: Vec<usize> = unsafe { context(ctx) }
+            .mrs
+            .lock()
+            .map(|m| m.iter().copied().collect())
+            .unwrap_or_default();
+        for mr in live {
+            vrnic_ibv_dereg_mr(mr as *mut ibv_mr);
         }
         // SAFETY: ctx is a live context of ours; after this call the app may not use it.
         let b = unsafe { Box::from_raw(vctx_of(ctx)) };
@@ -656,7 +670,12 @@ fn reg_mr(
             lkey,
             rkey,
         };
-        Box::into_raw(Box::new(VMr { mr: m })).cast()
+        let p = Box::into_raw(Box::new(VMr { mr: m }));
+        // SAFETY: ctx is ours and live (the PD's context).
+        if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
+            live.insert(p as usize);
+        }
+        p.cast()
     })
 }
 
@@ -722,6 +741,10 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         }
         if !released.is_empty() {
             let _ = conn.call(&Request::ReleasePages { runs: released });
+        }
+        // SAFETY: the MR's context outlives it.
+        if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
+            live.remove(&(mr as usize));
         }
         // SAFETY: mr was boxed by reg_mr; the app gives it up now.
         drop(unsafe { Box::from_raw(mr.cast::<VMr>()) });
