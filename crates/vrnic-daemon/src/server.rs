@@ -1311,10 +1311,8 @@ impl Server {
         if self.engine.process(now, &mut Mem(&self.vnics)) {
             work = true;
         }
-        while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
-            work = true;
-            self.post_cqe(cq, &cqe, solicited);
-        }
+        // Retired indices first, completions second: an app that sees a completion must also
+        // see the ring slot it frees (perftest posts again as soon as it polls one).
         for (&qp, slot) in self.qps.iter_mut() {
             let Some(v) = self.vnics.get(&slot.vnic) else {
                 continue;
@@ -1329,6 +1327,10 @@ impl Server {
                 slot.rq_cons = rq;
                 slot.rq.cons(&v.region).store(rq, Ordering::Release);
             }
+        }
+        while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
+            work = true;
+            self.post_cqe(cq, &cqe, solicited);
         }
         while let Some((ctx, ev)) = self.engine.poll_event() {
             work = true;

@@ -1,0 +1,89 @@
+//! Unmodified Debian `perftest` over RC through vrnic, server and client as two processes on
+//! their own vRNICs: the eight programs at their default sizes, and the bandwidth and latency
+//! sweeps over all sizes (`-a`, 2 B to 8 MiB).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Daemon, port, require, run_pair};
+
+fn perftest(prog: &str, extra: &[&str]) {
+    require(prog);
+    let d = Daemon::start();
+    let p = port().to_string();
+    let mut server = vec![prog, "-p", &p];
+    server.extend_from_slice(extra);
+    let mut client = server.clone();
+    client.push("localhost");
+    let pair = run_pair(&d, &server, &client, Duration::from_secs(180));
+    pair.assert_ok();
+    // Both sides print a results table: a header and at least one row of figures.
+    assert!(
+        pair.client.stdout.contains("#bytes"),
+        "no results table:\n{}",
+        pair.client.stdout
+    );
+    let rows = pair
+        .client
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+        })
+        .count();
+    assert!(rows >= 1, "no result rows:\n{}", pair.client.stdout);
+}
+
+#[test]
+fn ib_write_bw() {
+    perftest("ib_write_bw", &[]);
+}
+
+#[test]
+fn ib_write_lat() {
+    perftest("ib_write_lat", &[]);
+}
+
+#[test]
+fn ib_send_bw() {
+    perftest("ib_send_bw", &[]);
+}
+
+#[test]
+fn ib_send_lat() {
+    perftest("ib_send_lat", &[]);
+}
+
+#[test]
+fn ib_read_bw() {
+    perftest("ib_read_bw", &[]);
+}
+
+#[test]
+fn ib_read_lat() {
+    perftest("ib_read_lat", &[]);
+}
+
+#[test]
+fn ib_atomic_bw() {
+    perftest("ib_atomic_bw", &[]);
+}
+
+#[test]
+fn ib_atomic_lat() {
+    perftest("ib_atomic_lat", &[]);
+}
+
+#[test]
+fn ib_write_bw_all_sizes() {
+    perftest("ib_write_bw", &["-a"]);
+}
+
+#[test]
+fn ib_send_lat_all_sizes() {
+    perftest("ib_send_lat", &["-a"]);
+}
