@@ -416,9 +416,37 @@ static void server_overlap(struct side *s)
 	ok("server overlap checks");
 }
 
+/* The daemon dies under an open device: the app gets IBV_EVENT_DEVICE_FATAL on its async fd
+ * and later calls fail cleanly instead of hanging. */
+static int solo_devfatal(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list || n < 1)
+		fail("no RDMA device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	if (!ctx || !ibv_alloc_pd(ctx))
+		fail("open/alloc_pd");
+	printf("READY\n");
+	fflush(stdout);
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev))
+		fail("get_async_event");
+	if (ev.event_type != IBV_EVENT_DEVICE_FATAL)
+		fail("async event %d, expected DEVICE_FATAL", ev.event_type);
+	ibv_ack_async_event(&ev);
+	ok("device fatal event");
+	if (ibv_alloc_pd(ctx))
+		fail("alloc_pd succeeded on a dead device");
+	ok("calls fail after the daemon died");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct side s = { 0 };
+	if (argc == 3 && !strcmp(argv[1], "solo") && !strcmp(argv[2], "devfatal"))
+		return solo_devfatal();
 	int server = argc == 4 && !strcmp(argv[1], "server");
 	if (!server && !(argc == 5 && !strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: verbs_check server PORT MODE | client HOST PORT MODE\n");

@@ -84,3 +84,32 @@ fn send_with_a_bad_lkey_is_a_local_protection_error() {
 fn overlapping_registrations_and_deregistration() {
     check("overlap");
 }
+
+#[test]
+fn a_killed_daemon_raises_device_fatal_and_calls_fail_cleanly() {
+    let bin = verbs_check().to_str().expect("utf-8 path").to_string();
+    let mut d = Daemon::start();
+    let app = common::Proc::spawn(d.run(None, &[&bin, "solo", "devfatal"]), "devfatal");
+    std::thread::sleep(Duration::from_secs(1));
+    common::kill_group(d.pid(), libc::SIGKILL);
+    let out = app.wait(Duration::from_secs(20));
+    assert!(
+        out.ok(),
+        "app did not survive the daemon's death cleanly:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("OK device fatal event"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("OK calls fail after the daemon died"),
+        "{}",
+        out.stdout
+    );
+    assert!(!d.alive());
+    // The killed daemon left its tmpfs mounted on the state dir; take it down.
+    let _ = Command::new("umount").arg("-l").arg(&d.dir).status();
+}
