@@ -75,6 +75,8 @@ enum Wait {
 
 #[derive(Debug)]
 struct Qp {
+    /// UC instead of RC: nothing is acknowledged, so nothing the responder does is reported.
+    uc: bool,
     vnic: VnicId,
     ctx: CtxId,
     pd: PdId,
@@ -407,7 +409,7 @@ impl Engine {
                 _ => return Err(EINVAL),
             }
         }
-        if qp_type != QpType::Rc {
+        if qp_type == QpType::Ud {
             return Err(EOPNOTSUPP);
         }
         if cap.max_send_wr > MAX_QP_WR
@@ -428,6 +430,7 @@ impl Engine {
         self.qps.insert(
             id,
             Qp {
+                uc: qp_type == QpType::Uc,
                 vnic,
                 ctx,
                 pd,
@@ -476,7 +479,8 @@ impl Engine {
         mask: u32,
         attr: &QpAttr,
     ) -> Result<(), Errno> {
-        let cur = self.own_qp(ctx, qp)?.attr.qp_state;
+        let q = self.own_qp(ctx, qp)?;
+        let (cur, uc) = (q.attr.qp_state, q.uc);
         let next = if mask & qp_attr::STATE != 0 {
             attr.qp_state
         } else {
@@ -485,7 +489,7 @@ impl Engine {
         if mask & qp_attr::CUR_STATE != 0 && attr.cur_qp_state != cur {
             return Err(EINVAL);
         }
-        if !state::check(cur, next, mask) {
+        if !state::check(uc, cur, next, mask) {
             return Err(EINVAL);
         }
         if (mask & qp_attr::PORT != 0 && attr.port_num != 1)
@@ -856,6 +860,7 @@ impl Engine {
             p.attr.ah_attr.dlid == me.lid
         };
         (p.vnic == vid
+            && p.uc == q.uc
             && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
             && p.attr.dest_qp_num == q.qpn
             && back)
@@ -902,6 +907,12 @@ impl Engine {
             wqe.opcode,
             SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
         );
+        let uc = q.uc;
+        if uc && needs_write {
+            // UC has no responses: READ and atomics are invalid on it.
+            self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+            return Step::Done(0);
+        }
         let local = match &wqe.payload {
             SendPayload::Sges(sges) => match self.translate_sges(vnic, pd, sges, needs_write) {
                 Some(runs) => Some(runs),
@@ -918,6 +929,11 @@ impl Engine {
         };
         // Remote side.
         let Some(peer) = self.responder(qp) else {
+            if uc {
+                // Nobody acknowledges UC: the message is simply lost.
+                self.complete_head(qp, len as u32);
+                return Step::Done(len);
+            }
             let q = self.qps.get_mut(&qp).expect("checked above");
             match q.wait {
                 Wait::Retry { until } if now >= until => {
@@ -1002,12 +1018,32 @@ impl Engine {
         let Some(p) = self.qps.get(&peer) else {
             return Step::Blocked;
         };
+        let uc = p.uc;
         let Some(recv) = p.rq.front().cloned() else {
+            if uc {
+                // No receive posted: a UC responder drops the message; the sender never knows.
+                self.complete_head(qp, len as u32);
+                return Step::Done(len);
+            }
             return self.rnr(now, qp, peer);
         };
         let (pvnic, ppd, precv_cq, pqpn) = (p.vnic, p.pd, p.recv_cq, p.qpn);
         let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
-        let Some(dst) = self.translate_sges(pvnic, ppd, &recv.sges, true) else {
+        let dst = self.translate_sges(pvnic, ppd, &recv.sges, true);
+        if uc && (dst.is_none() || len > capacity) {
+            // A UC responder that cannot take the message fails its receive and its QP; the
+            // sender is not told.
+            let status = if dst.is_none() {
+                WcStatus::LocProtErr
+            } else {
+                WcStatus::LocLenErr
+            };
+            self.take_recv(peer, status, 0, None);
+            self.fail_qp(peer, None);
+            self.complete_head(qp, len as u32);
+            return Step::Done(len);
+        }
+        let Some(dst) = dst else {
             // The responder's own receive buffer is bad: its receive fails, the requester
             // learns a remote operational error.
             self.take_recv(peer, WcStatus::LocProtErr, 0, None);
@@ -1054,7 +1090,12 @@ impl Engine {
     ) -> Step {
         let len = wqe.payload.len();
         let with_imm = wqe.opcode == SendOpcode::RdmaWriteWithImm;
+        let uc = self.qps.get(&peer).is_some_and(|p| p.uc);
         if with_imm && self.qps.get(&peer).is_some_and(|p| p.rq.is_empty()) {
+            if uc {
+                self.complete_head(qp, len as u32);
+                return Step::Done(len);
+            }
             return self.rnr(now, qp, peer);
         }
         let dst = if len == 0 {
@@ -1063,6 +1104,11 @@ impl Engine {
             self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_WRITE)
         };
         let Some(dst) = dst else {
+            if uc {
+                // A UC responder drops a write it may not perform; the sender is not told.
+                self.complete_head(qp, len as u32);
+                return Step::Done(len);
+            }
             self.fail_both(qp, WcStatus::RemAccessErr, peer);
             return Step::Done(0);
         };

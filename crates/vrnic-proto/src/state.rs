@@ -50,10 +50,34 @@ pub fn rc_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
     })
 }
 
+/// `(required, optional)` mask bits for `cur -> next` on a UC QP: no RNR timer, no RDMA
+/// read/atomic resources, no transport timeouts.
+pub fn uc_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    Some(match (cur, next) {
+        (Init, Rtr) => (
+            AV | PATH_MTU | DEST_QPN | RQ_PSN,
+            ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
+        ),
+        (Rtr, Rts) => (SQ_PSN, CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE),
+        (Rts, Rts) | (Sqd, Rts) => (0, CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE),
+        (Sqd, Sqd) => (
+            0,
+            ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE | AV | PKEY_INDEX | PORT,
+        ),
+        (Sqe, Rts) => (0, CUR_STATE | ACCESS_FLAGS),
+        _ => return rc_masks(cur, next),
+    })
+}
+
 /// Checks `mask` for `cur -> next`: every required bit present, nothing outside required,
 /// optional and `STATE`.
-pub fn check(cur: QpState, next: QpState, mask: u32) -> bool {
-    let Some((req, opt)) = rc_masks(cur, next) else {
+pub fn check(uc: bool, cur: QpState, next: QpState, mask: u32) -> bool {
+    let masks = if uc {
+        uc_masks(cur, next)
+    } else {
+        rc_masks(cur, next)
+    };
+    let Some((req, opt)) = masks else {
         return false;
     };
     let mask = mask & !STATE;
@@ -86,9 +110,15 @@ mod tests {
 
     #[test]
     fn reset_to_init_requires_pkey_port_access() {
-        assert!(check(Reset, Init, STATE | PKEY_INDEX | PORT | ACCESS_FLAGS));
-        assert!(!check(Reset, Init, STATE | PKEY_INDEX | PORT));
+        assert!(check(
+            false,
+            Reset,
+            Init,
+            STATE | PKEY_INDEX | PORT | ACCESS_FLAGS
+        ));
+        assert!(!check(false, Reset, Init, STATE | PKEY_INDEX | PORT));
         assert!(!check(
+            false,
             Reset,
             Init,
             STATE | PKEY_INDEX | PORT | ACCESS_FLAGS | AV
@@ -98,21 +128,40 @@ mod tests {
     #[test]
     fn init_to_rtr_requires_the_path() {
         let req = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
-        assert!(check(Init, Rtr, req));
-        assert!(!check(Init, Rtr, req & !DEST_QPN));
-        assert!(!check(Init, Rtr, req | SQ_PSN));
+        assert!(check(false, Init, Rtr, req));
+        assert!(!check(false, Init, Rtr, req & !DEST_QPN));
+        assert!(!check(false, Init, Rtr, req | SQ_PSN));
     }
 
     #[test]
     fn illegal_transitions_are_refused() {
-        assert!(!check(Reset, Rts, STATE));
+        assert!(!check(false, Reset, Rts, STATE));
         assert!(!check(
+            false,
             Init,
             Rts,
             STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC
         ));
-        assert!(check(Rts, Err, STATE));
-        assert!(check(Err, Reset, STATE));
+        assert!(check(false, Rts, Err, STATE));
+        assert!(check(false, Err, Reset, STATE));
+    }
+
+    #[test]
+    fn uc_needs_no_rnr_or_timeout_attributes() {
+        assert!(check(
+            true,
+            Init,
+            Rtr,
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN
+        ));
+        assert!(!check(
+            true,
+            Init,
+            Rtr,
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MIN_RNR_TIMER
+        ));
+        assert!(check(true, Rtr, Rts, STATE | SQ_PSN));
+        assert!(!check(true, Rtr, Rts, STATE | SQ_PSN | TIMEOUT));
     }
 
     #[test]

@@ -866,3 +866,164 @@ fn hostile_wqes_fail_their_qp_only() {
     w.run();
     assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Err));
 }
+
+fn uc_world() -> World {
+    let mut e = Engine::new(7);
+    let mut mk = |id: u32, lid: u16| {
+        let vnic = VnicId(id);
+        let ctx = CtxId(id);
+        e.add_vnic(vnic, lid, [id as u8; 16]);
+        let pd = e.alloc_pd(vnic, ctx).unwrap();
+        let cq = e.create_cq(vnic, ctx, 64).unwrap();
+        let cap = QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (qp, qpn) = e
+            .create_qp(ctx, pd, cq, cq, QpType::Uc, cap, false)
+            .unwrap();
+        Side {
+            vnic,
+            ctx,
+            pd,
+            cq,
+            qp,
+            qpn,
+            lid,
+            next_page: 1,
+        }
+    };
+    let a = mk(1, 10);
+    let b = mk(2, 20);
+    let now = Instant::now();
+    for (s, peer) in [(&a, &b), (&b, &a)] {
+        let mut at = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: access::REMOTE_WRITE,
+            ..Default::default()
+        };
+        e.modify_qp(
+            now,
+            s.ctx,
+            s.qp,
+            qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS,
+            &at,
+        )
+        .unwrap();
+        at.qp_state = QpState::Rtr;
+        at.path_mtu = 5;
+        at.dest_qp_num = peer.qpn;
+        at.ah_attr = AhAttr {
+            dlid: peer.lid,
+            port_num: 1,
+            ..Default::default()
+        };
+        let rc_only = qp_attr::MAX_DEST_RD_ATOMIC | qp_attr::MIN_RNR_TIMER;
+        let rtr =
+            qp_attr::STATE | qp_attr::AV | qp_attr::PATH_MTU | qp_attr::DEST_QPN | qp_attr::RQ_PSN;
+        assert_eq!(
+            e.modify_qp(now, s.ctx, s.qp, rtr | rc_only, &at),
+            Err(22),
+            "UC refuses RC-only attributes"
+        );
+        e.modify_qp(now, s.ctx, s.qp, rtr, &at).unwrap();
+        at.qp_state = QpState::Rts;
+        e.modify_qp(now, s.ctx, s.qp, qp_attr::STATE | qp_attr::SQ_PSN, &at)
+            .unwrap();
+    }
+    let mem = VecMem(
+        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
+            .into_iter()
+            .collect(),
+    );
+    World { e, mem, now, a, b }
+}
+
+#[test]
+fn uc_send_without_a_receive_is_lost_and_the_sender_completes() {
+    let mut w = uc_world();
+    w.send(true, wqe(1, SendOpcode::Send, vec![], 0, 0));
+    w.run();
+    let c: Vec<(u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(c, vec![(1, WcStatus::Success)], "no RNR wait on UC");
+    // A later message with a receive posted arrives.
+    let dst = w.map(false, 0x9000, 4096, access::LOCAL_WRITE);
+    w.recv(
+        false,
+        5,
+        vec![Sge {
+            addr: 0x9000,
+            length: 64,
+            lkey: dst.keys.lkey,
+        }],
+    );
+    w.send(true, wqe(2, SendOpcode::Send, vec![], 0, 0));
+    w.run();
+    assert_eq!(w.cqes().len(), 2);
+}
+
+#[test]
+fn uc_write_with_a_bad_rkey_is_dropped_silently() {
+    let mut w = uc_world();
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(
+        false,
+        0x9000,
+        4096,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    w.set(&src, 0x1000, &[7; 64]);
+    w.send(
+        true,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![Sge {
+                addr: 0x1000,
+                length: 64,
+                lkey: src.keys.lkey,
+            }],
+            0x9000,
+            dst.keys.rkey ^ 1,
+        ),
+    );
+    w.run();
+    assert_eq!(w.get(&dst, 0x9000, 64), vec![0u8; 64]);
+    let c: Vec<(u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(c, vec![(1, WcStatus::Success)]);
+    assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Rts));
+    // READ is not a UC operation.
+    w.send(
+        true,
+        wqe(
+            2,
+            SendOpcode::RdmaRead,
+            vec![Sge {
+                addr: 0x1000,
+                length: 8,
+                lkey: src.keys.lkey,
+            }],
+            0x9000,
+            dst.keys.rkey,
+        ),
+    );
+    w.run();
+    let c: Vec<(u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(c, vec![(2, WcStatus::LocQpOpErr)]);
+}

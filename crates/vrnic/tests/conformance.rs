@@ -57,10 +57,14 @@ fn ibv_devinfo_shows_an_active_port_with_a_lid() {
 }
 
 fn pingpong(extra: &[&str]) {
-    require("ibv_rc_pingpong");
+    pingpong_with("ibv_rc_pingpong", extra);
+}
+
+fn pingpong_with(prog: &str, extra: &[&str]) {
+    require(prog);
     let d = Daemon::start();
     let p = port().to_string();
-    let mut server = vec!["ibv_rc_pingpong", "-p", &p];
+    let mut server = vec![prog, "-p", &p];
     server.extend_from_slice(extra);
     let mut client = server.clone();
     client.push("localhost");
@@ -118,6 +122,16 @@ fn rc_pingpong_by_gid() {
 #[test]
 fn rc_pingpong_events_contents_odd_size() {
     pingpong(&["-e", "-c", "-s", "4097", "-n", "2000"]);
+}
+
+#[test]
+fn uc_pingpong() {
+    pingpong_with("ibv_uc_pingpong", &[]);
+}
+
+#[test]
+fn uc_pingpong_checks_contents_inline() {
+    pingpong_with("ibv_uc_pingpong", &["-c", "-s", "1"]);
 }
 
 #[test]

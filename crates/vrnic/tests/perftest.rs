@@ -87,3 +87,18 @@ fn ib_write_bw_all_sizes() {
 fn ib_send_lat_all_sizes() {
     perftest("ib_send_lat", &["-a"]);
 }
+
+#[test]
+fn ib_send_bw_uc() {
+    perftest("ib_send_bw", &["-c", "UC"]);
+}
+
+#[test]
+fn ib_send_lat_uc() {
+    perftest("ib_send_lat", &["-c", "UC"]);
+}
+
+#[test]
+fn ib_write_bw_uc() {
+    perftest("ib_write_bw", &["-c", "UC"]);
+}
