@@ -1027,7 +1027,7 @@ impl Engine {
             }
             return self.rnr(now, qp, peer);
         };
-        let (pvnic, ppd, precv_cq, pqpn) = (p.vnic, p.pd, p.recv_cq, p.qpn);
+        let (pvnic, ppd) = (p.vnic, p.pd);
         let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
         let dst = self.translate_sges(pvnic, ppd, &recv.sges, true);
         if uc && (dst.is_none() || len > capacity) {
@@ -1074,7 +1074,6 @@ impl Engine {
             slid,
             wqe.flags.contains(SendFlags::SOLICITED),
         );
-        let _ = (precv_cq, pqpn);
         self.complete_head(qp, len as u32);
         Step::Done(len)
     }

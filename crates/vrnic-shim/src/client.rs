@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -472,11 +472,4 @@ impl CompQueue {
         // CQE the daemon wrote without seeing the arm is visible to the app's next poll.
         fence(Ordering::SeqCst);
     }
-}
-
-/// A QP's cached state, for the checks a device makes when posting.
-#[derive(Debug, Default)]
-pub struct QpShadow {
-    /// Last state set through modify_qp (the engine may have moved it to ERR since).
-    pub state: AtomicU32,
 }
