@@ -50,21 +50,23 @@ struct World {
 }
 
 fn side(e: &mut Engine, id: u32, lid: u16) -> Side {
+    side_of(e, id, lid, QpType::Rc, 64)
+}
+
+fn side_of(e: &mut Engine, id: u32, lid: u16, qp_type: QpType, depth: u32) -> Side {
     let vnic = VnicId(id);
     let ctx = CtxId(id);
     e.add_vnic(vnic, lid, [id as u8; 16]);
     let pd = e.alloc_pd(vnic, ctx).unwrap();
     let cq = e.create_cq(vnic, ctx, 256).unwrap();
     let cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
+        max_send_wr: depth,
+        max_recv_wr: depth,
         max_send_sge: 4,
         max_recv_sge: 4,
         max_inline_data: 64,
     };
-    let (qp, qpn) = e
-        .create_qp(ctx, pd, cq, cq, QpType::Rc, cap, false)
-        .unwrap();
+    let (qp, qpn) = e.create_qp(ctx, pd, cq, cq, qp_type, cap, false).unwrap();
     Side {
         vnic,
         ctx,
@@ -869,35 +871,8 @@ fn hostile_wqes_fail_their_qp_only() {
 
 fn uc_world() -> World {
     let mut e = Engine::new(7);
-    let mut mk = |id: u32, lid: u16| {
-        let vnic = VnicId(id);
-        let ctx = CtxId(id);
-        e.add_vnic(vnic, lid, [id as u8; 16]);
-        let pd = e.alloc_pd(vnic, ctx).unwrap();
-        let cq = e.create_cq(vnic, ctx, 64).unwrap();
-        let cap = QpCap {
-            max_send_wr: 8,
-            max_recv_wr: 8,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let (qp, qpn) = e
-            .create_qp(ctx, pd, cq, cq, QpType::Uc, cap, false)
-            .unwrap();
-        Side {
-            vnic,
-            ctx,
-            pd,
-            cq,
-            qp,
-            qpn,
-            lid,
-            next_page: 1,
-        }
-    };
-    let a = mk(1, 10);
-    let b = mk(2, 20);
+    let a = side_of(&mut e, 1, 10, QpType::Uc, 8);
+    let b = side_of(&mut e, 2, 20, QpType::Uc, 8);
     let now = Instant::now();
     for (s, peer) in [(&a, &b), (&b, &a)] {
         let mut at = QpAttr {

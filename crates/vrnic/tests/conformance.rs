@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, Proc, port, require, run_pair};
+use common::{Daemon, Proc, port, require};
 
 #[test]
 fn ibv_devices_lists_the_vrnic() {
@@ -61,15 +61,7 @@ fn pingpong(extra: &[&str]) {
 }
 
 fn pingpong_with(prog: &str, extra: &[&str]) {
-    require(prog);
-    let d = Daemon::start();
-    let p = port().to_string();
-    let mut server = vec![prog, "-p", &p];
-    server.extend_from_slice(extra);
-    let mut client = server.clone();
-    client.push("localhost");
-    let pair = run_pair(&d, &server, &client, Duration::from_secs(120));
-    pair.assert_ok();
+    let pair = common::server_client(prog, extra, Duration::from_secs(120));
     for side in [&pair.server, &pair.client] {
         assert!(
             side.stdout.contains(" bytes in "),

@@ -6,18 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, port, require, run_pair};
+use common::server_client;
 
 fn perftest(prog: &str, extra: &[&str]) {
-    require(prog);
-    let d = Daemon::start();
-    let p = port().to_string();
-    let mut server = vec![prog, "-p", &p];
-    server.extend_from_slice(extra);
-    let mut client = server.clone();
-    client.push("localhost");
-    let pair = run_pair(&d, &server, &client, Duration::from_secs(180));
-    pair.assert_ok();
+    let pair = server_client(prog, extra, Duration::from_secs(180));
     // Both sides print a results table: a header and at least one row of figures.
     assert!(
         pair.client.stdout.contains("#bytes"),

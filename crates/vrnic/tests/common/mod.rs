@@ -284,3 +284,18 @@ pub fn run_pair(d: &Daemon, server_args: &[&str], client_args: &[&str], limit: D
     let server = server.wait(left);
     Pair { server, client }
 }
+
+/// Runs `prog extra... -p PORT` as a server and `prog extra... -p PORT localhost` as its client,
+/// each on a fresh vRNIC of a fresh daemon, and checks both exit 0.
+pub fn server_client(prog: &str, extra: &[&str], limit: Duration) -> Pair {
+    require(prog);
+    let d = Daemon::start();
+    let p = port().to_string();
+    let mut server = vec![prog, "-p", &p];
+    server.extend_from_slice(extra);
+    let mut client = server.clone();
+    client.push("localhost");
+    let pair = run_pair(&d, &server, &client, limit);
+    pair.assert_ok();
+    pair
+}
