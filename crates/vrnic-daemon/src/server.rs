@@ -208,9 +208,8 @@ impl Server {
         let lock = match sys::lock_exclusive(&dir.join(config::LOCK_FILE)) {
             Ok(l) => l,
             Err(e) => {
-                if mounted {
-                    sys::unmount(dir);
-                }
+                // The mount (ours or adopted) belongs to the daemon holding the lock: leave it.
+                let _ = mounted;
                 return Err(e).with_context(|| {
                     format!(
                         "another vrnic daemon already serves {} (its lock is held)",
