@@ -2,6 +2,7 @@
 //! requests on the local transport (both QPs on this daemon; one copy per byte).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::time::{Duration, Instant};
 
 use vrnic_wire::{
@@ -18,11 +19,29 @@ use crate::{CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, Vn
 pub const MAX_QP_WR: u32 = 16384;
 /// Deepest completion queue.
 pub const MAX_CQE: u32 = 65536;
-/// Work requests one QP executes per [`Engine::process`] call.
-const WR_BUDGET: usize = 16;
-/// Bytes one QP moves per [`Engine::process`] call (a work request in progress is finished).
-const BYTE_BUDGET: u64 = 1 << 20;
-const PAGE: u64 = 4096;
+/// Most QPs per vRNIC.
+pub const MAX_QP: usize = 16384;
+/// Most MRs per vRNIC.
+pub const MAX_MR: usize = 65536;
+/// Most CQs per vRNIC.
+pub const MAX_CQ: usize = 16384;
+/// Most PDs per vRNIC.
+pub const MAX_PD: usize = 16384;
+/// Work requests one [`Engine::process`] call executes at most.
+pub const PASS_WRS: usize = 64;
+/// Bytes after which one [`Engine::process`] call stops starting new chunks.
+pub const PASS_BYTES: u64 = 4 << 20;
+/// Work requests one QP executes per [`Engine::process`] call at most (fairness).
+pub const QP_WRS: usize = 16;
+/// Largest piece of one message moved at once; a QP moves at most this much per call.
+pub const CHUNK: u64 = 1 << 20;
+/// Page size of the region page lists.
+pub const PAGE: u64 = 4096;
+
+const _: () = assert!(MAX_QP_WR.is_power_of_two() && MAX_CQE.is_power_of_two());
+const _: () = assert!(QP_WRS <= PASS_WRS && CHUNK <= PASS_BYTES);
+// Every completion's byte_len fits the CQE field.
+const _: () = assert!(MAX_MSG_SIZE as u64 <= u32::MAX as u64);
 
 #[derive(Debug)]
 struct Vnic {
@@ -55,6 +74,7 @@ struct Mr {
 
 #[derive(Debug)]
 struct Cq {
+    vnic: VnicId,
     ctx: CtxId,
     users: u32,
 }
@@ -93,12 +113,41 @@ struct Qp {
     sq_retired: u32,
     rq_retired: u32,
     wait: Wait,
+    /// The head WQE moved part of its message already.
+    progress: Option<Progress>,
+}
+
+impl Qp {
+    /// When the head send WQE's timer fires; only an RTS QP with work runs timers (an SQD QP
+    /// keeps its wait but does not execute, so its timer must not keep a driver awake).
+    fn deadline(&self) -> Option<Instant> {
+        if self.attr.qp_state != QpState::Rts || self.sq.is_empty() {
+            return None;
+        }
+        match self.wait {
+            Wait::Rnr { until, .. } | Wait::Retry { until } => Some(until),
+            Wait::None => None,
+        }
+    }
+}
+
+/// How far the head send WQE got, when a message moves over several [`Engine::process`] calls.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// Bytes moved.
+    done: u64,
+    /// To this responder ...
+    peer: QpId,
+    /// ... whose receive queue had retired this many (so the same receive is still the head).
+    peer_rq: u32,
 }
 
 /// Outcome of trying the head send WQE.
 enum Step {
-    /// Done (successfully or not): retire it.
+    /// Done (successfully or not), having moved this many bytes in this step: retire it.
     Done(u64),
+    /// Moved this many bytes of a message that continues in a later step.
+    Partial(u64),
     /// Cannot progress now.
     Blocked,
 }
@@ -119,6 +168,8 @@ pub struct Engine {
     events: VecDeque<(CtxId, Event)>,
     /// Reused list of QPs with work (no allocation per pass).
     scratch: Vec<QpId>,
+    /// The QP the last [`Engine::process`] call stopped at; the next starts after it.
+    cursor: QpId,
 }
 
 fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
@@ -164,6 +215,7 @@ impl Engine {
             completions: VecDeque::new(),
             events: VecDeque::new(),
             scratch: Vec::new(),
+            cursor: QpId(0),
         }
     }
 
@@ -205,6 +257,7 @@ impl Engine {
             .map(|p| p.ctx)
             .collect();
         ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
+        ctxs.extend(self.cqs.values().filter(|c| c.vnic == vnic).map(|c| c.ctx));
         ctxs.sort();
         ctxs.dedup();
         for c in ctxs {
@@ -248,6 +301,9 @@ impl Engine {
         if !self.vnics.contains_key(&vnic) {
             return Err(ENOENT);
         }
+        if self.pds.values().filter(|p| p.vnic == vnic).count() >= MAX_PD {
+            return Err(ENOMEM);
+        }
         let pd = PdId(self.id());
         self.pds.insert(
             pd,
@@ -290,14 +346,24 @@ impl Engine {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
         };
-        if len == 0 || access & !access::SUPPORTED != 0 {
+        if access & !access::SUPPORTED != 0 {
+            return Err(EOPNOTSUPP);
+        }
+        // Remote write or atomic access requires local write (IB spec, every device).
+        if len == 0
+            || (access & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+                && access & access::LOCAL_WRITE == 0)
+        {
             return Err(EINVAL);
         }
         let end = addr.checked_add(len).ok_or(EINVAL)?;
         iova.checked_add(len).ok_or(EINVAL)?;
         let npages = end.div_ceil(PAGE) - addr / PAGE;
-        if pages.len() as u64 != npages {
+        if pages.len() as u64 != npages || pages.iter().any(|p| p % PAGE != 0) {
             return Err(EINVAL);
+        }
+        if self.vnics.get(&vnic).ok_or(ENOENT)?.keys.len() >= MAX_MR {
+            return Err(ENOMEM);
         }
         let mut key;
         loop {
@@ -367,8 +433,18 @@ impl Engine {
         if depth == 0 || depth > MAX_CQE {
             return Err(EINVAL);
         }
+        if self.cqs.values().filter(|c| c.vnic == vnic).count() >= MAX_CQ {
+            return Err(ENOMEM);
+        }
         let cq = CqId(self.id());
-        self.cqs.insert(cq, Cq { ctx, users: 0 });
+        self.cqs.insert(
+            cq,
+            Cq {
+                vnic,
+                ctx,
+                users: 0,
+            },
+        );
         Ok(cq)
     }
 
@@ -405,7 +481,7 @@ impl Engine {
         };
         for cq in [send_cq, recv_cq] {
             match self.cqs.get(&cq) {
-                Some(c) if c.ctx == ctx => {}
+                Some(c) if c.ctx == ctx && c.vnic == vnic => {}
                 _ => return Err(EINVAL),
             }
         }
@@ -419,6 +495,9 @@ impl Engine {
             || cap.max_inline_data as usize > MAX_INLINE
         {
             return Err(EINVAL);
+        }
+        if self.qp_count(vnic) >= MAX_QP || self.by_qpn.len() >= 0xff_0000 {
+            return Err(ENOMEM);
         }
         let mut qpn = self.next_qpn;
         while self.by_qpn.contains_key(&qpn) || qpn < 2 {
@@ -450,6 +529,7 @@ impl Engine {
                 sq_retired: 0,
                 rq_retired: 0,
                 wait: Wait::None,
+                progress: None,
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -549,6 +629,7 @@ impl Engine {
                 q.sq.clear();
                 q.rq.clear();
                 q.wait = Wait::None;
+                q.progress = None;
                 q.attr = QpAttr {
                     cap: q.cap,
                     ..QpAttr::default()
@@ -664,6 +745,13 @@ impl Engine {
     }
 
     /// A send WQE from the ring (already copied and parsed).
+    ///
+    /// In RTS and SQD it is queued, even if its slot did not parse: such a WQE fails with
+    /// `LOC_QP_OP_ERR` when it reaches the head, after the ones before it ran. A WQE that
+    /// arrives in INIT or RTR, beyond the queue depth, or as a broken ring
+    /// ([`ParseError::ProducerIndex`]) fails at once: the QP moves to ERR, what was queued
+    /// flushes and this WQE completes with `LOC_QP_OP_ERR`, last. In ERR it is flushed; in
+    /// RESET it is dropped silently.
     pub fn handle_send_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<SendWqe, ParseError>) {
         let _ = now;
         let Some(q) = self.qps.get_mut(&qp) else {
@@ -671,7 +759,7 @@ impl Engine {
         };
         match q.attr.qp_state {
             QpState::Reset => q.sq_retired = q.sq_retired.wrapping_add(1),
-            QpState::Err => {
+            QpState::Err | QpState::Sqe => {
                 let c = cqe(
                     wqe.as_ref().map(|w| w.wr_id).unwrap_or(0),
                     WcStatus::WrFlushErr,
@@ -681,22 +769,25 @@ impl Engine {
                 q.sq_retired = q.sq_retired.wrapping_add(1);
                 self.completions.push_back((q.send_cq, c, false));
             }
-            QpState::Init | QpState::Rtr => {
+            QpState::Rts | QpState::Sqd
+                if (q.sq.len() as u32) < q.sq_depth
+                    && !matches!(wqe, Err(ParseError::ProducerIndex(_))) =>
+            {
                 q.sq.push_back(wqe);
-                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
             }
-            _ => {
-                if wqe.is_err() || q.sq.len() as u32 >= q.sq_depth {
-                    q.sq.push_back(wqe);
-                    self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
-                } else {
-                    q.sq.push_back(wqe);
-                }
+            state => {
+                tracing::debug!(qpn = q.qpn, ?state, ok = wqe.is_ok(), "send WQE refused");
+                q.sq.push_back(wqe);
+                self.fail_qp_with(qp, None, Some(WcStatus::LocQpOpErr), None);
             }
         }
     }
 
     /// A receive WQE from the ring.
+    ///
+    /// Queued in INIT, RTR, RTS and SQD. A slot that did not parse or exceeds the queue depth
+    /// fails at once: the QP moves to ERR, posted receives flush and this one completes with
+    /// `LOC_QP_OP_ERR`, last. In ERR it is flushed; in RESET it is dropped silently.
     pub fn handle_recv_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<RecvWqe, ParseError>) {
         let _ = now;
         let Some(q) = self.qps.get_mut(&qp) else {
@@ -715,12 +806,13 @@ impl Engine {
                 self.completions.push_back((q.recv_cq, c, false));
             }
             (_, Ok(w)) if (q.rq.len() as u32) < q.rq_depth => q.rq.push_back(w),
-            (_, w) => {
+            (state, w) => {
+                tracing::debug!(qpn = q.qpn, ?state, ok = w.is_ok(), "receive WQE refused");
                 q.rq.push_back(w.unwrap_or(RecvWqe {
                     wr_id: 0,
                     sges: Vec::new(),
                 }));
-                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+                self.fail_qp_with(qp, None, None, Some(WcStatus::LocQpOpErr));
             }
         }
     }
@@ -730,6 +822,18 @@ impl Engine {
     /// Moves a QP to ERR because of an error: the head send completes with `head` (if given and
     /// present), everything else flushes, and the owner gets `QP_FATAL`.
     fn fail_qp(&mut self, qp: QpId, head: Option<WcStatus>) {
+        self.fail_qp_with(qp, head, None, None);
+    }
+
+    /// [`Engine::fail_qp`], where the last queued send (`sq_last`) or receive (`rq_last`)
+    /// completes with the given status instead of `WR_FLUSH_ERR`.
+    fn fail_qp_with(
+        &mut self,
+        qp: QpId,
+        head: Option<WcStatus>,
+        sq_last: Option<WcStatus>,
+        rq_last: Option<WcStatus>,
+    ) {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
@@ -751,20 +855,30 @@ impl Engine {
         }
         q.attr.qp_state = QpState::Err;
         let ctx = q.ctx;
-        self.flush(qp);
+        self.flush_with(qp, sq_last, rq_last);
         self.events.push_back((ctx, Event::QpFatal { qp }));
     }
 
     /// Completes everything queued on an ERR QP with `WR_FLUSH_ERR`.
     fn flush(&mut self, qp: QpId) {
+        self.flush_with(qp, None, None);
+    }
+
+    /// [`Engine::flush`], with another status for the last send or receive.
+    fn flush_with(&mut self, qp: QpId, sq_last: Option<WcStatus>, rq_last: Option<WcStatus>) {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
         q.wait = Wait::None;
+        q.progress = None;
         while let Some(w) = q.sq.pop_front() {
+            let status = match sq_last {
+                Some(s) if q.sq.is_empty() => s,
+                _ => WcStatus::WrFlushErr,
+            };
             let c = cqe(
                 w.as_ref().map(|w| w.wr_id).unwrap_or(0),
-                WcStatus::WrFlushErr,
+                status,
                 wqe_wc_opcode(&w),
                 q.qpn,
             );
@@ -772,7 +886,11 @@ impl Engine {
             self.completions.push_back((q.send_cq, c, false));
         }
         while let Some(w) = q.rq.pop_front() {
-            let c = cqe(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+            let status = match rq_last {
+                Some(s) if q.rq.is_empty() => s,
+                _ => WcStatus::WrFlushErr,
+            };
+            let c = cqe(w.wr_id, status, WcOpcode::Recv, q.qpn);
             q.rq_retired = q.rq_retired.wrapping_add(1);
             self.completions.push_back((q.recv_cq, c, false));
         }
@@ -780,59 +898,93 @@ impl Engine {
 
     // ---- execution -------------------------------------------------------------------------
 
-    /// Timers are checked in [`Engine::process`]; this exists for drivers that separate the two.
+    /// Fires the timers that are due: a QP waiting for a missing responder fails with
+    /// `RETRY_EXC_ERR`; a QP waiting on RNR counts one retry (and fails with
+    /// `RNR_RETRY_EXC_ERR` once they are used up). [`Engine::process`] fires them too, so a
+    /// driver may call either or both.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
-    }
-
-    /// The earliest deadline of a waiting QP.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps
-            .values()
-            .filter_map(|q| match q.wait {
-                Wait::Rnr { until, .. } | Wait::Retry { until } => Some(until),
-                Wait::None => None,
-            })
-            .min()
-    }
-
-    /// The next completion: `(cq, cqe, solicited)`.
-    pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
-        self.completions.pop_front()
-    }
-
-    /// The next async event for a context.
-    pub fn poll_event(&mut self) -> Option<(CtxId, Event)> {
-        self.events.pop_front()
-    }
-
-    /// Executes queued work requests, a bounded amount; returns whether anything happened.
-    pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
-        let mut did = false;
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
         ids.extend(
             self.qps
                 .iter()
-                .filter(|(_, q)| !q.sq.is_empty() && q.attr.qp_state == QpState::Rts)
+                .filter(|(_, q)| q.deadline().is_some_and(|t| now >= t))
                 .map(|(&id, _)| id),
         );
-        // Each QP gets its own budget, so one busy QP cannot starve the others.
         for &qp in &ids {
-            let (mut wrs, mut bytes) = (0, 0u64);
-            while wrs < WR_BUDGET && bytes < BYTE_BUDGET {
+            let Some(q) = self.qps.get(&qp) else { continue };
+            match (q.wait, self.responder(qp)) {
+                (Wait::Retry { .. }, None) => self.fail_qp(qp, Some(WcStatus::RetryExcErr)),
+                (Wait::Rnr { .. }, Some(peer))
+                    if self.qps.get(&peer).is_some_and(|p| p.rq.is_empty()) =>
+                {
+                    self.rnr(now, qp, peer);
+                }
+                // The situation changed: the next `process` retries at once.
+                _ => {}
+            }
+        }
+        self.scratch = ids;
+    }
+
+    /// The earliest deadline of a waiting QP.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(Qp::deadline).min()
+    }
+
+    /// The next completion: `(cq, cqe, solicited)`.
+    #[must_use]
+    pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
+        self.completions.pop_front()
+    }
+
+    /// The next async event for a context.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<(CtxId, Event)> {
+        self.events.pop_front()
+    }
+
+    /// Executes queued work requests, a bounded amount: at most [`PASS_WRS`] work requests and
+    /// about [`PASS_BYTES`] bytes (plus at most one [`CHUNK`]) per call, at most [`QP_WRS`]
+    /// work requests and [`CHUNK`] bytes of them per QP, starting after the QP the previous
+    /// call stopped at. A large message moves in chunks over several calls. Returns whether
+    /// anything happened; if not, nothing will until a WQE arrives or [`Engine::poll_timeout`]
+    /// passes.
+    pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
+        let mut did = false;
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        let ready = |(&id, q): (&QpId, &Qp)| {
+            (!q.sq.is_empty() && q.attr.qp_state == QpState::Rts).then_some(id)
+        };
+        let after = self
+            .qps
+            .range((Bound::Excluded(self.cursor), Bound::Unbounded));
+        let before = self.qps.range(..=self.cursor);
+        ids.extend(after.chain(before).filter_map(ready));
+        let (mut pass_wrs, mut pass_bytes) = (0usize, 0u64);
+        for &qp in &ids {
+            if pass_wrs >= PASS_WRS || pass_bytes >= PASS_BYTES {
+                break;
+            }
+            self.cursor = qp;
+            let (mut wrs, mut bytes) = (0usize, 0u64);
+            while wrs < QP_WRS && bytes < CHUNK && pass_wrs < PASS_WRS && pass_bytes < PASS_BYTES {
                 let Some(q) = self.qps.get(&qp) else { break };
                 if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
                     break;
                 }
-                match self.step(now, qp, mem) {
-                    Step::Done(n) => {
-                        did = true;
-                        wrs += 1;
-                        bytes += n;
-                    }
-                    Step::Blocked => break,
-                }
+                let (n, retired) = match self.step(now, qp, mem) {
+                    Step::Done(n) => (n, 1),
+                    Step::Partial(n) if n > 0 => (n, 0),
+                    Step::Partial(_) | Step::Blocked => break,
+                };
+                did = true;
+                wrs += retired;
+                pass_wrs += retired;
+                bytes = bytes.saturating_add(n);
+                pass_bytes = pass_bytes.saturating_add(n);
             }
         }
         self.scratch = ids;
@@ -872,11 +1024,12 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
+        q.wait = Wait::None;
+        q.progress = None;
         let Some(Ok(w)) = q.sq.pop_front() else {
             return;
         };
         q.sq_retired = q.sq_retired.wrapping_add(1);
-        q.wait = Wait::None;
         if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
             let mut c = cqe(w.wr_id, WcStatus::Success, w.opcode.wc_opcode(), q.qpn);
             c.byte_len = byte_len;
@@ -884,10 +1037,40 @@ impl Engine {
         }
     }
 
+    /// Records that the head WQE moved its first `done` bytes to `peer` and continues later.
+    fn partial(&mut self, qp: QpId, peer: QpId, done: u64, n: u64) -> Step {
+        let peer_rq = self.qps.get(&peer).map(|p| p.rq_retired).unwrap_or(0);
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.wait = Wait::None;
+            q.progress = Some(Progress {
+                done,
+                peer,
+                peer_rq,
+            });
+        }
+        Step::Partial(n)
+    }
+
     fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
         let Some(q) = self.qps.get(&qp) else {
             return Step::Blocked;
         };
+        // A waiting head costs nothing until its timer fires or its responder changes.
+        match q.wait {
+            Wait::Rnr { until, .. }
+                if now < until
+                    && self
+                        .responder(qp)
+                        .and_then(|p| self.qps.get(&p))
+                        .is_some_and(|p| p.rq.is_empty()) =>
+            {
+                return Step::Blocked;
+            }
+            Wait::Retry { until } if now < until && self.responder(qp).is_none() => {
+                return Step::Blocked;
+            }
+            _ => {}
+        }
         let wqe = match q.sq.front() {
             Some(Ok(w)) => w.clone(),
             Some(Err(_)) => {
@@ -896,7 +1079,7 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let (vnic, pd) = (q.vnic, q.pd);
+        let (vnic, pd, uc) = (q.vnic, q.pd, q.uc);
         let len = wqe.payload.len();
         if len > u64::from(MAX_MSG_SIZE) {
             self.fail_qp(qp, Some(WcStatus::LocLenErr));
@@ -907,26 +1090,24 @@ impl Engine {
             wqe.opcode,
             SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
         );
-        let uc = q.uc;
         if uc && needs_write {
             // UC has no responses: READ and atomics are invalid on it.
             self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
             return Step::Done(0);
         }
-        let local = match &wqe.payload {
-            SendPayload::Sges(sges) => match self.translate_sges(vnic, pd, sges, needs_write) {
-                Some(runs) => Some(runs),
-                None => {
+        match &wqe.payload {
+            SendPayload::Sges(sges) => {
+                if !self.check_sges(vnic, pd, sges, needs_write) {
                     self.fail_qp(qp, Some(WcStatus::LocProtErr));
                     return Step::Done(0);
                 }
-            },
+            }
             SendPayload::Inline(_) if needs_write => {
                 self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
                 return Step::Done(0);
             }
-            SendPayload::Inline(_) => None,
-        };
+            SendPayload::Inline(_) => {}
+        }
         // Remote side.
         let Some(peer) = self.responder(qp) else {
             if uc {
@@ -934,7 +1115,9 @@ impl Engine {
                 self.complete_head(qp, len as u32);
                 return Step::Done(len);
             }
-            let q = self.qps.get_mut(&qp).expect("checked above");
+            let Some(q) = self.qps.get_mut(&qp) else {
+                return Step::Blocked;
+            };
             match q.wait {
                 Wait::Retry { until } if now >= until => {
                     self.fail_qp(qp, Some(WcStatus::RetryExcErr));
@@ -951,16 +1134,23 @@ impl Engine {
             }
             return Step::Blocked;
         };
+        // Continue a message in progress if it still goes to the same receive; otherwise
+        // start over, as a retransmission would.
+        let peer_rq = self.qps.get(&peer).map(|p| p.rq_retired).unwrap_or(0);
+        let done = match self.qps.get_mut(&qp).and_then(|q| q.progress.take()) {
+            Some(p) if p.peer == peer && p.peer_rq == peer_rq && p.done < len => p.done,
+            _ => 0,
+        };
         match wqe.opcode {
             SendOpcode::Send | SendOpcode::SendWithImm => {
-                self.exec_send(now, qp, peer, &wqe, local, mem)
+                self.exec_send(now, qp, peer, &wqe, done, mem)
             }
             SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => {
-                self.exec_write(now, qp, peer, &wqe, local, mem)
+                self.exec_write(now, qp, peer, &wqe, done, mem)
             }
-            SendOpcode::RdmaRead => self.exec_read(qp, peer, &wqe, local.unwrap_or_default(), mem),
+            SendOpcode::RdmaRead => self.exec_read(qp, peer, &wqe, done, mem),
             SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd => {
-                self.exec_atomic(qp, peer, &wqe, local.unwrap_or_default(), mem)
+                self.exec_atomic(qp, peer, &wqe, mem)
             }
         }
     }
@@ -976,6 +1166,7 @@ impl Engine {
             return Step::Blocked;
         };
         let limit = q.attr.rnr_retry;
+        let rearm = now + Duration::from_micros(state::rnr_timer_us(timer));
         match q.wait {
             Wait::Rnr { until, retries } if now >= until => {
                 let retries = retries.saturating_add(1);
@@ -984,14 +1175,14 @@ impl Engine {
                     return Step::Done(0);
                 }
                 q.wait = Wait::Rnr {
-                    until: now + Duration::from_micros(state::rnr_timer_us(timer)),
+                    until: rearm,
                     retries,
                 };
             }
             Wait::Rnr { .. } => {}
             _ => {
                 q.wait = Wait::Rnr {
-                    until: now + Duration::from_micros(state::rnr_timer_us(timer)),
+                    until: rearm,
                     retries: 0,
                 }
             }
@@ -1005,13 +1196,47 @@ impl Engine {
         self.fail_qp(peer, None);
     }
 
+    /// The region runs of the requester's payload bytes `[done, done + n)`.
+    fn local_runs(&self, qp: QpId, wqe: &SendWqe, done: u64, n: u64) -> Vec<(Loc, u64)> {
+        let mut runs = Vec::new();
+        if let (SendPayload::Sges(sges), Some(q)) = (&wqe.payload, self.qps.get(&qp)) {
+            // Checked by `check_sges` in this same step, so it cannot fail.
+            let _ = self.sge_runs(q.vnic, sges, done, n, &mut runs);
+        }
+        runs
+    }
+
+    /// Moves payload bytes `[done, done + n)` of `wqe` into `dst`.
+    fn gather(
+        &self,
+        qp: QpId,
+        wqe: &SendWqe,
+        done: u64,
+        n: u64,
+        dst: &[(Loc, u64)],
+        mem: &mut dyn Memory,
+    ) {
+        match &wqe.payload {
+            SendPayload::Inline(data) => {
+                let (a, b) = (done as usize, done.saturating_add(n) as usize);
+                if let Some(part) = data.get(a..b) {
+                    scatter_bytes(mem, part, dst);
+                }
+            }
+            SendPayload::Sges(_) => {
+                let src = self.local_runs(qp, wqe, done, n);
+                copy_runs(mem, &src, dst, n);
+            }
+        }
+    }
+
     fn exec_send(
         &mut self,
         now: Instant,
         qp: QpId,
         peer: QpId,
         wqe: &SendWqe,
-        local: Option<Vec<(Loc, u64)>>,
+        done: u64,
         mem: &mut dyn Memory,
     ) -> Step {
         let len = wqe.payload.len();
@@ -1019,7 +1244,7 @@ impl Engine {
             return Step::Blocked;
         };
         let uc = p.uc;
-        let Some(recv) = p.rq.front().cloned() else {
+        let Some(recv) = p.rq.front() else {
             if uc {
                 // No receive posted: a UC responder drops the message; the sender never knows.
                 self.complete_head(qp, len as u32);
@@ -1027,38 +1252,42 @@ impl Engine {
             }
             return self.rnr(now, qp, peer);
         };
-        let (pvnic, ppd) = (p.vnic, p.pd);
         let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
-        let dst = self.translate_sges(pvnic, ppd, &recv.sges, true);
-        if uc && (dst.is_none() || len > capacity) {
+        let prot_ok = self.check_sges(p.vnic, p.pd, &recv.sges, true);
+        let n = len.saturating_sub(done).min(CHUNK);
+        let mut dst = Vec::new();
+        if prot_ok && len <= capacity {
+            // Checked just above, so it cannot fail.
+            let _ = self.sge_runs(p.vnic, &recv.sges, done, n, &mut dst);
+        }
+        if uc && (!prot_ok || len > capacity) {
             // A UC responder that cannot take the message fails its receive and its QP; the
             // sender is not told.
-            let status = if dst.is_none() {
-                WcStatus::LocProtErr
-            } else {
+            let status = if prot_ok {
                 WcStatus::LocLenErr
+            } else {
+                WcStatus::LocProtErr
             };
             self.take_recv(peer, status, 0, None);
             self.fail_qp(peer, None);
             self.complete_head(qp, len as u32);
             return Step::Done(len);
         }
-        let Some(dst) = dst else {
+        if !prot_ok {
             // The responder's own receive buffer is bad: its receive fails, the requester
             // learns a remote operational error.
             self.take_recv(peer, WcStatus::LocProtErr, 0, None);
             self.fail_both(qp, WcStatus::RemOpErr, peer);
             return Step::Done(0);
-        };
+        }
         if len > capacity {
             self.take_recv(peer, WcStatus::LocLenErr, 0, None);
             self.fail_both(qp, WcStatus::RemInvReqErr, peer);
             return Step::Done(0);
         }
-        match (&wqe.payload, local) {
-            (SendPayload::Inline(data), _) => scatter_bytes(mem, data, &dst),
-            (_, Some(src)) => copy_runs(mem, &src, &dst, len),
-            _ => {}
+        self.gather(qp, wqe, done, n, &dst, mem);
+        if done + n < len {
+            return self.partial(qp, peer, done + n, n);
         }
         let imm = (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data);
         let (slid, qpn) = (
@@ -1075,7 +1304,7 @@ impl Engine {
             wqe.flags.contains(SendFlags::SOLICITED),
         );
         self.complete_head(qp, len as u32);
-        Step::Done(len)
+        Step::Done(n)
     }
 
     fn exec_write(
@@ -1084,7 +1313,7 @@ impl Engine {
         qp: QpId,
         peer: QpId,
         wqe: &SendWqe,
-        local: Option<Vec<(Loc, u64)>>,
+        done: u64,
         mem: &mut dyn Memory,
     ) -> Step {
         let len = wqe.payload.len();
@@ -1097,10 +1326,17 @@ impl Engine {
             }
             return self.rnr(now, qp, peer);
         }
+        let n = len.saturating_sub(done).min(CHUNK);
+        // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
         let dst = if len == 0 {
             Some(Vec::new())
         } else {
-            self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_WRITE)
+            self.remote_mr(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_WRITE)
+                .and_then(|m| {
+                    let mut runs = Vec::new();
+                    translate(m, wqe.remote_addr.checked_add(done)?, n, &mut runs)?;
+                    Some(runs)
+                })
         };
         let Some(dst) = dst else {
             if uc {
@@ -1111,10 +1347,9 @@ impl Engine {
             self.fail_both(qp, WcStatus::RemAccessErr, peer);
             return Step::Done(0);
         };
-        match (&wqe.payload, local) {
-            (SendPayload::Inline(data), _) => scatter_bytes(mem, data, &dst),
-            (_, Some(src)) => copy_runs(mem, &src, &dst, len),
-            _ => {}
+        self.gather(qp, wqe, done, n, &dst, mem);
+        if done + n < len {
+            return self.partial(qp, peer, done + n, n);
         }
         if with_imm {
             let (slid, qpn) = (
@@ -1132,7 +1367,7 @@ impl Engine {
             );
         }
         self.complete_head(qp, len as u32);
-        Step::Done(len)
+        Step::Done(n)
     }
 
     fn exec_read(
@@ -1140,44 +1375,54 @@ impl Engine {
         qp: QpId,
         peer: QpId,
         wqe: &SendWqe,
-        local: Vec<(Loc, u64)>,
+        done: u64,
         mem: &mut dyn Memory,
     ) -> Step {
         let len = wqe.payload.len();
+        let n = len.saturating_sub(done).min(CHUNK);
         let src = if len == 0 {
             Some(Vec::new())
         } else {
-            self.translate_remote(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_READ)
+            self.remote_mr(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_READ)
+                .and_then(|m| {
+                    let mut runs = Vec::new();
+                    translate(m, wqe.remote_addr.checked_add(done)?, n, &mut runs)?;
+                    Some(runs)
+                })
         };
         let Some(src) = src else {
             self.fail_both(qp, WcStatus::RemAccessErr, peer);
             return Step::Done(0);
         };
-        copy_runs(mem, &src, &local, len);
+        let local = self.local_runs(qp, wqe, done, n);
+        copy_runs(mem, &src, &local, n);
+        if done + n < len {
+            return self.partial(qp, peer, done + n, n);
+        }
         self.complete_head(qp, len as u32);
-        Step::Done(len)
+        Step::Done(n)
     }
 
-    fn exec_atomic(
-        &mut self,
-        qp: QpId,
-        peer: QpId,
-        wqe: &SendWqe,
-        local: Vec<(Loc, u64)>,
-        mem: &mut dyn Memory,
-    ) -> Step {
-        if wqe.payload.len() != 8 || !wqe.remote_addr.is_multiple_of(8) {
+    fn exec_atomic(&mut self, qp: QpId, peer: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Step {
+        if wqe.payload.len() != 8 {
+            // The local buffer must hold exactly the 8-byte original value.
+            self.fail_qp(qp, Some(WcStatus::LocLenErr));
+            return Step::Done(0);
+        }
+        if !wqe.remote_addr.is_multiple_of(8) {
             self.fail_both(qp, WcStatus::RemInvReqErr, peer);
             return Step::Done(0);
         }
-        let Some(dst) =
-            self.translate_remote(peer, wqe.remote_addr, 8, wqe.rkey, access::REMOTE_ATOMIC)
-        else {
-            self.fail_both(qp, WcStatus::RemAccessErr, peer);
-            return Step::Done(0);
-        };
+        let dst = self
+            .remote_mr(peer, wqe.remote_addr, 8, wqe.rkey, access::REMOTE_ATOMIC)
+            .and_then(|m| {
+                let mut runs = Vec::new();
+                translate(m, wqe.remote_addr, 8, &mut runs)?;
+                Some(runs)
+            });
         // An aligned 8-byte word never crosses a page, so it is one run.
-        let Some(&(at, _)) = dst.first() else {
+        let Some(&(at, _)) = dst.as_ref().and_then(|d| d.first()) else {
+            self.fail_both(qp, WcStatus::RemAccessErr, peer);
             return Step::Done(0);
         };
         let mut old = [0u8; 8];
@@ -1191,6 +1436,7 @@ impl Engine {
         if let Some(v) = new {
             mem.write(at, &v.to_le_bytes());
         }
+        let local = self.local_runs(qp, wqe, 0, 8);
         scatter_bytes(mem, &old, &local);
         self.complete_head(qp, 8);
         Step::Done(8)
@@ -1246,54 +1492,64 @@ impl Engine {
         self.completions.push_back((p.recv_cq, c, solicited));
     }
 
-    /// Translates local SGEs (lkeys of `vnic` in `pd`) into region runs; `None` on any
-    /// protection failure.
-    fn translate_sges(
-        &self,
-        vnic: VnicId,
-        pd: PdId,
-        sges: &[Sge],
-        write: bool,
-    ) -> Option<Vec<(Loc, u64)>> {
-        let v = self.vnics.get(&vnic)?;
-        let mut runs = Vec::new();
-        for s in sges.iter().take(MAX_SGE) {
-            if s.length == 0 {
-                continue;
-            }
-            let &mr = v.keys.get(&s.lkey)?;
-            let m = self.mrs.get(&mr)?;
-            if m.pd != pd || (write && m.access & access::LOCAL_WRITE == 0) {
-                return None;
-            }
-            translate(m, s.addr, u64::from(s.length), &mut runs)?;
-        }
-        Some(runs)
+    /// Checks local SGEs: each nonempty one names an MR of `vnic` by lkey, in `pd`, with
+    /// `LOCAL_WRITE` if `write`, and lies inside it.
+    fn check_sges(&self, vnic: VnicId, pd: PdId, sges: &[Sge], write: bool) -> bool {
+        let Some(v) = self.vnics.get(&vnic) else {
+            return false;
+        };
+        sges.iter().all(|s| {
+            s.length == 0
+                || v.keys
+                    .get(&s.lkey)
+                    .and_then(|mr| self.mrs.get(mr))
+                    .is_some_and(|m| {
+                        m.pd == pd
+                            && (!write || m.access & access::LOCAL_WRITE != 0)
+                            && inside(m, s.addr, u64::from(s.length))
+                    })
+        })
     }
 
-    /// Translates a remote range through the responder's rkey, with the responder's PD and
-    /// access checks; `None` on any violation.
-    fn translate_remote(
-        &mut self,
-        peer: QpId,
-        addr: u64,
-        len: u64,
-        rkey: u32,
-        need: u32,
-    ) -> Option<Vec<(Loc, u64)>> {
+    /// Appends the region runs of bytes `[skip, skip + take)` of an SGE list (already checked
+    /// by [`Engine::check_sges`]) to `runs`.
+    fn sge_runs(
+        &self,
+        vnic: VnicId,
+        sges: &[Sge],
+        mut skip: u64,
+        mut take: u64,
+        runs: &mut Vec<(Loc, u64)>,
+    ) -> Option<()> {
+        let v = self.vnics.get(&vnic)?;
+        for s in sges {
+            if take == 0 {
+                break;
+            }
+            let l = u64::from(s.length);
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let n = (l - skip).min(take);
+            let m = self.mrs.get(v.keys.get(&s.lkey)?)?;
+            translate(m, s.addr.checked_add(skip)?, n, runs)?;
+            skip = 0;
+            take -= n;
+        }
+        Some(())
+    }
+
+    /// The responder's MR for `[addr, addr+len)` under `rkey`, if the responder QP allows
+    /// `need`, the MR is in its PD, allows `need` and holds the whole range.
+    fn remote_mr(&self, peer: QpId, addr: u64, len: u64, rkey: u32, need: u32) -> Option<&Mr> {
         let p = self.qps.get(&peer)?;
         if p.attr.qp_access_flags & need == 0 {
             return None;
         }
         let v = self.vnics.get(&p.vnic)?;
-        let &mr = v.keys.get(&rkey)?;
-        let m = self.mrs.get(&mr)?;
-        if m.pd != p.pd || m.access & need == 0 {
-            return None;
-        }
-        let mut runs = Vec::new();
-        translate(m, addr, len, &mut runs)?;
-        Some(runs)
+        let m = self.mrs.get(v.keys.get(&rkey)?)?;
+        (m.pd == p.pd && m.access & need != 0 && inside(m, addr, len)).then_some(m)
     }
 
     /// The number of completions waiting (for tests and metrics).
@@ -1302,24 +1558,30 @@ impl Engine {
     }
 }
 
+/// Whether `[addr, addr+len)` (in the MR's iova space) lies inside the MR.
+fn inside(m: &Mr, addr: u64, len: u64) -> bool {
+    addr.checked_sub(m.iova)
+        .and_then(|start| start.checked_add(len))
+        .is_some_and(|end| end <= m.len)
+}
+
 /// Appends the region runs of `[addr, addr+len)` (in the MR's iova space) to `runs`, merging
 /// contiguous pages; `None` if the range leaves the MR.
 fn translate(m: &Mr, addr: u64, len: u64, runs: &mut Vec<(Loc, u64)>) -> Option<()> {
-    let start = addr.checked_sub(m.iova)?;
-    let end = start.checked_add(len)?;
-    if end > m.len {
+    if !inside(m, addr, len) {
         return None;
     }
+    let start = addr - m.iova;
     let mut app = m.addr.checked_add(start)?;
-    let app_end = m.addr.checked_add(end)?;
+    let app_end = app.checked_add(len)?;
     let first_page = m.addr / PAGE;
     while app < app_end {
-        let page = (app / PAGE - first_page) as usize;
+        let page = usize::try_from(app / PAGE - first_page).ok()?;
         let in_page = app % PAGE;
         let n = (PAGE - in_page).min(app_end - app);
-        let off = m.pages.get(page)? + in_page;
+        let off = m.pages.get(page)?.checked_add(in_page)?;
         match runs.last_mut() {
-            Some((loc, l)) if loc.vnic == m.vnic && loc.off + *l == off => *l += n,
+            Some((loc, l)) if loc.vnic == m.vnic && loc.off.checked_add(*l) == Some(off) => *l += n,
             _ => runs.push((Loc { vnic: m.vnic, off }, n)),
         }
         app += n;
@@ -1327,13 +1589,14 @@ fn translate(m: &Mr, addr: u64, len: u64, runs: &mut Vec<(Loc, u64)>) -> Option<
     Some(())
 }
 
-/// Copies `len` bytes from the `src` runs into the `dst` runs.
+/// Copies `len` bytes from the `src` runs into the `dst` runs, one [`Memory::copy`] per
+/// stretch that is contiguous on both sides.
 fn copy_runs(mem: &mut dyn Memory, src: &[(Loc, u64)], dst: &[(Loc, u64)], len: u64) {
     let (mut si, mut so, mut di, mut dof) = (0usize, 0u64, 0usize, 0u64);
     let mut left = len;
-    while left > 0 && si < src.len() && di < dst.len() {
-        let (s, sl) = src[si];
-        let (d, dl) = dst[di];
+    while left > 0
+        && let (Some(&(s, sl)), Some(&(d, dl))) = (src.get(si), dst.get(di))
+    {
         let n = (sl - so).min(dl - dof).min(left);
         mem.copy(
             Loc {
@@ -1367,8 +1630,85 @@ fn scatter_bytes(mem: &mut dyn Memory, data: &[u8], dst: &[(Loc, u64)]) {
         if at >= data.len() {
             break;
         }
-        let n = (l as usize).min(data.len() - at);
+        let n = usize::try_from(l)
+            .unwrap_or(usize::MAX)
+            .min(data.len() - at);
         mem.write(d, &data[at..at + n]);
         at += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mr(addr: u64, len: u64, iova: u64, pages: Vec<u64>) -> Mr {
+        Mr {
+            vnic: VnicId(1),
+            ctx: CtxId(1),
+            pd: PdId(1),
+            addr,
+            len,
+            iova,
+            access: 0,
+            key: 1,
+            pages,
+        }
+    }
+
+    #[test]
+    fn translation_merges_contiguous_pages_into_one_run() {
+        let m = mr(
+            0x1008,
+            3 * 4096,
+            0x1008,
+            vec![0x10_000, 0x11_000, 0x12_000, 0x13_000],
+        );
+        let mut runs = Vec::new();
+        translate(&m, 0x1008, 3 * 4096, &mut runs).unwrap();
+        let at = Loc {
+            vnic: VnicId(1),
+            off: 0x10_008,
+        };
+        assert_eq!(runs, vec![(at, 3 * 4096)]);
+    }
+
+    #[test]
+    fn translation_splits_at_discontiguous_pages_and_honours_iova() {
+        // App bytes from 0x2ffe; iova 0 names the first of them.
+        let m = mr(0x2ffe, 4, 0, vec![0x5000, 0x1000]);
+        let mut runs = Vec::new();
+        translate(&m, 1, 3, &mut runs).unwrap();
+        let l = |off| Loc {
+            vnic: VnicId(1),
+            off,
+        };
+        assert_eq!(runs, vec![(l(0x5fff), 1), (l(0x1000), 2)]);
+        assert_eq!(translate(&m, 1, 4, &mut runs), None, "past the end");
+        assert_eq!(translate(&m, u64::MAX, 2, &mut runs), None, "overflow");
+    }
+
+    #[test]
+    fn copy_runs_uses_one_copy_per_stretch_contiguous_on_both_sides() {
+        struct Log(Vec<(u64, u64, usize)>);
+        impl Memory for Log {
+            fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+                self.0.push((src.off, dst.off, len));
+            }
+            fn write(&mut self, _: Loc, _: &[u8]) {}
+            fn read(&mut self, _: Loc, _: &mut [u8]) {}
+        }
+        let l = |off| Loc {
+            vnic: VnicId(1),
+            off,
+        };
+        let mut log = Log(Vec::new());
+        copy_runs(
+            &mut log,
+            &[(l(0), 10), (l(100), 10)],
+            &[(l(1000), 15), (l(2000), 5)],
+            20,
+        );
+        assert_eq!(log.0, vec![(0, 1000, 10), (100, 1010, 5), (105, 2000, 5)]);
     }
 }

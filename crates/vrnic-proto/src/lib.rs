@@ -1,29 +1,132 @@
 //! The vrnic engine: executes verbs work requests the way an RNIC does, with no I/O of its own.
 //!
-//! The engine owns the objects of every vRNIC on a daemon (protection domains, memory regions,
-//! completion queues, queue pairs), runs the QP state machine with the attribute-mask rules of
-//! the InfiniBand spec, and executes RC work requests between QPs it holds: SEND and
-//! SEND_WITH_IMM (matched to posted receives, RNR waits when none is posted), RDMA WRITE and
-//! WRITE_WITH_IMM, RDMA READ and the two atomics, with lkey/rkey/PD/access/bounds checks that
-//! produce the completion statuses a real device produces, and flush on error.
+//! The engine plays the RNIC inside the host daemon. It owns the objects of every vRNIC on
+//! the daemon (protection domains, memory regions, completion queues, queue pairs), runs the
+//! QP state machine with the attribute-mask rules of the InfiniBand spec (`EINVAL` for a
+//! missing or disallowed mask bit or an illegal transition), and executes RC and UC work
+//! requests between QPs it holds, copying each byte once from the source MR to the
+//! destination MR: SEND and SEND_WITH_IMM (matched to posted receives; RNR waits when none is
+//! posted, and retries as soon as one is), RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the
+//! two atomics. lkey/rkey, PD, access-flag and bounds checks produce the completion statuses
+//! a real device (rxe) produces; an error completes its work request, flushes the rest with
+//! `WR_FLUSH_ERR`, moves the QP to ERR and raises [`Event::QpFatal`].
 //!
-//! What it deliberately is not: a transport or a memory mapper. It reaches registered memory
-//! only through the [`Memory`] trait (the daemon implements it over the mapped region files;
-//! tests over vectors), learns time only from `now` arguments and randomness from the seed
-//! given to [`Engine::new`]. Every call does bounded work, whatever a hostile work request says.
+//! # What it is not
+//!
+//! Not a transport, a ring reader or a memory mapper. It reaches registered memory only
+//! through the [`Memory`] trait (the daemon implements it over the mapped region files, tests
+//! over vectors), learns time only from `now` arguments and randomness (memory keys) only
+//! from the seed given to [`Engine::new`]. No threads, sockets, clocks or `unsafe`.
+//!
+//! # Driving it
+//!
+//! * Control verbs (`alloc_pd`, `reg_mr`, `create_qp`, `modify_qp`, ...) return
+//!   `Result<_, Errno>`; every one checks that the object belongs to the calling context.
+//! * Work requests come from the rings: hand at most [`Engine::sq_room`] /
+//!   [`Engine::rq_room`] of them to [`Engine::handle_send_wqe`] /
+//!   [`Engine::handle_recv_wqe`]; ring slots up to [`Engine::sq_retired`] /
+//!   [`Engine::rq_retired`] (free-running counts) may be reused by the app.
+//! * [`Engine::process`] executes a bounded amount (at most [`PASS_WRS`] work requests and
+//!   about [`PASS_BYTES`] bytes; large messages move in [`CHUNK`]s over several calls) and
+//!   says whether it did anything; call it again while it does. Then drain
+//!   [`Engine::poll_completion`] and [`Engine::poll_event`].
+//! * When idle, sleep until [`Engine::poll_timeout`] (RNR and transport timers) or the next
+//!   doorbell, then call [`Engine::handle_timeout`] and [`Engine::process`].
+//!
+//! # Panics
+//!
+//! None on any input: work requests are untrusted, so their lengths, SGE counts, keys and
+//! addresses are checked with checked arithmetic, and every loop they drive is bounded. The
+//! page lists given to [`Engine::reg_mr`] are trusted: the daemon builds them and its
+//! [`Memory`] must accept every offset in them.
+//!
+//! # Example
+//!
+//! Two vRNICs, one RC QP on each, connected; an RDMA WRITE lands in the peer's MR.
 //!
 //! ```
 //! use std::time::Instant;
-//! use vrnic_proto::{CtxId, Engine, VnicId};
-//! let mut e = Engine::new(1);
-//! e.add_vnic(VnicId(1), 1, [0; 16]);
-//! let pd = e.alloc_pd(VnicId(1), CtxId(1)).unwrap();
-//! let cq = e.create_cq(VnicId(1), CtxId(1), 16).unwrap();
-//! let cap = vrnic_wire::QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-//! let (qp, qpn) = e.create_qp(CtxId(1), pd, cq, cq, vrnic_wire::QpType::Rc, cap, false).unwrap();
-//! assert!(qpn > 1);
-//! assert_eq!(e.qp_state(qp), Some(vrnic_wire::QpState::Reset));
-//! # let _ = Instant::now();
+//! use vrnic_proto::{CtxId, Engine, Loc, Memory, VnicId};
+//! use vrnic_wire::{
+//!     AhAttr, QpAttr, QpCap, QpState, QpType, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
+//!     WcStatus, access, qp_attr,
+//! };
+//!
+//! /// One 8 KiB region per vRNIC.
+//! struct Regions(Vec<Vec<u8>>);
+//! impl Memory for Regions {
+//!     fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+//!         let mut tmp = vec![0; len];
+//!         self.read(src, &mut tmp);
+//!         self.write(dst, &tmp);
+//!     }
+//!     fn write(&mut self, dst: Loc, data: &[u8]) {
+//!         let at = dst.off as usize;
+//!         self.0[dst.vnic.0 as usize][at..at + data.len()].copy_from_slice(data);
+//!     }
+//!     fn read(&mut self, src: Loc, out: &mut [u8]) {
+//!         let at = src.off as usize;
+//!         out.copy_from_slice(&self.0[src.vnic.0 as usize][at..at + out.len()]);
+//!     }
+//! }
+//!
+//! let now = Instant::now();
+//! let mut e = Engine::new(7);
+//! let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+//! let mut side = Vec::new();
+//! for i in 0..2u32 {
+//!     let (vnic, ctx) = (VnicId(i), CtxId(i));
+//!     e.add_vnic(vnic, 10 + i as u16, [i as u8; 16]);
+//!     let pd = e.alloc_pd(vnic, ctx).unwrap();
+//!     let cq = e.create_cq(vnic, ctx, 16).unwrap();
+//!     let (qp, qpn) = e.create_qp(ctx, pd, cq, cq, QpType::Rc, cap, true).unwrap();
+//!     // The app's page at 0x7000 is region page 4096 of its vRNIC.
+//!     let acc = access::LOCAL_WRITE | access::REMOTE_WRITE;
+//!     let keys = e.reg_mr(ctx, pd, 0x7000, 4096, 0x7000, acc, vec![4096]).unwrap();
+//!     side.push((ctx, qp, qpn, cq, keys));
+//! }
+//! for i in 0..2 {
+//!     let (ctx, qp, peer_qpn) = (side[i].0, side[i].1, side[1 - i].2);
+//!     let mut a = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: access::REMOTE_WRITE, ..Default::default() };
+//!     e.modify_qp(now, ctx, qp, qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS, &a).unwrap();
+//!     a.qp_state = QpState::Rtr;
+//!     a.path_mtu = 5;
+//!     a.dest_qp_num = peer_qpn;
+//!     a.min_rnr_timer = 12;
+//!     a.ah_attr = AhAttr { dlid: 10 + (1 - i) as u16, port_num: 1, ..Default::default() };
+//!     let rtr = qp_attr::STATE | qp_attr::AV | qp_attr::PATH_MTU | qp_attr::DEST_QPN
+//!         | qp_attr::RQ_PSN | qp_attr::MAX_DEST_RD_ATOMIC | qp_attr::MIN_RNR_TIMER;
+//!     e.modify_qp(now, ctx, qp, rtr, &a).unwrap();
+//!     a.qp_state = QpState::Rts;
+//!     a.timeout = 14;
+//!     a.retry_cnt = 7;
+//!     a.rnr_retry = 7;
+//!     let rts = qp_attr::STATE | qp_attr::SQ_PSN | qp_attr::TIMEOUT | qp_attr::RETRY_CNT
+//!         | qp_attr::RNR_RETRY | qp_attr::MAX_QP_RD_ATOMIC;
+//!     e.modify_qp(now, ctx, qp, rts, &a).unwrap();
+//! }
+//!
+//! let mut mem = Regions(vec![vec![0; 8192], vec![0; 8192]]);
+//! mem.0[0][4096 + 16..4096 + 21].copy_from_slice(b"hello");
+//! let (_, qp, _, cq, src) = side[0];
+//! let dst = side[1].4;
+//! let wqe = SendWqe {
+//!     wr_id: 1,
+//!     opcode: SendOpcode::RdmaWrite,
+//!     flags: SendFlags::SIGNALED,
+//!     imm_data: 0,
+//!     remote_addr: 0x7100,
+//!     rkey: dst.rkey,
+//!     compare_add: 0,
+//!     swap: 0,
+//!     payload: SendPayload::Sges(vec![Sge { addr: 0x7010, length: 5, lkey: src.lkey }]),
+//! };
+//! e.handle_send_wqe(now, qp, Ok(wqe));
+//! while e.process(now, &mut mem) {}
+//! assert_eq!(&mem.0[1][4096 + 0x100..4096 + 0x105], b"hello");
+//! let (on, c, _solicited) = e.poll_completion().unwrap();
+//! assert_eq!((on, c.wr_id, c.status), (cq, 1, WcStatus::Success));
+//! assert_eq!(e.sq_retired(qp), 1);
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -31,7 +134,10 @@
 mod engine;
 mod state;
 
-pub use engine::Engine;
+pub use engine::{
+    CHUNK, Engine, MAX_CQ, MAX_CQE, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, PAGE, PASS_BYTES, PASS_WRS,
+    QP_WRS,
+};
 
 /// A positive errno value, returned for local misuse or resource failure.
 pub type Errno = i32;

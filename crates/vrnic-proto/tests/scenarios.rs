@@ -1002,3 +1002,517 @@ fn uc_write_with_a_bad_rkey_is_dropped_silently() {
         .collect();
     assert_eq!(c, vec![(2, WcStatus::LocQpOpErr)]);
 }
+
+// ---- bounded work, bad WQEs, limits -------------------------------------------------------
+
+use vrnic_proto::{CHUNK, QP_WRS};
+
+/// Counts what one `process` call moves.
+struct Counting<'a> {
+    inner: &'a mut VecMem,
+    bytes: u64,
+}
+
+impl Memory for Counting<'_> {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+        self.bytes += len as u64;
+        self.inner.copy(src, dst, len);
+    }
+    fn write(&mut self, dst: Loc, data: &[u8]) {
+        self.bytes += data.len() as u64;
+        self.inner.write(dst, data);
+    }
+    fn read(&mut self, src: Loc, out: &mut [u8]) {
+        self.inner.read(src, out);
+    }
+}
+
+impl World {
+    /// Runs `process` until idle; returns how many calls did something, checking that none
+    /// moved more than one chunk (there is one busy QP).
+    fn run_counted(&mut self) -> usize {
+        let mut calls = 0;
+        loop {
+            let mut m = Counting {
+                inner: &mut self.mem,
+                bytes: 0,
+            };
+            let did = self.e.process(self.now, &mut m);
+            assert!(m.bytes <= CHUNK, "one call moved {} bytes", m.bytes);
+            if !did {
+                return calls;
+            }
+            calls += 1;
+            assert!(calls < 1000);
+        }
+    }
+
+    fn statuses(&mut self) -> Vec<(CqId, u64, WcStatus)> {
+        self.cqes()
+            .into_iter()
+            .map(|(cq, c)| (cq, c.wr_id, c.status))
+            .collect()
+    }
+}
+
+fn sge(addr: u64, length: u32, lkey: u32) -> Sge {
+    Sge { addr, length, lkey }
+}
+
+#[test]
+fn a_large_write_moves_in_bounded_chunks_and_lands_exactly() {
+    let mut w = World::new();
+    let len = (3 << 20) + 5;
+    let src = w.map(true, 0x100_0007, len, access::LOCAL_WRITE);
+    let dst = w.map(
+        false,
+        0x300_0ff1,
+        len,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    let data = pattern(len as usize, 9);
+    w.set(&src, 0x100_0007, &data);
+    w.send(
+        true,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x100_0007, len as u32, src.keys.lkey)],
+            0x300_0ff1,
+            dst.keys.rkey,
+        ),
+    );
+    let calls = w.run_counted();
+    assert!(calls >= 4, "{calls} calls");
+    assert_eq!(w.get(&dst, 0x300_0ff1, len as usize), data);
+    assert_eq!(w.statuses(), vec![(w.a.cq, 1, WcStatus::Success)]);
+}
+
+#[test]
+fn a_large_send_scatters_across_receive_sges_over_several_calls() {
+    let mut w = World::new();
+    let len: u64 = (2 << 20) + 3;
+    let src = w.map(true, 0x10_0001, len, access::LOCAL_WRITE);
+    let dst = w.map(false, 0x40_0000, len + 100, access::LOCAL_WRITE);
+    let data = pattern(len as usize, 5);
+    w.set(&src, 0x10_0001, &data);
+    // Two receive SGEs with a 100-byte hole between them.
+    let first = 1_000_003u32;
+    w.recv(
+        false,
+        7,
+        vec![
+            sge(0x40_0000, first, dst.keys.lkey),
+            sge(
+                0x40_0000 + u64::from(first) + 100,
+                len as u32 - first,
+                dst.keys.lkey,
+            ),
+        ],
+    );
+    w.send(
+        true,
+        wqe(
+            1,
+            SendOpcode::Send,
+            vec![
+                sge(0x10_0001, 4097, src.keys.lkey),
+                sge(0x10_0001 + 4097, len as u32 - 4097, src.keys.lkey),
+            ],
+            0,
+            0,
+        ),
+    );
+    assert!(w.run_counted() >= 3);
+    assert_eq!(
+        w.get(&dst, 0x40_0000, first as usize),
+        data[..first as usize]
+    );
+    assert_eq!(
+        w.get(
+            &dst,
+            0x40_0000 + u64::from(first) + 100,
+            (len - u64::from(first)) as usize
+        ),
+        data[first as usize..]
+    );
+    let c = w.cqes();
+    let recv = c.iter().find(|(cq, _)| *cq == w.b.cq).unwrap().1;
+    assert_eq!((recv.wr_id, recv.byte_len), (7, len as u32));
+    assert_eq!(c.len(), 2);
+}
+
+#[test]
+fn one_process_call_runs_at_most_qp_wrs_per_qp() {
+    let mut w = World::new();
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(
+        false,
+        0x9000,
+        4096,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    for i in 0..40 {
+        w.send(
+            true,
+            wqe(
+                i,
+                SendOpcode::RdmaWrite,
+                vec![sge(0x1000 + i, 1, src.keys.lkey)],
+                0x9000 + i,
+                dst.keys.rkey,
+            ),
+        );
+    }
+    assert!(w.e.process(w.now, &mut w.mem));
+    assert_eq!(w.cqes().len(), QP_WRS);
+    w.run();
+    let rest: Vec<u64> = w.cqes().into_iter().map(|(_, c)| c.wr_id).collect();
+    assert_eq!(rest, (QP_WRS as u64..40).collect::<Vec<_>>(), "in order");
+}
+
+#[test]
+fn an_unparsable_send_fails_in_its_turn_after_earlier_wqes() {
+    let mut w = World::new();
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(
+        false,
+        0x9000,
+        4096,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    let write = |id| {
+        wqe(
+            id,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 8, src.keys.lkey)],
+            0x9000,
+            dst.keys.rkey,
+        )
+    };
+    w.send(true, write(1));
+    w.e.handle_send_wqe(w.now, w.a.qp, Err(vrnic_wire::ParseError::Opcode(99)));
+    w.send(true, write(3));
+    w.run();
+    let a = w.a.cq;
+    assert_eq!(
+        w.statuses(),
+        vec![
+            (a, 1, WcStatus::Success),
+            (a, 0, WcStatus::LocQpOpErr),
+            (a, 3, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Err));
+    assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Rts));
+    assert_eq!(
+        w.e.poll_event(),
+        Some((w.a.ctx, Event::QpFatal { qp: w.a.qp }))
+    );
+    assert_eq!(w.e.poll_event(), None);
+}
+
+#[test]
+fn an_unparsable_receive_fails_itself_and_flushes_the_others_first() {
+    let mut w = World::new();
+    let dst = w.map(false, 0x9000, 4096, access::LOCAL_WRITE);
+    // b also has a send waiting on RNR: it must flush, not take the receive's error.
+    w.send(false, wqe(20, SendOpcode::Send, vec![], 0, 0));
+    w.run();
+    w.recv(false, 5, vec![sge(0x9000, 64, dst.keys.lkey)]);
+    w.e.handle_recv_wqe(w.now, w.b.qp, Err(vrnic_wire::ParseError::TooManySges(40)));
+    let b = w.b.cq;
+    let c = w.statuses();
+    assert!(c.contains(&(b, 20, WcStatus::WrFlushErr)), "{c:?}");
+    let recvs: Vec<_> = c.iter().copied().filter(|&(_, id, _)| id != 20).collect();
+    assert_eq!(
+        recvs,
+        vec![(b, 5, WcStatus::WrFlushErr), (b, 0, WcStatus::LocQpOpErr)]
+    );
+    assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Err));
+    assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Rts));
+    assert_eq!(
+        w.e.poll_event(),
+        Some((w.b.ctx, Event::QpFatal { qp: w.b.qp }))
+    );
+}
+
+#[test]
+fn a_send_posted_outside_rts_fails_and_in_reset_is_dropped() {
+    let mut w = World::new();
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (qp, _) =
+        w.e.create_qp(w.a.ctx, w.a.pd, w.a.cq, w.a.cq, QpType::Rc, cap, true)
+            .unwrap();
+    // RESET: dropped silently, but the slot is retired.
+    w.e.handle_send_wqe(w.now, qp, Ok(wqe(1, SendOpcode::Send, vec![], 0, 0)));
+    assert_eq!(w.e.sq_retired(qp), 1);
+    assert!(w.cqes().is_empty());
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    w.e.modify_qp(
+        w.now,
+        w.a.ctx,
+        qp,
+        qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS,
+        &init,
+    )
+    .unwrap();
+    w.e.handle_recv_wqe(
+        w.now,
+        qp,
+        Ok(RecvWqe {
+            wr_id: 8,
+            sges: vec![],
+        }),
+    );
+    w.e.handle_send_wqe(w.now, qp, Ok(wqe(2, SendOpcode::Send, vec![], 0, 0)));
+    let a = w.a.cq;
+    assert_eq!(
+        w.statuses(),
+        vec![(a, 2, WcStatus::LocQpOpErr), (a, 8, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(w.e.qp_state(qp), Some(QpState::Err));
+    assert_eq!(w.e.poll_event(), Some((w.a.ctx, Event::QpFatal { qp })));
+    assert_eq!(w.e.sq_retired(qp), 2);
+}
+
+#[test]
+fn moving_to_reset_forgets_the_queues_without_completions() {
+    let mut w = World::new();
+    let dst = w.map(false, 0x9000, 4096, access::LOCAL_WRITE);
+    for i in 0..3 {
+        w.recv(false, i, vec![sge(0x9000, 64, dst.keys.lkey)]);
+    }
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..Default::default()
+    };
+    w.e.modify_qp(w.now, w.b.ctx, w.b.qp, qp_attr::STATE, &reset)
+        .unwrap();
+    assert!(w.cqes().is_empty());
+    assert_eq!(w.e.rq_retired(w.b.qp), 3);
+    assert_eq!(w.e.rq_room(w.b.qp), 64);
+    assert_eq!(w.e.poll_event(), None, "RESET by modify_qp is not an error");
+    let a = w.e.query_qp(w.b.ctx, w.b.qp).unwrap();
+    assert_eq!((a.qp_state, a.dest_qp_num), (QpState::Reset, 0));
+}
+
+#[test]
+fn reg_mr_checks_access_and_page_list() {
+    let mut w = World::new();
+    let (ctx, pd) = (w.a.ctx, w.a.pd);
+    let e = &mut w.e;
+    // Remote write or atomic without local write.
+    assert_eq!(
+        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, access::REMOTE_WRITE, vec![0]),
+        Err(22)
+    );
+    assert_eq!(
+        e.reg_mr(
+            ctx,
+            pd,
+            0x1000,
+            4096,
+            0x1000,
+            access::REMOTE_ATOMIC,
+            vec![0]
+        ),
+        Err(22)
+    );
+    // Wrong page count, unaligned page, zero length, address overflow.
+    assert_eq!(e.reg_mr(ctx, pd, 0x1001, 4096, 0x1001, 0, vec![0]), Err(22));
+    assert_eq!(
+        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, 0, vec![12]),
+        Err(22)
+    );
+    assert_eq!(e.reg_mr(ctx, pd, 0x1000, 0, 0x1000, 0, vec![]), Err(22));
+    assert_eq!(
+        e.reg_mr(ctx, pd, u64::MAX - 10, 4096, 0, 0, vec![0, 4096]),
+        Err(22)
+    );
+    // Unknown access bits.
+    assert_eq!(
+        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, 1 << 30, vec![0]),
+        Err(95)
+    );
+    // Another context's PD.
+    assert!(
+        e.reg_mr(w.b.ctx, pd, 0x1000, 4096, 0x1000, 0, vec![0])
+            .is_err()
+    );
+    // An unaligned range over two pages, keys nonzero and distinct.
+    let k1 = e
+        .reg_mr(ctx, pd, 0x1ff0, 32, 0x1ff0, 0, vec![0, 8192])
+        .unwrap();
+    let k2 = e.reg_mr(ctx, pd, 0x1000, 1, 0x1000, 0, vec![0]).unwrap();
+    assert!(k1.lkey != 0 && k2.lkey != 0 && k1.lkey != k2.lkey && k1.mr != k2.mr);
+    assert_eq!(e.dealloc_pd(ctx, pd), Err(16), "MRs and a QP use it");
+}
+
+#[test]
+fn create_qp_and_cq_enforce_limits_types_and_ownership() {
+    let mut w = World::new();
+    let (ctx, pd, cq) = (w.a.ctx, w.a.pd, w.a.cq);
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let e = &mut w.e;
+    assert_eq!(e.create_cq(w.a.vnic, ctx, 0), Err(22));
+    assert_eq!(
+        e.create_cq(w.a.vnic, ctx, vrnic_proto::MAX_CQE + 1),
+        Err(22)
+    );
+    assert_eq!(e.create_cq(VnicId(99), ctx, 4), Err(2));
+    assert_eq!(
+        e.create_qp(ctx, pd, cq, cq, QpType::Ud, cap, false),
+        Err(95)
+    );
+    for bad in [
+        QpCap {
+            max_send_wr: vrnic_proto::MAX_QP_WR + 1,
+            ..cap
+        },
+        QpCap {
+            max_send_sge: 17,
+            ..cap
+        },
+        QpCap {
+            max_inline_data: 257,
+            ..cap
+        },
+    ] {
+        assert_eq!(
+            e.create_qp(ctx, pd, cq, cq, QpType::Rc, bad, false),
+            Err(22)
+        );
+    }
+    // A CQ of the same context on another vRNIC, and another context's CQ.
+    e.add_vnic(VnicId(3), 30, [3; 16]);
+    let far = e.create_cq(VnicId(3), ctx, 4).unwrap();
+    assert_eq!(
+        e.create_qp(ctx, pd, far, cq, QpType::Rc, cap, false),
+        Err(22)
+    );
+    assert_eq!(
+        e.create_qp(ctx, pd, cq, w.b.cq, QpType::Rc, cap, false),
+        Err(22)
+    );
+    // QPNs and ids are unique, 24-bit, never 0 or 1, and not reused at once.
+    let (q1, n1) = e
+        .create_qp(ctx, pd, cq, cq, QpType::Rc, cap, false)
+        .unwrap();
+    e.destroy_qp(w.now, ctx, q1).unwrap();
+    let (q2, n2) = e
+        .create_qp(ctx, pd, cq, cq, QpType::Rc, cap, false)
+        .unwrap();
+    assert!(q1 != q2 && n1 != n2 && n1 >= 0x11 && n2 <= 0xff_ffff);
+    assert_eq!(e.destroy_qp(w.now, ctx, q1), Err(22), "gone");
+    assert_eq!(e.destroy_cq(ctx, cq), Err(16), "QPs use it");
+    assert_eq!(e.qp_count(w.a.vnic), 2);
+}
+
+#[test]
+fn handle_timeout_alone_fails_a_qp_whose_peer_is_gone() {
+    let mut w = World::new();
+    // A graceful destroy_qp does not touch the peer (as on a fabric) ...
+    w.e.destroy_qp(w.now, w.b.ctx, w.b.qp).unwrap();
+    assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Rts));
+    assert_eq!(w.e.poll_event(), None);
+    // ... which notices when it next sends.
+    w.send(true, wqe(1, SendOpcode::Send, vec![], 0, 0));
+    w.send(true, wqe(2, SendOpcode::Send, vec![], 0, 0));
+    w.run();
+    let deadline = w.e.poll_timeout().expect("a transport timer");
+    w.e.handle_timeout(deadline - Duration::from_micros(1));
+    assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Rts));
+    w.e.handle_timeout(deadline);
+    let a = w.a.cq;
+    assert_eq!(
+        w.statuses(),
+        vec![(a, 1, WcStatus::RetryExcErr), (a, 2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(w.e.poll_timeout(), None);
+}
+
+#[test]
+fn rnr_timer_expiries_count_through_handle_timeout_too() {
+    let mut w = World::with(access::REMOTE_WRITE, 2);
+    w.send(true, wqe(1, SendOpcode::Send, vec![], 0, 0));
+    w.run();
+    for _ in 0..2 {
+        let t = w.e.poll_timeout().expect("RNR timer");
+        w.now = t;
+        w.e.handle_timeout(t);
+        assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Rts));
+    }
+    let t = w.e.poll_timeout().expect("RNR timer");
+    w.e.handle_timeout(t);
+    assert_eq!(w.statuses(), vec![(w.a.cq, 1, WcStatus::RnrRetryExcErr)]);
+}
+
+#[test]
+fn zero_length_write_with_imm_needs_no_rkey_but_a_receive() {
+    let mut w = World::new();
+    w.send(
+        true,
+        wqe(1, SendOpcode::RdmaWriteWithImm, vec![], 0, 0xdead),
+    );
+    w.run();
+    assert!(w.cqes().is_empty(), "RNR: no receive yet");
+    w.recv(false, 4, vec![]);
+    w.run();
+    let c = w.cqes();
+    let recv = c.iter().find(|(cq, _)| *cq == w.b.cq).unwrap().1;
+    assert_eq!(
+        (
+            recv.wr_id,
+            recv.opcode,
+            recv.byte_len,
+            recv.wc_flags & WC_WITH_IMM
+        ),
+        (4, WcOpcode::RecvRdmaWithImm, 0, WC_WITH_IMM)
+    );
+    assert_eq!(recv.imm_data, 0x1234_5678);
+    assert_eq!(c.len(), 2);
+}
+
+#[test]
+fn an_atomic_with_a_short_local_buffer_is_loc_len_err_on_the_requester_only() {
+    let mut w = World::new();
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(
+        false,
+        0x9000,
+        4096,
+        access::LOCAL_WRITE | access::REMOTE_ATOMIC,
+    );
+    w.set(&dst, 0x9000, &5u64.to_le_bytes());
+    w.send(
+        true,
+        wqe(
+            1,
+            SendOpcode::AtomicFetchAndAdd,
+            vec![sge(0x1000, 4, src.keys.lkey)],
+            0x9000,
+            dst.keys.rkey,
+        ),
+    );
+    w.run();
+    assert_eq!(w.statuses(), vec![(w.a.cq, 1, WcStatus::LocLenErr)]);
+    assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Rts));
+    assert_eq!(w.get(&dst, 0x9000, 8), 5u64.to_le_bytes());
+}
