@@ -7,8 +7,11 @@
  *   verbs_check server PORT MODE
  *   verbs_check client HOST PORT MODE
  *
- * MODE: data | badrkey | pastend | noaccess | badlkey | overlap
- * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure.
+ *   verbs_check solo devfatal
+ *
+ * MODE: data | badrkey | pastend | noaccess | badlkey | flush | overlap
+ * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every
+ * wait is bounded (POLL_SECONDS for a completion), so a lost completion fails instead of hanging.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -20,11 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BUF_SIZE (2u << 20)
 #define MR_LEN (1048576u + 64u)
 #define SENTINEL 0xEE
+#define POLL_SECONDS 20
 
 static void fail(const char *fmt, ...)
 {
@@ -169,20 +174,29 @@ static void setup(struct side *s)
 	ibv_free_device_list(list);
 }
 
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
 static struct ibv_wc poll1(struct side *s)
 {
 	struct ibv_wc wc;
-	for (long i = 0; i < 2000000000L; i++) {
+	double deadline = now() + POLL_SECONDS;
+	for (long i = 0;; i++) {
 		int n = ibv_poll_cq(s->cq, 1, &wc);
 		if (n < 0)
-			fail("poll_cq");
+			fail("poll_cq returned %d", n);
 		if (n == 1)
 			return wc;
-		if ((i & 0xffff) == 0xffff)
+		if ((i & 0xfff) == 0xfff) {
+			if (now() > deadline)
+				fail("no completion within %d s", POLL_SECONDS);
 			usleep(10);
+		}
 	}
-	fail("no completion");
-	return wc;
 }
 
 static void post_recv(struct side *s, uint64_t wr_id, uint8_t *buf, uint32_t len)
@@ -195,7 +209,12 @@ static void post_recv(struct side *s, uint64_t wr_id, uint8_t *buf, uint32_t len
 
 static uint8_t pat(size_t i, uint32_t size) { return (uint8_t)(i * 7 + size); }
 
-enum { OP_SEND = 1, OP_WRITE = 2, OP_WRITE_IMM = 3 };
+enum { OP_SEND_IMM = 1, OP_WRITE = 2, OP_WRITE_IMM = 3, OP_SEND = 4, OP_LAST = OP_SEND };
+static const char *op_name(int op)
+{
+	return op == OP_SEND ? "SEND" : op == OP_SEND_IMM ? "SEND_WITH_IMM" : op == OP_WRITE ? "RDMA_WRITE"
+											: "RDMA_WRITE_WITH_IMM";
+}
 static const uint32_t sizes[] = { 0, 1, 4095, 4096, 4097, 1048576 };
 #define RX_OFF 11 /* receive/write at an odd offset inside the MR */
 
@@ -217,14 +236,18 @@ static void server_data(struct side *s)
 				fail("op %u size %u: recv status %s", op, size, ibv_wc_status_str(wc.status));
 			if (wc.wr_id != 1000 + op)
 				fail("recv wr_id %lu", (unsigned long)wc.wr_id);
-			if (op == OP_SEND && wc.opcode != IBV_WC_RECV)
-				fail("recv opcode %d", wc.opcode);
+			if ((op == OP_SEND || op == OP_SEND_IMM) && wc.opcode != IBV_WC_RECV)
+				fail("%s: recv opcode %d", op_name(op), wc.opcode);
 			if (op == OP_WRITE_IMM && wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM)
 				fail("write-imm opcode %d", wc.opcode);
 			if (wc.byte_len != size)
-				fail("op %u: byte_len %u, expected %u", op, wc.byte_len, size);
-			if (!(wc.wc_flags & IBV_WC_WITH_IMM) || ntohl(wc.imm_data) != 0xabc000u + size)
-				fail("op %u: imm_data %#x flags %#x", op, ntohl(wc.imm_data), wc.wc_flags);
+				fail("%s: byte_len %u, expected %u", op_name(op), wc.byte_len, size);
+			if (op == OP_SEND) {
+				if (wc.wc_flags & IBV_WC_WITH_IMM)
+					fail("SEND: IBV_WC_WITH_IMM set on a send without immediate");
+			} else if (!(wc.wc_flags & IBV_WC_WITH_IMM) || ntohl(wc.imm_data) != 0xabc000u + size) {
+				fail("%s: imm_data %#x flags %#x", op_name(op), ntohl(wc.imm_data), wc.wc_flags);
+			}
 			if (wc.qp_num != s->qp->qp_num || wc.src_qp != s->peer.qpn)
 				fail("qp_num %u src_qp %u", wc.qp_num, wc.src_qp);
 		} else if (hear(s) != 2) {
@@ -245,7 +268,7 @@ static void server_data(struct side *s)
 
 static void client_data(struct side *s)
 {
-	for (int op = OP_SEND; op <= OP_WRITE_IMM; op++) {
+	for (int op = OP_SEND_IMM; op <= OP_LAST; op++) {
 		for (unsigned k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
 			uint32_t size = sizes[k];
 			for (uint32_t i = 0; i < size; i++)
@@ -257,8 +280,10 @@ static void client_data(struct side *s)
 			struct ibv_send_wr wr = { .wr_id = 77 + k, .sg_list = &sge, .num_sge = 1,
 						  .send_flags = IBV_SEND_SIGNALED,
 						  .imm_data = htonl(0xabc000u + size) }, *bad;
-			wr.opcode = op == OP_SEND ? IBV_WR_SEND_WITH_IMM : op == OP_WRITE ? IBV_WR_RDMA_WRITE
-											  : IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr.opcode = op == OP_SEND       ? IBV_WR_SEND
+				    : op == OP_SEND_IMM ? IBV_WR_SEND_WITH_IMM
+				    : op == OP_WRITE    ? IBV_WR_RDMA_WRITE
+							: IBV_WR_RDMA_WRITE_WITH_IMM;
 			wr.wr.rdma.remote_addr = s->peer.addr_rw + RX_OFF;
 			wr.wr.rdma.rkey = s->peer.rkey_rw;
 			if (ibv_post_send(s->qp, &wr, &bad))
@@ -267,54 +292,67 @@ static void client_data(struct side *s)
 			if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 77 + k)
 				fail("op %d size %u: send status %s wr_id %lu", op, size, ibv_wc_status_str(wc.status),
 				     (unsigned long)wc.wr_id);
-			if (wc.opcode != (op == OP_SEND ? IBV_WC_SEND : IBV_WC_RDMA_WRITE))
-				fail("send opcode %d", wc.opcode);
+			if (wc.opcode != (op == OP_SEND || op == OP_SEND_IMM ? IBV_WC_SEND : IBV_WC_RDMA_WRITE))
+				fail("%s: send opcode %d", op_name(op), wc.opcode);
 			if (op == OP_WRITE)
 				say(s, 2);
 			hear(s);
-			ok("%s size %u", op == OP_SEND ? "SEND_WITH_IMM" : op == OP_WRITE ? "RDMA_WRITE" : "RDMA_WRITE_WITH_IMM",
-			   size);
+			ok("%s size %u", op_name(op), size);
 		}
 	}
 	say(s, 0);
 }
 
-/* An error case: the first WR fails with `want`, the two after it are flushed. */
+/* An error case: the first WR fails with `want`; every WR posted after it (a chain of several
+ * opcodes, some aimed at valid memory) completes with IBV_WC_WR_FLUSH_ERR, in order, and moves
+ * no byte. In "flush" mode, WRs posted after the error was seen are flushed too, send and
+ * receive. */
 static void client_error(struct side *s, const char *mode)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)s->rw, .length = 64, .lkey = s->mr_rw->lkey };
-	struct ibv_sge good = sge;
-	struct ibv_send_wr w3 = { .wr_id = 3, .sg_list = &good, .num_sge = 1, .opcode = IBV_WR_SEND,
-				  .send_flags = IBV_SEND_SIGNALED };
-	struct ibv_send_wr w2 = w3, w1 = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
-						 .send_flags = IBV_SEND_SIGNALED }, *bad;
-	w2.wr_id = 2;
-	w1.next = &w2;
-	w2.next = &w3;
+	enum { CHAIN = 6 };
+	struct ibv_sge sge[CHAIN];
+	struct ibv_send_wr w[CHAIN], *bad;
+	memset(w, 0, sizeof w);
+	memset(s->rw, 0x42, 4096);
+	for (int i = 0; i < CHAIN; i++) {
+		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)s->rw, .length = 64, .lkey = s->mr_rw->lkey };
+		w[i].wr_id = i + 1;
+		w[i].sg_list = &sge[i];
+		w[i].num_sge = 1;
+		w[i].send_flags = IBV_SEND_SIGNALED;
+		w[i].next = i + 1 < CHAIN ? &w[i + 1] : NULL;
+		w[i].imm_data = htonl(0x1234);
+		/* Trailing WRs: valid targets, so only the flush can stop them. */
+		static const enum ibv_wr_opcode ops[] = { IBV_WR_RDMA_WRITE, IBV_WR_SEND, IBV_WR_RDMA_WRITE,
+							  IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND };
+		w[i].opcode = ops[i];
+		w[i].wr.rdma.remote_addr = s->peer.addr_rw + 100 * i;
+		w[i].wr.rdma.rkey = s->peer.rkey_rw;
+	}
+	int chain = !strcmp(mode, "flush") ? CHAIN : 3;
+	w[chain - 1].next = NULL;
 	enum ibv_wc_status want = IBV_WC_REM_ACCESS_ERR;
-	w1.wr.rdma.remote_addr = s->peer.addr_rw;
-	w1.wr.rdma.rkey = s->peer.rkey_rw;
-	memset(s->rw, 0x42, 64);
-	if (!strcmp(mode, "badrkey")) {
-		w1.wr.rdma.rkey = s->peer.rkey_rw ^ 0x5a5a5a5a;
+	if (!strcmp(mode, "badrkey") || !strcmp(mode, "flush")) {
+		w[0].wr.rdma.rkey = s->peer.rkey_rw ^ 0x5a5a5a5a;
 	} else if (!strcmp(mode, "pastend")) {
-		w1.wr.rdma.remote_addr = s->peer.addr_rw + MR_LEN - 10;
+		w[0].wr.rdma.remote_addr = s->peer.addr_rw + MR_LEN - 10;
 	} else if (!strcmp(mode, "noaccess")) {
-		w1.wr.rdma.remote_addr = s->peer.addr_ro;
-		w1.wr.rdma.rkey = s->peer.rkey_ro;
+		w[0].wr.rdma.remote_addr = s->peer.addr_ro;
+		w[0].wr.rdma.rkey = s->peer.rkey_ro;
 	} else if (!strcmp(mode, "badlkey")) {
-		sge.lkey ^= 0x10101;
-		w1.opcode = IBV_WR_SEND;
+		sge[0].lkey ^= 0x10101;
+		w[0].opcode = IBV_WR_SEND;
 		want = IBV_WC_LOC_PROT_ERR;
 	}
 	hear(s); /* server has posted its receive */
-	if (ibv_post_send(s->qp, &w1, &bad))
+	if (ibv_post_send(s->qp, &w[0], &bad))
 		fail("post_send");
-	for (uint64_t i = 1; i <= 3; i++) {
+	for (uint64_t i = 1; i <= (uint64_t)chain; i++) {
 		struct ibv_wc wc = poll1(s);
 		enum ibv_wc_status exp = i == 1 ? want : IBV_WC_WR_FLUSH_ERR;
 		if (wc.wr_id != i || wc.status != exp)
-			fail("%s: wr %lu got %s, expected %s", mode, (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status),
+			fail("%s: wr %lu got %s (wr_id %lu), expected wr %lu with %s", mode, (unsigned long)i,
+			     ibv_wc_status_str(wc.status), (unsigned long)wc.wr_id, (unsigned long)i,
 			     ibv_wc_status_str(exp));
 		ok("%s: wr %lu completed with %s", mode, (unsigned long)i, ibv_wc_status_str(wc.status));
 	}
@@ -323,6 +361,31 @@ static void client_error(struct side *s, const char *mode)
 	if (ibv_query_qp(s->qp, &qa, IBV_QP_STATE, &qia) || qa.qp_state != IBV_QPS_ERR)
 		fail("%s: requester QP not in ERR", mode);
 	ok("%s: requester QP in ERR", mode);
+	if (!strcmp(mode, "flush")) {
+		/* Posting to a QP in ERR is legal; the WRs complete at once, flushed. */
+		w[1].next = NULL;
+		w[1].wr_id = 101;
+		if (ibv_post_send(s->qp, &w[1], &bad))
+			fail("flush: post_send on a QP in ERR");
+		post_recv(s, 102, s->rw + 8192, 4096);
+		int seen_send = 0, seen_recv = 0;
+		for (int i = 0; i < 2; i++) {
+			struct ibv_wc wc = poll1(s);
+			if (wc.status != IBV_WC_WR_FLUSH_ERR || (wc.wr_id != 101 && wc.wr_id != 102))
+				fail("flush: after ERR, wr %lu got %s", (unsigned long)wc.wr_id,
+				     ibv_wc_status_str(wc.status));
+			seen_send |= wc.wr_id == 101;
+			seen_recv |= wc.wr_id == 102;
+		}
+		if (!seen_send || !seen_recv)
+			fail("flush: a WR posted after the error completed twice, another not at all");
+		ok("flush: send and receive posted in ERR are flushed");
+		struct ibv_wc extra;
+		if (ibv_poll_cq(s->cq, 1, &extra) != 0)
+			fail("flush: an extra completion (wr %lu, %s)", (unsigned long)extra.wr_id,
+			     ibv_wc_status_str(extra.status));
+		ok("flush: no extra completions");
+	}
 	say(s, 1); /* done */
 	hear(s);
 }
@@ -460,7 +523,7 @@ int main(int argc, char **argv)
 	else if (!strcmp(mode, "overlap"))
 		server ? server_overlap(&s) : client_overlap(&s);
 	else if (!strcmp(mode, "badrkey") || !strcmp(mode, "pastend") || !strcmp(mode, "noaccess") ||
-		 !strcmp(mode, "badlkey"))
+		 !strcmp(mode, "badlkey") || !strcmp(mode, "flush"))
 		server ? server_error(&s, mode) : client_error(&s, mode);
 	else
 		fail("unknown mode %s", mode);

@@ -1,13 +1,29 @@
 //! Test harness: a daemon on a private state dir, commands under `vrnic run`, server/client
 //! pairs of unmodified programs, all with deadlines and cleanup on drop (no test can hang or
 //! leave a process behind).
+//!
+//! - Every child is spawned in its own process group and is killed with that group when its
+//!   [`Proc`] guard drops (a failed assertion or a panic included).
+//! - Every wait has a deadline; what a child printed is drained by reader threads as it runs, so
+//!   a chatty child never blocks on a full pipe, and what it printed is shown on failure.
+//! - A [`Daemon`] lives on a fresh temp dir and is stopped with SIGTERM (then SIGKILL) on drop,
+//!   and the dir is removed.
 #![allow(dead_code)]
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::{Duration, Instant};
+
+/// How long the daemon may take to create its socket.
+pub const DAEMON_START: Duration = Duration::from_secs(10);
+/// How long the daemon may take to exit after SIGTERM.
+pub const DAEMON_STOP: Duration = Duration::from_secs(10);
+/// How long a short CLI command (`ls`, `create`, `rm`, a refused `run`) may take.
+pub const CLI: Duration = Duration::from_secs(10);
 
 /// The `vrnic` binary: `$VRNIC_BIN` (the release build, as `scripts/test` sets it) or the one
 /// cargo built for this test.
@@ -17,44 +33,110 @@ pub fn vrnic_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vrnic")))
 }
 
-/// A TCP port for a pingpong pair, unique within this test process and unlikely to collide
-/// with other test processes.
+/// A free TCP port for a server/client pair: unique within this test process (a counter) and
+/// apart from other test processes running at the same time (a block of 100 chosen by pid),
+/// and checked free by binding it once.
 pub fn port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
-    base + NEXT.fetch_add(1, Ordering::Relaxed) % 10
+    let block = 18600 + (std::process::id() % 400) as u16 * 100;
+    for _ in 0..100 {
+        let p = block + NEXT.fetch_add(1, Ordering::Relaxed) % 100;
+        if std::net::TcpListener::bind(("0.0.0.0", p)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free TCP port in {block}..{}", block + 100);
 }
 
-/// Whether a Debian tool is installed (the suite's script installs them; a missing one fails).
+/// The path of a Debian tool; panics with how to install it if it is missing (the suite's
+/// script installs them: a missing tool is a failure, not a skip).
 pub fn require(tool: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+    for dir in ["/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin"] {
         let p = Path::new(dir).join(tool);
         if p.exists() {
             return p;
         }
     }
     panic!(
-        "{tool} is not installed: run `bash scripts/test`, which installs ibverbs-utils and friends"
+        "{tool} is not installed: run `bash scripts/test`, which installs ibverbs-utils, perftest, \
+         libibverbs-dev and friends"
     );
 }
 
-/// A child killed (with its process group) on drop.
+/// Sends `sig` to the process group `pgid` (every child here leads its own group).
+pub fn kill_group(pgid: i32, sig: i32) {
+    if pgid > 0 {
+        // SAFETY: kill(2) on a process group we created; no memory is involved.
+        unsafe { libc::kill(-pgid, sig) };
+    }
+}
+
+/// Sends `sig` to the single process `pid`.
+pub fn kill_pid(pid: i32, sig: i32) {
+    if pid > 0 {
+        // SAFETY: kill(2) on a child of ours; no memory is involved.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// What a finished (or killed) process printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    /// It was still running at its deadline and was killed.
+    pub timed_out: bool,
+}
+
+impl Output {
+    pub fn ok(&self) -> bool {
+        self.status.success() && !self.timed_out
+    }
+
+    /// stdout and stderr together, for assertion messages.
+    pub fn text(&self) -> String {
+        format!("stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// A child in its own process group, killed (with its group) on drop.
 pub struct Proc {
     pub child: Child,
     pub name: String,
+    stdout: Option<Receiver<String>>,
+    stderr: Option<Receiver<String>>,
+}
+
+/// Reads a pipe to its end on a thread; the text arrives on the returned channel.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<Receiver<String>> {
+    let mut pipe = pipe?;
+    let (tx, rx) = sync_channel(1);
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf);
+        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+    });
+    Some(rx)
 }
 
 impl Proc {
+    /// Spawns `cmd` with stdin closed, stdout and stderr captured, in a new process group.
     pub fn spawn(mut cmd: Command, name: &str) -> Proc {
-        use std::os::unix::process::CommandExt;
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .process_group(0);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name} ({:?}): {e}", cmd.get_program()));
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
         Proc {
             child,
             name: name.to_string(),
+            stdout,
+            stderr,
         }
     }
 
@@ -62,55 +144,69 @@ impl Proc {
         self.child.id() as i32
     }
 
-    /// Waits up to `limit`; on timeout kills the group and panics with what it printed.
-    pub fn wait(mut self, limit: Duration) -> Output {
+    /// Sends `sig` to the process, unless it has already exited (then its pid may be reused).
+    pub fn signal(&mut self, sig: i32) {
+        if !self.exited() {
+            kill_pid(self.pid(), sig);
+        }
+    }
+
+    /// Whether it has exited (it stays reapable by the wait methods).
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits up to `limit`; on timeout kills the group and returns with `timed_out` set. Never
+    /// panics on the child's account.
+    pub fn wait_bounded(mut self, limit: Duration) -> Output {
         let start = Instant::now();
         loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return self.collect(status);
+            match self.child.try_wait() {
+                Ok(Some(status)) => return self.collect(status, false),
+                Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    // Killed while it is still unreaped, so the pid cannot have been reused.
+                    kill_group(self.pid(), libc::SIGKILL);
+                    kill_pid(self.pid(), libc::SIGKILL);
+                    let status = self.child.wait().expect("wait for a killed child");
+                    return self.collect(status, true);
+                }
             }
-            if start.elapsed() > limit {
-                kill_group(self.pid(), libc::SIGKILL);
-                let status = self.child.wait().expect("wait");
-                let out = self.collect(status);
-                panic!(
-                    "{} did not finish in {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                    self.name, out.stdout, out.stderr
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Waits up to `limit`; on timeout kills the group and panics with what it printed.
+    pub fn wait(self, limit: Duration) -> Output {
+        let name = self.name.clone();
+        let out = self.wait_bounded(limit);
+        assert!(
+            !out.timed_out,
+            "{name} did not finish in {limit:?} (killed)\n{}",
+            out.text()
+        );
+        out
     }
 
     /// Waits up to `limit` without panicking; `None` on timeout (the group is killed).
-    pub fn wait_timeout(mut self, limit: Duration) -> Option<Output> {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(self.collect(status));
-            }
-            if start.elapsed() > limit {
-                kill_group(self.pid(), libc::SIGKILL);
-                let _ = self.child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    pub fn wait_timeout(self, limit: Duration) -> Option<Output> {
+        let out = self.wait_bounded(limit);
+        (!out.timed_out).then_some(out)
     }
 
-    fn collect(&mut self, status: ExitStatus) -> Output {
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut o) = self.child.stdout.take() {
-            let _ = o.read_to_string(&mut stdout);
-        }
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
+    fn collect(&mut self, status: ExitStatus, timed_out: bool) -> Output {
+        // A grandchild that kept the pipe open must not hang the test: give up after a while.
+        let take = |rx: Option<Receiver<String>>| {
+            rx.map(|rx| {
+                rx.recv_timeout(Duration::from_secs(5))
+                    .unwrap_or_else(|_| "<output still open after exit>".into())
+            })
+            .unwrap_or_default()
+        };
         Output {
             status,
-            stdout,
-            stderr,
+            stdout: take(self.stdout.take()),
+            stderr: take(self.stderr.take()),
+            timed_out,
         }
     }
 }
@@ -119,32 +215,21 @@ impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             kill_group(self.pid(), libc::SIGKILL);
+            kill_pid(self.pid(), libc::SIGKILL);
             let _ = self.child.wait();
         }
     }
 }
 
-pub fn kill_group(pgid: i32, sig: i32) {
-    // SAFETY: kill(2) with a negative pid signals a process group we created; no memory involved.
-    unsafe { libc::kill(-pgid, sig) };
+/// Runs `cmd` to completion within `limit` (killed and a panic otherwise).
+pub fn output(cmd: Command, name: &str, limit: Duration) -> Output {
+    Proc::spawn(cmd, name).wait(limit)
 }
 
-/// What a finished process printed.
-#[derive(Debug)]
-pub struct Output {
-    pub status: ExitStatus,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Output {
-    pub fn ok(&self) -> bool {
-        self.status.success()
-    }
-}
-
-/// A daemon on a fresh state dir, stopped (SIGTERM) and cleaned up on drop.
+/// A daemon (`vrnic serve`) on a fresh state dir; stopped (SIGTERM, then SIGKILL) and its dir
+/// removed on drop.
 pub struct Daemon {
+    /// The state dir (`--state-dir`).
     pub dir: PathBuf,
     proc: Option<Proc>,
 }
@@ -152,6 +237,7 @@ pub struct Daemon {
 static SEQ: AtomicU16 = AtomicU16::new(0);
 
 impl Daemon {
+    /// Starts a daemon and waits (at most [`DAEMON_START`]) until its socket exists.
     pub fn start() -> Daemon {
         let dir = std::env::temp_dir().join(format!(
             "vrnic-test-{}-{}",
@@ -159,85 +245,144 @@ impl Daemon {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("state dir");
+        std::fs::create_dir_all(&dir).expect("create the state dir");
         let mut cmd = Command::new(vrnic_bin());
-        cmd.arg("serve")
-            .arg("--state-dir")
-            .arg(&dir)
-            .env("RUST_LOG", "info");
-        let mut proc = Proc::spawn(cmd, "vrnic serve");
-        let sock = dir.join("vrnic.sock");
+        cmd.arg("serve").arg("--state-dir").arg(&dir);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        // From here on, a panic drops `d`, which stops the daemon and removes the dir.
+        let mut d = Daemon {
+            proc: Some(Proc::spawn(cmd, "vrnic serve")),
+            dir,
+        };
+        let sock = d.dir.join("vrnic.sock");
         let start = Instant::now();
         while !sock.exists() {
-            if let Ok(Some(status)) = proc.child.try_wait() {
-                let out = proc.collect(status);
-                panic!("daemon exited at start: {}", out.stderr);
+            let p = d.proc.as_mut().expect("just spawned");
+            if p.exited() {
+                let out = d.proc.take().expect("just spawned").wait(DAEMON_STOP);
+                panic!(
+                    "`vrnic serve` exited at start ({:?}) (VRNIC_BIN={})\n{}",
+                    out.status,
+                    vrnic_bin().display(),
+                    out.text()
+                );
             }
             assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "daemon did not create {}",
+                start.elapsed() < DAEMON_START,
+                "the daemon did not create {} within {DAEMON_START:?}",
                 sock.display()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        Daemon {
-            dir,
-            proc: Some(proc),
-        }
+        d
     }
 
-    /// A `vrnic` command on this daemon's state dir.
+    /// A `vrnic --state-dir DIR` command on this daemon.
     pub fn cli(&self) -> Command {
         let mut c = Command::new(vrnic_bin());
         c.arg("--state-dir").arg(&self.dir);
         c
     }
 
-    /// `vrnic run [--vrnic NAME] -- args`.
-    pub fn run(&self, vnic: Option<&str>, args: &[&str]) -> Command {
+    /// `vrnic run --state-dir DIR -- args` (a fresh vRNIC for the command).
+    pub fn run(&self, args: &[&str]) -> Command {
+        self.run_on(None, args)
+    }
+
+    /// `vrnic run --state-dir DIR [--vrnic NAME] -- args`.
+    pub fn run_on(&self, vrnic: Option<&str>, args: &[&str]) -> Command {
         let mut c = self.cli();
         c.arg("run");
-        if let Some(n) = vnic {
+        if let Some(n) = vrnic {
             c.arg("--vrnic").arg(n);
         }
         c.arg("--").args(args);
         c
     }
 
+    /// Runs `vrnic --state-dir DIR args...` to completion within [`CLI`].
+    pub fn cli_output(&self, args: &[&str]) -> Output {
+        let mut c = self.cli();
+        c.args(args);
+        output(c, &format!("vrnic {}", args.join(" ")), CLI)
+    }
+
+    /// The daemon's pid (0 once stopped).
     pub fn pid(&self) -> i32 {
         self.proc.as_ref().map(|p| p.pid()).unwrap_or(0)
     }
 
+    /// Whether the daemon process is still running.
     pub fn alive(&mut self) -> bool {
-        self.proc
-            .as_mut()
-            .is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
+        self.proc.as_mut().is_some_and(|p| !p.exited())
     }
 
-    /// `vrnic ls` output.
+    /// `vrnic ls` output (bounded by [`CLI`]).
     pub fn ls(&self) -> String {
-        let out = self.cli().arg("ls").output().expect("vrnic ls");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let out = self.cli_output(&["ls"]);
+        assert!(out.ok(), "vrnic ls failed\n{}", out.text());
+        out.stdout
     }
 
-    /// Stops the daemon with SIGTERM and returns its output.
+    /// Polls `vrnic ls` until `pred` holds, for at most `limit`; panics with the last listing.
+    pub fn wait_ls(&self, limit: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let ls = self.ls();
+            if pred(&ls) {
+                return ls;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{what}: not within {limit:?}; vrnic ls:\n{ls}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the daemon with SIGTERM and returns its output (panics if it does not exit within
+    /// [`DAEMON_STOP`]; it is SIGKILLed then).
     pub fn stop(&mut self) -> Output {
-        let p = self.proc.take().expect("running");
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(p.pid(), libc::SIGTERM) };
-        p.wait(Duration::from_secs(10))
+        let mut p = self.proc.take().expect("daemon running");
+        p.signal(libc::SIGTERM);
+        p.wait(DAEMON_STOP)
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Some(p) = self.proc.take() {
-            // SAFETY: signals our own child.
-            unsafe { libc::kill(p.pid(), libc::SIGTERM) };
-            let _ = p.wait_timeout(Duration::from_secs(10));
+        if let Some(mut p) = self.proc.take() {
+            p.signal(libc::SIGTERM);
+            let out = p.wait_bounded(DAEMON_STOP);
+            if std::thread::panicking() || out.timed_out {
+                eprintln!(
+                    "--- daemon on {} ({:?}{}):\n{}",
+                    self.dir.display(),
+                    out.status,
+                    if out.timed_out {
+                        ", ignored SIGTERM, killed"
+                    } else {
+                        ""
+                    },
+                    out.stderr
+                );
+            }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        remove_state_dir(&self.dir);
     }
+}
+
+/// Removes a state dir, taking down a tmpfs a killed daemon left mounted on it.
+pub fn remove_state_dir(dir: &Path) {
+    if std::fs::remove_dir_all(dir).is_ok() || !dir.exists() {
+        return;
+    }
+    let mut umount = Command::new("umount");
+    umount.arg("-l").arg(dir);
+    let _ = Proc::spawn(umount, "umount").wait_timeout(CLI);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Both sides of a client/server pair.
@@ -248,40 +393,63 @@ pub struct Pair {
 }
 
 impl Pair {
+    /// Both exited 0 in time; otherwise panics with everything both printed.
     pub fn assert_ok(&self) {
-        assert!(
-            self.server.ok() && self.client.ok(),
-            "pair failed\n--- server ({:?}) stdout:\n{}\nstderr:\n{}\n--- client ({:?}) stdout:\n{}\nstderr:\n{}",
-            self.server.status,
-            self.server.stdout,
-            self.server.stderr,
-            self.client.status,
-            self.client.stdout,
-            self.client.stderr
-        );
+        assert!(self.server.ok() && self.client.ok(), "pair failed\n{self}");
     }
 }
 
-/// Runs `server_args` under `vrnic run`, then `client_args` (retried while the server is not yet
-/// listening), each on its own vRNIC; both must finish within `limit`.
+impl std::fmt::Display for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (side, o) in [("server", &self.server), ("client", &self.client)] {
+            writeln!(
+                f,
+                "--- {side} ({:?}{}):\n{}",
+                o.status,
+                if o.timed_out {
+                    ", timed out, killed"
+                } else {
+                    ""
+                },
+                o.text()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a client failed only because its server was not listening yet.
+fn refused(out: &Output) -> bool {
+    !out.ok()
+        && !out.timed_out
+        && (out.stderr.contains("Couldn't connect") || out.stdout.contains("Couldn't connect"))
+}
+
+/// Runs `server_args` under `vrnic run`, then `client_args` under `vrnic run` (each on a fresh
+/// vRNIC), retrying the client while it only fails with "Couldn't connect" (the server is not
+/// listening yet; for at most 10 s). Everything is bounded by `limit`: what still runs then is
+/// killed and reported as `timed_out`. Never panics on the programs' account.
 pub fn run_pair(d: &Daemon, server_args: &[&str], client_args: &[&str], limit: Duration) -> Pair {
     let start = Instant::now();
-    let server = Proc::spawn(d.run(None, server_args), server_args[0]);
+    let left = || limit.saturating_sub(start.elapsed());
+    let connect_window = limit.min(Duration::from_secs(10));
+    let mut server = Proc::spawn(d.run(server_args), &format!("server {}", server_args[0]));
     let client = loop {
-        let c = Proc::spawn(d.run(None, client_args), client_args[0]);
-        let out = c.wait(limit);
-        let refused = !out.ok()
-            && (out.stderr.contains("Couldn't connect") || out.stdout.contains("Couldn't connect"));
-        if refused && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(100));
+        let c = Proc::spawn(d.run(client_args), &format!("client {}", client_args[0]));
+        let out = c.wait_bounded(left());
+        if refused(&out) && start.elapsed() < connect_window && !server.exited() {
+            std::thread::sleep(Duration::from_millis(50));
             continue;
         }
         break out;
     };
-    let left = limit
-        .saturating_sub(start.elapsed())
-        .max(Duration::from_secs(5));
-    let server = server.wait(left);
+    // A client that failed leaves a server waiting for it: give it a few seconds, not all.
+    let server_limit = if client.ok() {
+        left().max(Duration::from_secs(5))
+    } else {
+        left().min(Duration::from_secs(5))
+    };
+    let server = server.wait_bounded(server_limit);
     Pair { server, client }
 }
 
@@ -298,4 +466,41 @@ pub fn server_client(prog: &str, extra: &[&str], limit: Duration) -> Pair {
     let pair = run_pair(&d, &server, &client, limit);
     pair.assert_ok();
     pair
+}
+
+/// Whether some socket listens on TCP `port` (IPv4 or IPv6), from `/proc/net/tcp{,6}`. Unlike a
+/// test connection, this does not take the place of the client a server waits for.
+pub fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let mut cols = l.split_whitespace();
+                let local = cols.nth(1).unwrap_or("");
+                let state = cols.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+        })
+    })
+}
+
+/// Waits (at most `limit`) until `server` listens on `port` and hands it back; panics with its
+/// output if it exits or does not listen in time.
+pub fn wait_listening(mut server: Proc, port: u16, limit: Duration) -> Proc {
+    let start = Instant::now();
+    while !listening(port) {
+        let exited = server.exited();
+        if exited || start.elapsed() > limit {
+            let name = server.name.clone();
+            let out = server.wait_bounded(Duration::ZERO);
+            let what = if exited {
+                "exited before listening"
+            } else {
+                "does not listen"
+            };
+            panic!("{name} {what} on port {port}\n{}", out.text());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server
 }
