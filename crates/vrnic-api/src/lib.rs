@@ -12,7 +12,7 @@
 #![warn(missing_docs)]
 
 use serde::{Deserialize, Serialize};
-use vrnic_wire::{QpAttr, QpCap, QpType};
+use vrnic_wire::{AhAttr, QpAttr, QpCap, QpType};
 
 /// Identity and limits of a vRNIC, as the driver reports them through `ibv_query_device`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +116,9 @@ pub enum Request {
         cap: QpCap,
         /// Signal every send.
         sq_sig_all: bool,
+        /// SRQ handle its receives come from, if any.
+        #[serde(default)]
+        srq: Option<u32>,
     },
     /// `ibv_modify_qp`.
     ModifyQp {
@@ -135,6 +138,57 @@ pub enum Request {
     DestroyQp {
         /// Handle.
         qp: u32,
+    },
+    /// `ibv_create_srq`.
+    CreateSrq {
+        /// PD handle.
+        pd: u32,
+        /// Requested depth.
+        max_wr: u32,
+        /// SGEs per receive.
+        max_sge: u32,
+        /// Limit event threshold (0: disarmed).
+        limit: u32,
+    },
+    /// `ibv_modify_srq`.
+    ModifySrq {
+        /// Handle.
+        srq: u32,
+        /// `IBV_SRQ_MAX_WR` was in the mask.
+        resize: bool,
+        /// The new limit, if `IBV_SRQ_LIMIT` was in the mask.
+        limit: Option<u32>,
+    },
+    /// `ibv_query_srq`.
+    QuerySrq {
+        /// Handle.
+        srq: u32,
+    },
+    /// `ibv_destroy_srq`.
+    DestroySrq {
+        /// Handle.
+        srq: u32,
+    },
+    /// `ibv_create_ah`.
+    CreateAh {
+        /// PD handle.
+        pd: u32,
+        /// The address.
+        attr: AhAttr,
+    },
+    /// `ibv_destroy_ah`.
+    DestroyAh {
+        /// Handle.
+        ah: u32,
+    },
+    /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_PD` and/or `_CHANGE_ACCESS`.
+    ReregMr {
+        /// Handle.
+        mr: u32,
+        /// New PD handle.
+        pd: Option<u32>,
+        /// New access flags.
+        access: Option<u32>,
     },
 }
 
@@ -199,6 +253,24 @@ pub enum Reply {
     },
     /// For `QueryQp`.
     QpAttr(Box<QpAttr>),
+    /// For `CreateSrq`.
+    Srq {
+        /// Handle.
+        srq: u32,
+        /// Ring offset in the region.
+        ring: u64,
+        /// Ring depth (power of two, >= `max_wr`).
+        depth: u32,
+    },
+    /// For `QuerySrq`.
+    SrqAttr {
+        /// Depth granted.
+        max_wr: u32,
+        /// SGEs per receive.
+        max_sge: u32,
+        /// Armed limit (0: disarmed).
+        limit: u32,
+    },
 }
 
 /// Async event kinds carried in a mailbox's event ring (`enum ibv_event_type` values).
@@ -211,6 +283,12 @@ pub mod event {
     pub const PORT_ACTIVE: u32 = 9;
     /// `IBV_EVENT_DEVICE_FATAL`
     pub const DEVICE_FATAL: u32 = 8;
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`
+    pub const QP_LAST_WQE_REACHED: u32 = 16;
+    /// `IBV_EVENT_SRQ_ERR`
+    pub const SRQ_ERR: u32 = 14;
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`
+    pub const SRQ_LIMIT_REACHED: u32 = 15;
 }
 
 /// A request on the daemon's admin socket (one JSON line each way).

@@ -20,7 +20,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use tracing::{debug, info, warn};
 use vrnic_api::{AdminReply, AdminRequest, PageRun, Reply, Request, VnicSummary};
-use vrnic_proto::{CqId, CtxId, Engine, Loc, Memory, MrId, PdId, QpId, VnicId};
+use vrnic_proto::{AhId, CqId, CtxId, Engine, Loc, Memory, MrId, PdId, QpId, SrqId, VnicId};
 use vrnic_shm::layout::{self, hdr};
 use vrnic_shm::{Mailbox, MailboxState, Region, Ring};
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
@@ -92,6 +92,7 @@ struct Ctx {
     detaching: HashSet<u64>,
     cqs: HashSet<CqId>,
     qps: HashSet<QpId>,
+    srqs: HashSet<SrqId>,
     pds: u32,
     wake: bool,
 }
@@ -115,6 +116,14 @@ struct QpSlot {
     broken: bool,
 }
 
+struct SrqSlot {
+    vnic: VnicId,
+    ring: Ring,
+    fetched: u32,
+    cons: u32,
+    broken: bool,
+}
+
 struct AdminConn {
     stream: UnixStream,
     buf: Vec<u8>,
@@ -130,6 +139,7 @@ pub struct Server {
     ctxs: HashMap<CtxId, Ctx>,
     cqs: HashMap<CqId, CqSlot>,
     qps: BTreeMap<QpId, QpSlot>,
+    srqs: BTreeMap<SrqId, SrqSlot>,
     tokens: HashMap<Token, Tok>,
     admin: UnixListener,
     admins: HashMap<u64, AdminConn>,
@@ -241,6 +251,7 @@ impl Server {
             ctxs: HashMap::new(),
             cqs: HashMap::new(),
             qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
             tokens: HashMap::new(),
             admin,
             admins: HashMap::new(),
@@ -683,6 +694,7 @@ impl Server {
                     detaching: HashSet::new(),
                     cqs: HashSet::new(),
                     qps: HashSet::new(),
+                    srqs: HashSet::new(),
                     pds: 0,
                     wake: false,
                 },
@@ -690,6 +702,8 @@ impl Server {
             if let Some(v) = self.vnics.get_mut(&vnic) {
                 v.contexts.insert(id);
             }
+            // The context sees its port come up, as a device reports a port that goes active.
+            self.push_event(id, vrnic_api::event::PORT_ACTIVE, 1);
         }
     }
 
@@ -783,6 +797,11 @@ impl Server {
         for cq in &ctx.cqs {
             if let Some(slot) = self.cqs.remove(cq) {
                 free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
+            }
+        }
+        for srq in &ctx.srqs {
+            if let Some(slot) = self.srqs.remove(srq) {
+                free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
             }
         }
         let offs: Vec<u64> = ctx
@@ -904,11 +923,13 @@ impl Server {
                 qp_type,
                 cap,
                 sq_sig_all,
+                srq,
             } => self.create_qp(
                 id,
                 PdId(pd),
                 CqId(send_cq),
                 CqId(recv_cq),
+                srq.map(SrqId),
                 qp_type,
                 cap,
                 sq_sig_all,
@@ -943,7 +964,103 @@ impl Server {
                     Err(e) => err(e, "destroy_qp"),
                 }
             }
+            Request::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+                limit,
+            } => self.create_srq(id, PdId(pd), max_wr, max_sge, limit),
+            Request::ModifySrq { srq, resize, limit } => {
+                match self.engine.modify_srq(id, SrqId(srq), resize, limit) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "modify_srq"),
+                }
+            }
+            Request::QuerySrq { srq } => match self.engine.query_srq(id, SrqId(srq)) {
+                Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
+                    max_wr,
+                    max_sge,
+                    limit,
+                },
+                Err(e) => err(e, "query_srq"),
+            },
+            Request::DestroySrq { srq } => {
+                if !ctx.srqs.contains(&SrqId(srq)) {
+                    return err(libc::EINVAL, "no such SRQ");
+                }
+                match self.engine.destroy_srq(id, SrqId(srq)) {
+                    Ok(()) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.srqs.remove(&SrqId(srq));
+                        }
+                        if let (Some(slot), Some(v)) =
+                            (self.srqs.remove(&SrqId(srq)), self.vnics.get_mut(&vnic))
+                        {
+                            free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
+                        }
+                        Reply::Ok
+                    }
+                    Err(e) => err(e, "destroy_srq"),
+                }
+            }
+            Request::CreateAh { pd, attr } => match self.engine.create_ah(id, PdId(pd), attr) {
+                Ok(ah) => Reply::Handle(ah.0),
+                Err(e) => err(e, "create_ah"),
+            },
+            Request::DestroyAh { ah } => match self.engine.destroy_ah(id, AhId(ah)) {
+                Ok(()) => Reply::Ok,
+                Err(e) => err(e, "destroy_ah"),
+            },
+            Request::ReregMr { mr, pd, access } => {
+                match self.engine.rereg_mr(id, MrId(mr), pd.map(PdId), access) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "rereg_mr"),
+                }
+            }
             _ => err(libc::EOPNOTSUPP, "request not supported by this daemon"),
+        }
+    }
+
+    fn create_srq(&mut self, id: CtxId, pd: PdId, max_wr: u32, max_sge: u32, limit: u32) -> Reply {
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let vnic = ctx.vnic;
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > vrnic_wire::MAX_SGE {
+            return err(libc::EINVAL, "SRQ capabilities exceed the device limits");
+        }
+        let depth = max_wr.next_power_of_two();
+        let Some(v) = self.vnics.get_mut(&vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(ring) = alloc_ring(v, depth, RQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the SRQ ring");
+        };
+        match self.engine.create_srq(id, pd, max_wr, max_sge, limit) {
+            Ok((srq, _)) => {
+                self.srqs.insert(
+                    srq,
+                    SrqSlot {
+                        vnic,
+                        ring,
+                        fetched: 0,
+                        cons: 0,
+                        broken: false,
+                    },
+                );
+                if let Some(c) = self.ctxs.get_mut(&id) {
+                    c.srqs.insert(srq);
+                }
+                Reply::Srq {
+                    srq: srq.0,
+                    ring: ring.offset(),
+                    depth,
+                }
+            }
+            Err(e) => {
+                free_ring(v, ring.offset(), depth, RQ_SLOT);
+                err(e, "create_srq")
+            }
         }
     }
 
@@ -1165,6 +1282,7 @@ impl Server {
         pd: PdId,
         send_cq: CqId,
         recv_cq: CqId,
+        srq: Option<SrqId>,
         qp_type: vrnic_wire::QpType,
         mut cap: vrnic_wire::QpCap,
         sq_sig_all: bool,
@@ -1184,6 +1302,11 @@ impl Server {
         {
             return err(libc::EINVAL, "QP capabilities exceed the device limits");
         }
+        if srq.is_some() {
+            // Receives come from the SRQ: the QP's own receive ring stays minimal and unused.
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
         let sq_depth = cap.max_send_wr.max(1).next_power_of_two();
         let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
         let Some(v) = self.vnics.get_mut(&vnic) else {
@@ -1197,13 +1320,15 @@ impl Server {
             return err(libc::ENOMEM, "no memory for the receive ring");
         };
         cap.max_send_wr = cap.max_send_wr.max(1);
-        cap.max_recv_wr = cap.max_recv_wr.max(1);
         cap.max_send_sge = cap.max_send_sge.max(1);
-        cap.max_recv_sge = cap.max_recv_sge.max(1);
+        if srq.is_none() {
+            cap.max_recv_wr = cap.max_recv_wr.max(1);
+            cap.max_recv_sge = cap.max_recv_sge.max(1);
+        }
         cap.max_inline_data = vrnic_wire::MAX_INLINE as u32;
         match self
             .engine
-            .create_qp(id, pd, send_cq, recv_cq, qp_type, cap, sq_sig_all)
+            .create_qp_srq(id, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all)
         {
             Ok((qp, qpn)) => {
                 self.qps.insert(
@@ -1307,6 +1432,38 @@ impl Server {
                 }
             }
         }
+        let mut srq_slot = [0u8; RQ_SLOT];
+        for (&srq, slot) in self.srqs.iter_mut() {
+            if slot.broken {
+                continue;
+            }
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
+            let room = self.engine.srq_room(srq);
+            match pending(
+                &slot.ring,
+                &v.region,
+                slot.fetched,
+                self.engine.srq_retired(srq),
+                room,
+            ) {
+                Ok(n) => {
+                    for _ in 0..n {
+                        slot.ring.read_slot(&v.region, slot.fetched, &mut srq_slot);
+                        slot.fetched = slot.fetched.wrapping_add(1);
+                        self.engine.handle_srq_wqe(srq, RecvWqe::parse(&srq_slot));
+                        work = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(srq = srq.0, "SRQ ring: {e}; SRQ in error");
+                    slot.broken = true;
+                    self.engine.handle_srq_wqe(srq, Err(e));
+                    work = true;
+                }
+            }
+        }
         if self.engine.process(now, &mut Mem(&self.vnics)) {
             work = true;
         }
@@ -1327,6 +1484,16 @@ impl Server {
                 slot.rq.cons(&v.region).store(rq, Ordering::Release);
             }
         }
+        for (&srq, slot) in self.srqs.iter_mut() {
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
+            let r = self.engine.srq_retired(srq);
+            if r != slot.cons {
+                slot.cons = r;
+                slot.ring.cons(&v.region).store(r, Ordering::Release);
+            }
+        }
         while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
             work = true;
             self.post_cqe(cq, &cqe, solicited);
@@ -1336,6 +1503,13 @@ impl Server {
             let (kind, handle) = match ev {
                 vrnic_proto::Event::QpFatal { qp } => (vrnic_api::event::QP_FATAL, qp.0),
                 vrnic_proto::Event::CqError { cq } => (vrnic_api::event::CQ_ERR, cq.0),
+                vrnic_proto::Event::SrqLimit { srq } => {
+                    (vrnic_api::event::SRQ_LIMIT_REACHED, srq.0)
+                }
+                vrnic_proto::Event::SrqError { srq } => (vrnic_api::event::SRQ_ERR, srq.0),
+                vrnic_proto::Event::LastWqeReached { qp } => {
+                    (vrnic_api::event::QP_LAST_WQE_REACHED, qp.0)
+                }
             };
             self.push_event(ctx, kind, handle);
         }
@@ -1380,7 +1554,11 @@ impl Server {
             return;
         }
         let mut raw = [0u8; CQ_SLOT];
-        cqe.encode(&mut raw);
+        let stamped = Cqe {
+            timestamp_ns: sys::monotonic_ns(),
+            ..*cqe
+        };
+        stamped.encode(&mut raw);
         slot.ring.write_slot(region, slot.prod, &raw);
         slot.prod = slot.prod.wrapping_add(1);
         slot.ring.prod(region).store(slot.prod, Ordering::Release);

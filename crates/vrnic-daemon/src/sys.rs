@@ -163,3 +163,17 @@ pub fn clear_cloexec(s: &std::os::unix::net::UnixStream) -> std::io::Result<i32>
     }
     Ok(fd)
 }
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the completion timestamp clock (the driver reports it as
+/// a 1 GHz `hca_core_clock`, so apps see nanoseconds).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}

@@ -6,14 +6,16 @@ use std::ops::Bound;
 use std::time::{Duration, Instant};
 
 use vrnic_wire::{
-    Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType, RecvWqe,
-    SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_WITH_IMM, WcOpcode, WcStatus, access,
-    qp_attr,
+    AhAttr, Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType,
+    RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_GRH, WC_WITH_IMM, WcOpcode,
+    WcStatus, access, qp_attr,
 };
 
 use crate::errno::*;
 use crate::state;
-use crate::{CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, VnicId};
+use crate::{
+    AhId, CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, SrqId, VnicId,
+};
 
 /// Deepest work queue.
 pub const MAX_QP_WR: u32 = 16384;
@@ -27,6 +29,14 @@ pub const MAX_MR: usize = 65536;
 pub const MAX_CQ: usize = 16384;
 /// Most PDs per vRNIC.
 pub const MAX_PD: usize = 16384;
+/// Most SRQs per vRNIC.
+pub const MAX_SRQ: usize = 16384;
+/// Most address handles per vRNIC.
+pub const MAX_AH: usize = 65536;
+/// Largest UD message (the port's active MTU, 4096).
+pub const UD_MTU: u64 = 4096;
+/// The Global Route Header at the start of every UD receive buffer.
+pub const GRH_LEN: u64 = 40;
 /// Work requests one [`Engine::process`] call executes at most.
 pub const PASS_WRS: usize = 64;
 /// Bytes after which one [`Engine::process`] call stops starting new chunks.
@@ -79,6 +89,31 @@ struct Cq {
     users: u32,
 }
 
+#[derive(Debug)]
+struct Srq {
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    rq: VecDeque<RecvWqe>,
+    depth: u32,
+    max_wr: u32,
+    max_sge: u32,
+    retired: u32,
+    /// Armed limit (0: disarmed).
+    limit: u32,
+    /// QPs attached.
+    users: u32,
+    /// Its ring broke: it takes no more receives.
+    broken: bool,
+}
+
+#[derive(Debug)]
+struct Ah {
+    ctx: CtxId,
+    pd: PdId,
+    attr: AhAttr,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
     None,
@@ -95,8 +130,10 @@ enum Wait {
 
 #[derive(Debug)]
 struct Qp {
-    /// UC instead of RC: nothing is acknowledged, so nothing the responder does is reported.
-    uc: bool,
+    /// RC, UC (nothing is acknowledged, so nothing the responder does is reported) or UD.
+    ty: QpType,
+    /// Receives come from this SRQ instead of `rq`.
+    srq: Option<SrqId>,
     vnic: VnicId,
     ctx: CtxId,
     pd: PdId,
@@ -163,6 +200,8 @@ pub struct Engine {
     mrs: HashMap<MrId, Mr>,
     cqs: HashMap<CqId, Cq>,
     qps: BTreeMap<QpId, Qp>,
+    srqs: BTreeMap<SrqId, Srq>,
+    ahs: HashMap<AhId, Ah>,
     by_qpn: HashMap<u32, QpId>,
     completions: VecDeque<(CqId, Cqe, bool)>,
     events: VecDeque<(CtxId, Event)>,
@@ -211,6 +250,8 @@ impl Engine {
             mrs: HashMap::new(),
             cqs: HashMap::new(),
             qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            ahs: HashMap::new(),
             by_qpn: HashMap::new(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
@@ -258,6 +299,7 @@ impl Engine {
             .collect();
         ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
         ctxs.extend(self.cqs.values().filter(|c| c.vnic == vnic).map(|c| c.ctx));
+        ctxs.extend(self.srqs.values().filter(|s| s.vnic == vnic).map(|s| s.ctx));
         ctxs.sort();
         ctxs.dedup();
         for c in ctxs {
@@ -266,7 +308,8 @@ impl Engine {
         self.vnics.remove(&vnic);
     }
 
-    /// Destroys everything `ctx` owns: its QPs (their peers see errors), MRs, CQs and PDs.
+    /// Destroys everything `ctx` owns: its QPs (their peers see errors), SRQs, AHs, MRs, CQs
+    /// and PDs.
     pub fn destroy_context(&mut self, now: Instant, ctx: CtxId) {
         let qps: Vec<QpId> = self
             .qps
@@ -287,6 +330,8 @@ impl Engine {
         for mr in mrs {
             let _ = self.dereg_mr(ctx, mr);
         }
+        self.srqs.retain(|_, s| s.ctx != ctx);
+        self.ahs.retain(|_, a| a.ctx != ctx);
         self.cqs.retain(|_, c| c.ctx != ctx);
         self.pds.retain(|_, p| p.ctx != ctx);
         self.completions
@@ -463,7 +508,7 @@ impl Engine {
         }
     }
 
-    /// `ibv_create_qp`. Returns the QP and its number.
+    /// `ibv_create_qp` without an SRQ. Returns the QP and its number.
     #[allow(clippy::too_many_arguments)]
     pub fn create_qp(
         &mut self,
@@ -473,6 +518,23 @@ impl Engine {
         recv_cq: CqId,
         qp_type: QpType,
         cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<(QpId, u32), Errno> {
+        self.create_qp_srq(ctx, pd, send_cq, recv_cq, None, qp_type, cap, sq_sig_all)
+    }
+
+    /// `ibv_create_qp`, its receives taken from `srq` if given (then `max_recv_wr` and
+    /// `max_recv_sge` are ignored, as on a device). Returns the QP and its number.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_qp_srq(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+        qp_type: QpType,
+        mut cap: QpCap,
         sq_sig_all: bool,
     ) -> Result<(QpId, u32), Errno> {
         let vnic = match self.pds.get(&pd) {
@@ -485,8 +547,13 @@ impl Engine {
                 _ => return Err(EINVAL),
             }
         }
-        if qp_type == QpType::Ud {
-            return Err(EOPNOTSUPP);
+        if let Some(s) = srq {
+            match self.srqs.get(&s) {
+                Some(s) if s.ctx == ctx && s.vnic == vnic => {}
+                _ => return Err(EINVAL),
+            }
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
         }
         if cap.max_send_wr > MAX_QP_WR
             || cap.max_recv_wr > MAX_QP_WR
@@ -509,7 +576,8 @@ impl Engine {
         self.qps.insert(
             id,
             Qp {
-                uc: qp_type == QpType::Uc,
+                ty: qp_type,
+                srq,
                 vnic,
                 ctx,
                 pd,
@@ -540,6 +608,9 @@ impl Engine {
                 c.users += 1;
             }
         }
+        if let Some(s) = srq.and_then(|s| self.srqs.get_mut(&s)) {
+            s.users += 1;
+        }
         Ok((id, qpn))
     }
 
@@ -560,7 +631,7 @@ impl Engine {
         attr: &QpAttr,
     ) -> Result<(), Errno> {
         let q = self.own_qp(ctx, qp)?;
-        let (cur, uc) = (q.attr.qp_state, q.uc);
+        let (cur, ty) = (q.attr.qp_state, q.ty);
         let next = if mask & qp_attr::STATE != 0 {
             attr.qp_state
         } else {
@@ -569,7 +640,7 @@ impl Engine {
         if mask & qp_attr::CUR_STATE != 0 && attr.cur_qp_state != cur {
             return Err(EINVAL);
         }
-        if !state::check(uc, cur, next, mask) {
+        if !state::check(ty, cur, next, mask) {
             return Err(EINVAL);
         }
         if (mask & qp_attr::PORT != 0 && attr.port_num != 1)
@@ -635,7 +706,13 @@ impl Engine {
                     ..QpAttr::default()
                 };
             }
-            QpState::Err => self.flush(qp),
+            QpState::Err => {
+                let (ctx, srq) = (q.ctx, q.srq);
+                self.flush(qp);
+                if srq.is_some() && cur != QpState::Err {
+                    self.events.push_back((ctx, Event::LastWqeReached { qp }));
+                }
+            }
             _ => {}
         }
         let _ = now;
@@ -661,6 +738,9 @@ impl Engine {
         self.by_qpn.remove(&q.qpn);
         if let Some(p) = self.pds.get_mut(&q.pd) {
             p.users = p.users.saturating_sub(1);
+        }
+        if let Some(s) = q.srq.and_then(|s| self.srqs.get_mut(&s)) {
+            s.users = s.users.saturating_sub(1);
         }
         for cq in [q.send_cq, q.recv_cq] {
             if let Some(c) = self.cqs.get_mut(&cq) {
@@ -714,6 +794,248 @@ impl Engine {
     /// Number of QPs of a vRNIC.
     pub fn qp_count(&self, vnic: VnicId) -> usize {
         self.qps.values().filter(|q| q.vnic == vnic).count()
+    }
+
+    // ---- SRQs and address handles ----------------------------------------------------------
+
+    /// `ibv_create_srq`: returns the SRQ and its ring depth (`max_wr` rounded up to a power
+    /// of two). `limit` (0: disarmed) must be below `max_wr`.
+    pub fn create_srq(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<(SrqId, u32), Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > MAX_SGE || limit >= max_wr {
+            return Err(EINVAL);
+        }
+        if self.srqs.values().filter(|s| s.vnic == vnic).count() >= MAX_SRQ {
+            return Err(ENOMEM);
+        }
+        let id = SrqId(self.id());
+        let depth = max_wr.next_power_of_two();
+        self.srqs.insert(
+            id,
+            Srq {
+                vnic,
+                ctx,
+                pd,
+                rq: VecDeque::new(),
+                depth,
+                max_wr,
+                max_sge: max_sge.max(1),
+                retired: 0,
+                limit,
+                users: 0,
+                broken: false,
+            },
+        );
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        Ok((id, depth))
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event (`limit` below `max_wr`;
+    /// 0 disarms). Resizing (`IBV_SRQ_MAX_WR`) is not supported: the device does not report
+    /// `IBV_DEVICE_SRQ_RESIZE`, so it is `EINVAL`, as the kernel's verbs layer answers.
+    pub fn modify_srq(
+        &mut self,
+        ctx: CtxId,
+        srq: SrqId,
+        resize: bool,
+        limit: Option<u32>,
+    ) -> Result<(), Errno> {
+        let s = match self.srqs.get_mut(&srq) {
+            Some(s) if s.ctx == ctx => s,
+            _ => return Err(EINVAL),
+        };
+        if resize {
+            return Err(EINVAL);
+        }
+        if let Some(l) = limit {
+            if l >= s.max_wr {
+                return Err(EINVAL);
+            }
+            s.limit = l;
+            if l > 0 && (s.rq.len() as u32) < l {
+                // Already below: the event fires at once, as a device raises it on arming.
+                s.limit = 0;
+                self.events.push_back((ctx, Event::SrqLimit { srq }));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_srq`: `(max_wr, max_sge, srq_limit)`.
+    pub fn query_srq(&self, ctx: CtxId, srq: SrqId) -> Result<(u32, u32, u32), Errno> {
+        match self.srqs.get(&srq) {
+            Some(s) if s.ctx == ctx => Ok((s.max_wr, s.max_sge, s.limit)),
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_destroy_srq`: `EBUSY` while a QP uses it.
+    pub fn destroy_srq(&mut self, ctx: CtxId, srq: SrqId) -> Result<(), Errno> {
+        match self.srqs.get(&srq) {
+            Some(s) if s.ctx == ctx => {
+                if s.users > 0 {
+                    return Err(EBUSY);
+                }
+                let pd = s.pd;
+                self.srqs.remove(&srq);
+                if let Some(p) = self.pds.get_mut(&pd) {
+                    p.users = p.users.saturating_sub(1);
+                }
+                self.events
+                    .retain(|(_, e)| !matches!(e, Event::SrqLimit { srq: x } | Event::SrqError { srq: x } if *x == srq));
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// Receive WQEs the SRQ can take now.
+    pub fn srq_room(&self, srq: SrqId) -> u32 {
+        self.srqs
+            .get(&srq)
+            .filter(|s| !s.broken)
+            .map(|s| s.depth.saturating_sub(s.rq.len() as u32))
+            .unwrap_or(0)
+    }
+
+    /// SRQ receive WQEs retired so far (free running).
+    pub fn srq_retired(&self, srq: SrqId) -> u32 {
+        self.srqs.get(&srq).map(|s| s.retired).unwrap_or(0)
+    }
+
+    /// All SRQs (for the daemon's ring scan).
+    pub fn srq_ids(&self) -> impl Iterator<Item = SrqId> + '_ {
+        self.srqs.keys().copied()
+    }
+
+    /// A receive WQE from an SRQ's ring. One that does not parse, has more SGEs than the SRQ
+    /// allows, or exceeds the depth breaks the SRQ: it takes no more receives and its owner
+    /// gets `IBV_EVENT_SRQ_ERR` (the QPs on it see RNR, as with an empty queue).
+    pub fn handle_srq_wqe(&mut self, srq: SrqId, wqe: Result<RecvWqe, ParseError>) {
+        let Some(s) = self.srqs.get_mut(&srq) else {
+            return;
+        };
+        if s.broken {
+            return;
+        }
+        match wqe {
+            Ok(w) if (s.rq.len() as u32) < s.depth && w.sges.len() as u32 <= s.max_sge => {
+                s.rq.push_back(w)
+            }
+            w => {
+                tracing::debug!(
+                    srq = srq.0,
+                    ok = w.is_ok(),
+                    "SRQ receive refused; SRQ in error"
+                );
+                s.broken = true;
+                s.retired = s.retired.wrapping_add(1);
+                let ctx = s.ctx;
+                self.events.push_back((ctx, Event::SrqError { srq }));
+            }
+        }
+    }
+
+    /// `ibv_create_ah`: an address for UD sends from QPs of `pd`. Only port 1 and GID index 0
+    /// exist; the address need not name a vRNIC that exists now (datagrams to nowhere are
+    /// dropped).
+    pub fn create_ah(&mut self, ctx: CtxId, pd: PdId, attr: AhAttr) -> Result<AhId, Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        if attr.port_num != 1 || (attr.is_global && attr.grh.sgid_index != 0) {
+            return Err(EINVAL);
+        }
+        let mine = self
+            .ahs
+            .values()
+            .filter(|a| self.pds.get(&a.pd).is_some_and(|p| p.vnic == vnic))
+            .count();
+        if mine >= MAX_AH {
+            return Err(ENOMEM);
+        }
+        let id = AhId(self.id());
+        self.ahs.insert(id, Ah { ctx, pd, attr });
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        Ok(id)
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&mut self, ctx: CtxId, ah: AhId) -> Result<(), Errno> {
+        match self.ahs.get(&ah) {
+            Some(a) if a.ctx == ctx => {
+                let pd = a.pd;
+                self.ahs.remove(&ah);
+                if let Some(p) = self.pds.get_mut(&pd) {
+                    p.users = p.users.saturating_sub(1);
+                }
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_rereg_mr` without a new translation: moves the MR to `pd` and/or gives it new
+    /// `access` flags; keys stay. (A new address range is a new registration: the driver
+    /// registers it and deregisters the old one.)
+    pub fn rereg_mr(
+        &mut self,
+        ctx: CtxId,
+        mr: MrId,
+        pd: Option<PdId>,
+        acc: Option<u32>,
+    ) -> Result<(), Errno> {
+        let (old_pd, vnic) = match self.mrs.get(&mr) {
+            Some(m) if m.ctx == ctx => (m.pd, m.vnic),
+            _ => return Err(EINVAL),
+        };
+        if let Some(p) = pd {
+            match self.pds.get(&p) {
+                Some(x) if x.ctx == ctx && x.vnic == vnic => {}
+                _ => return Err(EINVAL),
+            }
+        }
+        if let Some(a) = acc {
+            if a & !access::SUPPORTED != 0 {
+                return Err(EOPNOTSUPP);
+            }
+            if a & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+                && a & access::LOCAL_WRITE == 0
+            {
+                return Err(EINVAL);
+            }
+        }
+        let Some(m) = self.mrs.get_mut(&mr) else {
+            return Err(EINVAL);
+        };
+        if let Some(a) = acc {
+            m.access = a;
+        }
+        if let Some(p) = pd {
+            m.pd = p;
+            if let Some(x) = self.pds.get_mut(&old_pd) {
+                x.users = x.users.saturating_sub(1);
+            }
+            if let Some(x) = self.pds.get_mut(&p) {
+                x.users += 1;
+            }
+        }
+        Ok(())
     }
 
     // ---- feeding work requests -------------------------------------------------------------
@@ -854,9 +1176,12 @@ impl Engine {
             self.completions.push_back((q.send_cq, c, false));
         }
         q.attr.qp_state = QpState::Err;
-        let ctx = q.ctx;
+        let (ctx, srq) = (q.ctx, q.srq);
         self.flush_with(qp, sq_last, rq_last);
         self.events.push_back((ctx, Event::QpFatal { qp }));
+        if srq.is_some() {
+            self.events.push_back((ctx, Event::LastWqeReached { qp }));
+        }
     }
 
     /// Completes everything queued on an ERR QP with `WR_FLUSH_ERR`.
@@ -915,9 +1240,7 @@ impl Engine {
             let Some(q) = self.qps.get(&qp) else { continue };
             match (q.wait, self.responder(qp)) {
                 (Wait::Retry { .. }, None) => self.fail_qp(qp, Some(WcStatus::RetryExcErr)),
-                (Wait::Rnr { .. }, Some(peer))
-                    if self.qps.get(&peer).is_some_and(|p| p.rq.is_empty()) =>
-                {
+                (Wait::Rnr { .. }, Some(peer)) if self.recv_empty(peer) => {
                     self.rnr(now, qp, peer);
                 }
                 // The situation changed: the next `process` retries at once.
@@ -1012,7 +1335,7 @@ impl Engine {
             p.attr.ah_attr.dlid == me.lid
         };
         (p.vnic == vid
-            && p.uc == q.uc
+            && p.ty == q.ty
             && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
             && p.attr.dest_qp_num == q.qpn
             && back)
@@ -1039,7 +1362,7 @@ impl Engine {
 
     /// Records that the head WQE moved its first `done` bytes to `peer` and continues later.
     fn partial(&mut self, qp: QpId, peer: QpId, done: u64, n: u64) -> Step {
-        let peer_rq = self.qps.get(&peer).map(|p| p.rq_retired).unwrap_or(0);
+        let peer_rq = self.recv_retired(peer);
         if let Some(q) = self.qps.get_mut(&qp) {
             q.wait = Wait::None;
             q.progress = Some(Progress {
@@ -1058,11 +1381,7 @@ impl Engine {
         // A waiting head costs nothing until its timer fires or its responder changes.
         match q.wait {
             Wait::Rnr { until, .. }
-                if now < until
-                    && self
-                        .responder(qp)
-                        .and_then(|p| self.qps.get(&p))
-                        .is_some_and(|p| p.rq.is_empty()) =>
+                if now < until && self.responder(qp).is_some_and(|p| self.recv_empty(p)) =>
             {
                 return Step::Blocked;
             }
@@ -1079,7 +1398,8 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let (vnic, pd, uc) = (q.vnic, q.pd, q.uc);
+        let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
+        let uc = ty == QpType::Uc;
         let len = wqe.payload.len();
         if len > u64::from(MAX_MSG_SIZE) {
             self.fail_qp(qp, Some(WcStatus::LocLenErr));
@@ -1107,6 +1427,9 @@ impl Engine {
                 return Step::Done(0);
             }
             SendPayload::Inline(_) => {}
+        }
+        if ty == QpType::Ud {
+            return self.exec_ud(qp, &wqe, mem);
         }
         // Remote side.
         let Some(peer) = self.responder(qp) else {
@@ -1136,7 +1459,7 @@ impl Engine {
         };
         // Continue a message in progress if it still goes to the same receive; otherwise
         // start over, as a retransmission would.
-        let peer_rq = self.qps.get(&peer).map(|p| p.rq_retired).unwrap_or(0);
+        let peer_rq = self.recv_retired(peer);
         let done = match self.qps.get_mut(&qp).and_then(|q| q.progress.take()) {
             Some(p) if p.peer == peer && p.peer_rq == peer_rq && p.done < len => p.done,
             _ => 0,
@@ -1243,8 +1566,8 @@ impl Engine {
         let Some(p) = self.qps.get(&peer) else {
             return Step::Blocked;
         };
-        let uc = p.uc;
-        let Some(recv) = p.rq.front() else {
+        let uc = p.ty == QpType::Uc;
+        let Some(recv) = self.recv_head(peer) else {
             if uc {
                 // No receive posted: a UC responder drops the message; the sender never knows.
                 self.complete_head(qp, len as u32);
@@ -1302,6 +1625,7 @@ impl Engine {
             qpn,
             slid,
             wqe.flags.contains(SendFlags::SOLICITED),
+            0,
         );
         self.complete_head(qp, len as u32);
         Step::Done(n)
@@ -1318,8 +1642,8 @@ impl Engine {
     ) -> Step {
         let len = wqe.payload.len();
         let with_imm = wqe.opcode == SendOpcode::RdmaWriteWithImm;
-        let uc = self.qps.get(&peer).is_some_and(|p| p.uc);
-        if with_imm && self.qps.get(&peer).is_some_and(|p| p.rq.is_empty()) {
+        let uc = self.qps.get(&peer).is_some_and(|p| p.ty == QpType::Uc);
+        if with_imm && self.recv_empty(peer) {
             if uc {
                 self.complete_head(qp, len as u32);
                 return Step::Done(len);
@@ -1364,6 +1688,7 @@ impl Engine {
                 qpn,
                 slid,
                 wqe.flags.contains(SendFlags::SOLICITED),
+                0,
             );
         }
         self.complete_head(qp, len as u32);
@@ -1401,6 +1726,112 @@ impl Engine {
         }
         self.complete_head(qp, len as u32);
         Step::Done(n)
+    }
+
+    /// A UD send: to the QP the address handle and QP number name, if its Q_Key matches;
+    /// otherwise (or with no receive posted) the datagram is dropped and the sender never
+    /// knows. The receive gets a GRH in its first [`GRH_LEN`] bytes and the payload after it.
+    fn exec_ud(&mut self, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Step {
+        let len = wqe.payload.len();
+        let Some(q) = self.qps.get(&qp) else {
+            return Step::Blocked;
+        };
+        let (pd, qpn, own_qkey, vnic) = (q.pd, q.qpn, q.attr.qkey, q.vnic);
+        if !matches!(wqe.opcode, SendOpcode::Send | SendOpcode::SendWithImm) {
+            self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+            return Step::Done(0);
+        }
+        let ah = match self.ahs.get(&AhId(wqe.ud.ah)) {
+            Some(a) if a.pd == pd => a.attr,
+            _ => {
+                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+                return Step::Done(0);
+            }
+        };
+        if len > UD_MTU {
+            self.fail_qp(qp, Some(WcStatus::LocLenErr));
+            return Step::Done(0);
+        }
+        // A Q_Key with the high bit set means the sender's own (IB spec 10.2.4).
+        let qkey = if wqe.ud.remote_qkey & 0x8000_0000 != 0 {
+            own_qkey
+        } else {
+            wqe.ud.remote_qkey
+        };
+        let dest = self
+            .vnics
+            .iter()
+            .find(|(_, v)| {
+                if ah.is_global {
+                    v.gid == ah.grh.dgid
+                } else {
+                    v.lid == ah.dlid
+                }
+            })
+            .map(|(&id, _)| id)
+            .and_then(|vid| {
+                let &d = self.by_qpn.get(&wqe.ud.remote_qpn)?;
+                let p = self.qps.get(&d)?;
+                (p.vnic == vid
+                    && p.ty == QpType::Ud
+                    && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                    && p.attr.qkey == qkey)
+                    .then_some(d)
+            });
+        let Some(peer) = dest else {
+            tracing::trace!(
+                qpn,
+                dqpn = wqe.ud.remote_qpn,
+                "UD datagram dropped: no such QP"
+            );
+            self.complete_head(qp, len as u32);
+            return Step::Done(len);
+        };
+        let Some(recv) = self.recv_head(peer) else {
+            self.complete_head(qp, len as u32);
+            return Step::Done(len);
+        };
+        let Some(p) = self.qps.get(&peer) else {
+            return Step::Blocked;
+        };
+        let (pvnic, ppd) = (p.vnic, p.pd);
+        let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
+        if !self.check_sges(pvnic, ppd, &recv.sges, true) {
+            self.take_recv(peer, WcStatus::LocProtErr, 0, None);
+            self.fail_qp(peer, None);
+            self.complete_head(qp, len as u32);
+            return Step::Done(len);
+        }
+        if len + GRH_LEN > capacity {
+            self.take_recv(peer, WcStatus::LocLenErr, 0, None);
+            self.complete_head(qp, len as u32);
+            return Step::Done(len);
+        }
+        let (mut grh_runs, mut data_runs) = (Vec::new(), Vec::new());
+        // Checked just above, so neither can fail.
+        let _ = self.sge_runs(pvnic, &recv.sges, 0, GRH_LEN, &mut grh_runs);
+        let _ = self.sge_runs(pvnic, &recv.sges, GRH_LEN, len, &mut data_runs);
+        let mut flags = 0;
+        if ah.is_global {
+            let sgid = self.vnics.get(&vnic).map(|v| v.gid).unwrap_or_default();
+            scatter_bytes(mem, &grh(&ah, sgid, len), &grh_runs);
+            flags = WC_GRH;
+        }
+        self.gather(qp, wqe, 0, len, &data_runs, mem);
+        let imm = (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data);
+        let slid = self.lid_of(qp);
+        self.take_recv_ok(
+            peer,
+            WcOpcode::Recv,
+            (len + GRH_LEN) as u32,
+            imm,
+            qpn,
+            slid,
+            wqe.flags.contains(SendFlags::SOLICITED),
+            flags,
+        );
+        self.complete_head(qp, len as u32);
+        Step::Done(len)
     }
 
     fn exec_atomic(&mut self, qp: QpId, peer: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Step {
@@ -1442,6 +1873,48 @@ impl Engine {
         Step::Done(8)
     }
 
+    /// The receive a message to `qp` would land in: the head of its SRQ or of its own queue.
+    fn recv_head(&self, qp: QpId) -> Option<&RecvWqe> {
+        let q = self.qps.get(&qp)?;
+        match q.srq {
+            Some(s) => self.srqs.get(&s)?.rq.front(),
+            None => q.rq.front(),
+        }
+    }
+
+    fn recv_empty(&self, qp: QpId) -> bool {
+        self.recv_head(qp).is_none()
+    }
+
+    /// Receives retired so far from the queue `qp` receives from (its SRQ's or its own).
+    fn recv_retired(&self, qp: QpId) -> u32 {
+        let Some(q) = self.qps.get(&qp) else { return 0 };
+        match q.srq {
+            Some(s) => self.srqs.get(&s).map(|s| s.retired).unwrap_or(0),
+            None => q.rq_retired,
+        }
+    }
+
+    /// Takes the receive a message to `qp` lands in. Taking from an SRQ below its armed limit
+    /// raises `SRQ_LIMIT_REACHED` (once; the limit disarms).
+    fn pop_recv(&mut self, qp: QpId) -> Option<RecvWqe> {
+        let q = self.qps.get_mut(&qp)?;
+        let Some(sid) = q.srq else {
+            let r = q.rq.pop_front()?;
+            q.rq_retired = q.rq_retired.wrapping_add(1);
+            return Some(r);
+        };
+        let s = self.srqs.get_mut(&sid)?;
+        let r = s.rq.pop_front()?;
+        s.retired = s.retired.wrapping_add(1);
+        if s.limit > 0 && (s.rq.len() as u32) < s.limit {
+            s.limit = 0;
+            let ctx = s.ctx;
+            self.events.push_back((ctx, Event::SrqLimit { srq: sid }));
+        }
+        Some(r)
+    }
+
     fn lid_of(&self, qp: QpId) -> u16 {
         self.qps
             .get(&qp)
@@ -1451,11 +1924,10 @@ impl Engine {
     }
 
     fn take_recv(&mut self, peer: QpId, status: WcStatus, byte_len: u32, imm: Option<u32>) {
-        let Some(p) = self.qps.get_mut(&peer) else {
+        let Some(r) = self.pop_recv(peer) else { return };
+        let Some(p) = self.qps.get(&peer) else {
             return;
         };
-        let Some(r) = p.rq.pop_front() else { return };
-        p.rq_retired = p.rq_retired.wrapping_add(1);
         let mut c = cqe(r.wr_id, status, WcOpcode::Recv, p.qpn);
         c.byte_len = byte_len;
         if let Some(i) = imm {
@@ -1475,16 +1947,17 @@ impl Engine {
         src_qp: u32,
         slid: u16,
         solicited: bool,
+        wc_flags: u8,
     ) {
-        let Some(p) = self.qps.get_mut(&peer) else {
+        let Some(r) = self.pop_recv(peer) else { return };
+        let Some(p) = self.qps.get(&peer) else {
             return;
         };
-        let Some(r) = p.rq.pop_front() else { return };
-        p.rq_retired = p.rq_retired.wrapping_add(1);
         let mut c = cqe(r.wr_id, WcStatus::Success, opcode, p.qpn);
         c.byte_len = byte_len;
         c.src_qp = src_qp;
         c.slid = slid;
+        c.wc_flags |= wc_flags;
         if let Some(i) = imm {
             c.imm_data = i;
             c.wc_flags |= WC_WITH_IMM;
@@ -1559,6 +2032,22 @@ impl Engine {
 }
 
 /// Whether `[addr, addr+len)` (in the MR's iova space) lies inside the MR.
+/// The Global Route Header of a UD datagram of `len` payload bytes sent from `sgid` along
+/// `ah` (IB spec 8.3: version 6, traffic class, flow label, payload length, next header 0x1B
+/// (IBA transport), hop limit, source GID, destination GID).
+fn grh(ah: &AhAttr, sgid: [u8; 16], len: u64) -> [u8; GRH_LEN as usize] {
+    let mut g = [0u8; GRH_LEN as usize];
+    let word =
+        (6u32 << 28) | (u32::from(ah.grh.traffic_class) << 20) | (ah.grh.flow_label & 0xf_ffff);
+    g[0..4].copy_from_slice(&word.to_be_bytes());
+    g[4..6].copy_from_slice(&(len as u16).to_be_bytes());
+    g[6] = 0x1b;
+    g[7] = ah.grh.hop_limit;
+    g[8..24].copy_from_slice(&sgid);
+    g[24..40].copy_from_slice(&ah.grh.dgid);
+    g
+}
+
 fn inside(m: &Mr, addr: u64, len: u64) -> bool {
     addr.checked_sub(m.iova)
         .and_then(|start| start.checked_add(len))

@@ -3,11 +3,12 @@
 //! The engine plays the RNIC inside the host daemon. It owns the objects of every vRNIC on
 //! the daemon (protection domains, memory regions, completion queues, queue pairs), runs the
 //! QP state machine with the attribute-mask rules of the InfiniBand spec (`EINVAL` for a
-//! missing or disallowed mask bit or an illegal transition), and executes RC and UC work
+//! missing or disallowed mask bit or an illegal transition), and executes RC, UC and UD work
 //! requests between QPs it holds, copying each byte once from the source MR to the
-//! destination MR: SEND and SEND_WITH_IMM (matched to posted receives; RNR waits when none is
-//! posted, and retries as soon as one is), RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the
-//! two atomics. lkey/rkey, PD, access-flag and bounds checks produce the completion statuses
+//! destination MR: SEND and SEND_WITH_IMM (matched to posted receives, from the QP's own queue
+//! or a shared receive queue; RNR waits when none is posted, and retries as soon as one is),
+//! RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the two atomics; UD datagrams go through
+//! address handles, with a GRH in the receive buffer and Q_Key checks. lkey/rkey, PD, access-flag and bounds checks produce the completion statuses
 //! a real device (rxe) produces; an error completes its work request, flushes the rest with
 //! `WR_FLUSH_ERR`, moves the QP to ERR and raises [`Event::QpFatal`].
 //!
@@ -119,6 +120,7 @@
 //!     rkey: dst.rkey,
 //!     compare_add: 0,
 //!     swap: 0,
+//!     ud: Default::default(),
 //!     payload: SendPayload::Sges(vec![Sge { addr: 0x7010, length: 5, lkey: src.lkey }]),
 //! };
 //! e.handle_send_wqe(now, qp, Ok(wqe));
@@ -135,8 +137,8 @@ mod engine;
 mod state;
 
 pub use engine::{
-    CHUNK, Engine, MAX_CQ, MAX_CQE, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, PAGE, PASS_BYTES, PASS_WRS,
-    QP_WRS,
+    CHUNK, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, MAX_SRQ,
+    PAGE, PASS_BYTES, PASS_WRS, QP_WRS, UD_MTU,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.
@@ -174,7 +176,11 @@ id! {
     /// A completion queue.
     CqId,
     /// A queue pair.
-    QpId
+    QpId,
+    /// A shared receive queue.
+    SrqId,
+    /// An address handle (UD destinations).
+    AhId
 }
 
 /// A byte location: offset `off` in the shared region of `vnic`.
@@ -219,5 +225,22 @@ pub enum Event {
     CqError {
         /// The CQ.
         cq: CqId,
+    },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer receives than the armed limit are posted (the
+    /// limit disarms; `ibv_modify_srq` arms it again).
+    SrqLimit {
+        /// The SRQ.
+        srq: SrqId,
+    },
+    /// `IBV_EVENT_SRQ_ERR`: the SRQ's ring was broken; it takes no more receives.
+    SrqError {
+        /// The SRQ.
+        srq: SrqId,
+    },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ went to ERR and will take no
+    /// more receives from it.
+    LastWqeReached {
+        /// The QP.
+        qp: QpId,
     },
 }

@@ -1,8 +1,9 @@
-//! The RC QP state machine: which transitions `ibv_modify_qp` may request, and which attribute
-//! mask bits each requires and allows (IB spec 11.2.4.2, as the Linux kernel's
-//! `ib_modify_qp_is_ok` table encodes it for RC).
+//! The QP state machine: which transitions `ibv_modify_qp` may request, and which attribute
+//! mask bits each requires and allows for RC, UC and UD (IB spec 11.2.4.2, as the Linux
+//! kernel's `ib_modify_qp_is_ok` table encodes it).
 
 use vrnic_wire::QpState::{self, *};
+use vrnic_wire::QpType;
 use vrnic_wire::qp_attr::*;
 
 /// `(required, optional)` mask bits for `cur -> next` on an RC QP, or `None` if the transition
@@ -69,13 +70,29 @@ pub fn uc_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
     })
 }
 
-/// Checks `mask` for `cur -> next`: every required bit present, nothing outside required,
-/// optional and `STATE`.
-pub fn check(uc: bool, cur: QpState, next: QpState, mask: u32) -> bool {
-    let masks = if uc {
-        uc_masks(cur, next)
-    } else {
-        rc_masks(cur, next)
+/// `(required, optional)` mask bits for `cur -> next` on a UD QP: a Q_Key instead of a path,
+/// no access flags, nothing reliable.
+pub fn ud_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    Some(match (cur, next) {
+        (_, Reset) | (_, Err) => (0, 0),
+        (Reset, Init) => (PKEY_INDEX | PORT | QKEY, 0),
+        (Init, Init) => (0, PKEY_INDEX | PORT | QKEY),
+        (Init, Rtr) => (0, PKEY_INDEX | QKEY),
+        (Rtr, Rts) => (SQ_PSN, CUR_STATE | QKEY),
+        (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => (0, CUR_STATE | QKEY),
+        (Rts, Sqd) => (0, EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (0, PKEY_INDEX | QKEY),
+        _ => return None,
+    })
+}
+
+/// Checks `mask` for `cur -> next` on a QP of type `ty`: every required bit present, nothing
+/// outside required, optional and `STATE`.
+pub fn check(ty: QpType, cur: QpState, next: QpState, mask: u32) -> bool {
+    let masks = match ty {
+        QpType::Rc => rc_masks(cur, next),
+        QpType::Uc => uc_masks(cur, next),
+        QpType::Ud => ud_masks(cur, next),
     };
     let Some((req, opt)) = masks else {
         return false;
@@ -111,14 +128,14 @@ mod tests {
     #[test]
     fn reset_to_init_requires_pkey_port_access() {
         assert!(check(
-            false,
+            QpType::Rc,
             Reset,
             Init,
             STATE | PKEY_INDEX | PORT | ACCESS_FLAGS
         ));
-        assert!(!check(false, Reset, Init, STATE | PKEY_INDEX | PORT));
+        assert!(!check(QpType::Rc, Reset, Init, STATE | PKEY_INDEX | PORT));
         assert!(!check(
-            false,
+            QpType::Rc,
             Reset,
             Init,
             STATE | PKEY_INDEX | PORT | ACCESS_FLAGS | AV
@@ -128,40 +145,60 @@ mod tests {
     #[test]
     fn init_to_rtr_requires_the_path() {
         let req = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
-        assert!(check(false, Init, Rtr, req));
-        assert!(!check(false, Init, Rtr, req & !DEST_QPN));
-        assert!(!check(false, Init, Rtr, req | SQ_PSN));
+        assert!(check(QpType::Rc, Init, Rtr, req));
+        assert!(!check(QpType::Rc, Init, Rtr, req & !DEST_QPN));
+        assert!(!check(QpType::Rc, Init, Rtr, req | SQ_PSN));
     }
 
     #[test]
     fn illegal_transitions_are_refused() {
-        assert!(!check(false, Reset, Rts, STATE));
+        assert!(!check(QpType::Rc, Reset, Rts, STATE));
         assert!(!check(
-            false,
+            QpType::Rc,
             Init,
             Rts,
             STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC
         ));
-        assert!(check(false, Rts, Err, STATE));
-        assert!(check(false, Err, Reset, STATE));
+        assert!(check(QpType::Rc, Rts, Err, STATE));
+        assert!(check(QpType::Rc, Err, Reset, STATE));
     }
 
     #[test]
     fn uc_needs_no_rnr_or_timeout_attributes() {
         assert!(check(
-            true,
+            QpType::Uc,
             Init,
             Rtr,
             STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN
         ));
         assert!(!check(
-            true,
+            QpType::Uc,
             Init,
             Rtr,
             STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MIN_RNR_TIMER
         ));
-        assert!(check(true, Rtr, Rts, STATE | SQ_PSN));
-        assert!(!check(true, Rtr, Rts, STATE | SQ_PSN | TIMEOUT));
+        assert!(check(QpType::Uc, Rtr, Rts, STATE | SQ_PSN));
+        assert!(!check(QpType::Uc, Rtr, Rts, STATE | SQ_PSN | TIMEOUT));
+    }
+
+    #[test]
+    fn ud_needs_a_qkey_and_no_path() {
+        assert!(check(
+            QpType::Ud,
+            Reset,
+            Init,
+            STATE | PKEY_INDEX | PORT | QKEY
+        ));
+        assert!(!check(
+            QpType::Ud,
+            Reset,
+            Init,
+            STATE | PKEY_INDEX | PORT | ACCESS_FLAGS
+        ));
+        assert!(check(QpType::Ud, Init, Rtr, STATE));
+        assert!(!check(QpType::Ud, Init, Rtr, STATE | AV | DEST_QPN));
+        assert!(check(QpType::Ud, Rtr, Rts, STATE | SQ_PSN));
+        assert!(!check(QpType::Ud, Rtr, Rts, STATE | SQ_PSN | TIMEOUT));
     }
 
     #[test]

@@ -194,6 +194,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u
         rkey,
         compare_add: 0,
         swap: 0,
+        ud: Default::default(),
         payload: SendPayload::Sges(sges),
     }
 }
@@ -1377,10 +1378,10 @@ fn create_qp_and_cq_enforce_limits_types_and_ownership() {
         Err(22)
     );
     assert_eq!(e.create_cq(VnicId(99), ctx, 4), Err(2));
-    assert_eq!(
-        e.create_qp(ctx, pd, cq, cq, QpType::Ud, cap, false),
-        Err(95)
-    );
+    let (ud, _) = e
+        .create_qp(ctx, pd, cq, cq, QpType::Ud, cap, false)
+        .unwrap();
+    e.destroy_qp(w.now, ctx, ud).unwrap();
     for bad in [
         QpCap {
             max_send_wr: vrnic_proto::MAX_QP_WR + 1,
@@ -1515,4 +1516,339 @@ fn an_atomic_with_a_short_local_buffer_is_loc_len_err_on_the_requester_only() {
     assert_eq!(w.statuses(), vec![(w.a.cq, 1, WcStatus::LocLenErr)]);
     assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Rts));
     assert_eq!(w.get(&dst, 0x9000, 8), 5u64.to_le_bytes());
+}
+
+fn ud_ready(w: &mut World, on_a: bool, qkey: u32) {
+    let s = if on_a { &w.a } else { &w.b };
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey,
+        ..Default::default()
+    };
+    let init = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::QKEY;
+    w.e.modify_qp(w.now, s.ctx, s.qp, init, &a).unwrap();
+    for (state, mask) in [
+        (QpState::Rtr, qp_attr::STATE),
+        (QpState::Rts, qp_attr::STATE | qp_attr::SQ_PSN),
+    ] {
+        let a = QpAttr {
+            qp_state: state,
+            ..Default::default()
+        };
+        w.e.modify_qp(w.now, s.ctx, s.qp, mask, &a).unwrap();
+    }
+}
+
+fn ud_world() -> World {
+    let mut e = Engine::new(7);
+    let a = side_of(&mut e, 1, 10, QpType::Ud, 16);
+    let b = side_of(&mut e, 2, 20, QpType::Ud, 16);
+    let mem = VecMem(
+        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
+            .into_iter()
+            .collect(),
+    );
+    let mut w = World {
+        e,
+        mem,
+        now: Instant::now(),
+        a,
+        b,
+    };
+    ud_ready(&mut w, true, 0x11);
+    ud_ready(&mut w, false, 0x22);
+    w
+}
+
+#[test]
+fn ud_datagrams_carry_a_grh_and_obey_qkeys() {
+    let mut w = ud_world();
+    let src = w.map(true, 0x10_0000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(false, 0x20_0000, 8192, access::LOCAL_WRITE);
+    let data = pattern(300, 9);
+    w.set(&src, 0x10_0000, &data);
+    let mut gid = [0u8; 16];
+    gid.fill(2); // b's GID in `side_of`
+    let ah =
+        w.e.create_ah(
+            w.a.ctx,
+            w.a.pd,
+            AhAttr {
+                is_global: true,
+                port_num: 1,
+                grh: vrnic_wire::GlobalRoute {
+                    dgid: gid,
+                    hop_limit: 3,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let sge = |addr, length, lkey| Sge { addr, length, lkey };
+    let (lkey, bqpn) = (src.keys.lkey, w.b.qpn);
+    let datagram = |wr_id, qkey| {
+        let mut s = wqe(
+            wr_id,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, 300, lkey)],
+            0,
+            0,
+        );
+        s.ud = vrnic_wire::UdAddr {
+            ah: ah.0,
+            remote_qpn: bqpn,
+            remote_qkey: qkey,
+        };
+        s
+    };
+    // Wrong Q_Key: dropped; the sender still completes.
+    w.recv(false, 70, vec![sge(0x20_0000, 4096, dst.keys.lkey)]);
+    w.send(true, datagram(1, 0x33));
+    w.run();
+    let c = w.cqes();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!((c[0].1.wr_id, c[0].1.status), (1, WcStatus::Success));
+    // Right Q_Key: GRH, then the payload at byte 40; byte_len counts both.
+    w.send(true, datagram(2, 0x22));
+    w.run();
+    let c = w.cqes();
+    let r = c.iter().find(|(_, c)| c.wr_id == 70).expect("receive").1;
+    assert_eq!(r.status, WcStatus::Success);
+    assert_eq!(r.byte_len, 340);
+    assert_eq!(r.wc_flags & vrnic_wire::WC_GRH, vrnic_wire::WC_GRH);
+    assert_eq!((r.src_qp, r.slid), (w.a.qpn, 10));
+    let grh = w.get(&dst, 0x20_0000, 40);
+    assert_eq!(grh[0] >> 4, 6, "IP version 6");
+    assert_eq!(grh[7], 3, "hop limit");
+    assert_eq!(&grh[8..24], &[1u8; 16], "source GID");
+    assert_eq!(&grh[24..40], &gid, "destination GID");
+    assert_eq!(w.get(&dst, 0x20_0000 + 40, 300), data);
+    // No receive posted: dropped silently, not RNR.
+    w.send(true, datagram(3, 0x22));
+    w.run();
+    let c = w.cqes();
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].1.wr_id, c[0].1.status), (3, WcStatus::Success));
+    // An AH of another PD fails the QP: LOC_QP_OP_ERR.
+    let other_pd = w.e.alloc_pd(w.a.vnic, w.a.ctx).unwrap();
+    let foreign =
+        w.e.create_ah(
+            w.a.ctx,
+            other_pd,
+            AhAttr {
+                dlid: 20,
+                port_num: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut bad = datagram(4, 0x22);
+    bad.ud.ah = foreign.0;
+    w.send(true, bad);
+    w.run();
+    let c = w.cqes();
+    assert_eq!((c[0].1.wr_id, c[0].1.status), (4, WcStatus::LocQpOpErr));
+    assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Err));
+}
+
+#[test]
+fn ud_refuses_rdma_and_messages_over_the_mtu() {
+    let mut w = ud_world();
+    let src = w.map(true, 0x10_0000, 8192, access::LOCAL_WRITE);
+    let ah =
+        w.e.create_ah(
+            w.a.ctx,
+            w.a.pd,
+            AhAttr {
+                dlid: 20,
+                port_num: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut s = wqe(
+        1,
+        SendOpcode::Send,
+        vec![Sge {
+            addr: 0x10_0000,
+            length: 4097,
+            lkey: src.keys.lkey,
+        }],
+        0,
+        0,
+    );
+    s.ud = vrnic_wire::UdAddr {
+        ah: ah.0,
+        remote_qpn: w.b.qpn,
+        remote_qkey: 0x22,
+    };
+    w.send(true, s);
+    w.run();
+    let c = w.cqes();
+    assert_eq!((c[0].1.wr_id, c[0].1.status), (1, WcStatus::LocLenErr));
+    // On a fresh UD QP, an RDMA WRITE is not a UD operation.
+    let mut w = ud_world();
+    let src = w.map(true, 0x10_0000, 4096, access::LOCAL_WRITE);
+    let mut s = wqe(
+        2,
+        SendOpcode::RdmaWrite,
+        vec![Sge {
+            addr: 0x10_0000,
+            length: 8,
+            lkey: src.keys.lkey,
+        }],
+        0,
+        0,
+    );
+    s.ud.ah = ah.0;
+    w.send(true, s);
+    w.run();
+    let c = w.cqes();
+    assert_eq!((c[0].1.wr_id, c[0].1.status), (2, WcStatus::LocQpOpErr));
+}
+
+#[test]
+fn an_srq_feeds_several_qps_and_raises_its_limit_event_once() {
+    let mut w = World::new();
+    let (srq, depth) = w.e.create_srq(w.b.ctx, w.b.pd, 8, 1, 0).unwrap();
+    assert_eq!(depth, 8);
+    let cap = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    // Two responder QPs on b share the SRQ; two requesters on a.
+    let mut pairs = Vec::new();
+    for _ in 0..2 {
+        let (rq, rqn) =
+            w.e.create_qp_srq(
+                w.b.ctx,
+                w.b.pd,
+                w.b.cq,
+                w.b.cq,
+                Some(srq),
+                QpType::Rc,
+                cap,
+                false,
+            )
+            .unwrap();
+        let (sq, sqn) =
+            w.e.create_qp(w.a.ctx, w.a.pd, w.a.cq, w.a.cq, QpType::Rc, cap, false)
+                .unwrap();
+        let r = Side {
+            qp: rq,
+            qpn: rqn,
+            ..w.b
+        };
+        let s = Side {
+            qp: sq,
+            qpn: sqn,
+            ..w.a
+        };
+        let acc = access::REMOTE_WRITE;
+        to_rts(&mut w.e, w.now, &r, s.qpn, s.lid, acc, 7);
+        to_rts(&mut w.e, w.now, &s, r.qpn, r.lid, acc, 7);
+        pairs.push((s, r));
+    }
+    let src = w.map(true, 0x10_0000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(false, 0x20_0000, 8 * 512, access::LOCAL_WRITE);
+    w.set(&src, 0x10_0000, &pattern(64, 3));
+    for i in 0..4u64 {
+        w.e.handle_srq_wqe(
+            srq,
+            Ok(RecvWqe {
+                wr_id: 100 + i,
+                sges: vec![Sge {
+                    addr: 0x20_0000 + i * 512,
+                    length: 512,
+                    lkey: dst.keys.lkey,
+                }],
+            }),
+        );
+    }
+    w.e.modify_srq(w.b.ctx, srq, false, Some(2)).unwrap();
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, true, None), Err(22));
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, false, Some(8)), Err(22));
+    while w.e.poll_event().is_some() {}
+    for (i, (s, _)) in pairs.iter().enumerate() {
+        w.e.handle_send_wqe(
+            w.now,
+            s.qp,
+            Ok(wqe(
+                i as u64,
+                SendOpcode::Send,
+                vec![Sge {
+                    addr: 0x10_0000,
+                    length: 64,
+                    lkey: src.keys.lkey,
+                }],
+                0,
+                0,
+            )),
+        );
+    }
+    w.run();
+    let recvs: Vec<Cqe> = w
+        .cqes()
+        .into_iter()
+        .filter(|(cq, _)| *cq == w.b.cq)
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(recvs.len(), 2);
+    let qpns: Vec<u32> = recvs.iter().map(|c| c.qp_num).collect();
+    assert!(qpns.contains(&pairs[0].1.qpn) && qpns.contains(&pairs[1].1.qpn));
+    assert_eq!(w.e.srq_retired(srq), 2);
+    assert_eq!(w.get(&dst, 0x20_0000, 64), pattern(64, 3));
+    // Two receives left, limit 2: not below yet. One more send takes it below: one event.
+    assert!(w.e.poll_event().is_none());
+    w.e.handle_send_wqe(
+        w.now,
+        pairs[0].0.qp,
+        Ok(wqe(
+            9,
+            SendOpcode::Send,
+            vec![Sge {
+                addr: 0x10_0000,
+                length: 64,
+                lkey: src.keys.lkey,
+            }],
+            0,
+            0,
+        )),
+    );
+    w.run();
+    assert_eq!(w.e.poll_event(), Some((w.b.ctx, Event::SrqLimit { srq })));
+    assert_eq!(w.e.query_srq(w.b.ctx, srq), Ok((8, 1, 0)));
+    assert_eq!(w.e.destroy_srq(w.b.ctx, srq), Err(16));
+}
+
+#[test]
+fn a_broken_srq_ring_raises_srq_error_and_takes_nothing_more() {
+    let mut w = World::new();
+    let (srq, _) = w.e.create_srq(w.b.ctx, w.b.pd, 4, 1, 0).unwrap();
+    w.e.handle_srq_wqe(srq, Err(vrnic_wire::ParseError::ProducerIndex(99)));
+    assert_eq!(w.e.poll_event(), Some((w.b.ctx, Event::SrqError { srq })));
+    assert_eq!(w.e.srq_room(srq), 0);
+    // Too many SGEs for the SRQ also breaks it (checked by a fresh one).
+    let (srq2, _) = w.e.create_srq(w.b.ctx, w.b.pd, 4, 1, 0).unwrap();
+    let sge = Sge {
+        addr: 0,
+        length: 1,
+        lkey: 0,
+    };
+    w.e.handle_srq_wqe(
+        srq2,
+        Ok(RecvWqe {
+            wr_id: 1,
+            sges: vec![sge, sge],
+        }),
+    );
+    assert_eq!(
+        w.e.poll_event(),
+        Some((w.b.ctx, Event::SrqError { srq: srq2 }))
+    );
 }

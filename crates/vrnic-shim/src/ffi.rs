@@ -22,7 +22,7 @@ use vrnic_shm::Ring;
 use vrnic_shm::layout::PAGE;
 use vrnic_wire::{
     AhAttr, CQ_SLOT, GlobalRoute, MAX_INLINE, MAX_SGE, QpAttr, QpCap, QpState, QpType, RQ_SLOT,
-    RecvWqe, SQ_SLOT, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
+    RecvWqe, SQ_SLOT, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, UdAddr,
 };
 
 use crate::abi::*;
@@ -30,7 +30,7 @@ use crate::client::{self, Channel, CompQueue, Conn, Device, WorkQueue, vlog};
 use crate::sys::{self, set_errno};
 
 /// Runs `f`, turning a panic into `fail` (a panic must never unwind into C).
-fn guard<R>(fail: R, f: impl FnOnce() -> R) -> R {
+pub(crate) fn guard<R>(fail: R, f: impl FnOnce() -> R) -> R {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(_) => {
@@ -41,13 +41,13 @@ fn guard<R>(fail: R, f: impl FnOnce() -> R) -> R {
 }
 
 /// Returns NULL with `errno` set.
-fn null_err<T>(e: i32) -> *mut T {
+pub(crate) fn null_err<T>(e: i32) -> *mut T {
     set_errno(e);
     null_mut()
 }
 
 /// Returns -1 with `errno` set.
-fn minus_one(e: i32) -> c_int {
+pub(crate) fn minus_one(e: i32) -> c_int {
     set_errno(e);
     -1
 }
@@ -67,11 +67,13 @@ pub struct VDevice {
 #[repr(C)]
 pub struct VContext {
     vctx: verbs_context,
-    conn: Arc<Conn>,
+    pub(crate) conn: Arc<Conn>,
     /// QP handle -> `*mut VQp`, for async events.
     qps: Mutex<HashMap<u32, usize>>,
     /// CQ handle -> `*mut VCq`, for async events.
     cqs: Mutex<HashMap<u32, usize>>,
+    /// SRQ handle -> `*mut ibv_srq`, for async events.
+    pub(crate) srqs: Mutex<HashMap<u32, usize>>,
     /// Live MRs (`*mut VMr`): closing the device deregisters them, so the app's buffers are
     /// back on private memory before the daemon reuses their region pages.
     mrs: Mutex<std::collections::HashSet<usize>>,
@@ -85,6 +87,8 @@ struct VPd {
 #[repr(C)]
 struct VMr {
     mr: ibv_mr,
+    /// `IBV_ACCESS_*` it was registered with (for `ibv_rereg_mr`).
+    access: c_uint,
 }
 
 #[repr(C)]
@@ -121,7 +125,7 @@ fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
 ///
 /// # Safety
 /// `ctx` must be a context returned by our `ibv_open_device` and not yet closed.
-unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a VContext {
+pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a VContext {
     // SAFETY: per the contract, ctx is the `context` member of a live VContext.
     unsafe { &*vctx_of(ctx) }
 }
@@ -245,6 +249,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.sz = std::mem::size_of::<verbs_context>();
         vctx.query_port = Some(vrnic_query_port);
         vctx.query_device_ex = Some(vrnic_query_device_ex);
+        vctx.create_srq_ex = Some(crate::srq::vrnic_create_srq_ex);
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
         vctx.context.async_fd = conn.async_q.efd.fd();
@@ -255,7 +260,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         ops.req_notify_cq = Some(vrnic_req_notify_cq);
         ops.post_send = Some(vrnic_post_send);
         ops.post_recv = Some(vrnic_post_recv);
-        ops.post_srq_recv = Some(vrnic_post_srq_recv);
+        ops.post_srq_recv = Some(crate::srq::vrnic_post_srq_recv);
         ops.alloc_mw = Some(vrnic_alloc_mw);
         ops.dealloc_mw = Some(vrnic_dealloc_mw);
         ops.bind_mw = Some(vrnic_bind_mw);
@@ -264,6 +269,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
             conn,
             qps: Mutex::new(HashMap::new()),
             cqs: Mutex::new(HashMap::new()),
+            srqs: Mutex::new(HashMap::new()),
             mrs: Mutex::new(Default::default()),
         });
         let p = Box::into_raw(b);
@@ -322,6 +328,10 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(16);
     a.max_qp_init_rd_atom = 16;
     a.atomic_cap = IBV_ATOMIC_HCA;
+    a.max_srq = i.max_qp as c_int;
+    a.max_srq_wr = i.max_qp_wr as c_int;
+    a.max_srq_sge = MAX_SGE as c_int;
+    a.max_ah = 65536;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;
@@ -670,7 +680,7 @@ fn reg_mr(
             lkey,
             rkey,
         };
-        let p = Box::into_raw(Box::new(VMr { mr: m }));
+        let p = Box::into_raw(Box::new(VMr { mr: m, access }));
         // SAFETY: ctx is ours and live (the PD's context).
         if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
             live.insert(p as usize);
@@ -749,6 +759,100 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: mr was boxed by reg_mr; the app gives it up now.
         drop(unsafe { Box::from_raw(mr.cast::<VMr>()) });
         0
+    })
+}
+
+/// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).
+const REREG_CHANGE_TRANSLATION: c_int = 1;
+const REREG_CHANGE_PD: c_int = 1 << 1;
+const REREG_CHANGE_ACCESS: c_int = 1 << 2;
+const REREG_KEEP_VALID: c_int = 1 << 3;
+/// `enum ibv_rereg_mr_err_code`.
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`, with rdma-core's input checks and return codes. A new PD or new access
+/// flags keep the keys; a new translation is a new registration of the new range (new keys,
+/// written back into `mr`) followed by the deregistration of the old one. `KEEP_VALID` is not
+/// supported (`EOPNOTSUPP`).
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
+    guard(REREG_ERR_CMD, || {
+        let input = |e| {
+            set_errno(e);
+            REREG_ERR_INPUT
+        };
+        if mr.is_null() || flags & !0xf != 0 || flags == 0 {
+            return input(libc::EINVAL);
+        }
+        if flags & REREG_CHANGE_TRANSLATION != 0 && (len == 0 || addr.is_null()) {
+            return input(libc::EINVAL);
+        }
+        if access != 0 && flags & REREG_CHANGE_ACCESS == 0 {
+            return input(libc::EINVAL);
+        }
+        if flags & REREG_CHANGE_PD != 0 && pd.is_null() {
+            return input(libc::EINVAL);
+        }
+        if flags & REREG_KEEP_VALID != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return REREG_ERR_CMD;
+        }
+        // SAFETY: mr is ours and live.
+        let v = unsafe { &mut *mr.cast::<VMr>() };
+        let new_pd = if flags & REREG_CHANGE_PD != 0 {
+            pd
+        } else {
+            v.mr.pd
+        };
+        let new_access = if flags & REREG_CHANGE_ACCESS != 0 {
+            access as c_uint
+        } else {
+            v.access
+        };
+        if flags & REREG_CHANGE_TRANSLATION != 0 {
+            let fresh = reg_mr(new_pd, addr, len, addr as u64, new_access);
+            if fresh.is_null() {
+                return REREG_ERR_CMD;
+            }
+            // The app keeps its pointer: it now describes the new registration, and the box
+            // that reg_mr made holds the old one, which goes.
+            // SAFETY: fresh is a live VMr that reg_mr just made; it is not `v`.
+            std::mem::swap(v, unsafe { &mut *fresh.cast::<VMr>() });
+            return match vrnic_ibv_dereg_mr(fresh) {
+                0 => 0,
+                e => {
+                    set_errno(e);
+                    REREG_ERR_CMD
+                }
+            };
+        }
+        // SAFETY: the MR's context outlives it.
+        let conn = &unsafe { context(v.mr.context) }.conn;
+        let req = Request::ReregMr {
+            mr: v.mr.handle,
+            // SAFETY: new_pd is the MR's PD or the app's new one, ours and live.
+            pd: (flags & REREG_CHANGE_PD != 0).then(|| unsafe { (*new_pd).handle }),
+            access: (flags & REREG_CHANGE_ACCESS != 0).then_some(new_access),
+        };
+        match conn.call(&req) {
+            Ok(_) => {
+                v.mr.pd = new_pd;
+                v.access = new_access;
+                0
+            }
+            Err(e) => {
+                set_errno(e);
+                REREG_ERR_CMD
+            }
+        }
     })
 }
 
@@ -994,9 +1098,8 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         if ia.send_cq.is_null() || ia.recv_cq.is_null() {
             return null_err(libc::EINVAL);
         }
-        if !ia.srq.is_null() {
-            return null_err(libc::EOPNOTSUPP);
-        }
+        // SAFETY: a non-NULL SRQ in the app's init attributes is one of ours, live.
+        let srq = (!ia.srq.is_null()).then(|| unsafe { (*ia.srq).handle });
         let qp_type = match ia.qp_type {
             IBV_QPT_RC => QpType::Rc,
             IBV_QPT_UC => QpType::Uc,
@@ -1026,6 +1129,7 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
             qp_type,
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
+            srq,
         };
         let (h, qpn, sq, sq_depth, rq, rq_depth, cap) = match c.conn.call(&req) {
             Ok(Reply::Qp {
@@ -1059,7 +1163,7 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         qp.pd = pd;
         qp.send_cq = ia.send_cq;
         qp.recv_cq = ia.recv_cq;
-        qp.srq = null_mut();
+        qp.srq = ia.srq;
         qp.handle = h;
         qp.qp_num = qpn;
         qp.state = IBV_QPS_RESET;
@@ -1080,7 +1184,7 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
     })
 }
 
-fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
+pub(crate) fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         grh: GlobalRoute {
             // SAFETY: reading the raw bytes of a 16-byte union is always valid.
@@ -1099,7 +1203,7 @@ fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
-fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
+pub(crate) fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
     // SAFETY: plain C data; zero is valid.
     let mut c: ibv_ah_attr = unsafe { std::mem::zeroed() };
     c.grh.dgid.raw = a.grh.dgid;
@@ -1319,7 +1423,7 @@ pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+pub(crate) fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
     (0..n.max(0) as usize)
         .map(|i| {
             // SAFETY: the app's list holds num_sge entries (checked against the limit first).
@@ -1336,7 +1440,7 @@ fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
 }
 
 /// Reports the first work request that was not posted through the app's `bad_wr` pointer.
-fn fail_at<T>(bad: *mut *mut T, w: *mut T, e: c_int) -> c_int {
+pub(crate) fn fail_at<T>(bad: *mut *mut T, w: *mut T, e: c_int) -> c_int {
     if !bad.is_null() {
         // SAFETY: bad is the app's out-pointer (NULL checked).
         unsafe { bad.write(w) };
@@ -1416,6 +1520,22 @@ pub extern "C" fn vrnic_post_send(
                 SendPayload::Sges(list)
             };
             let (remote_addr, rkey, compare_add, swap) = send_wr_remote(w, opcode);
+            let ud = if v.qp.qp_type == IBV_QPT_UD {
+                // SAFETY: on a UD QP the app filled the `ud` member of the union (verbs.h).
+                let u = unsafe { w.wr.ud };
+                if u.ah.is_null() {
+                    rc = libc::EINVAL;
+                    break;
+                }
+                UdAddr {
+                    // SAFETY: a non-NULL AH of a UD work request is one of ours, live.
+                    ah: unsafe { (*u.ah).handle },
+                    remote_qpn: u.remote_qpn,
+                    remote_qkey: u.remote_qkey,
+                }
+            } else {
+                UdAddr::default()
+            };
             let wqe = SendWqe {
                 wr_id: w.wr_id,
                 opcode,
@@ -1425,6 +1545,7 @@ pub extern "C" fn vrnic_post_send(
                 rkey,
                 compare_add,
                 swap,
+                ud,
                 payload,
             };
             sq.push_send(&conn.region, &wqe);
@@ -1452,7 +1573,8 @@ pub extern "C" fn vrnic_post_recv(
         }
         // SAFETY: qp is ours and live.
         let v = unsafe { &*qp.cast::<VQp>() };
-        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET {
+        // Receives of a QP on an SRQ are posted to the SRQ.
+        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET || !v.qp.srq.is_null() {
             return fail(wr, libc::EINVAL);
         }
         // SAFETY: the QP's context outlives it.
@@ -1491,14 +1613,6 @@ pub extern "C" fn vrnic_post_recv(
         }
         if rc != 0 { fail(cur, rc) } else { 0 }
     })
-}
-
-pub extern "C" fn vrnic_post_srq_recv(
-    _srq: *mut ibv_srq,
-    wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-) -> c_int {
-    fail_at(bad, wr, libc::EOPNOTSUPP)
 }
 
 pub extern "C" fn vrnic_alloc_mw(_pd: *mut ibv_pd, _ty: c_uint) -> *mut ibv_mw {
@@ -1556,6 +1670,24 @@ pub extern "C" fn vrnic_ibv_get_async_event(
                     .unwrap_or(0);
                 out.element.qp = p as *mut ibv_qp;
             }
+            vrnic_api::event::SRQ_LIMIT_REACHED | vrnic_api::event::SRQ_ERR => {
+                let p = c
+                    .srqs
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&handle).copied())
+                    .unwrap_or(0);
+                out.element.srq = p as *mut ibv_srq;
+            }
+            vrnic_api::event::QP_LAST_WQE_REACHED => {
+                let p = c
+                    .qps
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&handle).copied())
+                    .unwrap_or(0);
+                out.element.qp = p as *mut ibv_qp;
+            }
             vrnic_api::event::CQ_ERR => {
                 let p = c
                     .cqs
@@ -1604,9 +1736,6 @@ macro_rules! unsupported_int {
 }
 
 unsupported_ptr! {
-    vrnic_ibv_create_srq(pd: *mut ibv_pd, a: *mut c_void) -> ibv_srq;
-    vrnic_ibv_create_ah(pd: *mut ibv_pd, a: *mut ibv_ah_attr) -> ibv_ah;
-    vrnic_ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut c_void, port: u8) -> ibv_ah;
     vrnic_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> c_void;
     vrnic_ibv_reg_dmabuf_mr(pd: *mut ibv_pd, off: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> ibv_mr;
     vrnic_ibv_import_device(fd: c_int) -> ibv_context;
@@ -1616,15 +1745,9 @@ unsupported_ptr! {
 }
 
 unsupported_int! {
-    vrnic_ibv_destroy_srq(s: *mut ibv_srq) = libc::EOPNOTSUPP;
-    vrnic_ibv_modify_srq(s: *mut ibv_srq, a: *mut c_void, m: c_int) = libc::EOPNOTSUPP;
-    vrnic_ibv_query_srq(s: *mut ibv_srq, a: *mut c_void) = libc::EOPNOTSUPP;
-    vrnic_ibv_destroy_ah(a: *mut ibv_ah) = libc::EOPNOTSUPP;
-    vrnic_ibv_init_ah_from_wc(ctx: *mut ibv_context, port: u8, wc: *mut ibv_wc, grh: *mut c_void, ah: *mut ibv_ah_attr) = minus_one(libc::EOPNOTSUPP);
     vrnic_ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) = libc::EOPNOTSUPP;
     vrnic_ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) = libc::EOPNOTSUPP;
     vrnic_ibv_resize_cq(cq: *mut ibv_cq, n: c_int) = libc::EOPNOTSUPP;
-    vrnic_ibv_rereg_mr(mr: *mut ibv_mr, f: c_int, pd: *mut ibv_pd, a: *mut c_void, l: usize, acc: c_int) = libc::EOPNOTSUPP;
     vrnic_ibv_resolve_eth_l2_from_gid(ctx: *mut ibv_context, a: *mut ibv_ah_attr, mac: *mut u8, vid: *mut u16) = libc::EOPNOTSUPP;
     vrnic_ibv_query_ece(qp: *mut ibv_qp, ece: *mut c_void) = libc::EOPNOTSUPP;
     vrnic_ibv_set_ece(qp: *mut ibv_qp, ece: *mut c_void) = libc::EOPNOTSUPP;

@@ -20,8 +20,10 @@
 #![deny(unsafe_code)]
 
 pub mod abi;
+mod ah;
 pub mod client;
 mod ffi;
+mod srq;
 mod symbols;
 mod sys;
 

@@ -21,6 +21,7 @@
 //!     rkey: 0,
 //!     compare_add: 0,
 //!     swap: 0,
+//!     ud: Default::default(),
 //!     payload: vrnic_wire::SendPayload::Sges(vec![Sge { addr: 0x1000, length: 64, lkey: 3 }]),
 //! };
 //! let mut slot = [0u8; SQ_SLOT];
@@ -234,8 +235,8 @@ impl SendPayload {
 ///
 /// Slot layout (little endian): `wr_id` u64 @0, opcode u8 @8, flags u8 @9, `num_sge` u8 @10,
 /// `imm_data` u32 @12 (kept as the app wrote it, big endian on the wire), `remote_addr` u64 @16,
-/// `rkey` u32 @24, `inline_len` u32 @28, `compare_add` u64 @32, `swap` u64 @40, then SGEs or
-/// inline bytes from @64.
+/// `rkey` u32 @24, `inline_len` u32 @28, `compare_add` u64 @32, `swap` u64 @40, UD address
+/// handle u32 @48, remote QPN u32 @52, remote Q_Key u32 @56, then SGEs or inline bytes from @64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendWqe {
     /// The app's identifier, echoed in the completion.
@@ -254,8 +255,22 @@ pub struct SendWqe {
     pub compare_add: u64,
     /// Swap operand (CMP_AND_SWP).
     pub swap: u64,
+    /// Destination of a UD send (unused on connected QPs).
+    pub ud: UdAddr,
     /// The data.
     pub payload: SendPayload,
+}
+
+/// Where a UD send goes: an address handle of the sender's PD, a QP number and a Q_Key (one
+/// with the high bit set means "the sending QP's own Q_Key", as in the IB spec).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdAddr {
+    /// Address handle (a handle the daemon gave out for `ibv_create_ah`).
+    pub ah: u32,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Q_Key.
+    pub remote_qkey: u32,
 }
 
 impl SendWqe {
@@ -289,6 +304,11 @@ impl SendWqe {
             rkey: get_u32(slot, 24),
             compare_add: get_u64(slot, 32),
             swap: get_u64(slot, 40),
+            ud: UdAddr {
+                ah: get_u32(slot, 48),
+                remote_qpn: get_u32(slot, 52),
+                remote_qkey: get_u32(slot, 56),
+            },
             payload,
         })
     }
@@ -305,6 +325,9 @@ impl SendWqe {
         put_u32(slot, 24, self.rkey);
         put_u64(slot, 32, self.compare_add);
         put_u64(slot, 40, self.swap);
+        put_u32(slot, 48, self.ud.ah);
+        put_u32(slot, 52, self.ud.remote_qpn);
+        put_u32(slot, 56, self.ud.remote_qkey);
         match &self.payload {
             SendPayload::Sges(sges) => {
                 assert!(sges.len() <= MAX_SGE, "caller checks the SGE limit");
@@ -739,6 +762,7 @@ mod tests {
             rkey: 99,
             compare_add: 1,
             swap: 2,
+            ud: Default::default(),
             payload: SendPayload::Sges(
                 (0..MAX_SGE as u32)
                     .map(|i| Sge {

@@ -100,6 +100,7 @@ fn rc_qp(h: &mut Hostile) -> (u32, Ring, Ring) {
         qp_type: QpType::Rc,
         cap,
         sq_sig_all: false,
+        srq: None,
     };
     let Reply::Qp {
         qp,

@@ -1,0 +1,258 @@
+//! Shared receive queues: `ibv_create_srq`/`_ex`, `ibv_modify_srq`, `ibv_query_srq`,
+//! `ibv_destroy_srq` (control path, remoted to the daemon) and `post_srq_recv` (data path: a
+//! receive ring in the region that the engine reads for every QP attached to the SRQ).
+//!
+//! Only basic SRQs exist: XRC and tag-matching SRQs fail with `EOPNOTSUPP`, resizing with
+//! `EINVAL` (the device does not report `IBV_DEVICE_SRQ_RESIZE`).
+#![allow(unsafe_code)]
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use vrnic_api::{Reply, Request};
+use vrnic_shm::Ring;
+use vrnic_wire::{MAX_SGE, RQ_SLOT, RecvWqe};
+
+use crate::abi::*;
+use crate::client::WorkQueue;
+use crate::ffi::{context, fail_at, guard, null_err, sges};
+
+/// An SRQ: `ibv_srq` first (container_of), then its ring.
+#[repr(C)]
+struct VSrq {
+    srq: ibv_srq,
+    rq: Mutex<WorkQueue>,
+    max_sge: u32,
+}
+
+fn create(
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    srq_context: *mut c_void,
+    attr: &mut ibv_srq_attr,
+) -> *mut ibv_srq {
+    if attr.max_wr == 0 || attr.max_sge as usize > MAX_SGE {
+        return null_err(libc::EINVAL);
+    }
+    // SAFETY: ctx is ours (the PD's context).
+    let c = unsafe { context(ctx) };
+    // SAFETY: pd is ours and live.
+    let pdh = unsafe { (*pd).handle };
+    let req = Request::CreateSrq {
+        pd: pdh,
+        max_wr: attr.max_wr,
+        max_sge: attr.max_sge,
+        limit: attr.srq_limit,
+    };
+    let (h, ring, depth) = match c.conn.call(&req) {
+        Ok(Reply::Srq { srq, ring, depth }) => (srq, ring, depth),
+        Ok(_) => return null_err(libc::EPROTO),
+        Err(e) => return null_err(e),
+    };
+    let Ok(ring) = Ring::new(&c.conn.region, ring, depth, RQ_SLOT) else {
+        let _ = c.conn.call(&Request::DestroySrq { srq: h });
+        return null_err(libc::EPROTO);
+    };
+    attr.max_sge = attr.max_sge.max(1);
+    // SAFETY: plain C data plus pthread objects (all-zero is their initializer in glibc).
+    let mut s: ibv_srq = unsafe { std::mem::zeroed() };
+    s.context = ctx;
+    s.srq_context = srq_context;
+    s.pd = pd;
+    s.handle = h;
+    let p = Box::into_raw(Box::new(VSrq {
+        srq: s,
+        rq: Mutex::new(WorkQueue { ring, prod: 0 }),
+        max_sge: attr.max_sge,
+    }));
+    if let Ok(mut m) = c.srqs.lock() {
+        m.insert(h, p as usize);
+    }
+    p.cast()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    guard(null_err(libc::EIO), || {
+        if pd.is_null() || init.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: init is caller-owned.
+        let ia = unsafe { &mut *init };
+        // SAFETY: pd is ours and live.
+        let ctx = unsafe { &*pd }.context;
+        create(ctx, pd, ia.srq_context, &mut ia.attr)
+    })
+}
+
+/// `verbs_context.create_srq_ex` (the `ibv_create_srq_ex` inline).
+pub extern "C" fn vrnic_create_srq_ex(
+    ctx: *mut ibv_context,
+    init: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    guard(null_err(libc::EIO), || {
+        if ctx.is_null() || init.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: init is caller-owned.
+        let ia = unsafe { &mut *init };
+        let known = IBV_SRQ_INIT_ATTR_TYPE
+            | IBV_SRQ_INIT_ATTR_PD
+            | IBV_SRQ_INIT_ATTR_XRCD
+            | IBV_SRQ_INIT_ATTR_CQ
+            | IBV_SRQ_INIT_ATTR_TM;
+        if ia.comp_mask & !known != 0 || ia.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || ia.pd.is_null()
+        {
+            return null_err(libc::EINVAL);
+        }
+        if ia.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ia.srq_type != IBV_SRQT_BASIC {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        if ia.comp_mask & (IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_TM) != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        create(ctx, ia.pd, ia.srq_context, &mut ia.attr)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        if srq.is_null() || attr.is_null() {
+            return libc::EINVAL;
+        }
+        if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: srq is ours and live.
+        let s = unsafe { &*srq };
+        // SAFETY: attr is caller-owned.
+        let a = unsafe { &*attr };
+        // SAFETY: the SRQ's context outlives it.
+        let c = unsafe { context(s.context) };
+        let req = Request::ModifySrq {
+            srq: s.handle,
+            resize: mask & IBV_SRQ_MAX_WR != 0,
+            limit: (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit),
+        };
+        match c.conn.call(&req) {
+            Ok(_) => 0,
+            Err(e) => e,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard(libc::EIO, || {
+        if srq.is_null() || attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: srq is ours and live.
+        let s = unsafe { &*srq };
+        // SAFETY: the SRQ's context outlives it.
+        let c = unsafe { context(s.context) };
+        match c.conn.call(&Request::QuerySrq { srq: s.handle }) {
+            Ok(Reply::SrqAttr {
+                max_wr,
+                max_sge,
+                limit,
+            }) => {
+                // SAFETY: attr is caller-owned.
+                unsafe {
+                    attr.write(ibv_srq_attr {
+                        max_wr,
+                        max_sge,
+                        srq_limit: limit,
+                    })
+                };
+                0
+            }
+            Ok(_) => libc::EPROTO,
+            Err(e) => e,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard(libc::EIO, || {
+        if srq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: srq is ours and live.
+        let s = unsafe { &*srq };
+        let (ctx, h) = (s.context, s.handle);
+        // SAFETY: the SRQ's context outlives it.
+        let c = unsafe { context(ctx) };
+        if let Err(e) = c.conn.call(&Request::DestroySrq { srq: h }) {
+            return e;
+        }
+        if let Ok(mut m) = c.srqs.lock() {
+            m.remove(&h);
+        }
+        // SAFETY: boxed by create; the app gives it up now.
+        drop(unsafe { Box::from_raw(srq.cast::<VSrq>()) });
+        0
+    })
+}
+
+/// `ibv_context_ops.post_srq_recv`: receive WQEs into the SRQ's ring, as `post_recv` does
+/// for a QP's own queue.
+pub extern "C" fn vrnic_post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        let fail = |w: *mut ibv_recv_wr, e: c_int| fail_at(bad, w, e);
+        if srq.is_null() {
+            return fail(wr, libc::EINVAL);
+        }
+        // SAFETY: srq is ours and live.
+        let v = unsafe { &*srq.cast::<VSrq>() };
+        // SAFETY: the SRQ's context outlives it.
+        let conn = &unsafe { context(v.srq.context) }.conn;
+        let Ok(mut rq) = v.rq.lock() else {
+            return fail(wr, libc::EIO);
+        };
+        let mut cur = wr;
+        let mut posted = false;
+        let mut rc = 0;
+        while !cur.is_null() {
+            // SAFETY: cur is a node of the app's list.
+            let w = unsafe { &*cur };
+            if w.num_sge < 0 || w.num_sge as u32 > v.max_sge {
+                rc = libc::EINVAL;
+                break;
+            }
+            if rq.room(&conn.region) == 0 {
+                rc = libc::ENOMEM;
+                break;
+            }
+            rq.push_recv(
+                &conn.region,
+                &RecvWqe {
+                    wr_id: w.wr_id,
+                    sges: sges(w.sg_list, w.num_sge),
+                },
+            );
+            posted = true;
+            cur = w.next;
+        }
+        if posted {
+            rq.publish(&conn.region);
+            drop(rq);
+            conn.doorbell();
+        }
+        if rc != 0 { fail(cur, rc) } else { 0 }
+    })
+}

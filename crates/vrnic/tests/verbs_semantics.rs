@@ -1,0 +1,176 @@
+//! Verbs semantics a user of a real RNIC relies on, checked by our own C program
+//! (`tests/c/verbs_semantics.c`, built against the system's libibverbs-dev) run unmodified under
+//! `vrnic run`: one process, QPs connected to each other on its vRNIC. Each case asserts real
+//! outcomes: READ and atomic results byte for byte, atomics staying atomic under two QPs
+//! hammering one word, the errno of every validation rule, RNR and transport-retry failures
+//! after the configured retries, SRQs shared by QPs with the limit event, UD with GRH and Q_Key
+//! rules, CQ overflow, `ibv_rereg_mr`, and unsignaled completions.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{Daemon, output};
+
+fn program() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/verbs_semantics.c");
+        // nextest runs each test in its own process: each builds its own file and renames it
+        // into place, which is atomic.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let out = dir.join("verbs_semantics");
+        let tmp = dir.join(format!("verbs_semantics.{}.tmp", std::process::id()));
+        let cc = Command::new("cc")
+            .args(["-O2", "-Wall", "-Werror", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .args(["-libverbs", "-lpthread"])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run cc: {e} (bash scripts/test installs gcc and libibverbs-dev)")
+            });
+        assert!(
+            cc.status.success(),
+            "compiling {} failed:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        std::fs::rename(&tmp, &out).expect("move verbs_semantics into place");
+        out
+    })
+}
+
+/// Runs one case on a fresh daemon; it must exit 0 having printed every check in `expect`.
+fn case(name: &str, expect: &[&str]) {
+    let bin = program().to_str().expect("utf-8 path").to_string();
+    let d = Daemon::start();
+    let out = output(d.run(&[&bin, name]), name, Duration::from_secs(90));
+    assert!(out.ok(), "case {name} failed\n{}", out.text());
+    for e in expect.iter().chain(&["done"]) {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with("OK ") && l.contains(e)),
+            "case {name}: no OK line with {e:?}\n{}",
+            out.text()
+        );
+    }
+}
+
+#[test]
+fn read_and_atomics_byte_for_byte() {
+    case(
+        "read_atomics",
+        &[
+            "READ 4097 bytes exact",
+            "FETCH_AND_ADD returns the original",
+            "CMP_AND_SWP with a matching compare swaps",
+            "CMP_AND_SWP with another compare",
+            "atomic without REMOTE_ATOMIC: remote access error",
+        ],
+    );
+}
+
+#[test]
+fn atomics_stay_atomic_under_two_qps() {
+    case("hammer", &["every original distinct"]);
+}
+
+#[test]
+fn validation_rules_return_a_devices_errno() {
+    case(
+        "validate",
+        &[
+            "max_send_wr over max_qp_wr: EINVAL",
+            "max_inline_data over the device's: EINVAL",
+            "RC RESET->INIT without ACCESS_FLAGS: EINVAL",
+            "UD RESET->INIT with ACCESS_FLAGS: EINVAL",
+            "post_send in RESET: EINVAL",
+            "post_recv in RESET: EINVAL",
+            "more SGEs than max_send_sge: EINVAL",
+            "inline data over max_inline_data",
+            "resize_cq: EOPNOTSUPP",
+            "dealloc_pd in use: EBUSY",
+            "SRQ deeper than max_srq_wr: EINVAL",
+        ],
+    );
+}
+
+#[test]
+fn rnr_retries_exhaust_or_wait_forever() {
+    case(
+        "rnr",
+        &[
+            "no receive, rnr_retry 2: RNR retry counter exceeded",
+            "rnr_retry 7 waits",
+        ],
+    );
+}
+
+#[test]
+fn a_gone_peer_gives_retry_exceeded_and_qp_fatal() {
+    case(
+        "retry",
+        &[
+            "send to a destroyed QP: transport retry counter exceeded",
+            "requester QP fatal event",
+        ],
+    );
+}
+
+#[test]
+fn srq_shared_by_qps_with_limit_event() {
+    case(
+        "srq",
+        &[
+            "post_recv on a QP attached to an SRQ: EINVAL",
+            "land in SRQ receives, 2 per QP",
+            "SRQ limit reached",
+            "limit disarmed",
+            "destroy_srq in use: EBUSY",
+            "last WQE reached",
+            "the SRQ still serves r2",
+        ],
+    );
+}
+
+#[test]
+fn ud_grh_qkey_and_mtu_rules() {
+    case(
+        "ud",
+        &[
+            "40-byte GRH",
+            "create_ah_from_wc answer the sender",
+            "wrong Q_Key: nothing delivered",
+            "high bit uses the sender's Q_Key",
+            "LOC_LEN_ERR there, the sender succeeds",
+            "4097 bytes over a 4096 MTU: local length error",
+        ],
+    );
+}
+
+#[test]
+fn cq_overflow_raises_cq_error() {
+    case("cq_overflow", &["CQ error"]);
+}
+
+#[test]
+fn rereg_mr_changes_access_and_translation() {
+    case(
+        "rereg",
+        &[
+            "write after rereg granted REMOTE_WRITE: success",
+            "bytes land in the new range",
+            "IBV_REREG_MR_ERR_INPUT",
+        ],
+    );
+}
+
+#[test]
+fn unsignaled_sends_give_no_completion() {
+    case("unsignaled", &["unsignaled writes give no completion"]);
+}

@@ -1,0 +1,830 @@
+/*
+ * verbs_semantics: one process, one vRNIC, queue pairs connected to each other on it (the
+ * engine treats them exactly like QPs of two vRNICs). Checks real outcomes of the verbs a user
+ * of a real RNIC relies on, each as a named case:
+ *
+ *   verbs_semantics CASE
+ *
+ * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
+ *       unsignaled
+ *
+ * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
+ * is bounded, so a lost completion or event fails instead of hanging.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define POLL_SECONDS 20
+#define LEN (64u << 10)
+
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	printf("FAIL ");
+	vprintf(fmt, ap);
+	printf(" (errno %d %s)\n", errno, strerror(errno));
+	fflush(stdout);
+	va_end(ap);
+	exit(1);
+}
+
+static void ok(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	printf("OK ");
+	vprintf(fmt, ap);
+	printf("\n");
+	fflush(stdout);
+	va_end(ap);
+}
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static uint16_t lid;
+static union ibv_gid gid;
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void open_dev(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list || n < 1)
+		fail("no RDMA device");
+	ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	if (!ctx)
+		fail("open device");
+	pd = ibv_alloc_pd(ctx);
+	if (!pd)
+		fail("alloc_pd");
+	struct ibv_port_attr pa;
+	if (ibv_query_port(ctx, 1, &pa) || ibv_query_gid(ctx, 1, 0, &gid))
+		fail("query port/gid");
+	lid = pa.lid;
+}
+
+static struct ibv_cq *cq_new(int n)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, n, NULL, NULL, 0);
+	if (!cq)
+		fail("create_cq");
+	return cq;
+}
+
+static struct ibv_qp *qp_new(struct ibv_cq *cq, enum ibv_qp_type t, struct ibv_srq *srq, int sig_all)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = t, .sq_sig_all = sig_all,
+		.cap = { .max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 4, .max_recv_sge = 4 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	if (!qp)
+		fail("create_qp type %d", t);
+	return qp;
+}
+
+/* RESET -> INIT -> RTR -> RTS for an RC QP to `dqpn` on this vRNIC. */
+static void rc_connect(struct ibv_qp *qp, uint32_t dqpn, int rnr_timer, int rnr_retry, int timeout, int retry)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+						    IBV_ACCESS_REMOTE_ATOMIC };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("modify INIT");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = dqpn,
+				  .max_dest_rd_atomic = 16, .min_rnr_timer = rnr_timer,
+				  .ah_attr = { .dlid = lid, .port_num = 1 } };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		fail("modify RTR");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = timeout, .retry_cnt = retry,
+				  .rnr_retry = rnr_retry, .max_rd_atomic = 16 };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+					  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		fail("modify RTS");
+}
+
+static void ud_ready(struct ibv_qp *qp, uint32_t qkey)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = qkey };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+		fail("UD INIT");
+	a.qp_state = IBV_QPS_RTR;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+		fail("UD RTR");
+	a.qp_state = IBV_QPS_RTS;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
+		fail("UD RTS");
+}
+
+static int poll_for(struct ibv_cq *cq, struct ibv_wc *wc, double secs)
+{
+	double deadline = now() + secs;
+	for (long i = 0;; i++) {
+		int n = ibv_poll_cq(cq, 1, wc);
+		if (n < 0)
+			fail("poll_cq returned %d", n);
+		if (n == 1)
+			return 1;
+		if ((i & 0xff) == 0xff) {
+			if (now() > deadline)
+				return 0;
+			usleep(50);
+		}
+	}
+}
+
+static struct ibv_wc poll1(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	if (!poll_for(cq, &wc, POLL_SECONDS))
+		fail("no completion within %d s", POLL_SECONDS);
+	return wc;
+}
+
+static void expect(struct ibv_cq *cq, uint64_t wr_id, enum ibv_wc_status st, const char *what)
+{
+	struct ibv_wc wc = poll1(cq);
+	if (wc.wr_id != wr_id || wc.status != st)
+		fail("%s: wr %lu %s, expected wr %lu %s", what, (unsigned long)wc.wr_id,
+		     ibv_wc_status_str(wc.status), (unsigned long)wr_id, ibv_wc_status_str(st));
+	ok("%s: %s", what, ibv_wc_status_str(st));
+}
+
+static struct ibv_mr *reg(void *p, size_t n, int acc)
+{
+	struct ibv_mr *mr = ibv_reg_mr(pd, p, n, acc);
+	if (!mr)
+		fail("reg_mr");
+	return mr;
+}
+
+#define ALL_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
+		    IBV_ACCESS_REMOTE_ATOMIC)
+
+static int post(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, void *buf, uint32_t len,
+		uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t cmp, uint64_t swap, int flags)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+	struct ibv_send_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				  .send_flags = flags }, *bad = NULL;
+	if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = raddr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = cmp;
+		wr.wr.atomic.swap = swap;
+	} else {
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+	}
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static void recv_on(struct ibv_qp *qp, uint64_t wr_id, void *buf, uint32_t len, uint32_t lkey)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	if (ibv_post_recv(qp, &wr, &bad))
+		fail("post_recv");
+}
+
+/* The next async event, within `secs`; returns its type, element in *elem. */
+static int async_event(double secs, void **elem)
+{
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	if (poll(&p, 1, (int)(secs * 1000)) != 1)
+		return -1;
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev))
+		fail("get_async_event");
+	int t = ev.event_type;
+	*elem = ev.element.qp;
+	ibv_ack_async_event(&ev);
+	return t;
+}
+
+/* Waits for an event of type `want` (skipping others, e.g. PORT_ACTIVE) with element `elem`. */
+static void expect_event(int want, void *elem, const char *what)
+{
+	double deadline = now() + POLL_SECONDS;
+	while (now() < deadline) {
+		void *e;
+		int t = async_event(deadline - now(), &e);
+		if (t == want && e == elem) {
+			ok("%s: %s", what, ibv_event_type_str(want));
+			return;
+		}
+		if (t < 0)
+			break;
+	}
+	fail("%s: no %s event", what, ibv_event_type_str(want));
+}
+
+/* ---- cases ------------------------------------------------------------------------------ */
+
+static void case_read_atomics(void)
+{
+	struct ibv_cq *cq = cq_new(64);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	uint8_t *src = malloc(LEN + 16), *dst = malloc(LEN + 16);
+	uint64_t *word = aligned_alloc(64, 4096), *old = aligned_alloc(64, 4096);
+	for (unsigned i = 0; i < LEN; i++)
+		src[i + 3] = (uint8_t)(i * 13 + 1);
+	memset(dst, 0xEE, LEN + 16);
+	struct ibv_mr *ms = reg(src, LEN + 16, ALL_ACCESS), *md = reg(dst, LEN + 16, ALL_ACCESS);
+	struct ibv_mr *mw = reg(word, 4096, ALL_ACCESS), *mo = reg(old, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mnoatomic = reg(word + 64, 256, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+
+	/* READ of odd sizes at odd offsets, byte for byte. */
+	unsigned sizes[] = { 1, 7, 4095, 4097, LEN - 5 };
+	for (unsigned k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+		memset(dst, 0xEE, LEN + 16);
+		if (post(a, k, IBV_WR_RDMA_READ, dst + 5, sizes[k], md->lkey, (uintptr_t)(src + 3), ms->rkey, 0,
+			 0, IBV_SEND_SIGNALED))
+			fail("post READ");
+		struct ibv_wc wc = poll1(cq);
+		if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RDMA_READ || wc.byte_len != sizes[k])
+			fail("READ %u: %s opcode %d byte_len %u", sizes[k], ibv_wc_status_str(wc.status), wc.opcode,
+			     wc.byte_len);
+		if (memcmp(dst + 5, src + 3, sizes[k]) || dst[4] != 0xEE || dst[5 + sizes[k]] != 0xEE)
+			fail("READ %u: bytes differ or spill", sizes[k]);
+		ok("READ %u bytes exact, nothing outside", sizes[k]);
+	}
+	/* FETCH_AND_ADD and CMP_AND_SWP: returned originals and the remote word. */
+	word[0] = 0x1122334455667788ull;
+	if (post(a, 100, IBV_WR_ATOMIC_FETCH_AND_ADD, old, 8, mo->lkey, (uintptr_t)word, mw->rkey, 0x10, 0,
+		 IBV_SEND_SIGNALED))
+		fail("post FADD");
+	struct ibv_wc wc = poll1(cq);
+	if (wc.status || wc.opcode != IBV_WC_FETCH_ADD || old[0] != 0x1122334455667788ull ||
+	    word[0] != 0x1122334455667798ull)
+		fail("FETCH_AND_ADD: %s old %lx word %lx", ibv_wc_status_str(wc.status), old[0], word[0]);
+	ok("FETCH_AND_ADD returns the original and adds");
+	if (post(a, 101, IBV_WR_ATOMIC_CMP_AND_SWP, old, 8, mo->lkey, (uintptr_t)word, mw->rkey,
+		 0x1122334455667798ull, 42, IBV_SEND_SIGNALED))
+		fail("post CAS");
+	wc = poll1(cq);
+	if (wc.status || wc.opcode != IBV_WC_COMP_SWAP || old[0] != 0x1122334455667798ull || word[0] != 42)
+		fail("CMP_AND_SWP hit: old %lx word %lx", old[0], word[0]);
+	ok("CMP_AND_SWP with a matching compare swaps");
+	if (post(a, 102, IBV_WR_ATOMIC_CMP_AND_SWP, old, 8, mo->lkey, (uintptr_t)word, mw->rkey, 7, 99,
+		 IBV_SEND_SIGNALED))
+		fail("post CAS miss");
+	wc = poll1(cq);
+	if (wc.status || old[0] != 42 || word[0] != 42)
+		fail("CMP_AND_SWP miss: old %lx word %lx", old[0], word[0]);
+	ok("CMP_AND_SWP with another compare leaves the word, returns it");
+	/* An atomic on an MR without REMOTE_ATOMIC: REM_ACCESS_ERR, word unchanged. */
+	word[64] = 5;
+	if (post(a, 103, IBV_WR_ATOMIC_FETCH_AND_ADD, old, 8, mo->lkey, (uintptr_t)(word + 64), mnoatomic->rkey, 1,
+		 0, IBV_SEND_SIGNALED))
+		fail("post FADD noaccess");
+	expect(cq, 103, IBV_WC_REM_ACCESS_ERR, "atomic without REMOTE_ATOMIC");
+	if (word[64] != 5)
+		fail("word changed by a refused atomic");
+	ok("refused atomic changed nothing");
+}
+
+/* Two threads, each its own QP pair and CQ, FETCH_AND_ADD the same word: every returned
+ * original is distinct and the sum is exact. */
+#define HAMMER_N 20000
+static uint64_t *hammer_word;
+static uint32_t hammer_rkey;
+static uint8_t *seen;
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *hammer(void *arg)
+{
+	(void)arg;
+	struct ibv_cq *cq = cq_new(64);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	uint64_t *res = aligned_alloc(64, 16 * 8);
+	struct ibv_mr *mr = reg(res, 16 * 8, IBV_ACCESS_LOCAL_WRITE);
+	int posted = 0, done = 0, out = 0;
+	while (done < HAMMER_N) {
+		while (posted < HAMMER_N && out < 16) {
+			if (post(a, posted, IBV_WR_ATOMIC_FETCH_AND_ADD, &res[posted % 16], 8, mr->lkey,
+				 (uintptr_t)hammer_word, hammer_rkey, 1, 0, IBV_SEND_SIGNALED))
+				fail("post hammer");
+			posted++;
+			out++;
+		}
+		struct ibv_wc wc = poll1(cq);
+		if (wc.status)
+			fail("hammer: %s", ibv_wc_status_str(wc.status));
+		uint64_t v = res[wc.wr_id % 16];
+		if (v >= 2 * HAMMER_N)
+			fail("hammer: original %lu out of range", (unsigned long)v);
+		pthread_mutex_lock(&seen_lock);
+		if (seen[v])
+			fail("hammer: original %lu returned twice", (unsigned long)v);
+		seen[v] = 1;
+		pthread_mutex_unlock(&seen_lock);
+		done++;
+		out--;
+	}
+	return NULL;
+}
+
+static void case_hammer(void)
+{
+	hammer_word = aligned_alloc(64, 4096);
+	hammer_word[0] = 0;
+	hammer_rkey = reg(hammer_word, 4096, ALL_ACCESS)->rkey;
+	seen = calloc(2 * HAMMER_N, 1);
+	pthread_t t1, t2;
+	pthread_create(&t1, NULL, hammer, NULL);
+	pthread_create(&t2, NULL, hammer, NULL);
+	pthread_join(t1, NULL);
+	pthread_join(t2, NULL);
+	if (hammer_word[0] != 2 * HAMMER_N)
+		fail("hammer: word %lu, expected %u", (unsigned long)hammer_word[0], 2 * HAMMER_N);
+	ok("two QPs x %d FETCH_AND_ADD on one word: %lu, every original distinct", HAMMER_N,
+	   (unsigned long)hammer_word[0]);
+}
+
+static void case_validate(void)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da))
+		fail("query_device");
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp_init_attr base = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+					 .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+						  .max_recv_sge = 1 } };
+	struct { const char *what; struct ibv_qp_init_attr ia; } over[] = {
+		{ "max_send_wr over max_qp_wr", base },
+		{ "max_recv_wr over max_qp_wr", base },
+		{ "max_send_sge over max_sge", base },
+		{ "max_inline_data over the device's", base },
+	};
+	over[0].ia.cap.max_send_wr = da.max_qp_wr + 1;
+	over[1].ia.cap.max_recv_wr = da.max_qp_wr + 1;
+	over[2].ia.cap.max_send_sge = da.max_sge + 1;
+	over[3].ia.cap.max_inline_data = 1 << 20;
+	for (unsigned i = 0; i < 4; i++) {
+		errno = 0;
+		if (ibv_create_qp(pd, &over[i].ia) || errno != EINVAL)
+			fail("%s: not refused with EINVAL", over[i].what);
+		ok("%s: EINVAL", over[i].what);
+	}
+	struct ibv_qp *qp = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT) != EINVAL)
+		fail("RC RESET->INIT without ACCESS_FLAGS accepted");
+	ok("RC RESET->INIT without ACCESS_FLAGS: EINVAL");
+	a.qp_state = IBV_QPS_RTS;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE) != EINVAL)
+		fail("RESET->RTS accepted");
+	ok("RESET->RTS: EINVAL");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 1 };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS |
+					  IBV_QP_QKEY) != EINVAL)
+		fail("RC RESET->INIT with QKEY accepted");
+	ok("RC RESET->INIT with a QKEY bit: EINVAL");
+	struct ibv_qp *ud = qp_new(cq, IBV_QPT_UD, NULL, 0);
+	if (ibv_modify_qp(ud, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) !=
+	    EINVAL)
+		fail("UD RESET->INIT with ACCESS_FLAGS accepted");
+	ok("UD RESET->INIT with ACCESS_FLAGS: EINVAL");
+	/* Posting in the wrong state. */
+	static uint8_t buf[64];
+	struct ibv_mr *mr = reg(buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND }, *bad = NULL;
+	if (ibv_post_send(qp, &wr, &bad) != EINVAL || bad != &wr)
+		fail("post_send in RESET accepted");
+	ok("post_send in RESET: EINVAL, bad_wr set");
+	struct ibv_recv_wr rw = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 }, *rbad = NULL;
+	if (ibv_post_recv(qp, &rw, &rbad) != EINVAL || rbad != &rw)
+		fail("post_recv in RESET accepted");
+	ok("post_recv in RESET: EINVAL, bad_wr set");
+	rc_connect(qp, qp->qp_num, 12, 7, 14, 7);
+	/* Too many SGEs; inline data over the limit. */
+	struct ibv_sge many[5] = { sge, sge, sge, sge, sge };
+	wr.sg_list = many;
+	wr.num_sge = 5;
+	bad = NULL;
+	if (ibv_post_send(qp, &wr, &bad) != EINVAL || bad != &wr)
+		fail("5 SGEs on a 4-SGE QP accepted");
+	ok("more SGEs than max_send_sge: EINVAL");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	if (ibv_query_qp(qp, &qa, IBV_QP_CAP, &qi))
+		fail("query_qp");
+	uint8_t *big = calloc(1, qi.cap.max_inline_data + 1);
+	struct ibv_sge isge = { .addr = (uintptr_t)big, .length = qi.cap.max_inline_data + 1 };
+	struct ibv_send_wr iw = { .wr_id = 3, .sg_list = &isge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_INLINE };
+	bad = NULL;
+	if (ibv_post_send(qp, &iw, &bad) != EINVAL)
+		fail("inline over max_inline_data (%u) accepted", qi.cap.max_inline_data);
+	ok("inline data over max_inline_data (%u): EINVAL", qi.cap.max_inline_data);
+	/* CQ and MR edges. */
+	errno = 0;
+	if (ibv_create_cq(ctx, da.max_cqe + 1, NULL, NULL, 0) || errno != EINVAL)
+		fail("CQ over max_cqe accepted");
+	ok("CQ deeper than max_cqe: EINVAL");
+	if (ibv_resize_cq(cq, 64) != EOPNOTSUPP)
+		fail("resize_cq did not answer EOPNOTSUPP");
+	ok("resize_cq: EOPNOTSUPP (documented)");
+	errno = 0;
+	if (ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_REMOTE_WRITE) || errno != EINVAL)
+		fail("REMOTE_WRITE without LOCAL_WRITE accepted");
+	ok("REMOTE_WRITE without LOCAL_WRITE: EINVAL");
+	if (ibv_dealloc_pd(pd) != EBUSY)
+		fail("dealloc of a PD in use accepted");
+	ok("dealloc_pd in use: EBUSY");
+	if (ibv_destroy_cq(cq) != EBUSY)
+		fail("destroy of a CQ in use accepted");
+	ok("destroy_cq in use: EBUSY");
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = da.max_srq_wr + 1, .max_sge = 1 } };
+	errno = 0;
+	if (ibv_create_srq(pd, &si) || errno != EINVAL)
+		fail("SRQ over max_srq_wr accepted");
+	ok("SRQ deeper than max_srq_wr: EINVAL");
+	struct ibv_ah_attr aa = { .dlid = lid, .port_num = 2 };
+	errno = 0;
+	if (ibv_create_ah(pd, &aa) || errno != EINVAL)
+		fail("AH on port 2 accepted");
+	ok("AH on a port that does not exist: EINVAL");
+}
+
+/* A peer that never posts a receive: RNR_RETRY_EXC_ERR after the configured retries. */
+static void case_rnr(void)
+{
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 1, 2, 14, 7);
+	rc_connect(b, a->qp_num, 1, 2, 14, 7);
+	static uint8_t buf[64];
+	struct ibv_mr *mr = reg(buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	double t0 = now();
+	if (post(a, 7, IBV_WR_SEND, buf, 16, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post");
+	expect(cq, 7, IBV_WC_RNR_RETRY_EXC_ERR, "send to a QP with no receive, rnr_retry 2");
+	ok("failed after %.1f ms", (now() - t0) * 1e3);
+	/* rnr_retry 7 = forever: the send waits until a receive comes, however late. */
+	struct ibv_qp *c = qp_new(cq, IBV_QPT_RC, NULL, 0), *d = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(c, d->qp_num, 1, 7, 14, 7);
+	rc_connect(d, c->qp_num, 1, 7, 14, 7);
+	if (post(c, 8, IBV_WR_SEND, buf, 16, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post");
+	struct ibv_wc wc;
+	if (poll_for(cq, &wc, 0.5))
+		fail("rnr_retry 7 completed early: %s", ibv_wc_status_str(wc.status));
+	recv_on(d, 9, buf + 32, 32, mr->lkey);
+	wc = poll1(cq);
+	struct ibv_wc wc2 = poll1(cq);
+	if (wc.status || wc2.status)
+		fail("late receive: %s / %s", ibv_wc_status_str(wc.status), ibv_wc_status_str(wc2.status));
+	ok("rnr_retry 7 waits 0.5 s and succeeds once a receive is posted");
+}
+
+/* A peer that is gone: RETRY_EXC_ERR after timeout x retry_cnt. */
+static void case_retry(void)
+{
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	uint32_t gone = b->qp_num;
+	if (ibv_destroy_qp(b))
+		fail("destroy_qp");
+	rc_connect(a, gone, 12, 7, 10, 2); /* 4.096 us * 2^10 = 4.2 ms per try, 3 tries */
+	static uint8_t buf[64];
+	struct ibv_mr *mr = reg(buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	double t0 = now();
+	if (post(a, 11, IBV_WR_SEND, buf, 16, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post");
+	expect(cq, 11, IBV_WC_RETRY_EXC_ERR, "send to a destroyed QP");
+	double ms = (now() - t0) * 1e3;
+	if (ms < 5)
+		fail("failed after %.1f ms, before timeout x (retry_cnt+1)", ms);
+	ok("failed after %.1f ms", ms);
+	expect_event(IBV_EVENT_QP_FATAL, a, "requester QP fatal event");
+}
+
+static void case_srq(void)
+{
+	struct ibv_cq *cq = cq_new(128);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 32, .max_sge = 2 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq");
+	struct ibv_qp *r1 = qp_new(cq, IBV_QPT_RC, srq, 0), *r2 = qp_new(cq, IBV_QPT_RC, srq, 0);
+	struct ibv_qp *s1 = qp_new(cq, IBV_QPT_RC, NULL, 0), *s2 = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(s1, r1->qp_num, 12, 7, 14, 7);
+	rc_connect(r1, s1->qp_num, 12, 7, 14, 7);
+	rc_connect(s2, r2->qp_num, 12, 7, 14, 7);
+	rc_connect(r2, s2->qp_num, 12, 7, 14, 7);
+	uint8_t *buf = calloc(1, 8192);
+	struct ibv_mr *mr = reg(buf, 8192, IBV_ACCESS_LOCAL_WRITE);
+	for (int i = 0; i < 4; i++)
+		buf[i * 64] = 0xA0 + i;
+	for (int i = 0; i < 6; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)(buf + 4096 + i * 256), .length = 256, .lkey = mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 1000 + i, .sg_list = &sge, .num_sge = 1 }, *bad;
+		if (ibv_post_srq_recv(srq, &wr, &bad))
+			fail("post_srq_recv");
+	}
+	struct ibv_recv_wr *rbad;
+	struct ibv_sge rs = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	struct ibv_recv_wr rw = { .sg_list = &rs, .num_sge = 1 };
+	if (ibv_post_recv(r1, &rw, &rbad) != EINVAL)
+		fail("post_recv on a QP with an SRQ accepted");
+	ok("post_recv on a QP attached to an SRQ: EINVAL");
+	struct ibv_srq_attr sa = { .srq_limit = 3 };
+	if (ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT))
+		fail("modify_srq limit");
+	if (ibv_query_srq(srq, &sa) || sa.srq_limit != 3 || sa.max_wr < 32)
+		fail("query_srq: limit %u max_wr %u", sa.srq_limit, sa.max_wr);
+	ok("query_srq: limit 3 armed, max_wr %u", sa.max_wr);
+	sa.max_wr = 64;
+	if (ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) != EINVAL)
+		fail("SRQ resize accepted");
+	ok("SRQ resize: EINVAL (no IBV_DEVICE_SRQ_RESIZE)");
+	/* Two senders on two QPs, receives from the one SRQ, completions name the right QP. */
+	for (int i = 0; i < 4; i++) {
+		struct ibv_qp *s = i % 2 ? s2 : s1;
+		if (post(s, i, IBV_WR_SEND, buf + i * 64, 64, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("post");
+	}
+	int got_recv = 0, got_send = 0;
+	uint32_t by_qp[2] = { 0, 0 };
+	while (got_recv + got_send < 8) {
+		struct ibv_wc wc = poll1(cq);
+		if (wc.status)
+			fail("SRQ traffic: %s", ibv_wc_status_str(wc.status));
+		if (wc.opcode == IBV_WC_RECV) {
+			uint8_t *at = buf + 4096 + (wc.wr_id - 1000) * 256;
+			if (wc.byte_len != 64 || (at[0] & 0xF0) != 0xA0)
+				fail("SRQ receive %lu: byte_len %u first byte %x", (unsigned long)wc.wr_id, wc.byte_len,
+				     at[0]);
+			if (wc.qp_num == r1->qp_num)
+				by_qp[0]++;
+			else if (wc.qp_num == r2->qp_num)
+				by_qp[1]++;
+			else
+				fail("SRQ receive on QP %u", wc.qp_num);
+			got_recv++;
+		} else {
+			got_send++;
+		}
+	}
+	if (by_qp[0] != 2 || by_qp[1] != 2)
+		fail("receives per QP %u/%u", by_qp[0], by_qp[1]);
+	ok("4 sends over 2 QPs land in SRQ receives, 2 per QP, bytes right");
+	expect_event(IBV_EVENT_SRQ_LIMIT_REACHED, srq, "2 receives left under limit 3");
+	if (ibv_query_srq(srq, &sa) || sa.srq_limit != 0)
+		fail("limit still armed after the event: %u", sa.srq_limit);
+	ok("limit disarmed after the event");
+	if (ibv_destroy_srq(srq) != EBUSY)
+		fail("destroy of an SRQ in use accepted");
+	ok("destroy_srq in use: EBUSY");
+	/* An SRQ QP moved to ERR reports LAST_WQE_REACHED; the SRQ's receives stay. */
+	struct ibv_qp_attr ea = { .qp_state = IBV_QPS_ERR };
+	if (ibv_modify_qp(r1, &ea, IBV_QP_STATE))
+		fail("modify ERR");
+	expect_event(IBV_EVENT_QP_LAST_WQE_REACHED, r1, "SRQ QP to ERR");
+	if (post(s2, 9, IBV_WR_SEND, buf, 64, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post");
+	struct ibv_wc w1 = poll1(cq), w2 = poll1(cq);
+	if (w1.status || w2.status)
+		fail("after r1 ERR: %s %s", ibv_wc_status_str(w1.status), ibv_wc_status_str(w2.status));
+	ok("the SRQ still serves r2 after r1 went to ERR");
+	if (ibv_destroy_qp(r1) || ibv_destroy_qp(r2) || ibv_destroy_srq(srq))
+		fail("destroy QPs then SRQ");
+	ok("destroy_srq once unused");
+}
+
+static void case_ud(void)
+{
+	struct ibv_cq *cq = cq_new(64);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_UD, NULL, 0), *b = qp_new(cq, IBV_QPT_UD, NULL, 0);
+	ud_ready(a, 0x1111);
+	ud_ready(b, 0x2222);
+	uint8_t *buf = calloc(1, 16384);
+	struct ibv_mr *mr = reg(buf, 16384, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 1 } };
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	struct ibv_ah_attr la = { .dlid = lid, .port_num = 1 };
+	struct ibv_ah *ah_lid = ibv_create_ah(pd, &la);
+	if (!ah || !ah_lid)
+		fail("create_ah");
+	for (int i = 0; i < 100; i++)
+		buf[i] = (uint8_t)(i + 1);
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 100, .lkey = mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_IMM,
+				  .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(77) }, *bad;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = b->qp_num;
+	wr.wr.ud.remote_qkey = 0x2222;
+	recv_on(b, 50, buf + 4096, 4096 + 40, mr->lkey);
+	if (ibv_post_send(a, &wr, &bad))
+		fail("UD post_send");
+	struct ibv_wc w1 = poll1(cq), w2 = poll1(cq);
+	struct ibv_wc rc = w1.opcode == IBV_WC_RECV ? w1 : w2;
+	if (w1.status || w2.status || rc.opcode != IBV_WC_RECV)
+		fail("UD send: %s %s", ibv_wc_status_str(w1.status), ibv_wc_status_str(w2.status));
+	struct ibv_grh *g = (struct ibv_grh *)(buf + 4096);
+	if (rc.byte_len != 140 || !(rc.wc_flags & IBV_WC_GRH) || !(rc.wc_flags & IBV_WC_WITH_IMM) ||
+	    ntohl(rc.imm_data) != 77 || rc.src_qp != a->qp_num || rc.slid != lid)
+		fail("UD receive: byte_len %u flags %x imm %u src_qp %u slid %u", rc.byte_len, rc.wc_flags,
+		     ntohl(rc.imm_data), rc.src_qp, rc.slid);
+	if (memcmp(buf + 4096 + 40, buf, 100) || memcmp(&g->sgid, &gid, 16) || memcmp(&g->dgid, &gid, 16) ||
+	    (ntohl(g->version_tclass_flow) >> 28) != 6)
+		fail("UD payload or GRH wrong");
+	ok("UD SEND_WITH_IMM: 40-byte GRH (IPv6 version, SGID, DGID), payload after it, byte_len 140, "
+	   "src_qp, slid, imm");
+	struct ibv_ah_attr back;
+	if (ibv_init_ah_from_wc(ctx, 1, &rc, g, &back) || !back.is_global ||
+	    memcmp(&back.grh.dgid, &gid, 16) || back.dlid != lid)
+		fail("init_ah_from_wc");
+	struct ibv_ah *reply = ibv_create_ah_from_wc(pd, &rc, g, 1);
+	if (!reply)
+		fail("create_ah_from_wc");
+	ok("init_ah_from_wc / create_ah_from_wc answer the sender");
+	/* Wrong Q_Key: silently dropped, the sender still succeeds. */
+	wr.wr.ud.remote_qkey = 0x3333;
+	wr.wr_id = 2;
+	wr.wr.ud.ah = ah_lid;
+	if (ibv_post_send(a, &wr, &bad))
+		fail("post");
+	expect(cq, 2, IBV_WC_SUCCESS, "UD send with a wrong Q_Key completes at the sender");
+	struct ibv_wc extra;
+	if (poll_for(cq, &extra, 0.3))
+		fail("wrong Q_Key delivered: wr %lu", (unsigned long)extra.wr_id);
+	ok("wrong Q_Key: nothing delivered");
+	/* The high bit means "my own Q_Key": a's is 0x1111, b's 0x2222 -> dropped; to a itself -> lands. */
+	struct ibv_qp *c = qp_new(cq, IBV_QPT_UD, NULL, 0);
+	ud_ready(c, 0x1111);
+	recv_on(c, 51, buf + 8192, 4096 + 40, mr->lkey);
+	wr.wr.ud.remote_qpn = c->qp_num;
+	wr.wr.ud.remote_qkey = 0x80000000;
+	wr.wr_id = 3;
+	if (ibv_post_send(a, &wr, &bad))
+		fail("post");
+	w1 = poll1(cq);
+	w2 = poll1(cq);
+	rc = w1.opcode == IBV_WC_RECV ? w1 : w2;
+	if (w1.status || w2.status || rc.wr_id != 51 || (rc.wc_flags & IBV_WC_GRH))
+		fail("own Q_Key send: %s %s flags %x", ibv_wc_status_str(w1.status), ibv_wc_status_str(w2.status),
+		     rc.wc_flags);
+	ok("Q_Key with the high bit uses the sender's Q_Key; LID-routed datagram has no GRH");
+	/* Receive buffer without room for GRH + payload: LOC_LEN_ERR at the receiver only. */
+	recv_on(c, 52, buf + 8192, 100, mr->lkey);
+	wr.wr_id = 4;
+	if (ibv_post_send(a, &wr, &bad))
+		fail("post");
+	w1 = poll1(cq);
+	w2 = poll1(cq);
+	rc = w1.opcode == IBV_WC_RECV || w1.wr_id == 52 ? w1 : w2;
+	struct ibv_wc sc = rc.wr_id == w1.wr_id ? w2 : w1;
+	if (rc.wr_id != 52 || rc.status != IBV_WC_LOC_LEN_ERR || sc.status != IBV_WC_SUCCESS)
+		fail("short UD receive: wr %lu %s / sender %s", (unsigned long)rc.wr_id,
+		     ibv_wc_status_str(rc.status), ibv_wc_status_str(sc.status));
+	ok("UD receive without 40 + payload bytes: LOC_LEN_ERR there, the sender succeeds");
+	/* Over the MTU: LOC_LEN_ERR at the sender. */
+	sge.length = 4097;
+	wr.wr_id = 5;
+	if (ibv_post_send(a, &wr, &bad))
+		fail("post");
+	expect(cq, 5, IBV_WC_LOC_LEN_ERR, "UD send of 4097 bytes over a 4096 MTU");
+	if (ibv_destroy_ah(ah) || ibv_destroy_ah(ah_lid) || ibv_destroy_ah(reply))
+		fail("destroy_ah");
+	ok("destroy_ah");
+}
+
+/* A CQ that overflows raises IBV_EVENT_CQ_ERR. */
+static void case_cq_overflow(void)
+{
+	struct ibv_cq *cq = cq_new(1);
+	int depth = cq->cqe;
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 1);
+	rc_connect(a, a->qp_num, 12, 7, 14, 7);
+	static uint64_t w[8];
+	struct ibv_mr *mr = reg(w, sizeof w, ALL_ACCESS);
+	for (int i = 0; i < depth + 2; i++)
+		if (post(a, i, IBV_WR_RDMA_WRITE, w, 8, mr->lkey, (uintptr_t)(w + 1), mr->rkey, 0, 0, 0))
+			fail("post");
+	expect_event(IBV_EVENT_CQ_ERR, cq, "CQ given more completions than its depth");
+}
+
+/* rereg_mr: new access flags take effect with the same keys; a new range gets new keys. */
+static void case_rereg(void)
+{
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	uint8_t *src = calloc(1, 4096), *t1 = calloc(1, 8192), *t2 = calloc(1, 8192);
+	memset(src, 0x5A, 64);
+	struct ibv_mr *ms = reg(src, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mt = reg(t1, 8192, IBV_ACCESS_LOCAL_WRITE);
+	uint32_t key = mt->rkey;
+	if (ibv_rereg_mr(mt, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE))
+		fail("rereg access");
+	if (mt->rkey != key)
+		fail("rkey changed by an access change");
+	if (post(a, 1, IBV_WR_RDMA_WRITE, src, 64, ms->lkey, (uintptr_t)t1, mt->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post");
+	expect(cq, 1, IBV_WC_SUCCESS, "write after rereg granted REMOTE_WRITE");
+	if (t1[0] != 0x5A || t1[63] != 0x5A)
+		fail("bytes did not land");
+	if (ibv_rereg_mr(mt, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, t2, 8192, 0))
+		fail("rereg translation");
+	if (mt->addr != t2 || mt->length != 8192)
+		fail("rereg did not update addr/length");
+	ok("rereg translation: now %p, keys %x/%x", mt->addr, mt->lkey, mt->rkey);
+	memset(src, 0x6B, 64);
+	if (post(a, 2, IBV_WR_RDMA_WRITE, src, 64, ms->lkey, (uintptr_t)t2, mt->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post");
+	expect(cq, 2, IBV_WC_SUCCESS, "write into the new range");
+	if (t2[0] != 0x6B || t1[0] != 0x5A)
+		fail("bytes after rereg: new %x old %x", t2[0], t1[0]);
+	ok("bytes land in the new range; the old buffer keeps its bytes");
+	if (ibv_rereg_mr(mt, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 0, 0) != IBV_REREG_MR_ERR_INPUT)
+		fail("rereg translation to NULL accepted");
+	ok("rereg to a NULL range: IBV_REREG_MR_ERR_INPUT");
+	if (ibv_dereg_mr(mt))
+		fail("dereg");
+}
+
+/* sq_sig_all = 0: only signaled sends complete; unsignaled ones still execute in order. */
+static void case_unsignaled(void)
+{
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, a->qp_num, 12, 7, 14, 7);
+	static uint64_t w[16];
+	struct ibv_mr *mr = reg(w, sizeof w, ALL_ACCESS);
+	for (int i = 0; i < 4; i++) {
+		w[i] = 100 + i;
+		if (post(a, i, IBV_WR_RDMA_WRITE, &w[i], 8, mr->lkey, (uintptr_t)&w[8], mr->rkey, 0, 0,
+			 (i == 3 ? IBV_SEND_SIGNALED : 0) | (i == 2 ? IBV_SEND_FENCE : 0)))
+			fail("post");
+	}
+	expect(cq, 3, IBV_WC_SUCCESS, "the one signaled write of four");
+	struct ibv_wc extra;
+	if (poll_for(cq, &extra, 0.2))
+		fail("an unsignaled write completed: wr %lu", (unsigned long)extra.wr_id);
+	if (w[8] != 103)
+		fail("writes out of order: %lu", (unsigned long)w[8]);
+	ok("unsignaled writes give no completion and ran in order (last value 103)");
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc != 2)
+		fail("usage: verbs_semantics CASE");
+	open_dev();
+	const char *c = argv[1];
+	if (!strcmp(c, "read_atomics"))
+		case_read_atomics();
+	else if (!strcmp(c, "hammer"))
+		case_hammer();
+	else if (!strcmp(c, "validate"))
+		case_validate();
+	else if (!strcmp(c, "rnr"))
+		case_rnr();
+	else if (!strcmp(c, "retry"))
+		case_retry();
+	else if (!strcmp(c, "srq"))
+		case_srq();
+	else if (!strcmp(c, "ud"))
+		case_ud();
+	else if (!strcmp(c, "cq_overflow"))
+		case_cq_overflow();
+	else if (!strcmp(c, "rereg"))
+		case_rereg();
+	else if (!strcmp(c, "unsignaled"))
+		case_unsignaled();
+	else
+		fail("unknown case %s", c);
+	ok("%s done", c);
+	return 0;
+}
