@@ -493,8 +493,13 @@ static int solo_devfatal(void)
 	printf("READY\n");
 	fflush(stdout);
 	struct ibv_async_event ev;
-	if (ibv_get_async_event(ctx, &ev))
-		fail("get_async_event");
+	/* The port-up event of the attach may come first. */
+	do {
+		if (ibv_get_async_event(ctx, &ev))
+			fail("get_async_event");
+		if (ev.event_type == IBV_EVENT_PORT_ACTIVE)
+			ibv_ack_async_event(&ev);
+	} while (ev.event_type == IBV_EVENT_PORT_ACTIVE);
 	if (ev.event_type != IBV_EVENT_DEVICE_FATAL)
 		fail("async event %d, expected DEVICE_FATAL", ev.event_type);
 	ibv_ack_async_event(&ev);

@@ -146,3 +146,13 @@ fn ib_send_lat_uc() {
 fn ib_write_bw_uc() {
     perftest("ib_write_bw", &["-c", "UC"]);
 }
+
+#[test]
+fn ib_send_bw_four_qps_on_one_srq() {
+    perftest("ib_send_bw", &["-q", "4", "--use-srq"]);
+}
+
+#[test]
+fn ib_send_lat_ud_with_grh() {
+    perftest("ib_send_lat", &["-c", "UD", "-x", "0"]);
+}

@@ -85,6 +85,7 @@ fn validation_rules_return_a_devices_errno() {
     case(
         "validate",
         &[
+            "port 1 up at attach: port active",
             "max_send_wr over max_qp_wr: EINVAL",
             "max_inline_data over the device's: EINVAL",
             "RC RESET->INIT without ACCESS_FLAGS: EINVAL",
