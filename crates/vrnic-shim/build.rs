@@ -1,5 +1,6 @@
 //! Writes the ELF version script and the `.symver` table from `src/exports.txt`, so the
-//! driver library's symbols carry rdma-core's versions (`ibv_reg_mr@@IBVERBS_1.1`).
+//! driver library's symbols carry rdma-core's versions (`ibv_reg_mr@@IBVERBS_1.1`,
+//! `rdma_connect@@RDMACM_1.0`).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -35,6 +36,24 @@ fn main() {
     let mut script = String::new();
     let mut prev: Option<&str> = None;
     for v in order {
+        let syms: Vec<&str> = exports.iter().filter(|e| e.1 == v).map(|e| e.0).collect();
+        let _ = write!(script, "{v} {{");
+        if !syms.is_empty() {
+            let _ = write!(script, " global: {};", syms.join("; "));
+        }
+        match prev {
+            Some(p) => {
+                let _ = writeln!(script, " }} {p};");
+            }
+            None => {
+                let _ = writeln!(script, " }};");
+            }
+        }
+        prev = Some(v);
+    }
+    // librdmacm's nodes, a chain of their own.
+    let mut prev: Option<&str> = None;
+    for v in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
         let syms: Vec<&str> = exports.iter().filter(|e| e.1 == v).map(|e| e.0).collect();
         let _ = write!(script, "{v} {{");
         if !syms.is_empty() {

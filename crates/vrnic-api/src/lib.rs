@@ -181,6 +181,79 @@ pub enum Request {
         /// Handle.
         ah: u32,
     },
+    /// `rdma_create_id`: a connection-manager id of this context.
+    CmCreateId {
+        /// Port space (`RDMA_PS_TCP` 0x106, `RDMA_PS_UDP` 0x111, `RDMA_PS_IB` 0x13f).
+        ps: u16,
+    },
+    /// `rdma_destroy_id`.
+    CmDestroyId {
+        /// Id handle.
+        id: u32,
+    },
+    /// `rdma_bind_addr`: answers [`Reply::CmAddr`] with the bound address (port 0 picks one).
+    CmBind {
+        /// Id handle.
+        id: u32,
+        /// Local address (`std::net::SocketAddr` text form).
+        addr: String,
+    },
+    /// `rdma_listen`.
+    CmListen {
+        /// Id handle.
+        id: u32,
+    },
+    /// `rdma_resolve_addr`: answers [`Reply::CmAddr`] with the source address; the
+    /// `ADDR_RESOLVED`/`ADDR_ERROR` event follows.
+    CmResolveAddr {
+        /// Id handle.
+        id: u32,
+        /// Source address, if the app gave one.
+        src: Option<String>,
+        /// Destination address.
+        dst: String,
+    },
+    /// `rdma_resolve_route`: the `ROUTE_RESOLVED` event follows.
+    CmResolveRoute {
+        /// Id handle.
+        id: u32,
+    },
+    /// `rdma_connect`.
+    CmConnect {
+        /// Id handle.
+        id: u32,
+        /// Connection parameters (the QP number of the id's QP among them).
+        param: CmParam,
+    },
+    /// `rdma_accept` (after the driver moved the QP to RTR and RTS).
+    CmAccept {
+        /// The id of the connection request.
+        id: u32,
+        /// Parameters.
+        param: CmParam,
+    },
+    /// `rdma_reject`.
+    CmReject {
+        /// The id of the connection request.
+        id: u32,
+        /// Private data for the requester.
+        private_data: Vec<u8>,
+    },
+    /// `rdma_establish` (the active side's QP is in RTS): the passive side gets `ESTABLISHED`.
+    CmEstablish {
+        /// Id handle.
+        id: u32,
+    },
+    /// `rdma_disconnect`.
+    CmDisconnect {
+        /// Id handle.
+        id: u32,
+    },
+    /// The next queued event of an id (after a [`event::CM`] notification named it).
+    CmTakeEvent {
+        /// Id handle.
+        id: u32,
+    },
     /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_PD` and/or `_CHANGE_ACCESS`.
     ReregMr {
         /// Handle.
@@ -262,6 +335,10 @@ pub enum Reply {
         /// Ring depth (power of two, >= `max_wr`).
         depth: u32,
     },
+    /// A connection-manager address (`SocketAddr` text form).
+    CmAddr(String),
+    /// A connection-manager event.
+    CmEvent(Box<CmEvent>),
     /// For `QuerySrq`.
     SrqAttr {
         /// Depth granted.
@@ -271,6 +348,61 @@ pub enum Reply {
         /// Armed limit (0: disarmed).
         limit: u32,
     },
+}
+
+/// Connection parameters of `rdma_connect`/`rdma_accept`, as the peer sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmParam {
+    /// Private data (at most 196 bytes on connect, 148 on accept, as IB CM carries).
+    pub private_data: Vec<u8>,
+    /// RDMA READ/atomic requests the sender accepts as a responder.
+    pub responder_resources: u8,
+    /// RDMA READ/atomic requests the sender issues as a requester.
+    pub initiator_depth: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries.
+    pub rnr_retry_count: u8,
+    /// The sender's QP number.
+    pub qp_num: u32,
+    /// The sender's Q_Key (UD).
+    pub qkey: u32,
+}
+
+/// A connection-manager event for one id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmEvent {
+    /// `enum rdma_cm_event_type`.
+    pub kind: u32,
+    /// `status` (0, or a reject reason / negative errno, as librdmacm reports it).
+    pub status: i32,
+    /// For `CONNECT_REQUEST`: the new id (the event itself is queued on the listener).
+    pub new_id: u32,
+    /// The peer's parameters (connect, accept, reject).
+    pub param: CmParam,
+    /// The peer's LID.
+    pub peer_lid: u16,
+    /// The peer's GID.
+    pub peer_gid: [u8; 16],
+    /// The id's local address after the event (`SocketAddr` text, empty if none).
+    pub local: String,
+    /// The id's peer address.
+    pub remote: String,
+}
+
+/// `enum rdma_cm_event_type` values the daemon produces, and the driver's own.
+pub mod cm_event {
+    #![allow(missing_docs)]
+    pub const ADDR_RESOLVED: u32 = 0;
+    pub const ADDR_ERROR: u32 = 1;
+    pub const ROUTE_RESOLVED: u32 = 2;
+    pub const CONNECT_REQUEST: u32 = 4;
+    pub const CONNECT_RESPONSE: u32 = 5;
+    pub const UNREACHABLE: u32 = 7;
+    pub const REJECTED: u32 = 8;
+    pub const ESTABLISHED: u32 = 9;
+    pub const DISCONNECTED: u32 = 10;
+    pub const DEVICE_REMOVAL: u32 = 11;
 }
 
 /// Async event kinds carried in a mailbox's event ring (`enum ibv_event_type` values).
@@ -289,6 +421,9 @@ pub mod event {
     pub const SRQ_ERR: u32 = 14;
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`
     pub const SRQ_LIMIT_REACHED: u32 = 15;
+    /// Not an `ibv_event_type`: a connection-manager event is queued on the id named by the
+    /// handle (the driver fetches it with `CmTakeEvent`).
+    pub const CM: u32 = 0x1000;
 }
 
 /// A request on the daemon's admin socket (one JSON line each way).

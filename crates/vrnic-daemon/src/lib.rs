@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod cm;
 pub mod config;
 pub mod heap;
 pub mod server;

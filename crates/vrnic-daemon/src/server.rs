@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
+use crate::cm::Cm;
 use anyhow::{Context as _, Result, bail};
 use mio::net::{UnixListener, UnixStream};
 use mio::unix::SourceFd;
@@ -140,6 +141,7 @@ pub struct Server {
     cqs: HashMap<CqId, CqSlot>,
     qps: BTreeMap<QpId, QpSlot>,
     srqs: BTreeMap<SrqId, SrqSlot>,
+    cm: Cm,
     tokens: HashMap<Token, Tok>,
     admin: UnixListener,
     admins: HashMap<u64, AdminConn>,
@@ -186,6 +188,13 @@ impl Memory for Mem<'_> {
         {
             warn!("engine read refused: {e}");
         }
+    }
+}
+
+fn cm_reply(r: Result<(), i32>, what: &str) -> Reply {
+    match r {
+        Ok(()) => Reply::Ok,
+        Err(e) => err(e, what),
     }
 }
 
@@ -252,6 +261,7 @@ impl Server {
             cqs: HashMap::new(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
+            cm: Cm::new(),
             tokens: HashMap::new(),
             admin,
             admins: HashMap::new(),
@@ -290,9 +300,10 @@ impl Server {
                         last_work = Instant::now();
                         Some(Duration::ZERO)
                     } else {
-                        let t = self
-                            .engine
-                            .poll_timeout()
+                        let t = [self.engine.poll_timeout(), self.cm.next_deadline()]
+                            .into_iter()
+                            .flatten()
+                            .min()
                             .map(|t| t.saturating_duration_since(Instant::now()))
                             .unwrap_or(MAX_SLEEP);
                         Some(t.min(MAX_SLEEP))
@@ -327,6 +338,11 @@ impl Server {
             }
             let now = Instant::now();
             self.engine.handle_timeout(now);
+            if self.cm.next_deadline().is_some_and(|t| now >= t) {
+                self.cm.expire(now);
+                self.flush_cm_notes();
+                self.flush_wakes();
+            }
             if self.engine_pass(now) {
                 last_work = Instant::now();
             } else {
@@ -753,7 +769,11 @@ impl Server {
             };
             let reply = match req {
                 Ok(bytes) => match serde_json::from_slice::<Request>(&bytes) {
-                    Ok(req) => self.control(id, req),
+                    Ok(req) => {
+                        let r = self.control(id, req);
+                        self.flush_cm_notes();
+                        r
+                    }
                     Err(e) => err(libc::EINVAL, format!("malformed control request: {e}")),
                 },
                 Err(len) => err(
@@ -782,6 +802,8 @@ impl Server {
         };
         let now = Instant::now();
         self.engine.destroy_context(now, id);
+        self.cm.drop_context(id);
+        self.flush_cm_notes();
         let _ = self.poll.registry().deregister(&mut ctx.stream);
         self.tokens.remove(&ctx.token);
         let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
@@ -819,6 +841,13 @@ impl Server {
             ctx = id.0,
             "context detached, resources reclaimed"
         );
+    }
+
+    /// Announces queued connection-manager events to their contexts.
+    fn flush_cm_notes(&mut self) {
+        for (ctx, cm_id) in self.cm.take_notes() {
+            self.push_event(ctx, vrnic_api::event::CM, cm_id);
+        }
     }
 
     fn notify_ctx(&mut self, id: CtxId) {
@@ -1010,6 +1039,59 @@ impl Server {
             Request::DestroyAh { ah } => match self.engine.destroy_ah(id, AhId(ah)) {
                 Ok(()) => Reply::Ok,
                 Err(e) => err(e, "destroy_ah"),
+            },
+            Request::CmCreateId { ps } => {
+                let Some(v) = self.vnics.get(&vnic) else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
+                match self.cm.create(id, ps, v.lid, v.gid) {
+                    Ok(h) => Reply::Handle(h),
+                    Err(e) => err(e, "rdma_create_id"),
+                }
+            }
+            Request::CmDestroyId { id: h } => cm_reply(self.cm.destroy(id, h), "rdma_destroy_id"),
+            Request::CmBind { id: h, addr } => match addr.parse() {
+                Ok(a) => match self.cm.bind(id, h, a) {
+                    Ok(b) => Reply::CmAddr(b.to_string()),
+                    Err(e) => err(e, "rdma_bind_addr"),
+                },
+                Err(_) => err(libc::EINVAL, "malformed address"),
+            },
+            Request::CmListen { id: h } => cm_reply(self.cm.listen(id, h), "rdma_listen"),
+            Request::CmResolveAddr { id: h, src, dst } => {
+                let src = match src.map(|s| s.parse()).transpose() {
+                    Ok(s) => s,
+                    Err(_) => return err(libc::EINVAL, "malformed address"),
+                };
+                let Ok(dst) = dst.parse() else {
+                    return err(libc::EINVAL, "malformed address");
+                };
+                match self.cm.resolve_addr(id, h, src, dst) {
+                    Ok(a) => Reply::CmAddr(a.to_string()),
+                    Err(e) => err(e, "rdma_resolve_addr"),
+                }
+            }
+            Request::CmResolveRoute { id: h } => {
+                cm_reply(self.cm.resolve_route(id, h), "rdma_resolve_route")
+            }
+            Request::CmConnect { id: h, param } => {
+                cm_reply(self.cm.connect(id, h, param, now), "rdma_connect")
+            }
+            Request::CmAccept { id: h, param } => {
+                cm_reply(self.cm.accept(id, h, param), "rdma_accept")
+            }
+            Request::CmReject {
+                id: h,
+                private_data,
+            } => cm_reply(self.cm.reject(id, h, private_data), "rdma_reject"),
+            Request::CmEstablish { id: h } => cm_reply(self.cm.establish(id, h), "rdma_establish"),
+            Request::CmDisconnect { id: h } => {
+                cm_reply(self.cm.disconnect(id, h), "rdma_disconnect")
+            }
+            Request::CmTakeEvent { id: h } => match self.cm.take_event(id, h) {
+                Ok(Some(ev)) => Reply::CmEvent(Box::new(ev)),
+                Ok(None) => err(libc::EAGAIN, "no CM event queued"),
+                Err(e) => err(e, "CM event"),
             },
             Request::ReregMr { mr, pd, access } => {
                 match self.engine.rereg_mr(id, MrId(mr), pd.map(PdId), access) {

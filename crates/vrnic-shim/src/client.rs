@@ -310,9 +310,16 @@ impl Conn {
         }
     }
 
-    /// Forwards pending notifications: async events and armed-CQ events.
+    /// Forwards pending notifications: async events, connection-manager events and
+    /// armed-CQ events.
     fn forward(&self) {
         while let Some((kind, handle)) = self.mailbox.pop_event(&self.region) {
+            if kind == event::CM {
+                if let Some(sink) = CM_SINK.get() {
+                    sink(handle);
+                }
+                continue;
+            }
             if let Ok(mut q) = self.async_q.queue.lock() {
                 q.push_back((kind, handle));
             }
@@ -343,6 +350,15 @@ impl Conn {
             self.async_q.efd.signal();
         }
     }
+}
+
+/// Where connection-manager announcements go (the `cm` module registers itself when it
+/// opens its context).
+static CM_SINK: std::sync::OnceLock<fn(u32)> = std::sync::OnceLock::new();
+
+/// Registers the receiver of connection-manager announcements (`event::CM` entries).
+pub fn set_cm_sink(f: fn(u32)) {
+    let _ = CM_SINK.set(f);
 }
 
 /// The notifier thread: sleeps on the context's socket (the daemon writes a byte when it has

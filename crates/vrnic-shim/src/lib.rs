@@ -22,6 +22,8 @@
 pub mod abi;
 mod ah;
 pub mod client;
+mod cm;
+pub mod cm_abi;
 mod ffi;
 mod srq;
 mod symbols;

@@ -1,0 +1,806 @@
+//! The connection-manager broker: what the IB CM and the kernel's `rdma_cm` do between two
+//! nodes, done inside the daemon for the ids of every context it serves.
+//!
+//! An id binds and listens on IP addresses of this host and TCP-like ports per port space; a
+//! connect finds the listener that serves the destination address and port, creates the
+//! passive side's new id and queues `CONNECT_REQUEST` on the listener; accept, reject,
+//! establish and disconnect queue the peer's event. Each queued event is announced to its
+//! context ([`Cm::take_notes`]: the server pushes an `event::CM` entry on the context's event
+//! ring); the driver fetches it with `CmTakeEvent`. A dying context destroys its ids, and
+//! their peers see what a real stack shows: `DISCONNECTED` for connections, `REJECTED` for
+//! pending requests.
+//!
+//! Not here: QP transitions. The driver moves its QPs (INIT/RTR/RTS from the peer's numbers in
+//! the events, ERR on disconnect), exactly as librdmacm does over the kernel.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use vrnic_api::{CmEvent, CmParam, cm_event};
+use vrnic_proto::CtxId;
+
+/// `RDMA_PS_UDP`: its ids use UD QPs and SIDR-style resolution (no connection).
+pub const PS_UDP: u16 = 0x111;
+/// IB CM reject reason for "no listener on this service ID".
+pub const REJ_INVALID_SERVICE_ID: i32 = 8;
+/// IB CM reject reason for a rejection by the peer's consumer (`rdma_reject`).
+pub const REJ_CONSUMER_DEFINED: i32 = 28;
+/// First ephemeral port handed out for port 0.
+const EPHEMERAL: u16 = 49152;
+/// How long a connection request waits for a listener before it is rejected: the time a REQ
+/// is in flight on a fabric while the passive side brings its listener up. Programs that set
+/// up both sides at once (perftest's data connection after its control connection) rely on
+/// it; a port nobody listens on is still `REJECTED`, this much later.
+pub const CONNECT_HOLD: Duration = Duration::from_millis(1000);
+/// Most ids per context (an app creating ids in a loop gets `ENOMEM`).
+pub const MAX_IDS_PER_CTX: usize = 4096;
+
+type Errno = i32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    Bound,
+    Listening,
+    AddrResolved,
+    RouteResolved,
+    /// Active side: request sent.
+    Connecting,
+    /// Passive side: request received, not yet accepted or rejected.
+    Requested,
+    /// Passive side: accepted, waiting for the active side's establish.
+    Accepted,
+    /// Active side: accepted by the peer, not yet established.
+    Responded,
+    Connected,
+    Disconnected,
+}
+
+#[derive(Debug)]
+struct Id {
+    ctx: CtxId,
+    ps: u16,
+    lid: u16,
+    gid: [u8; 16],
+    state: State,
+    local: Option<SocketAddr>,
+    /// It took its local port by binding (explicitly or by resolving an address). The new ids
+    /// of connection requests share their listener's address without holding the port, as in
+    /// the kernel's rdma_cm.
+    holds_port: bool,
+    remote: Option<SocketAddr>,
+    peer: Option<u32>,
+    /// For a passive id: the listener that got its request.
+    listener: Option<u32>,
+    param: CmParam,
+    events: VecDeque<CmEvent>,
+}
+
+/// The broker's state. See the module documentation.
+#[derive(Debug, Default)]
+pub struct Cm {
+    ids: HashMap<u32, Id>,
+    next: u32,
+    next_port: u16,
+    notes: Vec<(CtxId, u32)>,
+    /// Connection requests waiting for a listener: `(active id, give up at)`.
+    parked: Vec<(u32, Instant)>,
+}
+
+/// Whether `ip` is an address of this host (or unspecified): binding a socket to it works.
+pub fn is_local(ip: IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback() || UdpSocket::bind((ip, 0)).is_ok()
+}
+
+fn overlaps(a: &SocketAddr, b: &SocketAddr) -> bool {
+    if a.port() != b.port() {
+        return false;
+    }
+    let (x, y) = (a.ip(), b.ip());
+    x == y
+        || (x.is_unspecified() && (x.is_ipv6() || y.is_ipv4()))
+        || (y.is_unspecified() && (y.is_ipv6() || x.is_ipv4()))
+}
+
+/// Whether a listener bound to `l` takes connections to `dst`.
+fn serves(l: &SocketAddr, dst: &SocketAddr) -> bool {
+    l.port() == dst.port()
+        && (l.ip() == dst.ip()
+            || (l.ip().is_unspecified() && (l.ip().is_ipv6() || dst.ip().is_ipv4())))
+}
+
+/// The peer's view of connection parameters: its responder resources are our initiator
+/// depth and vice versa (IB CM REQ/REP).
+fn swapped(p: &CmParam) -> CmParam {
+    CmParam {
+        responder_resources: p.initiator_depth,
+        initiator_depth: p.responder_resources,
+        ..p.clone()
+    }
+}
+
+fn text(a: Option<SocketAddr>) -> String {
+    a.map(|a| a.to_string()).unwrap_or_default()
+}
+
+impl Cm {
+    /// A broker with no ids.
+    pub fn new() -> Cm {
+        Cm {
+            next: 1,
+            next_port: EPHEMERAL,
+            ..Cm::default()
+        }
+    }
+
+    /// `(context, id)` pairs with new events since the last call.
+    pub fn take_notes(&mut self) -> Vec<(CtxId, u32)> {
+        std::mem::take(&mut self.notes)
+    }
+
+    fn own(&mut self, ctx: CtxId, id: u32) -> Result<&mut Id, Errno> {
+        match self.ids.get_mut(&id) {
+            Some(i) if i.ctx == ctx => Ok(i),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    fn push(&mut self, id: u32, mut ev: CmEvent) {
+        let Some(i) = self.ids.get_mut(&id) else {
+            return;
+        };
+        ev.local = text(i.local);
+        ev.remote = text(i.remote);
+        i.events.push_back(ev);
+        self.notes.push((i.ctx, id));
+    }
+
+    fn event(&self, kind: u32, status: i32, from: Option<u32>, param: CmParam) -> CmEvent {
+        let (peer_lid, peer_gid) = from
+            .and_then(|f| self.ids.get(&f))
+            .map(|p| (p.lid, p.gid))
+            .unwrap_or_default();
+        CmEvent {
+            kind,
+            status,
+            param,
+            peer_lid,
+            peer_gid,
+            ..CmEvent::default()
+        }
+    }
+
+    /// `rdma_create_id` for a context on the vRNIC with `lid`/`gid`.
+    pub fn create(&mut self, ctx: CtxId, ps: u16, lid: u16, gid: [u8; 16]) -> Result<u32, Errno> {
+        if !matches!(ps, 0x106 | 0x111 | 0x13f | 0x0002) {
+            return Err(libc::EINVAL);
+        }
+        if self.ids.values().filter(|i| i.ctx == ctx).count() >= MAX_IDS_PER_CTX {
+            return Err(libc::ENOMEM);
+        }
+        self.create_unlimited(ctx, ps, lid, gid)
+    }
+
+    fn create_unlimited(
+        &mut self,
+        ctx: CtxId,
+        ps: u16,
+        lid: u16,
+        gid: [u8; 16],
+    ) -> Result<u32, Errno> {
+        let mut id = self.next;
+        while id == 0 || self.ids.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        self.next = id.wrapping_add(1);
+        self.ids.insert(
+            id,
+            Id {
+                ctx,
+                ps,
+                lid,
+                gid,
+                state: State::Idle,
+                local: None,
+                holds_port: false,
+                remote: None,
+                peer: None,
+                listener: None,
+                param: CmParam::default(),
+                events: VecDeque::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    fn free_port(&mut self, ps: u16, ip: IpAddr) -> Option<u16> {
+        for _ in 0..(u16::MAX - EPHEMERAL) {
+            let p = self.next_port;
+            self.next_port = if p == u16::MAX { EPHEMERAL } else { p + 1 };
+            let a = SocketAddr::new(ip, p);
+            if !self.in_use(ps, &a) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    fn in_use(&self, ps: u16, a: &SocketAddr) -> bool {
+        self.ids
+            .values()
+            .any(|i| i.ps == ps && i.holds_port && i.local.is_some_and(|l| overlaps(&l, a)))
+    }
+
+    /// `rdma_bind_addr`: `EADDRNOTAVAIL` for an address not of this host, `EADDRINUSE` for a
+    /// port taken in this port space, `EINVAL` if already bound.
+    pub fn bind(&mut self, ctx: CtxId, id: u32, addr: SocketAddr) -> Result<SocketAddr, Errno> {
+        let ps = {
+            let i = self.own(ctx, id)?;
+            if i.state != State::Idle {
+                return Err(libc::EINVAL);
+            }
+            i.ps
+        };
+        if !is_local(addr.ip()) {
+            return Err(libc::EADDRNOTAVAIL);
+        }
+        let port = match addr.port() {
+            0 => self.free_port(ps, addr.ip()).ok_or(libc::EADDRINUSE)?,
+            p => p,
+        };
+        let bound = SocketAddr::new(addr.ip(), port);
+        if self.in_use(ps, &bound) {
+            return Err(libc::EADDRINUSE);
+        }
+        let i = self.own(ctx, id)?;
+        i.local = Some(bound);
+        i.holds_port = true;
+        i.state = State::Bound;
+        Ok(bound)
+    }
+
+    /// `rdma_listen` (an unbound id listens on the IPv6 wildcard address, any port).
+    pub fn listen(&mut self, ctx: CtxId, id: u32) -> Result<(), Errno> {
+        let state = self.own(ctx, id)?.state;
+        match state {
+            State::Bound => {}
+            State::Idle => {
+                self.bind(ctx, id, SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), 0))?;
+            }
+            State::Listening => return Ok(()),
+            _ => return Err(libc::EINVAL),
+        }
+        self.own(ctx, id)?.state = State::Listening;
+        let parked = std::mem::take(&mut self.parked);
+        for (a, t) in parked {
+            if !self.request(a) {
+                self.parked.push((a, t));
+            }
+        }
+        Ok(())
+    }
+
+    /// `rdma_resolve_addr`: binds the id (to `src`, or to the destination's own address, since
+    /// every reachable address is on this host) and queues `ADDR_RESOLVED`, or `ADDR_ERROR`
+    /// (status `-EHOSTUNREACH`) for an address that is not this host's.
+    pub fn resolve_addr(
+        &mut self,
+        ctx: CtxId,
+        id: u32,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+    ) -> Result<SocketAddr, Errno> {
+        let state = self.own(ctx, id)?.state;
+        if !matches!(state, State::Idle | State::Bound) {
+            return Err(libc::EINVAL);
+        }
+        let reachable = !dst.ip().is_unspecified() && is_local(dst.ip());
+        if state == State::Idle {
+            let ip = match src {
+                Some(s) if !s.ip().is_unspecified() => s.ip(),
+                _ if reachable => dst.ip(),
+                _ if dst.is_ipv4() => Ipv4Addr::LOCALHOST.into(),
+                _ => Ipv6Addr::LOCALHOST.into(),
+            };
+            let port = src.map(|s| s.port()).unwrap_or(0);
+            self.bind(ctx, id, SocketAddr::new(ip, port))?;
+        }
+        let i = self.own(ctx, id)?;
+        i.remote = Some(dst);
+        let local = i.local.unwrap_or(dst);
+        if reachable {
+            i.state = State::AddrResolved;
+            let ev = self.event(cm_event::ADDR_RESOLVED, 0, None, CmParam::default());
+            self.push(id, ev);
+        } else {
+            let ev = self.event(
+                cm_event::ADDR_ERROR,
+                -libc::EHOSTUNREACH,
+                None,
+                CmParam::default(),
+            );
+            self.push(id, ev);
+        }
+        Ok(local)
+    }
+
+    /// `rdma_resolve_route`: queues `ROUTE_RESOLVED`.
+    pub fn resolve_route(&mut self, ctx: CtxId, id: u32) -> Result<(), Errno> {
+        let i = self.own(ctx, id)?;
+        if i.state != State::AddrResolved {
+            return Err(libc::EINVAL);
+        }
+        i.state = State::RouteResolved;
+        let ev = self.event(cm_event::ROUTE_RESOLVED, 0, None, CmParam::default());
+        self.push(id, ev);
+        Ok(())
+    }
+
+    /// `rdma_connect`: a `CONNECT_REQUEST` (with a new id) on the listener that serves the
+    /// destination; with none, the request waits up to [`CONNECT_HOLD`] for one, then the
+    /// requester gets `REJECTED` (invalid service ID), as an IB CM answers.
+    pub fn connect(
+        &mut self,
+        ctx: CtxId,
+        id: u32,
+        param: CmParam,
+        now: Instant,
+    ) -> Result<(), Errno> {
+        {
+            let i = self.own(ctx, id)?;
+            if !matches!(i.state, State::RouteResolved | State::AddrResolved) {
+                return Err(libc::EINVAL);
+            }
+            if i.remote.is_none() {
+                return Err(libc::EINVAL);
+            }
+            i.param = param;
+            i.state = State::Connecting;
+        }
+        if !self.request(id) {
+            self.parked.push((id, now + CONNECT_HOLD));
+        }
+        Ok(())
+    }
+
+    /// The earliest time a parked request gives up.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.parked.iter().map(|&(_, t)| t).min()
+    }
+
+    /// Rejects parked requests whose time is up.
+    pub fn expire(&mut self, now: Instant) {
+        let (due, keep): (Vec<_>, Vec<_>) = self.parked.iter().partition(|&&(_, t)| now >= t);
+        self.parked = keep;
+        for (id, _) in due {
+            tracing::debug!(id, "CM connect: no listener; rejected");
+            if let Some(i) = self.ids.get_mut(&id) {
+                i.state = State::Disconnected;
+            }
+            let ev = self.event(
+                cm_event::REJECTED,
+                REJ_INVALID_SERVICE_ID,
+                None,
+                CmParam::default(),
+            );
+            self.push(id, ev);
+        }
+    }
+
+    /// Delivers the request of connecting id `id` to the listener that serves its
+    /// destination; false if none does (yet).
+    fn request(&mut self, id: u32) -> bool {
+        let Some((ps, dst, local, param)) = self
+            .ids
+            .get(&id)
+            .and_then(|i| Some((i.ps, i.remote?, i.local, i.param.clone())))
+        else {
+            return false;
+        };
+        let listener = self
+            .ids
+            .iter()
+            .filter(|(_, l)| l.ps == ps && l.state == State::Listening)
+            .find(|(_, l)| l.local.is_some_and(|a| serves(&a, &dst)))
+            .map(|(&k, l)| (k, l.ctx, l.lid, l.gid));
+        let Some((lid_handle, lctx, llid, lgid)) = listener else {
+            return false;
+        };
+        // The new id belongs to the listener's context; its id limit does not refuse a peer.
+        let Ok(child) = self.create_unlimited(lctx, ps, llid, lgid) else {
+            return false;
+        };
+        if let Some(c) = self.ids.get_mut(&child) {
+            c.state = State::Requested;
+            c.local = Some(dst);
+            c.remote = local;
+            c.peer = Some(id);
+            c.listener = Some(lid_handle);
+        }
+        if let Some(i) = self.ids.get_mut(&id) {
+            i.peer = Some(child);
+        }
+        let mut ev = self.event(cm_event::CONNECT_REQUEST, 0, Some(id), swapped(&param));
+        ev.new_id = child;
+        // The event describes the new id's addresses, but is queued on the listener.
+        let (cl, cr) = self
+            .ids
+            .get(&child)
+            .map(|c| (c.local, c.remote))
+            .unwrap_or_default();
+        if let Some(l) = self.ids.get_mut(&lid_handle) {
+            ev.local = text(cl);
+            ev.remote = text(cr);
+            l.events.push_back(ev);
+            self.notes.push((lctx, lid_handle));
+        }
+        true
+    }
+
+    /// `rdma_accept` on a requested id: the requester gets `CONNECT_RESPONSE` (the driver
+    /// establishes and reports `ESTABLISHED`), or, on the UDP port space, `ESTABLISHED` with
+    /// the UD parameters at once.
+    pub fn accept(&mut self, ctx: CtxId, id: u32, param: CmParam) -> Result<(), Errno> {
+        let (state, peer, ps) = {
+            let i = self.own(ctx, id)?;
+            (i.state, i.peer, i.ps)
+        };
+        if state != State::Requested {
+            return Err(libc::EINVAL);
+        }
+        let Some(peer) = peer.filter(|p| {
+            self.ids
+                .get(p)
+                .is_some_and(|a| a.state == State::Connecting)
+        }) else {
+            return Err(libc::ECONNREFUSED);
+        };
+        if let Some(i) = self.ids.get_mut(&id) {
+            i.param = param.clone();
+        }
+        if ps == PS_UDP {
+            for x in [id, peer] {
+                if let Some(i) = self.ids.get_mut(&x) {
+                    i.state = State::Connected;
+                }
+            }
+            let ev = self.event(cm_event::ESTABLISHED, 0, Some(id), swapped(&param));
+            self.push(peer, ev);
+            return Ok(());
+        }
+        if let Some(i) = self.ids.get_mut(&id) {
+            i.state = State::Accepted;
+        }
+        if let Some(a) = self.ids.get_mut(&peer) {
+            a.state = State::Responded;
+        }
+        let ev = self.event(cm_event::CONNECT_RESPONSE, 0, Some(id), swapped(&param));
+        self.push(peer, ev);
+        Ok(())
+    }
+
+    /// `rdma_reject` on a requested id: the requester gets `REJECTED` (consumer defined) with
+    /// the private data.
+    pub fn reject(&mut self, ctx: CtxId, id: u32, private_data: Vec<u8>) -> Result<(), Errno> {
+        let (state, peer) = {
+            let i = self.own(ctx, id)?;
+            (i.state, i.peer)
+        };
+        if state != State::Requested {
+            return Err(libc::EINVAL);
+        }
+        if let Some(i) = self.ids.get_mut(&id) {
+            i.state = State::Disconnected;
+            i.peer = None;
+        }
+        if let Some(p) = peer
+            && let Some(a) = self.ids.get_mut(&p)
+        {
+            a.state = State::Disconnected;
+            a.peer = None;
+            let ev = self.event(
+                cm_event::REJECTED,
+                REJ_CONSUMER_DEFINED,
+                Some(id),
+                CmParam {
+                    private_data,
+                    ..CmParam::default()
+                },
+            );
+            self.push(p, ev);
+        }
+        Ok(())
+    }
+
+    /// `rdma_establish` on the active side: both ids are connected; the passive one gets
+    /// `ESTABLISHED`.
+    pub fn establish(&mut self, ctx: CtxId, id: u32) -> Result<(), Errno> {
+        let (state, peer) = {
+            let i = self.own(ctx, id)?;
+            (i.state, i.peer)
+        };
+        if state != State::Responded {
+            return Err(libc::EINVAL);
+        }
+        let peer = peer.ok_or(libc::ECONNRESET)?;
+        if let Some(i) = self.ids.get_mut(&id) {
+            i.state = State::Connected;
+        }
+        let param = match self.ids.get_mut(&peer) {
+            Some(p) if p.state == State::Accepted => {
+                p.state = State::Connected;
+                self.ids
+                    .get(&id)
+                    .map(|i| swapped(&i.param))
+                    .unwrap_or_default()
+            }
+            _ => return Err(libc::ECONNRESET),
+        };
+        let ev = self.event(cm_event::ESTABLISHED, 0, Some(id), param);
+        self.push(peer, ev);
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: both sides of a connection get `DISCONNECTED`, once. On an id that
+    /// is not connected it does nothing, as librdmacm returns success then too.
+    pub fn disconnect(&mut self, ctx: CtxId, id: u32) -> Result<(), Errno> {
+        let (state, peer) = {
+            let i = self.own(ctx, id)?;
+            (i.state, i.peer)
+        };
+        if !matches!(
+            state,
+            State::Connected | State::Accepted | State::Responded | State::Connecting
+        ) {
+            return Ok(());
+        }
+        for x in std::iter::once(id).chain(peer) {
+            if let Some(i) = self.ids.get_mut(&x) {
+                i.state = State::Disconnected;
+                i.peer = None;
+            }
+            let ev = self.event(cm_event::DISCONNECTED, 0, None, CmParam::default());
+            self.push(x, ev);
+        }
+        Ok(())
+    }
+
+    /// The next event queued on `id`.
+    pub fn take_event(&mut self, ctx: CtxId, id: u32) -> Result<Option<CmEvent>, Errno> {
+        Ok(self.own(ctx, id)?.events.pop_front())
+    }
+
+    /// `rdma_destroy_id`: a connected peer gets `DISCONNECTED`, a requester waiting on this id
+    /// (or on this listener) gets `REJECTED`; the port is free again.
+    pub fn destroy(&mut self, ctx: CtxId, id: u32) -> Result<(), Errno> {
+        self.own(ctx, id)?;
+        self.remove(id);
+        Ok(())
+    }
+
+    fn remove(&mut self, id: u32) {
+        self.parked.retain(|&(a, _)| a != id);
+        let Some(i) = self.ids.remove(&id) else {
+            return;
+        };
+        if i.state == State::Listening {
+            // Requests not yet accepted or rejected die with their listener.
+            let orphans: Vec<u32> = self
+                .ids
+                .iter()
+                .filter(|(_, c)| c.state == State::Requested && c.listener == Some(id))
+                .map(|(&k, _)| k)
+                .collect();
+            for o in orphans {
+                self.remove(o);
+            }
+        }
+        let Some(peer) = i.peer else { return };
+        let Some(p) = self.ids.get_mut(&peer) else {
+            return;
+        };
+        p.peer = None;
+        let prev = std::mem::replace(&mut p.state, State::Disconnected);
+        let ev = match (i.state, prev) {
+            (State::Requested, State::Connecting) => self.event(
+                cm_event::REJECTED,
+                REJ_CONSUMER_DEFINED,
+                None,
+                CmParam::default(),
+            ),
+            (_, State::Disconnected) => return,
+            _ => self.event(cm_event::DISCONNECTED, 0, None, CmParam::default()),
+        };
+        self.push(peer, ev);
+    }
+
+    /// A context went away: its ids are destroyed, and their peers told.
+    pub fn drop_context(&mut self, ctx: CtxId) {
+        let mine: Vec<u32> = self
+            .ids
+            .iter()
+            .filter(|(_, i)| i.ctx == ctx)
+            .map(|(&k, _)| k)
+            .collect();
+        for id in mine {
+            self.remove(id);
+        }
+        self.notes.retain(|(c, _)| *c != ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn kinds(cm: &mut Cm, ctx: CtxId, id: u32) -> Vec<u32> {
+        std::iter::from_fn(|| cm.take_event(ctx, id).unwrap())
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    #[test]
+    fn ports_behave_like_tcp() {
+        let mut cm = Cm::new();
+        let (c1, c2) = (CtxId(1), CtxId(2));
+        let x = cm.create(c1, 0x106, 1, [1; 16]).unwrap();
+        let y = cm.create(c2, 0x106, 2, [2; 16]).unwrap();
+        let z = cm.create(c2, 0x111, 2, [2; 16]).unwrap();
+        let b = cm.bind(c1, x, a("0.0.0.0:0")).unwrap();
+        assert!(b.port() >= EPHEMERAL);
+        assert_eq!(
+            cm.bind(c2, y, a(&format!("127.0.0.1:{}", b.port()))),
+            Err(libc::EADDRINUSE)
+        );
+        // Another port space is another namespace.
+        assert!(
+            cm.bind(c2, z, a(&format!("127.0.0.1:{}", b.port())))
+                .is_ok()
+        );
+        assert_eq!(cm.bind(c2, y, a("192.0.2.1:1")), Err(libc::EADDRNOTAVAIL));
+        assert_eq!(
+            cm.bind(c1, y, a("127.0.0.1:7")),
+            Err(libc::EINVAL),
+            "not its id"
+        );
+    }
+
+    #[test]
+    fn connect_accept_establish_disconnect() {
+        let mut cm = Cm::new();
+        let (s, c) = (CtxId(1), CtxId(2));
+        let l = cm.create(s, 0x106, 1, [1; 16]).unwrap();
+        cm.bind(s, l, a("[::]:7471")).unwrap();
+        cm.listen(s, l).unwrap();
+        let x = cm.create(c, 0x106, 2, [2; 16]).unwrap();
+        cm.resolve_addr(c, x, None, a("127.0.0.1:7471")).unwrap();
+        cm.resolve_route(c, x).unwrap();
+        assert_eq!(
+            kinds(&mut cm, c, x),
+            [cm_event::ADDR_RESOLVED, cm_event::ROUTE_RESOLVED]
+        );
+        let p = CmParam {
+            private_data: b"hi".to_vec(),
+            initiator_depth: 3,
+            qp_num: 0x42,
+            ..CmParam::default()
+        };
+        cm.connect(c, x, p, Instant::now()).unwrap();
+        let req = cm.take_event(s, l).unwrap().unwrap();
+        assert_eq!(req.kind, cm_event::CONNECT_REQUEST);
+        assert_eq!((req.param.qp_num, req.param.responder_resources), (0x42, 3));
+        assert_eq!(
+            (req.peer_lid, req.param.private_data.as_slice()),
+            (2, &b"hi"[..])
+        );
+        let child = req.new_id;
+        cm.accept(
+            s,
+            child,
+            CmParam {
+                qp_num: 0x43,
+                ..CmParam::default()
+            },
+        )
+        .unwrap();
+        let rep = cm.take_event(c, x).unwrap().unwrap();
+        assert_eq!(
+            (rep.kind, rep.param.qp_num, rep.peer_lid),
+            (cm_event::CONNECT_RESPONSE, 0x43, 1)
+        );
+        cm.establish(c, x).unwrap();
+        assert_eq!(kinds(&mut cm, s, child), [cm_event::ESTABLISHED]);
+        cm.disconnect(s, child).unwrap();
+        assert_eq!(kinds(&mut cm, s, child), [cm_event::DISCONNECTED]);
+        assert_eq!(kinds(&mut cm, c, x), [cm_event::DISCONNECTED]);
+        cm.disconnect(c, x).unwrap();
+        assert!(kinds(&mut cm, c, x).is_empty(), "only once");
+    }
+
+    #[test]
+    fn no_listener_is_rejected_and_reject_carries_private_data() {
+        let mut cm = Cm::new();
+        let (s, c) = (CtxId(1), CtxId(2));
+        let x = cm.create(c, 0x106, 2, [2; 16]).unwrap();
+        cm.resolve_addr(c, x, None, a("127.0.0.1:9")).unwrap();
+        cm.resolve_route(c, x).unwrap();
+        let t0 = Instant::now();
+        cm.connect(c, x, CmParam::default(), t0).unwrap();
+        cm.expire(t0 + CONNECT_HOLD / 2);
+        assert_eq!(
+            kinds(&mut cm, c, x).len(),
+            2,
+            "still waiting for a listener"
+        );
+        cm.expire(t0 + CONNECT_HOLD);
+        let evs: Vec<CmEvent> = std::iter::from_fn(|| cm.take_event(c, x).unwrap()).collect();
+        assert_eq!(evs[0].kind, cm_event::REJECTED);
+        assert_eq!(evs[0].status, REJ_INVALID_SERVICE_ID);
+
+        let l = cm.create(s, 0x106, 1, [1; 16]).unwrap();
+        cm.bind(s, l, a("127.0.0.1:0")).unwrap();
+        cm.listen(s, l).unwrap();
+        let port = cm.ids[&l].local.unwrap().port();
+        let y = cm.create(c, 0x106, 2, [2; 16]).unwrap();
+        cm.resolve_addr(c, y, None, a(&format!("127.0.0.1:{port}")))
+            .unwrap();
+        cm.resolve_route(c, y).unwrap();
+        cm.connect(c, y, CmParam::default(), Instant::now())
+            .unwrap();
+        let child = cm.take_event(s, l).unwrap().unwrap().new_id;
+        cm.reject(s, child, b"busy".to_vec()).unwrap();
+        let rej = std::iter::from_fn(|| cm.take_event(c, y).unwrap())
+            .last()
+            .unwrap();
+        assert_eq!(
+            (rej.kind, rej.status),
+            (cm_event::REJECTED, REJ_CONSUMER_DEFINED)
+        );
+        assert_eq!(rej.param.private_data, b"busy");
+    }
+
+    #[test]
+    fn a_request_waits_for_a_listener_that_comes_up() {
+        let mut cm = Cm::new();
+        let (s, c) = (CtxId(1), CtxId(2));
+        let x = cm.create(c, 0x106, 2, [2; 16]).unwrap();
+        cm.resolve_addr(c, x, None, a("127.0.0.1:7300")).unwrap();
+        cm.resolve_route(c, x).unwrap();
+        cm.connect(c, x, CmParam::default(), Instant::now())
+            .unwrap();
+        let l = cm.create(s, 0x106, 1, [1; 16]).unwrap();
+        cm.bind(s, l, a("0.0.0.0:7300")).unwrap();
+        cm.listen(s, l).unwrap();
+        let req = cm.take_event(s, l).unwrap().unwrap();
+        assert_eq!(req.kind, cm_event::CONNECT_REQUEST);
+        assert!(cm.next_deadline().is_none());
+    }
+
+    #[test]
+    fn a_dead_context_disconnects_its_peers() {
+        let mut cm = Cm::new();
+        let (s, c) = (CtxId(1), CtxId(2));
+        let l = cm.create(s, 0x106, 1, [1; 16]).unwrap();
+        cm.bind(s, l, a("127.0.0.1:7000")).unwrap();
+        cm.listen(s, l).unwrap();
+        let x = cm.create(c, 0x106, 2, [2; 16]).unwrap();
+        cm.resolve_addr(c, x, None, a("127.0.0.1:7000")).unwrap();
+        cm.resolve_route(c, x).unwrap();
+        cm.connect(c, x, CmParam::default(), Instant::now())
+            .unwrap();
+        let child = cm.take_event(s, l).unwrap().unwrap().new_id;
+        cm.accept(s, child, CmParam::default()).unwrap();
+        cm.establish(c, x).unwrap();
+        let _ = kinds(&mut cm, c, x);
+        cm.drop_context(s);
+        assert_eq!(kinds(&mut cm, c, x), [cm_event::DISCONNECTED]);
+        // The port is free again.
+        let y = cm.create(c, 0x106, 2, [2; 16]).unwrap();
+        assert!(cm.bind(c, y, a("127.0.0.1:7000")).is_ok());
+    }
+}
