@@ -1,10 +1,11 @@
-//! The `#[repr(C)]` mirrors in `abi.rs` against the installed rdma-core headers: a C probe
-//! compiled with the system's `cc` against `<infiniband/verbs.h>` prints the size, alignment and
-//! field offsets of every mirrored type and the value of every constant, and each must equal
+//! The `#[repr(C)]` mirrors in `abi.rs` and `cm_abi.rs` against the installed rdma-core
+//! headers: a C probe compiled with the system's `cc` against `<infiniband/verbs.h>` and
+//! `<rdma/rdma_cma.h>` prints the size, alignment and field offsets of every mirrored type and
+//! the value of every constant, and each must equal
 //! Rust's. Also checks that the built driver library exports every symbol with rdma-core's
 //! version.
 //!
-//! A missing `cc` or header is a failure, not a skip: install `gcc` and `libibverbs-dev`
+//! A missing `cc` or header is a failure, not a skip: install `gcc`, `libibverbs-dev` and `librdmacm-dev`
 //! (`scripts/test` does).
 
 use std::collections::HashMap;
@@ -264,6 +265,100 @@ fn layout_probes() -> Vec<Probe> {
     }
 }
 
+/// librdmacm's structs (`cm_abi.rs`) against `<rdma/rdma_cma.h>`.
+fn cm_layout_probes() -> Vec<Probe> {
+    use vrnic_shim::cm_abi::*;
+    layout! {
+        struct rdma_event_channel { fd }
+        struct rdma_ib_addr { sgid, dgid, pkey }
+        struct rdma_addr { src_storage, dst_storage, ibaddr => "addr.ibaddr" }
+        struct rdma_route { addr, path_rec, num_paths }
+        struct rdma_cm_id {
+            verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel, send_cq,
+            recv_cq_channel, recv_cq, srq, pd, qp_type,
+        }
+        struct rdma_conn_param {
+            private_data, private_data_len, responder_resources, initiator_depth, flow_control,
+            retry_count, rnr_retry_count, srq, qp_num,
+        }
+        struct rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
+        struct rdma_cm_event {
+            id, listen_id, event, status, param, param.conn, param.ud, param.ud.qkey,
+        }
+        struct rdma_addrinfo {
+            ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len, ai_src_addr,
+            ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len, ai_route,
+            ai_connect_len, ai_connect, ai_next,
+        }
+    }
+}
+
+/// librdmacm constants `cm_abi.rs` mirrors.
+fn cm_constants() -> Vec<(&'static str, i128)> {
+    use vrnic_shim::cm_abi::*;
+    vec![
+        ("RDMA_PS_IPOIB", RDMA_PS_IPOIB.into()),
+        ("RDMA_PS_TCP", RDMA_PS_TCP.into()),
+        ("RDMA_PS_UDP", RDMA_PS_UDP.into()),
+        ("RDMA_PS_IB", RDMA_PS_IB.into()),
+        ("RDMA_UDP_QKEY", RDMA_UDP_QKEY.into()),
+        ("RAI_PASSIVE", RAI_PASSIVE.into()),
+        ("RAI_NUMERICHOST", RAI_NUMERICHOST.into()),
+        ("RAI_NOROUTE", RAI_NOROUTE.into()),
+        ("RAI_FAMILY", RAI_FAMILY.into()),
+        ("RDMA_OPTION_ID", RDMA_OPTION_ID.into()),
+        ("RDMA_OPTION_IB", RDMA_OPTION_IB.into()),
+        ("RDMA_OPTION_ID_TOS", RDMA_OPTION_ID_TOS.into()),
+        ("RDMA_OPTION_ID_REUSEADDR", RDMA_OPTION_ID_REUSEADDR.into()),
+        ("RDMA_OPTION_ID_AFONLY", RDMA_OPTION_ID_AFONLY.into()),
+        (
+            "RDMA_OPTION_ID_ACK_TIMEOUT",
+            RDMA_OPTION_ID_ACK_TIMEOUT.into(),
+        ),
+        ("RDMA_OPTION_IB_PATH", RDMA_OPTION_IB_PATH.into()),
+        (
+            "RDMA_CM_EVENT_ADDR_RESOLVED",
+            vrnic_api::cm_event::ADDR_RESOLVED.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_ADDR_ERROR",
+            vrnic_api::cm_event::ADDR_ERROR.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_ROUTE_RESOLVED",
+            vrnic_api::cm_event::ROUTE_RESOLVED.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_CONNECT_REQUEST",
+            vrnic_api::cm_event::CONNECT_REQUEST.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_CONNECT_RESPONSE",
+            vrnic_api::cm_event::CONNECT_RESPONSE.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_UNREACHABLE",
+            vrnic_api::cm_event::UNREACHABLE.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_REJECTED",
+            vrnic_api::cm_event::REJECTED.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_ESTABLISHED",
+            vrnic_api::cm_event::ESTABLISHED.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_DISCONNECTED",
+            vrnic_api::cm_event::DISCONNECTED.into(),
+        ),
+        (
+            "RDMA_CM_EVENT_DEVICE_REMOVAL",
+            vrnic_api::cm_event::DEVICE_REMOVAL.into(),
+        ),
+    ]
+}
+
 /// Constants that `vrnic-wire` (the daemon protocol) mirrors from verbs.h, checked here too.
 fn wire_constants() -> Vec<(&'static str, i128)> {
     vec![
@@ -310,8 +405,8 @@ fn wire_constants() -> Vec<(&'static str, i128)> {
     ]
 }
 
-const INSTALL_HINT: &str = "install gcc and libibverbs-dev \
-    (`apt-get install gcc libibverbs-dev`; scripts/test installs them)";
+const INSTALL_HINT: &str = "install gcc, libibverbs-dev and librdmacm-dev \
+    (`apt-get install gcc libibverbs-dev librdmacm-dev`; scripts/test installs them)";
 
 /// A fresh directory under the system temp dir.
 fn unique_dir() -> PathBuf {
@@ -330,7 +425,7 @@ fn unique_dir() -> PathBuf {
 fn run_probe(dir: &Path, lines: &[(String, String)]) -> HashMap<String, i128> {
     let mut c = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <pthread.h>\n\
-         #include <infiniband/verbs.h>\n\nint main(void)\n{\n",
+         #include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n\nint main(void)\n{\n",
     );
     for (key, expr) in lines {
         c.push_str(&format!(
@@ -381,7 +476,8 @@ fn run_probe(dir: &Path, lines: &[(String, String)]) -> HashMap<String, i128> {
 
 #[test]
 fn abi_matches_the_installed_verbs_header() {
-    let layout = layout_probes();
+    let mut layout = layout_probes();
+    layout.extend(cm_layout_probes());
     let consts: Vec<(String, i128)> = ABI_CONSTANTS
         .iter()
         .map(|&(n, v)| (format!("const {n}"), v))
@@ -389,6 +485,11 @@ fn abi_matches_the_installed_verbs_header() {
             wire_constants()
                 .into_iter()
                 .map(|(n, v)| (format!("vrnic_wire {n}"), v)),
+        )
+        .chain(
+            cm_constants()
+                .into_iter()
+                .map(|(n, v)| (format!("librdmacm {n}"), v)),
         )
         .collect();
     let mut lines: Vec<(String, String)> = layout

@@ -420,14 +420,19 @@ impl std::fmt::Display for Pair {
 
 /// Whether a client failed only because its server was not listening yet.
 fn refused(out: &Output) -> bool {
+    // TCP exchanges say "Couldn't connect"; rdma_cm clients report the IB CM's reject of a
+    // port nobody listens on yet (reason 8, after the broker's wait for a listener).
+    let said = |s: &str| out.stderr.contains(s) || out.stdout.contains(s);
     !out.ok()
         && !out.timed_out
-        && (out.stderr.contains("Couldn't connect") || out.stdout.contains("Couldn't connect"))
+        && (said("Couldn't connect")
+            || (said("REJECTED") && (said("error 8") || said("error: 8")))
+            || said("Connection refused"))
 }
 
 /// Runs `server_args` under `vrnic run`, then `client_args` under `vrnic run` (each on a fresh
-/// vRNIC), retrying the client while it only fails with "Couldn't connect" (the server is not
-/// listening yet; for at most 10 s). Everything is bounded by `limit`: what still runs then is
+/// vRNIC), retrying the client while it only fails because the server is not listening yet
+/// ("Couldn't connect", or an rdma_cm reject for no listener; for at most 10 s). Everything is bounded by `limit`: what still runs then is
 /// killed and reported as `timed_out`. Never panics on the programs' account.
 pub fn run_pair(d: &Daemon, server_args: &[&str], client_args: &[&str], limit: Duration) -> Pair {
     let start = Instant::now();
