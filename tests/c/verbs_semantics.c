@@ -6,7 +6,7 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled
+ *       unsignaled | ex
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
  * is bounded, so a lost completion or event fails instead of hanging.
@@ -799,6 +799,195 @@ static void case_unsignaled(void)
 	ok("unsignaled writes give no completion and ran in order (last value 103)");
 }
 
+/* ---- the extended API: ibv_wr_* on a QP from ibv_create_qp_ex, ibv_cq_ex polling ---------- */
+
+static struct ibv_cq_ex *cqx_new(void)
+{
+	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS |
+						      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &ca);
+	if (!cq)
+		fail("create_cq_ex");
+	return cq;
+}
+
+static struct ibv_qp *qpx_new(struct ibv_cq_ex *cq)
+{
+	struct ibv_qp_init_attr_ex ia = {
+		.send_cq = ibv_cq_ex_to_cq(cq), .recv_cq = ibv_cq_ex_to_cq(cq), .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 32, .max_recv_wr = 32, .max_send_sge = 4, .max_recv_sge = 4,
+			 .max_inline_data = 64 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+				  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+				  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+	};
+	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &ia);
+	if (!qp)
+		fail("create_qp_ex");
+	return qp;
+}
+
+struct cx { uint64_t wr_id; int status, opcode; uint32_t byte_len, imm, qp_num, src_qp, flags; uint64_t ts; };
+
+/* Polls one completion through start_poll/end_poll, reading every field. */
+static struct cx pollx(struct ibv_cq_ex *cq)
+{
+	struct ibv_poll_cq_attr pa = {};
+	double deadline = now() + POLL_SECONDS;
+	int rc;
+	while ((rc = ibv_start_poll(cq, &pa)) == ENOENT)
+		if (now() > deadline)
+			fail("no extended completion within %d s", POLL_SECONDS);
+	if (rc)
+		fail("start_poll %d", rc);
+	struct cx c = { cq->wr_id, cq->status, ibv_wc_read_opcode(cq), ibv_wc_read_byte_len(cq),
+			ibv_wc_read_imm_data(cq), ibv_wc_read_qp_num(cq), ibv_wc_read_src_qp(cq),
+			ibv_wc_read_wc_flags(cq), ibv_wc_read_completion_ts(cq) };
+	ibv_end_poll(cq);
+	return c;
+}
+
+static void case_ex(void)
+{
+	struct ibv_device_attr_ex dx;
+	if (ibv_query_device_ex(ctx, NULL, &dx) || !dx.completion_timestamp_mask || !dx.hca_core_clock)
+		fail("query_device_ex: no completion timestamps");
+	ok("query_device_ex: timestamp mask %lx, clock %lu kHz", (unsigned long)dx.completion_timestamp_mask,
+	   (unsigned long)dx.hca_core_clock);
+	struct ibv_cq_ex *cq = cqx_new();
+	struct ibv_qp *a = qpx_new(cq), *b = qpx_new(cq);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(a);
+	if (!x)
+		fail("qp_to_qp_ex");
+	struct ibv_qp *plain = qp_new(ibv_cq_ex_to_cq(cq), IBV_QPT_RC, NULL, 0);
+	if (ibv_qp_to_qp_ex(plain))
+		fail("qp_to_qp_ex of a plain QP");
+	ok("qp_to_qp_ex: the extended QP's table; NULL for a plain QP");
+	uint8_t *src = calloc(1, 8192), *dst = calloc(1, 8192);
+	uint64_t *word = aligned_alloc(64, 4096), *old = aligned_alloc(64, 64);
+	struct ibv_mr *ms = reg(src, 8192, ALL_ACCESS), *md = reg(dst, 8192, ALL_ACCESS);
+	struct ibv_mr *mw = reg(word, 4096, ALL_ACCESS), *mo = reg(old, 64, IBV_ACCESS_LOCAL_WRITE);
+	for (int i = 0; i < 8192; i++)
+		src[i] = (uint8_t)(i * 3 + 1);
+	/* One batch: a write from three SGEs, a write with imm, a send with imm from an inline list. */
+	recv_on(b, 500, dst + 4096, 256, md->lkey);
+	recv_on(b, 501, dst + 4096 + 256, 256, md->lkey);
+	struct ibv_sge three[3] = { { (uintptr_t)src, 10, ms->lkey }, { (uintptr_t)src + 100, 20, ms->lkey },
+				    { (uintptr_t)src + 1000, 30, ms->lkey } };
+	ibv_wr_start(x);
+	x->wr_id = 1;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(x, md->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge_list(x, 3, three);
+	x->wr_id = 2;
+	ibv_wr_rdma_write_imm(x, md->rkey, (uintptr_t)dst + 100, htonl(0xabc));
+	ibv_wr_set_sge(x, ms->lkey, (uintptr_t)src + 2000, 40);
+	x->wr_id = 3;
+	x->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send_imm(x, htonl(7));
+	struct ibv_data_buf bufs[2] = { { src + 3000, 5 }, { src + 4000, 6 } };
+	ibv_wr_set_inline_data_list(x, 2, bufs);
+	if (ibv_wr_complete(x))
+		fail("wr_complete of a batch of three");
+	int seen[4] = { 0 };
+	for (int i = 0; i < 5; i++) {
+		struct cx c = pollx(cq);
+		if (c.status)
+			fail("batch completion wr %lu: %s", (unsigned long)c.wr_id, ibv_wc_status_str(c.status));
+		if (c.wr_id == 500) {
+			if (c.opcode != IBV_WC_RECV_RDMA_WITH_IMM || ntohl(c.imm) != 0xabc || c.byte_len != 40 ||
+			    !(c.flags & IBV_WC_WITH_IMM) || c.qp_num != b->qp_num || c.src_qp != a->qp_num)
+				fail("write_imm receive: opcode %d imm %x len %u flags %x", c.opcode, ntohl(c.imm),
+				     c.byte_len, c.flags);
+			seen[0] = 1;
+		} else if (c.wr_id == 501) {
+			if (c.opcode != IBV_WC_RECV || ntohl(c.imm) != 7 || c.byte_len != 11)
+				fail("send_imm receive: opcode %d imm %u len %u", c.opcode, ntohl(c.imm), c.byte_len);
+			seen[1] = 1;
+		} else if (c.wr_id == 1 || c.wr_id == 2 || c.wr_id == 3) {
+			if (c.qp_num != a->qp_num)
+				fail("send completion qp_num %u", c.qp_num);
+			seen[2]++;
+		}
+		if (!c.ts)
+			fail("completion without a timestamp");
+	}
+	if (!seen[0] || !seen[1] || seen[2] != 3)
+		fail("batch completions missing");
+	if (memcmp(dst, src, 10) || memcmp(dst + 10, src + 100, 20) || memcmp(dst + 30, src + 1000, 30) ||
+	    memcmp(dst + 100, src + 2000, 40) || memcmp(dst + 4096 + 256, src + 3000, 5) ||
+	    memcmp(dst + 4096 + 256 + 5, src + 4000, 6))
+		fail("batch bytes wrong");
+	ok("one batch: write from 3 SGEs, write_imm, send_imm from an inline list: bytes, opcodes, imm, lengths");
+	/* READ and both atomics. */
+	word[0] = 40;
+	ibv_wr_start(x);
+	x->wr_flags = IBV_SEND_SIGNALED;
+	x->wr_id = 10;
+	ibv_wr_rdma_read(x, ms->rkey, (uintptr_t)src + 5000);
+	ibv_wr_set_sge(x, md->lkey, (uintptr_t)dst + 6000, 100);
+	x->wr_id = 11;
+	ibv_wr_atomic_fetch_add(x, mw->rkey, (uintptr_t)word, 2);
+	ibv_wr_set_sge(x, mo->lkey, (uintptr_t)old, 8);
+	x->wr_id = 12;
+	ibv_wr_atomic_cmp_swp(x, mw->rkey, (uintptr_t)word, 42, 99);
+	ibv_wr_set_sge(x, mo->lkey, (uintptr_t)(old + 1), 8);
+	if (ibv_wr_complete(x))
+		fail("wr_complete read/atomics");
+	uint64_t prev_ts = 0;
+	for (int i = 0; i < 3; i++) {
+		struct cx c = pollx(cq);
+		if (c.status || c.wr_id != (uint64_t)(10 + i))
+			fail("read/atomic wr %lu %s", (unsigned long)c.wr_id, ibv_wc_status_str(c.status));
+		if (c.ts < prev_ts)
+			fail("timestamps go backwards");
+		prev_ts = c.ts;
+	}
+	if (memcmp(dst + 6000, src + 5000, 100) || old[0] != 40 || old[1] != 42 || word[0] != 99)
+		fail("read/atomics results: old %lu %lu word %lu", (unsigned long)old[0], (unsigned long)old[1],
+		     (unsigned long)word[0]);
+	ok("wr_rdma_read, wr_atomic_fetch_add, wr_atomic_cmp_swp: bytes and originals; timestamps in order");
+	/* wr_abort posts nothing; an unsupported builder fails the whole batch. */
+	ibv_wr_start(x);
+	x->wr_id = 20;
+	ibv_wr_send(x);
+	ibv_wr_set_sge(x, ms->lkey, (uintptr_t)src, 8);
+	ibv_wr_abort(x);
+	ibv_wr_start(x);
+	x->wr_id = 21;
+	ibv_wr_rdma_write(x, md->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, ms->lkey, (uintptr_t)src, 8);
+	ibv_wr_local_inv(x, 5);
+	int rc = ibv_wr_complete(x);
+	if (rc != EOPNOTSUPP && rc != EINVAL)
+		fail("a batch with wr_local_inv: %d", rc);
+	struct ibv_poll_cq_attr pa = {};
+	usleep(100000);
+	if (ibv_start_poll(cq, &pa) != ENOENT)
+		fail("aborted or failed batch posted something: wr %lu", (unsigned long)cq->wr_id);
+	ok("wr_abort posts nothing; a batch with wr_local_inv fails (%s) and posts nothing", strerror(rc));
+	/* The plain poll API still works on an extended CQ. */
+	ibv_wr_start(x);
+	x->wr_id = 30;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(x, md->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(x, ms->lkey, (uintptr_t)src, 8);
+	if (ibv_wr_complete(x))
+		fail("wr_complete");
+	struct ibv_wc wc = poll1(ibv_cq_ex_to_cq(cq));
+	if (wc.wr_id != 30 || wc.status)
+		fail("ibv_poll_cq on an extended CQ");
+	ok("ibv_poll_cq works on an extended CQ");
+	struct ibv_cq_init_attr_ex bad = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_FLOW_TAG };
+	errno = 0;
+	if (ibv_create_cq_ex(ctx, &bad) || errno != EOPNOTSUPP)
+		fail("create_cq_ex with FLOW_TAG accepted");
+	ok("create_cq_ex with an unsupported wc flag: EOPNOTSUPP");
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -826,6 +1015,8 @@ int main(int argc, char **argv)
 		case_rereg();
 	else if (!strcmp(c, "unsignaled"))
 		case_unsignaled();
+	else if (!strcmp(c, "ex"))
+		case_ex();
 	else
 		fail("unknown case %s", c);
 	ok("%s done", c);

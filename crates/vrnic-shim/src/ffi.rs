@@ -97,22 +97,31 @@ struct VChannel {
     chan: Arc<Channel>,
 }
 
+/// A CQ: `ibv_cq_ex` first (its first part is the `ibv_cq` layout, so every CQ works with
+/// both APIs; `create_cq_ex` fills the poll/read table).
 #[repr(C)]
-struct VCq {
-    cq: ibv_cq,
-    q: Mutex<CompQueue>,
+pub(crate) struct VCq {
+    pub(crate) cq: ibv_cq_ex,
+    pub(crate) q: Mutex<CompQueue>,
     channel: Option<Arc<Channel>>,
     delivered: std::sync::atomic::AtomicU32,
+    /// The completion `start_poll`/`next_poll` took, for the `read_*` calls.
+    pub(crate) cur: Mutex<vrnic_wire::Cqe>,
 }
 
+/// A QP: `ibv_qp_ex` first (its first member is the `ibv_qp`).
 #[repr(C)]
-struct VQp {
-    qp: ibv_qp,
-    sq: Mutex<WorkQueue>,
+pub(crate) struct VQp {
+    pub(crate) qp: ibv_qp_ex,
+    pub(crate) sq: Mutex<WorkQueue>,
     rq: Mutex<WorkQueue>,
-    cap: QpCap,
-    sq_sig_all: bool,
-    state: std::sync::atomic::AtomicU32,
+    pub(crate) cap: QpCap,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) state: std::sync::atomic::AtomicU32,
+    /// Made by `create_qp_ex`: `ibv_qp_to_qp_ex` hands out `qp` with its `ibv_wr_*` table.
+    pub(crate) extended: bool,
+    /// The work requests an `ibv_wr_start` batch built so far, and its first error.
+    pub(crate) batch: Mutex<crate::ex::Batch>,
 }
 
 fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
@@ -250,6 +259,8 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.query_port = Some(vrnic_query_port);
         vctx.query_device_ex = Some(vrnic_query_device_ex);
         vctx.create_srq_ex = Some(crate::srq::vrnic_create_srq_ex);
+        vctx.create_qp_ex = Some(crate::ex::vrnic_create_qp_ex);
+        vctx.create_cq_ex = Some(crate::ex::vrnic_create_cq_ex);
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
         vctx.context.async_fd = conn.async_q.efd.fd();
@@ -372,6 +383,9 @@ pub extern "C" fn vrnic_query_device_ex(
         ex.orig_attr = device_attr(conn);
         ex.max_dm_size = 0;
         ex.phys_port_cnt_ex = 1;
+        // Completion timestamps: CLOCK_MONOTONIC nanoseconds (a 1 GHz clock), 64 bits.
+        ex.completion_timestamp_mask = u64::MAX;
+        ex.hca_core_clock = 1_000_000;
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; we write at most that many.
         unsafe {
@@ -929,7 +943,7 @@ pub extern "C" fn vrnic_ibv_create_cq(
         }
         // SAFETY: plain C data plus pthread objects, whose all-zero value is their static
         // initializer in glibc.
-        let mut cq: ibv_cq = unsafe { std::mem::zeroed() };
+        let mut cq: ibv_cq_ex = unsafe { std::mem::zeroed() };
         cq.context = ctx;
         cq.channel = channel;
         cq.cq_context = cq_context;
@@ -944,6 +958,7 @@ pub extern "C" fn vrnic_ibv_create_cq(
             }),
             channel: chan.clone(),
             delivered: std::sync::atomic::AtomicU32::new(0),
+            cur: Mutex::new(crate::ex::EMPTY_CQE),
         });
         let p = Box::into_raw(v);
         if let Some(chan) = chan {
@@ -1168,13 +1183,18 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         qp.qp_num = qpn;
         qp.state = IBV_QPS_RESET;
         qp.qp_type = ia.qp_type;
+        // SAFETY: plain C data (the QP, fn pointers as Option, ints): zero is valid.
+        let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
+        qpx.qp_base = qp;
         let v = Box::new(VQp {
-            qp,
+            qp: qpx,
             sq: Mutex::new(WorkQueue { ring: sq, prod: 0 }),
             rq: Mutex::new(WorkQueue { ring: rq, prod: 0 }),
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
             state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),
+            extended: false,
+            batch: Mutex::new(crate::ex::Batch::default()),
         });
         let p = Box::into_raw(v);
         if let Ok(mut m) = c.qps.lock() {
@@ -1326,9 +1346,9 @@ pub extern "C" fn vrnic_ibv_modify_qp(
             qa.qp_state = state_from_c(v.state.load(Ordering::Acquire)).unwrap_or_default();
         }
         // SAFETY: the QP's context outlives it.
-        let conn = &unsafe { context(v.qp.context) }.conn;
+        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
         match conn.call(&Request::ModifyQp {
-            qp: v.qp.handle,
+            qp: v.qp.qp_base.handle,
             mask,
             attr: Box::new(qa),
         }) {
@@ -1368,8 +1388,10 @@ pub extern "C" fn vrnic_ibv_query_qp(
         // SAFETY: qp is ours and live.
         let v = unsafe { &*qp.cast::<VQp>() };
         // SAFETY: the QP's context outlives it.
-        let conn = &unsafe { context(v.qp.context) }.conn;
-        let qa = match conn.call(&Request::QueryQp { qp: v.qp.handle }) {
+        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
+        let qa = match conn.call(&Request::QueryQp {
+            qp: v.qp.qp_base.handle,
+        }) {
             Ok(Reply::QpAttr(a)) => a,
             Ok(_) => return libc::EPROTO,
             Err(e) => return e,
@@ -1386,12 +1408,12 @@ pub extern "C" fn vrnic_ibv_query_qp(
         if !init.is_null() {
             // SAFETY: plain C data; zero is valid.
             let mut i: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-            i.qp_context = v.qp.qp_context;
-            i.send_cq = v.qp.send_cq;
-            i.recv_cq = v.qp.recv_cq;
-            i.srq = v.qp.srq;
+            i.qp_context = v.qp.qp_base.qp_context;
+            i.send_cq = v.qp.qp_base.send_cq;
+            i.recv_cq = v.qp.qp_base.recv_cq;
+            i.srq = v.qp.qp_base.srq;
             i.cap = c.cap;
-            i.qp_type = v.qp.qp_type;
+            i.qp_type = v.qp.qp_base.qp_type;
             i.sq_sig_all = c_int::from(v.sq_sig_all);
             // SAFETY: init is caller-owned.
             unsafe { *init = i };
@@ -1469,7 +1491,7 @@ pub extern "C" fn vrnic_post_send(
             return fail(wr, libc::EINVAL);
         }
         // SAFETY: the QP's context outlives it.
-        let conn = &unsafe { context(v.qp.context) }.conn;
+        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
         let Ok(mut sq) = v.sq.lock() else {
             return fail(wr, libc::EIO);
         };
@@ -1520,7 +1542,7 @@ pub extern "C" fn vrnic_post_send(
                 SendPayload::Sges(list)
             };
             let (remote_addr, rkey, compare_add, swap) = send_wr_remote(w, opcode);
-            let ud = if v.qp.qp_type == IBV_QPT_UD {
+            let ud = if v.qp.qp_base.qp_type == IBV_QPT_UD {
                 // SAFETY: on a UD QP the app filled the `ud` member of the union (verbs.h).
                 let u = unsafe { w.wr.ud };
                 if u.ah.is_null() {
@@ -1574,11 +1596,11 @@ pub extern "C" fn vrnic_post_recv(
         // SAFETY: qp is ours and live.
         let v = unsafe { &*qp.cast::<VQp>() };
         // Receives of a QP on an SRQ are posted to the SRQ.
-        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET || !v.qp.srq.is_null() {
+        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET || !v.qp.qp_base.srq.is_null() {
             return fail(wr, libc::EINVAL);
         }
         // SAFETY: the QP's context outlives it.
-        let conn = &unsafe { context(v.qp.context) }.conn;
+        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
         let Ok(mut rq) = v.rq.lock() else {
             return fail(wr, libc::EIO);
         };
@@ -1736,7 +1758,6 @@ macro_rules! unsupported_int {
 }
 
 unsupported_ptr! {
-    vrnic_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> c_void;
     vrnic_ibv_reg_dmabuf_mr(pd: *mut ibv_pd, off: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> ibv_mr;
     vrnic_ibv_import_device(fd: c_int) -> ibv_context;
     vrnic_ibv_import_pd(ctx: *mut ibv_context, h: u32) -> ibv_pd;

@@ -24,6 +24,7 @@ mod ah;
 pub mod client;
 mod cm;
 pub mod cm_abi;
+mod ex;
 mod ffi;
 mod srq;
 mod symbols;

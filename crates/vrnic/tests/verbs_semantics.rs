@@ -4,7 +4,8 @@
 //! outcomes: READ and atomic results byte for byte, atomics staying atomic under two QPs
 //! hammering one word, the errno of every validation rule, RNR and transport-retry failures
 //! after the configured retries, SRQs shared by QPs with the limit event, UD with GRH and Q_Key
-//! rules, CQ overflow, `ibv_rereg_mr`, and unsignaled completions.
+//! rules, CQ overflow, `ibv_rereg_mr`, unsignaled completions, and the extended API
+//! (`ibv_create_qp_ex` with `ibv_wr_*`, `ibv_create_cq_ex` with `start_poll` and `read_*`).
 
 mod common;
 
@@ -174,4 +175,20 @@ fn rereg_mr_changes_access_and_translation() {
 #[test]
 fn unsignaled_sends_give_no_completion() {
     case("unsignaled", &["unsignaled writes give no completion"]);
+}
+
+#[test]
+fn extended_qp_and_cq_apis() {
+    case(
+        "ex",
+        &[
+            "query_device_ex: timestamp mask",
+            "qp_to_qp_ex: the extended QP's table",
+            "one batch: write from 3 SGEs, write_imm, send_imm from an inline list",
+            "wr_rdma_read, wr_atomic_fetch_add, wr_atomic_cmp_swp",
+            "wr_abort posts nothing",
+            "ibv_poll_cq works on an extended CQ",
+            "unsupported wc flag: EOPNOTSUPP",
+        ],
+    );
 }

@@ -1,0 +1,610 @@
+//! The extended verbs: `ibv_create_qp_ex` with the `ibv_wr_*` work-request builders
+//! (`ibv_qp_to_qp_ex`), and `ibv_create_cq_ex` with `start_poll`/`next_poll`/`end_poll` and the
+//! `read_*` accessors, completion timestamps included.
+//!
+//! Both reuse the ordinary objects: an extended QP is a `VQp` whose `ibv_qp_ex` table is
+//! filled, an extended CQ a `VCq` whose `ibv_cq_ex` table is filled. A `wr_start` ...
+//! `wr_complete` batch is built privately and written to the send ring as a whole (all or
+//! nothing), exactly as `ibv_post_send` writes a list. Builders this device does not support
+//! (memory windows, invalidation, TSO, XRC, atomic write) poison the batch: `wr_complete`
+//! returns `EOPNOTSUPP` and posts nothing of it.
+#![allow(unsafe_code)]
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
+
+use vrnic_wire::{
+    Cqe, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, UdAddr, WcOpcode,
+    WcStatus,
+};
+
+use crate::abi::*;
+use crate::ffi::{VCq, VQp, context, guard, null_err};
+
+/// A completion with nothing in it (before the first `start_poll`).
+pub const EMPTY_CQE: Cqe = Cqe {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    wc_flags: 0,
+    byte_len: 0,
+    imm_data: 0,
+    qp_num: 0,
+    src_qp: 0,
+    slid: 0,
+    sl: 0,
+    vendor_err: 0,
+    timestamp_ns: 0,
+};
+
+/// The work requests of one `wr_start` batch.
+#[derive(Debug, Default)]
+pub struct Batch {
+    wqes: Vec<SendWqe>,
+    /// The first error a builder met (`wr_complete` returns it).
+    err: c_int,
+}
+
+/// `IBV_QP_EX_WITH_*` this device executes.
+const SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+/// `IBV_WC_EX_WITH_*` this device reports.
+const WC_FLAGS: u64 = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+
+// ---- extended QPs ----------------------------------------------------------------------------
+
+/// `verbs_context.create_qp_ex` (the `ibv_create_qp_ex` inline).
+pub extern "C" fn vrnic_create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(null_err(libc::EIO), || {
+        if ctx.is_null() || attr.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: attr is the app's.
+        let x = unsafe { &mut *attr };
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if x.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || x.pd.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        if x.comp_mask & !known != 0
+            || (x.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && x.create_flags != 0)
+        {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        let ops = if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            x.send_ops_flags
+        } else {
+            0
+        };
+        if ops & !SEND_OPS != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        // SAFETY: plain C data; zero is valid.
+        let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        ia.qp_context = x.qp_context;
+        ia.send_cq = x.send_cq;
+        ia.recv_cq = x.recv_cq;
+        ia.srq = x.srq;
+        ia.cap = x.cap;
+        ia.qp_type = x.qp_type;
+        ia.sq_sig_all = x.sq_sig_all;
+        let qp = crate::ffi::vrnic_ibv_create_qp(x.pd, &mut ia);
+        if qp.is_null() {
+            return qp;
+        }
+        x.cap = ia.cap;
+        // SAFETY: qp was just made: a live VQp.
+        let v = unsafe { &mut *qp.cast::<VQp>() };
+        v.extended = true;
+        let t = &mut v.qp;
+        t.comp_mask = 0;
+        t.wr_start = Some(wr_start);
+        t.wr_complete = Some(wr_complete);
+        t.wr_abort = Some(wr_abort);
+        t.wr_send = Some(wr_send);
+        t.wr_send_imm = Some(wr_send_imm);
+        t.wr_rdma_write = Some(wr_rdma_write);
+        t.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+        t.wr_rdma_read = Some(wr_rdma_read);
+        t.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+        t.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+        t.wr_set_sge = Some(wr_set_sge);
+        t.wr_set_sge_list = Some(wr_set_sge_list);
+        t.wr_set_inline_data = Some(wr_set_inline_data);
+        t.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+        t.wr_set_ud_addr = Some(wr_set_ud_addr);
+        t.wr_bind_mw = Some(wr_bind_mw);
+        t.wr_local_inv = Some(wr_local_inv);
+        t.wr_send_inv = Some(wr_send_inv);
+        t.wr_send_tso = Some(wr_send_tso);
+        t.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+        t.wr_atomic_write = Some(wr_atomic_write);
+        qp
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: the extended view of a QP made by `ibv_create_qp_ex`, else NULL (as
+/// rdma-core answers for a QP without one).
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    guard(null_mut(), || {
+        if qp.is_null() {
+            return null_mut();
+        }
+        let v = qp.cast::<VQp>();
+        // SAFETY: qp is ours and live (no reference is made: other threads may post on it).
+        if unsafe { (*v).extended } {
+            // SAFETY: as above; the address of its first member.
+            unsafe { &raw mut (*v).qp }
+        } else {
+            null_mut()
+        }
+    })
+}
+
+/// The QP behind an `ibv_qp_ex` of ours.
+///
+/// # Safety
+/// `q` must be the `ibv_qp_ex` of a live QP made by `create_qp_ex`.
+unsafe fn vqp<'a>(q: *mut ibv_qp_ex) -> &'a VQp {
+    // SAFETY: per the contract; VQp starts with its ibv_qp_ex.
+    unsafe { &*q.cast::<VQp>() }
+}
+
+fn with_batch(q: *mut ibv_qp_ex, f: impl FnOnce(&mut Batch)) {
+    guard((), || {
+        if q.is_null() {
+            return;
+        }
+        // SAFETY: q is an extended QP of ours (the app got it from ibv_qp_to_qp_ex).
+        let v = unsafe { vqp(q) };
+        if let Ok(mut b) = v.batch.lock() {
+            f(&mut b);
+        }
+    })
+}
+
+/// Starts a new WQE of `opcode` with the QP's current `wr_id` and `wr_flags`.
+fn begin(
+    q: *mut ibv_qp_ex,
+    opcode: SendOpcode,
+    remote_addr: u64,
+    rkey: u32,
+    imm: u32,
+    cmp: u64,
+    swap: u64,
+) {
+    if q.is_null() {
+        return;
+    }
+    // SAFETY: q is an extended QP of ours.
+    let v = unsafe { vqp(q) };
+    let (wr_id, wr_flags, sig_all) = (v.qp.wr_id, v.qp.wr_flags, v.sq_sig_all);
+    let mut flags = SendFlags((wr_flags & u32::from(SendFlags::ALL)) as u8);
+    if sig_all {
+        flags = flags | SendFlags::SIGNALED;
+    }
+    with_batch(q, |b| {
+        b.wqes.push(SendWqe {
+            wr_id,
+            opcode,
+            flags,
+            imm_data: imm,
+            remote_addr,
+            rkey,
+            compare_add: cmp,
+            swap,
+            ud: UdAddr::default(),
+            payload: SendPayload::Sges(Vec::new()),
+        })
+    });
+}
+
+/// Applies `f` to the batch's last WQE (a setter with no builder before it poisons the batch).
+fn last(q: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWqe) -> Result<(), c_int>) {
+    with_batch(q, |b| match b.wqes.last_mut() {
+        Some(w) => {
+            if let Err(e) = f(w)
+                && b.err == 0
+            {
+                b.err = e;
+            }
+        }
+        None if b.err == 0 => b.err = libc::EINVAL,
+        None => {}
+    });
+}
+
+fn poison(q: *mut ibv_qp_ex, e: c_int) {
+    with_batch(q, |b| {
+        if b.err == 0 {
+            b.err = e;
+        }
+    });
+}
+
+extern "C" fn wr_start(q: *mut ibv_qp_ex) {
+    with_batch(q, |b| {
+        b.wqes.clear();
+        b.err = 0;
+    });
+}
+
+extern "C" fn wr_abort(q: *mut ibv_qp_ex) {
+    with_batch(q, |b| {
+        b.wqes.clear();
+        b.err = 0;
+    });
+}
+
+extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
+    guard(libc::EIO, || {
+        if q.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: q is an extended QP of ours.
+        let v = unsafe { vqp(q) };
+        let Ok(mut b) = v.batch.lock() else {
+            return libc::EIO;
+        };
+        let wqes = std::mem::take(&mut b.wqes);
+        let err = std::mem::replace(&mut b.err, 0);
+        drop(b);
+        if err != 0 {
+            return err;
+        }
+        let state = v.state.load(Ordering::Acquire);
+        if !matches!(state, IBV_QPS_RTS | IBV_QPS_SQD | IBV_QPS_ERR | IBV_QPS_SQE) {
+            return libc::EINVAL;
+        }
+        let max_sge = v.cap.max_send_sge.max(1).min(MAX_SGE as u32) as usize;
+        for w in &wqes {
+            match &w.payload {
+                SendPayload::Sges(s) if s.len() > max_sge => return libc::EINVAL,
+                SendPayload::Inline(d) if d.len() > MAX_INLINE => return libc::EINVAL,
+                _ => {}
+            }
+            if v.qp.qp_base.qp_type == IBV_QPT_UD && w.ud.ah == 0 {
+                return libc::EINVAL;
+            }
+        }
+        if wqes.is_empty() {
+            return 0;
+        }
+        // SAFETY: the QP's context outlives it.
+        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
+        let Ok(mut sq) = v.sq.lock() else {
+            return libc::EIO;
+        };
+        if (sq.room(&conn.region) as usize) < wqes.len() {
+            return libc::ENOMEM;
+        }
+        for w in &wqes {
+            sq.push_send(&conn.region, w);
+        }
+        sq.publish(&conn.region);
+        drop(sq);
+        conn.doorbell();
+        0
+    })
+}
+
+extern "C" fn wr_send(q: *mut ibv_qp_ex) {
+    begin(q, SendOpcode::Send, 0, 0, 0, 0, 0);
+}
+
+extern "C" fn wr_send_imm(q: *mut ibv_qp_ex, imm: u32) {
+    begin(q, SendOpcode::SendWithImm, 0, 0, imm, 0, 0);
+}
+
+extern "C" fn wr_rdma_write(q: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    begin(q, SendOpcode::RdmaWrite, addr, rkey, 0, 0, 0);
+}
+
+extern "C" fn wr_rdma_write_imm(q: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
+    begin(q, SendOpcode::RdmaWriteWithImm, addr, rkey, imm, 0, 0);
+}
+
+extern "C" fn wr_rdma_read(q: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    begin(q, SendOpcode::RdmaRead, addr, rkey, 0, 0, 0);
+}
+
+extern "C" fn wr_atomic_cmp_swp(q: *mut ibv_qp_ex, rkey: u32, addr: u64, cmp: u64, swap: u64) {
+    begin(q, SendOpcode::AtomicCmpAndSwp, addr, rkey, 0, cmp, swap);
+}
+
+extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
+    begin(q, SendOpcode::AtomicFetchAndAdd, addr, rkey, 0, add, 0);
+}
+
+extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    last(q, |w| {
+        w.payload = SendPayload::Sges(vec![Sge { addr, length, lkey }]);
+        Ok(())
+    });
+}
+
+extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    last(q, |w| {
+        if n > MAX_SGE || (n > 0 && list.is_null()) {
+            return Err(libc::EINVAL);
+        }
+        w.payload = SendPayload::Sges(crate::ffi::sges(list, n as c_int));
+        Ok(())
+    });
+}
+
+/// Copies inline data from the app's buffers now, as a device driver does.
+fn inline(w: &mut SendWqe, bufs: &[(*const u8, usize)]) -> Result<(), c_int> {
+    let total: usize = bufs.iter().map(|b| b.1).sum();
+    if total > MAX_INLINE {
+        return Err(libc::EINVAL);
+    }
+    let mut data = Vec::with_capacity(total);
+    for &(p, n) in bufs {
+        if n > 0 {
+            if p.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: the app vouches for n readable bytes at p (verbs.h contract).
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+        }
+    }
+    w.payload = SendPayload::Inline(data);
+    w.flags = w.flags | SendFlags::INLINE;
+    Ok(())
+}
+
+extern "C" fn wr_set_inline_data(q: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    last(q, |w| {
+        inline(w, &[(addr.cast::<u8>().cast_const(), length)])
+    });
+}
+
+extern "C" fn wr_set_inline_data_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
+    last(q, |w| {
+        if n > 0 && list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let bufs: Vec<(*const u8, usize)> = (0..n)
+            .map(|i| {
+                // SAFETY: the app's list holds n entries; i < n.
+                let p = unsafe { list.add(i) };
+                // SAFETY: p is one of the app's entries.
+                let b = unsafe { p.read() };
+                (b.addr.cast::<u8>().cast_const(), b.length)
+            })
+            .collect();
+        inline(w, &bufs)
+    });
+}
+
+extern "C" fn wr_set_ud_addr(q: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    last(q, |w| {
+        if ah.is_null() {
+            return Err(libc::EINVAL);
+        }
+        w.ud = UdAddr {
+            // SAFETY: a non-NULL AH is one of ours, live.
+            ah: unsafe { (*ah).handle },
+            remote_qpn: qpn,
+            remote_qkey: qkey,
+        };
+        Ok(())
+    });
+}
+
+extern "C" fn wr_bind_mw(
+    q: *mut ibv_qp_ex,
+    _mw: *mut ibv_mw,
+    _rkey: u32,
+    _b: *const ibv_mw_bind_info,
+) {
+    poison(q, libc::EOPNOTSUPP);
+}
+
+extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, _rkey: u32) {
+    poison(q, libc::EOPNOTSUPP);
+}
+
+extern "C" fn wr_send_inv(q: *mut ibv_qp_ex, _rkey: u32) {
+    poison(q, libc::EOPNOTSUPP);
+}
+
+extern "C" fn wr_send_tso(q: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {
+    poison(q, libc::EOPNOTSUPP);
+}
+
+extern "C" fn wr_set_xrc_srqn(q: *mut ibv_qp_ex, _srqn: u32) {
+    poison(q, libc::EOPNOTSUPP);
+}
+
+extern "C" fn wr_atomic_write(q: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _data: *const c_void) {
+    poison(q, libc::EOPNOTSUPP);
+}
+
+// ---- extended CQs ----------------------------------------------------------------------------
+
+/// `verbs_context.create_cq_ex` (the `ibv_create_cq_ex` inline).
+pub extern "C" fn vrnic_create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard(null_err(libc::EIO), || {
+        if ctx.is_null() || attr.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: attr is the app's.
+        let a = unsafe { &*attr };
+        if a.wc_flags & !WC_FLAGS != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
+            return null_err(libc::EINVAL);
+        }
+        if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            // Parent domains do not exist on this device.
+            return null_err(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            && a.flags & !(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN)
+                != 0
+        {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
+        let cq = crate::ffi::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, 0);
+        if cq.is_null() {
+            return null_mut();
+        }
+        // SAFETY: cq was just made: a live VCq.
+        let t = unsafe { &mut (*cq.cast::<VCq>()).cq };
+        t.start_poll = Some(start_poll);
+        t.next_poll = Some(next_poll);
+        t.end_poll = Some(end_poll);
+        t.read_opcode = Some(read_opcode);
+        t.read_vendor_err = Some(read_vendor_err);
+        t.read_byte_len = Some(read_byte_len);
+        t.read_imm_data = Some(read_imm_data);
+        t.read_qp_num = Some(read_qp_num);
+        t.read_src_qp = Some(read_src_qp);
+        t.read_wc_flags = Some(read_wc_flags);
+        t.read_slid = Some(read_slid);
+        t.read_sl = Some(read_sl);
+        t.read_dlid_path_bits = Some(read_dlid_path_bits);
+        t.read_completion_ts = Some(read_completion_ts);
+        t.read_cvlan = Some(read_cvlan);
+        t.read_flow_tag = Some(read_flow_tag);
+        t.read_tm_info = Some(read_tm_info);
+        t.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
+        cq.cast()
+    })
+}
+
+/// Takes the next completion into the CQ's current one; ENOENT if none.
+fn take(cq: *mut ibv_cq_ex) -> c_int {
+    guard(libc::EIO, || {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: cq is ours and live.
+        let v = unsafe { &mut *cq.cast::<VCq>() };
+        // SAFETY: the CQ's context outlives it.
+        let conn = &unsafe { context(v.cq.context) }.conn;
+        let mut got = None;
+        if let Ok(mut q) = v.q.lock() {
+            q.poll(&conn.region, 1, |_, c| got = Some(*c));
+        }
+        let Some(c) = got else {
+            return libc::ENOENT;
+        };
+        v.cq.status = c.status as c_uint;
+        v.cq.wr_id = c.wr_id;
+        if let Ok(mut cur) = v.cur.lock() {
+            *cur = c;
+        }
+        0
+    })
+}
+
+extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: attr is NULL or the app's.
+    if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
+        return libc::EINVAL;
+    }
+    take(cq)
+}
+
+extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    take(cq)
+}
+
+extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+
+/// Reads a field of the current completion.
+fn cur<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&Cqe) -> T) -> T {
+    guard(T::default(), || {
+        if cq.is_null() {
+            return T::default();
+        }
+        // SAFETY: cq is ours and live.
+        let v = unsafe { &*cq.cast::<VCq>() };
+        v.cur.lock().map(|c| f(&c)).unwrap_or_default()
+    })
+}
+
+extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> c_uint {
+    cur(cq, |c| c.opcode as c_uint)
+}
+
+extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq, |c| c.vendor_err)
+}
+
+extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq, |c| c.byte_len)
+}
+
+extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq, |c| c.imm_data)
+}
+
+extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq, |c| c.qp_num)
+}
+
+extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq, |c| c.src_qp)
+}
+
+extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    cur(cq, |c| c_uint::from(c.wc_flags))
+}
+
+extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq, |c| u32::from(c.slid))
+}
+
+extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    cur(cq, |c| c.sl)
+}
+
+extern "C" fn read_dlid_path_bits(_cq: *mut ibv_cq_ex) -> u8 {
+    0
+}
+
+extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    cur(cq, |c| c.timestamp_ns)
+}
+
+extern "C" fn read_cvlan(_cq: *mut ibv_cq_ex) -> u16 {
+    0
+}
+
+extern "C" fn read_flow_tag(_cq: *mut ibv_cq_ex) -> u32 {
+    0
+}
+
+extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
+    if !info.is_null() {
+        // SAFETY: ibv_wc_tm_info is plain data; zero is valid.
+        let zero: ibv_wc_tm_info = unsafe { std::mem::zeroed() };
+        // SAFETY: info is the app's struct.
+        unsafe { info.write(zero) };
+    }
+}
+
+extern "C" fn read_completion_wallclock_ns(_cq: *mut ibv_cq_ex) -> u64 {
+    0
+}
