@@ -34,41 +34,13 @@ fn main() {
         "IBVERBS_1.14",
     ];
     let mut script = String::new();
-    let mut prev: Option<&str> = None;
-    for v in order {
-        let syms: Vec<&str> = exports.iter().filter(|e| e.1 == v).map(|e| e.0).collect();
-        let _ = write!(script, "{v} {{");
-        if !syms.is_empty() {
-            let _ = write!(script, " global: {};", syms.join("; "));
-        }
-        match prev {
-            Some(p) => {
-                let _ = writeln!(script, " }} {p};");
-            }
-            None => {
-                let _ = writeln!(script, " }};");
-            }
-        }
-        prev = Some(v);
-    }
+    chain(&mut script, &order, &exports);
     // librdmacm's nodes, a chain of their own.
-    let mut prev: Option<&str> = None;
-    for v in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
-        let syms: Vec<&str> = exports.iter().filter(|e| e.1 == v).map(|e| e.0).collect();
-        let _ = write!(script, "{v} {{");
-        if !syms.is_empty() {
-            let _ = write!(script, " global: {};", syms.join("; "));
-        }
-        match prev {
-            Some(p) => {
-                let _ = writeln!(script, " }} {p};");
-            }
-            None => {
-                let _ = writeln!(script, " }};");
-            }
-        }
-        prev = Some(v);
-    }
+    chain(
+        &mut script,
+        &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"],
+        &exports,
+    );
     let private: Vec<&str> = exports
         .iter()
         .filter(|e| e.1.starts_with("IBVERBS_PRIVATE"))
@@ -95,4 +67,25 @@ fn main() {
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         script_path.display()
     );
+}
+
+/// Writes version nodes in order, each listing its symbols and inheriting the previous node.
+fn chain(script: &mut String, nodes: &[&str], exports: &[(&str, &str)]) {
+    let mut prev: Option<&str> = None;
+    for &v in nodes {
+        let syms: Vec<&str> = exports.iter().filter(|e| e.1 == v).map(|e| e.0).collect();
+        let _ = write!(script, "{v} {{");
+        if !syms.is_empty() {
+            let _ = write!(script, " global: {};", syms.join("; "));
+        }
+        match prev {
+            Some(p) => {
+                let _ = writeln!(script, " }} {p};");
+            }
+            None => {
+                let _ = writeln!(script, " }};");
+            }
+        }
+        prev = Some(v);
+    }
 }

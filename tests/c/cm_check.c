@@ -21,30 +21,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define WAIT_MS 10000
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("FAIL ");
-	vprintf(fmt, ap);
-	printf(" (errno %d %s)\n", errno, strerror(errno));
-	fflush(stdout);
-	va_end(ap);
-	exit(1);
-}
-
-static void ok(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("OK ");
-	vprintf(fmt, ap);
-	printf("\n");
-	fflush(stdout);
-	va_end(ap);
-}
 
 static struct rdma_event_channel *ch;
 

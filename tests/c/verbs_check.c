@@ -26,33 +26,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define BUF_SIZE (2u << 20)
 #define MR_LEN (1048576u + 64u)
 #define SENTINEL 0xEE
 #define POLL_SECONDS 20
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stdout, "FAIL ");
-	vfprintf(stdout, fmt, ap);
-	fprintf(stdout, "\n");
-	fflush(stdout);
-	va_end(ap);
-	exit(1);
-}
-
-static void ok(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stdout, "OK ");
-	vfprintf(stdout, fmt, ap);
-	fprintf(stdout, "\n");
-	fflush(stdout);
-	va_end(ap);
-}
 
 struct info {
 	uint32_t lid, qpn, rkey_rw, rkey_ro;
@@ -172,13 +151,6 @@ static void setup(struct side *s)
 				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 		fail("modify RTS");
 	ibv_free_device_list(list);
-}
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
 static struct ibv_wc poll1(struct side *s)

@@ -25,43 +25,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define POLL_SECONDS 20
 #define LEN (64u << 10)
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("FAIL ");
-	vprintf(fmt, ap);
-	printf(" (errno %d %s)\n", errno, strerror(errno));
-	fflush(stdout);
-	va_end(ap);
-	exit(1);
-}
-
-static void ok(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("OK ");
-	vprintf(fmt, ap);
-	printf("\n");
-	fflush(stdout);
-	va_end(ap);
-}
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static uint16_t lid;
 static union ibv_gid gid;
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static void open_dev(void)
 {

@@ -1601,40 +1601,54 @@ pub extern "C" fn vrnic_post_recv(
         }
         // SAFETY: the QP's context outlives it.
         let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
-        let Ok(mut rq) = v.rq.lock() else {
-            return fail(wr, libc::EIO);
-        };
-        let mut cur = wr;
-        let mut posted = false;
-        let mut rc = 0;
-        while !cur.is_null() {
-            // SAFETY: cur is a node of the app's list.
-            let w = unsafe { &*cur };
-            if w.num_sge < 0 || w.num_sge as u32 > v.cap.max_recv_sge.max(1).min(MAX_SGE as u32) {
-                rc = libc::EINVAL;
-                break;
-            }
-            if rq.room(&conn.region) == 0 {
-                rc = libc::ENOMEM;
-                break;
-            }
-            rq.push_recv(
-                &conn.region,
-                &RecvWqe {
-                    wr_id: w.wr_id,
-                    sges: sges(w.sg_list, w.num_sge),
-                },
-            );
-            posted = true;
-            cur = w.next;
-        }
-        if posted {
-            rq.publish(&conn.region);
-            drop(rq);
-            conn.doorbell();
-        }
-        if rc != 0 { fail(cur, rc) } else { 0 }
+        post_recv_list(&v.rq, conn, wr, bad, v.cap.max_recv_sge)
     })
+}
+
+/// Writes the app's receive list into a receive ring (a QP's or an SRQ's), publishes it and
+/// rings the doorbell once. Stops at the first WR with more SGEs than `max_sge` (`EINVAL`) or
+/// with no room (`ENOMEM`), reporting it through `bad`, as `ibv_post_recv` does.
+pub(crate) fn post_recv_list(
+    rq: &Mutex<WorkQueue>,
+    conn: &Conn,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    max_sge: u32,
+) -> c_int {
+    let Ok(mut rq) = rq.lock() else {
+        return fail_at(bad, wr, libc::EIO);
+    };
+    let max_sge = max_sge.max(1).min(MAX_SGE as u32);
+    let mut cur = wr;
+    let mut posted = false;
+    let mut rc = 0;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the app's list.
+        let w = unsafe { &*cur };
+        if w.num_sge < 0 || w.num_sge as u32 > max_sge {
+            rc = libc::EINVAL;
+            break;
+        }
+        if rq.room(&conn.region) == 0 {
+            rc = libc::ENOMEM;
+            break;
+        }
+        rq.push_recv(
+            &conn.region,
+            &RecvWqe {
+                wr_id: w.wr_id,
+                sges: sges(w.sg_list, w.num_sge),
+            },
+        );
+        posted = true;
+        cur = w.next;
+    }
+    if posted {
+        rq.publish(&conn.region);
+        drop(rq);
+        conn.doorbell();
+    }
+    if rc != 0 { fail_at(bad, cur, rc) } else { 0 }
 }
 
 pub extern "C" fn vrnic_alloc_mw(_pd: *mut ibv_pd, _ty: c_uint) -> *mut ibv_mw {

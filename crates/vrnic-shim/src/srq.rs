@@ -12,11 +12,11 @@ use std::sync::Mutex;
 
 use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
-use vrnic_wire::{MAX_SGE, RQ_SLOT, RecvWqe};
+use vrnic_wire::{MAX_SGE, RQ_SLOT};
 
 use crate::abi::*;
 use crate::client::WorkQueue;
-use crate::ffi::{context, fail_at, guard, null_err, sges};
+use crate::ffi::{context, fail_at, guard, null_err, post_recv_list};
 
 /// An SRQ: `ibv_srq` first (container_of), then its ring.
 #[repr(C)]
@@ -213,46 +213,13 @@ pub extern "C" fn vrnic_post_srq_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     guard(libc::EIO, || {
-        let fail = |w: *mut ibv_recv_wr, e: c_int| fail_at(bad, w, e);
         if srq.is_null() {
-            return fail(wr, libc::EINVAL);
+            return fail_at(bad, wr, libc::EINVAL);
         }
         // SAFETY: srq is ours and live.
         let v = unsafe { &*srq.cast::<VSrq>() };
         // SAFETY: the SRQ's context outlives it.
         let conn = &unsafe { context(v.srq.context) }.conn;
-        let Ok(mut rq) = v.rq.lock() else {
-            return fail(wr, libc::EIO);
-        };
-        let mut cur = wr;
-        let mut posted = false;
-        let mut rc = 0;
-        while !cur.is_null() {
-            // SAFETY: cur is a node of the app's list.
-            let w = unsafe { &*cur };
-            if w.num_sge < 0 || w.num_sge as u32 > v.max_sge {
-                rc = libc::EINVAL;
-                break;
-            }
-            if rq.room(&conn.region) == 0 {
-                rc = libc::ENOMEM;
-                break;
-            }
-            rq.push_recv(
-                &conn.region,
-                &RecvWqe {
-                    wr_id: w.wr_id,
-                    sges: sges(w.sg_list, w.num_sge),
-                },
-            );
-            posted = true;
-            cur = w.next;
-        }
-        if posted {
-            rq.publish(&conn.region);
-            drop(rq);
-            conn.doorbell();
-        }
-        if rc != 0 { fail(cur, rc) } else { 0 }
+        post_recv_list(&v.rq, conn, wr, bad, v.max_sge)
     })
 }
