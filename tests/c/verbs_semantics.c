@@ -6,7 +6,7 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex
+ *       unsignaled | ex | limits | reg_limit (these two on a daemon with small limits)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
  * is bounded, so a lost completion or event fails instead of hanging.
@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -960,6 +961,63 @@ static void case_ex(void)
 	ok("create_cq_ex with an unsupported wc flag: EOPNOTSUPP");
 }
 
+/* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
+static void case_limits(void)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da) || da.max_qp != 4 || da.max_cq != 4 || da.max_mr != 8)
+		fail("query_device: max_qp %d max_cq %d max_mr %d", da.max_qp, da.max_cq, da.max_mr);
+	ok("query_device reports the daemon's limits (4 QPs, 4 CQs, 8 MRs)");
+	struct ibv_cq *cqs[4];
+	for (int i = 0; i < 4; i++)
+		cqs[i] = cq_new(4);
+	errno = 0;
+	if (ibv_create_cq(ctx, 4, NULL, NULL, 0) || errno != ENOMEM)
+		fail("a fifth CQ was not refused with ENOMEM");
+	ok("CQ past the limit: ENOMEM");
+	for (int i = 0; i < 4; i++)
+		qp_new(cqs[i], IBV_QPT_RC, NULL, 0);
+	struct ibv_qp_init_attr ia = { .send_cq = cqs[0], .recv_cq = cqs[0], .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+						.max_recv_sge = 1 } };
+	errno = 0;
+	if (ibv_create_qp(pd, &ia) || errno != ENOMEM)
+		fail("a fifth QP was not refused with ENOMEM");
+	ok("QP past the limit: ENOMEM");
+	static uint8_t small[8][4096];
+	for (int i = 0; i < 8; i++)
+		reg(small[i], 4096, IBV_ACCESS_LOCAL_WRITE);
+	errno = 0;
+	static uint8_t one_more[4096];
+	if (ibv_reg_mr(pd, one_more, 4096, IBV_ACCESS_LOCAL_WRITE) || errno != ENOMEM)
+		fail("a ninth MR was not refused with ENOMEM");
+	ok("MR past the limit: ENOMEM");
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	if (!ibv_create_srq(pd, &si) || !ibv_create_srq(pd, &si))
+		fail("two SRQs");
+	errno = 0;
+	if (ibv_create_srq(pd, &si) || errno != ENOMEM)
+		fail("a third SRQ was not refused with ENOMEM");
+	ok("SRQ past the limit: ENOMEM");
+}
+
+/* Run on a daemon started with --region-gib 1: registering more than the region fails. */
+static void case_reg_limit(void)
+{
+	size_t big = (size_t)3 << 29; /* 1.5 GiB */
+	uint8_t *p = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		fail("mmap");
+	errno = 0;
+	if (ibv_reg_mr(pd, p, big, IBV_ACCESS_LOCAL_WRITE) || errno != ENOMEM)
+		fail("registering 1.5 GiB in a 1 GiB region was not refused with ENOMEM");
+	ok("registering more than the vRNIC's region: ENOMEM");
+	struct ibv_mr *mr = ibv_reg_mr(pd, p, 1 << 20, IBV_ACCESS_LOCAL_WRITE);
+	if (!mr)
+		fail("a 1 MiB registration after the refused one");
+	ok("the vRNIC still registers what fits");
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -989,6 +1047,10 @@ int main(int argc, char **argv)
 		case_unsignaled();
 	else if (!strcmp(c, "ex"))
 		case_ex();
+	else if (!strcmp(c, "limits"))
+		case_limits();
+	else if (!strcmp(c, "reg_limit"))
+		case_reg_limit();
 	else
 		fail("unknown case %s", c);
 	ok("%s done", c);

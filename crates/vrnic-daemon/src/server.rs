@@ -41,10 +41,6 @@ const RING_BATCH: u32 = 64;
 /// Control requests served per wake of a context.
 const CTRL_BUDGET: usize = 8;
 /// Most QPs / CQs / MRs / PDs per vRNIC.
-const MAX_QP: u32 = 4096;
-const MAX_CQ: u32 = 4096;
-const MAX_MR: u32 = 65536;
-const MAX_PD: u32 = 4096;
 const MAX_QP_WR: u32 = 16384;
 const MAX_CQE: u32 = 65536;
 
@@ -53,8 +49,39 @@ const MAX_CQE: u32 = 65536;
 pub struct ServeOptions {
     /// The state dir.
     pub state_dir: PathBuf,
-    /// Size of each region file (sparse).
+    /// Size of each region file (sparse): also the most memory one vRNIC can register, since
+    /// registered buffers and rings live in it.
     pub region_size: u64,
+    /// Object limits per vRNIC.
+    pub limits: Limits,
+}
+
+/// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
+/// with `ENOMEM`, as on a device at its limits; `ibv_query_device` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Completion queues.
+    pub max_cq: u32,
+    /// Memory regions.
+    pub max_mr: u32,
+    /// Protection domains.
+    pub max_pd: u32,
+    /// Shared receive queues.
+    pub max_srq: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_qp: 4096,
+            max_cq: 4096,
+            max_mr: 65536,
+            max_pd: 4096,
+            max_srq: 4096,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -843,6 +870,11 @@ impl Server {
         );
     }
 
+    /// The sum of `f` over the contexts of `vnic` (object counts for the per-vRNIC limits).
+    fn per_vnic(&self, vnic: VnicId, f: impl Fn(&Ctx) -> usize) -> usize {
+        self.ctxs.values().filter(|c| c.vnic == vnic).map(f).sum()
+    }
+
     /// Announces queued connection-manager events to their contexts.
     fn flush_cm_notes(&mut self) {
         for (ctx, cm_id) in self.cm.take_notes() {
@@ -884,17 +916,17 @@ impl Server {
                     guid: v.guid,
                     lid: v.lid,
                     gid: v.gid,
-                    max_qp: MAX_QP,
+                    max_qp: self.opts.limits.max_qp,
                     max_qp_wr: MAX_QP_WR,
-                    max_cq: MAX_CQ,
+                    max_cq: self.opts.limits.max_cq,
                     max_cqe: MAX_CQE,
-                    max_mr: MAX_MR,
-                    max_pd: MAX_PD,
+                    max_mr: self.opts.limits.max_mr,
+                    max_pd: self.opts.limits.max_pd,
                     max_mr_size: v.region.size() - layout::HEAP_OFF,
                 })
             }
             Request::AllocPd => {
-                if ctx.pds >= MAX_PD {
+                if self.per_vnic(vnic, |c| c.pds as usize) >= self.opts.limits.max_pd as usize {
                     return err(libc::ENOMEM, "PD limit reached");
                 }
                 match self.engine.alloc_pd(vnic, id) {
@@ -1111,6 +1143,9 @@ impl Server {
         if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > vrnic_wire::MAX_SGE {
             return err(libc::EINVAL, "SRQ capabilities exceed the device limits");
         }
+        if self.per_vnic(vnic, |c| c.srqs.len()) >= self.opts.limits.max_srq as usize {
+            return err(libc::ENOMEM, "SRQ limit of the vRNIC reached");
+        }
         let depth = max_wr.next_power_of_two();
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
@@ -1156,6 +1191,12 @@ impl Server {
         access: u32,
     ) -> Reply {
         let page = layout::PAGE;
+        let Some(vnic) = self.ctxs.get(&id).map(|c| c.vnic) else {
+            return err(libc::ENODEV, "no context");
+        };
+        if self.per_vnic(vnic, |c| c.mrs.len()) >= self.opts.limits.max_mr as usize {
+            return err(libc::ENOMEM, "MR limit of the vRNIC reached");
+        }
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return err(libc::ENODEV, "no context");
         };
@@ -1164,9 +1205,6 @@ impl Server {
         };
         if len == 0 || addr.checked_add(len).is_none() {
             return err(libc::EINVAL, "empty or wrapping range");
-        }
-        if ctx.mrs.len() as u32 >= MAX_MR {
-            return err(libc::ENOMEM, "MR limit reached");
         }
         let first = addr / page * page;
         let end = (addr + len).next_multiple_of(page);
@@ -1319,8 +1357,8 @@ impl Server {
         if cqe == 0 || cqe > MAX_CQE {
             return err(libc::EINVAL, format!("cqe {cqe} outside 1..={MAX_CQE}"));
         }
-        if ctx.cqs.len() as u32 >= MAX_CQ {
-            return err(libc::ENOMEM, "CQ limit reached");
+        if self.per_vnic(vnic, |c| c.cqs.len()) >= self.opts.limits.max_cq as usize {
+            return err(libc::ENOMEM, "CQ limit of the vRNIC reached");
         }
         let depth = cqe.next_power_of_two();
         let Some(v) = self.vnics.get_mut(&vnic) else {
@@ -1373,8 +1411,8 @@ impl Server {
             return err(libc::ENODEV, "no context");
         };
         let vnic = ctx.vnic;
-        if ctx.qps.len() as u32 >= MAX_QP {
-            return err(libc::ENOMEM, "QP limit reached");
+        if self.per_vnic(vnic, |c| c.qps.len()) >= self.opts.limits.max_qp as usize {
+            return err(libc::ENOMEM, "QP limit of the vRNIC reached");
         }
         if cap.max_send_wr > MAX_QP_WR
             || cap.max_recv_wr > MAX_QP_WR

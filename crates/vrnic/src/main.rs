@@ -33,9 +33,25 @@ struct Cli {
 enum Cmd {
     /// Run the virtual layer daemon in the foreground (Ctrl-C or SIGTERM stops it).
     Serve {
-        /// Size of each vRNIC's region file in GiB (sparse: only used pages cost memory).
+        /// Size of each vRNIC's region file in GiB (sparse: only used pages cost memory); also
+        /// the most memory one vRNIC can register.
         #[arg(long, default_value_t = 16)]
         region_gib: u64,
+        /// Most queue pairs per vRNIC.
+        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_qp)]
+        max_qp: u32,
+        /// Most completion queues per vRNIC.
+        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_cq)]
+        max_cq: u32,
+        /// Most memory regions per vRNIC.
+        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_mr)]
+        max_mr: u32,
+        /// Most protection domains per vRNIC.
+        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_pd)]
+        max_pd: u32,
+        /// Most shared receive queues per vRNIC.
+        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_srq)]
+        max_srq: u32,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -78,9 +94,23 @@ fn real_main() -> Result<()> {
     let cli = Cli::parse();
     let state_dir = cli.state_dir.unwrap_or_else(config::default_state_dir);
     match cli.cmd {
-        Cmd::Serve { region_gib } => vrnic_daemon::serve(vrnic_daemon::ServeOptions {
+        Cmd::Serve {
+            region_gib,
+            max_qp,
+            max_cq,
+            max_mr,
+            max_pd,
+            max_srq,
+        } => vrnic_daemon::serve(vrnic_daemon::ServeOptions {
             state_dir,
             region_size: region_gib.max(1) << 30,
+            limits: vrnic_daemon::Limits {
+                max_qp,
+                max_cq,
+                max_mr,
+                max_pd,
+                max_srq,
+            },
         }),
         Cmd::Run { vrnic, cmd } => run(&state_dir, vrnic, &cmd),
         Cmd::Ls => {

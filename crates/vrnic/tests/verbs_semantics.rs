@@ -47,8 +47,13 @@ fn program() -> &'static PathBuf {
 
 /// Runs one case on a fresh daemon; it must exit 0 having printed every check in `expect`.
 fn case(name: &str, expect: &[&str]) {
+    case_on(&[], name, expect);
+}
+
+/// [`case`] on a daemon started with `serve_args`.
+fn case_on(serve_args: &[&str], name: &str, expect: &[&str]) {
     let bin = program().to_str().expect("utf-8 path").to_string();
-    let d = Daemon::start();
+    let d = Daemon::start_with(serve_args);
     let out = output(d.run(&[&bin, name]), name, Duration::from_secs(90));
     assert!(out.ok(), "case {name} failed\n{}", out.text());
     for e in expect.iter().chain(&["done"]) {
@@ -189,6 +194,42 @@ fn extended_qp_and_cq_apis() {
             "wr_abort posts nothing",
             "ibv_poll_cq works on an extended CQ",
             "unsupported wc flag: EOPNOTSUPP",
+        ],
+    );
+}
+
+#[test]
+fn per_vrnic_limits_refuse_with_enomem() {
+    case_on(
+        &[
+            "--max-qp",
+            "4",
+            "--max-cq",
+            "4",
+            "--max-mr",
+            "8",
+            "--max-srq",
+            "2",
+        ],
+        "limits",
+        &[
+            "query_device reports the daemon's limits",
+            "CQ past the limit: ENOMEM",
+            "QP past the limit: ENOMEM",
+            "MR past the limit: ENOMEM",
+            "SRQ past the limit: ENOMEM",
+        ],
+    );
+}
+
+#[test]
+fn registering_more_than_the_region_is_refused() {
+    case_on(
+        &["--region-gib", "1"],
+        "reg_limit",
+        &[
+            "registering more than the vRNIC's region: ENOMEM",
+            "the vRNIC still registers what fits",
         ],
     );
 }

@@ -239,6 +239,11 @@ static SEQ: AtomicU16 = AtomicU16::new(0);
 impl Daemon {
     /// Starts a daemon and waits (at most [`DAEMON_START`]) until its socket exists.
     pub fn start() -> Daemon {
+        Daemon::start_with(&[])
+    }
+
+    /// [`Daemon::start`] with more `vrnic serve` options (limits, region size).
+    pub fn start_with(serve_args: &[&str]) -> Daemon {
         let dir = std::env::temp_dir().join(format!(
             "vrnic-test-{}-{}",
             std::process::id(),
@@ -247,7 +252,10 @@ impl Daemon {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the state dir");
         let mut cmd = Command::new(vrnic_bin());
-        cmd.arg("serve").arg("--state-dir").arg(&dir);
+        cmd.arg("serve")
+            .arg("--state-dir")
+            .arg(&dir)
+            .args(serve_args);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
