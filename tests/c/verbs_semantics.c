@@ -6,7 +6,7 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | limits | reg_limit (these two on a daemon with small limits)
+ *       unsignaled | ex | isolation | limits | reg_limit (these two on a daemon with small limits)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
  * is bounded, so a lost completion or event fails instead of hanging.
@@ -961,6 +961,93 @@ static void case_ex(void)
 	ok("create_cq_ex with an unsupported wc flag: EOPNOTSUPP");
 }
 
+/* One attack from a fresh connected pair (a -> b, b's QP in `bpd`): an RDMA op must fail with
+ * REM_ACCESS_ERR. */
+static void attack(struct ibv_pd *bpd, enum ibv_wr_opcode op, uint64_t raddr, uint32_t rkey, uint32_t len,
+		   const char *what)
+{
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	struct ibv_pd *keep = pd;
+	pd = bpd;
+	struct ibv_qp *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	pd = keep;
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	static uint8_t local[8192];
+	static struct ibv_mr *lmr;
+	if (!lmr)
+		lmr = reg(local, sizeof local, ALL_ACCESS);
+	memset(local, 0x11, sizeof local);
+	if (post(a, 1, op, local, len, lmr->lkey, raddr, rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post %s", what);
+	struct ibv_wc wc = poll1(cq);
+	if (wc.status != IBV_WC_REM_ACCESS_ERR)
+		fail("%s: %s, expected remote access error", what, ibv_wc_status_str(wc.status));
+	for (unsigned i = 0; i < sizeof local; i++)
+		if (local[i] != 0x11)
+			fail("%s: the requester's buffer changed (data leaked back)", what);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+}
+
+/* Every way to reach a victim MR without a valid rkey on a connected QP fails, and the victim's
+ * bytes stay as they were. */
+static void case_isolation(void)
+{
+	size_t n = 64 << 10;
+	uint8_t *v = aligned_alloc(4096, n);
+	memset(v, 0x5A, n);
+	struct ibv_mr *vm = reg(v, n, ALL_ACCESS);
+	uint64_t va = (uintptr_t)v;
+	srand48(12345);
+	for (int i = 0; i < 200; i++) {
+		uint32_t guess = (uint32_t)mrand48();
+		if (guess == vm->rkey)
+			continue;
+		attack(pd, i % 3 == 0 ? IBV_WR_RDMA_READ : i % 3 == 1 ? IBV_WR_RDMA_WRITE : IBV_WR_ATOMIC_FETCH_AND_ADD,
+		       va + 8 * (i % 64), guess, i % 3 == 2 ? 8 : 64, "guessed rkey");
+	}
+	ok("200 guessed rkeys (READ, WRITE, FETCH_AND_ADD): all remote access errors");
+	/* The rkey of a deregistered MR. */
+	uint8_t *gone = aligned_alloc(4096, 4096);
+	memset(gone, 0x33, 4096);
+	struct ibv_mr *gm = reg(gone, 4096, ALL_ACCESS);
+	uint32_t old_rkey = gm->rkey;
+	if (ibv_dereg_mr(gm))
+		fail("dereg");
+	attack(pd, IBV_WR_RDMA_WRITE, (uintptr_t)gone, old_rkey, 64, "write with a deregistered MR's rkey");
+	attack(pd, IBV_WR_RDMA_READ, (uintptr_t)gone, old_rkey, 64, "read with a deregistered MR's rkey");
+	for (int i = 0; i < 4096; i++)
+		if (gone[i] != 0x33)
+			fail("a deregistered buffer changed");
+	ok("after ibv_dereg_mr its rkey reaches nothing; the buffer keeps its bytes");
+	/* Past the end, and an MR without the remote access asked for. */
+	attack(pd, IBV_WR_RDMA_WRITE, va + n - 8, vm->rkey, 64, "write past the MR's end");
+	attack(pd, IBV_WR_RDMA_READ, va - 64, vm->rkey, 64, "read before the MR's start");
+	uint8_t *ro = aligned_alloc(4096, 4096);
+	memset(ro, 0x44, 4096);
+	struct ibv_mr *rom = reg(ro, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	attack(pd, IBV_WR_RDMA_WRITE, (uintptr_t)ro, rom->rkey, 64, "write to an MR without REMOTE_WRITE");
+	attack(pd, IBV_WR_ATOMIC_CMP_AND_SWP, (uintptr_t)ro, rom->rkey, 8, "atomic on an MR without REMOTE_ATOMIC");
+	for (int i = 0; i < 4096; i++)
+		if (ro[i] != 0x44)
+			fail("a read-only MR changed");
+	ok("past the end, before the start, missing access flags: remote access errors, no byte changed");
+	/* The right rkey, but the responder QP is in another PD. */
+	struct ibv_pd *other = ibv_alloc_pd(ctx);
+	if (!other)
+		fail("alloc_pd");
+	attack(other, IBV_WR_RDMA_WRITE, va, vm->rkey, 64, "write through a QP of another PD");
+	attack(other, IBV_WR_RDMA_READ, va, vm->rkey, 64, "read through a QP of another PD");
+	ok("the right rkey through a responder QP of another PD: remote access errors");
+	for (size_t i = 0; i < n; i++)
+		if (v[i] != 0x5A)
+			fail("victim byte %zu changed", i);
+	ok("the victim's %zu bytes are unchanged", n);
+}
+
 /* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
 static void case_limits(void)
 {
@@ -1047,6 +1134,8 @@ int main(int argc, char **argv)
 		case_unsignaled();
 	else if (!strcmp(c, "ex"))
 		case_ex();
+	else if (!strcmp(c, "isolation"))
+		case_isolation();
 	else if (!strcmp(c, "limits"))
 		case_limits();
 	else if (!strcmp(c, "reg_limit"))

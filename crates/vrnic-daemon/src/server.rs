@@ -870,6 +870,45 @@ impl Server {
         );
     }
 
+    /// Takes new receive WQEs from an SRQ's ring into the engine. Returns whether any came.
+    /// Called by every engine pass, and before the SRQ's limit is armed or queried, so that
+    /// what the app posted counts, as on a device.
+    fn fetch_srq(&mut self, srq: SrqId) -> bool {
+        let Some(slot) = self.srqs.get_mut(&srq) else {
+            return false;
+        };
+        if slot.broken {
+            return false;
+        }
+        let Some(v) = self.vnics.get(&slot.vnic) else {
+            return false;
+        };
+        let mut raw = [0u8; RQ_SLOT];
+        let room = self.engine.srq_room(srq);
+        match pending(
+            &slot.ring,
+            &v.region,
+            slot.fetched,
+            self.engine.srq_retired(srq),
+            room,
+        ) {
+            Ok(n) => {
+                for _ in 0..n {
+                    slot.ring.read_slot(&v.region, slot.fetched, &mut raw);
+                    slot.fetched = slot.fetched.wrapping_add(1);
+                    self.engine.handle_srq_wqe(srq, RecvWqe::parse(&raw));
+                }
+                n > 0
+            }
+            Err(e) => {
+                warn!(srq = srq.0, "SRQ ring: {e}; SRQ in error");
+                slot.broken = true;
+                self.engine.handle_srq_wqe(srq, Err(e));
+                true
+            }
+        }
+    }
+
     /// The sum of `f` over the contexts of `vnic` (object counts for the per-vRNIC limits).
     fn per_vnic(&self, vnic: VnicId, f: impl Fn(&Ctx) -> usize) -> usize {
         self.ctxs.values().filter(|c| c.vnic == vnic).map(f).sum()
@@ -1032,12 +1071,16 @@ impl Server {
                 limit,
             } => self.create_srq(id, PdId(pd), max_wr, max_sge, limit),
             Request::ModifySrq { srq, resize, limit } => {
+                self.fetch_srq(SrqId(srq));
                 match self.engine.modify_srq(id, SrqId(srq), resize, limit) {
                     Ok(()) => Reply::Ok,
                     Err(e) => err(e, "modify_srq"),
                 }
             }
-            Request::QuerySrq { srq } => match self.engine.query_srq(id, SrqId(srq)) {
+            Request::QuerySrq { srq } => match {
+                self.fetch_srq(SrqId(srq));
+                self.engine.query_srq(id, SrqId(srq))
+            } {
                 Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
                     max_wr,
                     max_sge,
@@ -1552,37 +1595,9 @@ impl Server {
                 }
             }
         }
-        let mut srq_slot = [0u8; RQ_SLOT];
-        for (&srq, slot) in self.srqs.iter_mut() {
-            if slot.broken {
-                continue;
-            }
-            let Some(v) = self.vnics.get(&slot.vnic) else {
-                continue;
-            };
-            let room = self.engine.srq_room(srq);
-            match pending(
-                &slot.ring,
-                &v.region,
-                slot.fetched,
-                self.engine.srq_retired(srq),
-                room,
-            ) {
-                Ok(n) => {
-                    for _ in 0..n {
-                        slot.ring.read_slot(&v.region, slot.fetched, &mut srq_slot);
-                        slot.fetched = slot.fetched.wrapping_add(1);
-                        self.engine.handle_srq_wqe(srq, RecvWqe::parse(&srq_slot));
-                        work = true;
-                    }
-                }
-                Err(e) => {
-                    warn!(srq = srq.0, "SRQ ring: {e}; SRQ in error");
-                    slot.broken = true;
-                    self.engine.handle_srq_wqe(srq, Err(e));
-                    work = true;
-                }
-            }
+        let srqs: Vec<SrqId> = self.srqs.keys().copied().collect();
+        for srq in srqs {
+            work |= self.fetch_srq(srq);
         }
         if self.engine.process(now, &mut Mem(&self.vnics)) {
             work = true;

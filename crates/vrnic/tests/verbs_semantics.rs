@@ -233,3 +233,17 @@ fn registering_more_than_the_region_is_refused() {
         ],
     );
 }
+
+#[test]
+fn no_way_to_reach_memory_without_a_valid_rkey() {
+    case(
+        "isolation",
+        &[
+            "200 guessed rkeys",
+            "after ibv_dereg_mr its rkey reaches nothing",
+            "past the end, before the start, missing access flags",
+            "through a responder QP of another PD",
+            "the victim's 65536 bytes are unchanged",
+        ],
+    );
+}

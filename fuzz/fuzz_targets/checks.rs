@@ -1,0 +1,91 @@
+//! What each fuzz target checks, shared with the corpus replay on stable
+//! (`crates/vrnic-api/tests/fuzz_replay.rs` includes this file). Every function takes untrusted
+//! bytes as the daemon would meet them and must return without panicking, looping without end
+//! or allocating more than the input bounds.
+#![allow(dead_code)] // each target uses one of these
+
+use vrnic_shm::Mailbox;
+use vrnic_shm::Region;
+use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
+
+/// Copies `data` into a fixed-size slot (zero padded or truncated), as the daemon copies a ring
+/// slot out of the region.
+fn slot<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut s = [0u8; N];
+    let n = data.len().min(N);
+    s[..n].copy_from_slice(&data[..n]);
+    s
+}
+
+/// WQE and CQE slot decoding: parse never panics, and what parses encodes back to a slot that
+/// parses to the same value.
+pub fn wqe_slots(data: &[u8]) {
+    if let Ok(w) = SendWqe::parse(&slot::<SQ_SLOT>(data)) {
+        let mut again = [0u8; SQ_SLOT];
+        w.encode(&mut again);
+        assert_eq!(SendWqe::parse(&again).as_ref(), Ok(&w));
+    }
+    if let Ok(w) = RecvWqe::parse(&slot::<RQ_SLOT>(data)) {
+        let mut again = [0u8; RQ_SLOT];
+        w.encode(&mut again);
+        assert_eq!(RecvWqe::parse(&again).as_ref(), Ok(&w));
+    }
+    if let Ok(c) = Cqe::parse(&slot::<CQ_SLOT>(data)) {
+        let mut again = [0u8; CQ_SLOT];
+        c.encode(&mut again);
+        assert_eq!(Cqe::parse(&again), Ok(c));
+    }
+}
+
+/// Control requests as the daemon decodes them from a mailbox: any bytes are an error or a
+/// request, and a request survives a round trip.
+pub fn control_request(data: &[u8]) {
+    if let Ok(r) = serde_json::from_slice::<vrnic_api::Request>(data) {
+        let bytes = serde_json::to_vec(&r).expect("a decoded request encodes");
+        let back: vrnic_api::Request = serde_json::from_slice(&bytes).expect("and decodes again");
+        assert_eq!(back, r);
+    }
+}
+
+/// The region the mailbox check writes into (one per process, made on first use).
+fn region() -> &'static Region {
+    static R: std::sync::OnceLock<Region> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("vrnic-fuzz-region-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let r = Region::create(
+            &path,
+            vrnic_shm::layout::MIN_REGION_SIZE,
+            "fuzz",
+            1,
+            [0; 16],
+            1,
+        )
+        .expect("create a region for the mailbox check");
+        let _ = std::fs::remove_file(&path);
+        r
+    })
+}
+
+/// A control mailbox whose every byte a hostile client wrote: `data` is laid over the
+/// mailbox's header and payload; the daemon's `take` and the event ring's `pop_event` must
+/// stay in bounds and return.
+pub fn mailbox(data: &[u8]) {
+    let r = region();
+    let Some(mb) = Mailbox::new(u32::from(data.first().copied().unwrap_or(0)) % 64) else {
+        return;
+    };
+    let base = vrnic_shm::layout::CTRL_OFF
+        + u64::from(mb.index()) * u64::from(vrnic_shm::layout::CTRL_SLOT_SIZE);
+    let n = data.len().min(vrnic_shm::layout::CTRL_SLOT_SIZE as usize);
+    r.write_bytes(base, &data[..n]).expect("inside the mailbox");
+    if let Some((_, Ok(bytes))) = mb.take(r) {
+        assert!(bytes.len() <= vrnic_shm::layout::CTRL_PAYLOAD_MAX);
+        control_request(&bytes);
+    }
+    for _ in 0..1024 {
+        if mb.pop_event(r).is_none() {
+            break;
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Fuzz target: `checks::control_request` (see `checks.rs`).
+#![no_main]
+
+#[path = "checks.rs"]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::control_request(data));

@@ -1,0 +1,7 @@
+//! Fuzz target: `checks::mailbox` (see `checks.rs`).
+#![no_main]
+
+#[path = "checks.rs"]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::mailbox(data));
