@@ -870,6 +870,17 @@ impl Server {
         );
     }
 
+    fn query_srq(&self, id: CtxId, srq: SrqId) -> Reply {
+        match self.engine.query_srq(id, srq) {
+            Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
+                max_wr,
+                max_sge,
+                limit,
+            },
+            Err(e) => err(e, "query_srq"),
+        }
+    }
+
     /// Takes new receive WQEs from an SRQ's ring into the engine. Returns whether any came.
     /// Called by every engine pass, and before the SRQ's limit is armed or queried, so that
     /// what the app posted counts, as on a device.
@@ -1077,17 +1088,10 @@ impl Server {
                     Err(e) => err(e, "modify_srq"),
                 }
             }
-            Request::QuerySrq { srq } => match {
+            Request::QuerySrq { srq } => {
                 self.fetch_srq(SrqId(srq));
-                self.engine.query_srq(id, SrqId(srq))
-            } {
-                Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
-                    max_wr,
-                    max_sge,
-                    limit,
-                },
-                Err(e) => err(e, "query_srq"),
-            },
+                self.query_srq(id, SrqId(srq))
+            }
             Request::DestroySrq { srq } => {
                 if !ctx.srqs.contains(&SrqId(srq)) {
                     return err(libc::EINVAL, "no such SRQ");
