@@ -234,6 +234,13 @@ fn a_stale_state_dir_is_cleaned_up_by_the_next_daemon() {
     let ls = d.cli_output(&["ls"]);
     assert!(ls.ok(), "{}", ls.text());
     assert!(!ls.stdout.contains("stale0"), "{}", ls.stdout);
+    // And it serves new apps.
+    let info = output(d.run(&["ibv_devinfo"]), "ibv_devinfo", CLI);
+    assert!(
+        info.ok() && info.stdout.contains("PORT_ACTIVE"),
+        "the restarted daemon does not serve an app\n{}",
+        info.text()
+    );
     p.signal(libc::SIGTERM);
     let out = p.wait(common::DAEMON_STOP);
     assert!(out.ok(), "second daemon exit\n{}", out.text());
