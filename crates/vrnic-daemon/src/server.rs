@@ -1599,9 +1599,15 @@ impl Server {
                 }
             }
         }
-        let srqs: Vec<SrqId> = self.srqs.keys().copied().collect();
-        for srq in srqs {
+        // SRQ rings, walked by key so no list is built on the data path.
+        let mut next = self.srqs.keys().next().copied();
+        while let Some(srq) = next {
             work |= self.fetch_srq(srq);
+            next = self
+                .srqs
+                .range((std::ops::Bound::Excluded(srq), std::ops::Bound::Unbounded))
+                .next()
+                .map(|(&k, _)| k);
         }
         if self.engine.process(now, &mut Mem(&self.vnics)) {
             work = true;

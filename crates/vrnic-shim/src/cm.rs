@@ -111,12 +111,14 @@ fn register(handle: u32, v: *mut VId) {
     let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
     ids.get_or_insert_with(HashMap::new)
         .insert(handle, v as usize);
-    drop(ids);
+    // Announcements that came before the id was known (checked under the table's lock, as
+    // `deliver` records them).
     let early = EARLY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_mut()
         .is_some_and(|s| s.remove(&handle));
+    drop(ids);
     if early {
         deliver(handle);
     }
@@ -132,7 +134,11 @@ fn lookup(handle: u32) -> Option<*mut VId> {
 
 /// Called by the notifier thread: an event is queued on `handle`.
 pub fn deliver(handle: u32) {
-    let Some(v) = lookup(handle) else {
+    // The id table stays locked while the id is used: `rdma_destroy_id` unregisters an id
+    // (under this lock) before it frees it.
+    let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(&v) = ids.as_ref().and_then(|m| m.get(&handle)) else {
+        // Still under the id table's lock, so `register` cannot miss it.
         EARLY
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -140,13 +146,12 @@ pub fn deliver(handle: u32) {
             .insert(handle);
         return;
     };
-    // SAFETY: registered ids are live until destroy unregisters them.
-    let chan = unsafe { &*v }.chan.load(Ordering::Acquire) as *const VChannel;
+    // SAFETY: registered ids are live while the table is locked (see above).
+    let chan = unsafe { &*(v as *const VId) }.chan.load(Ordering::Acquire) as *const VChannel;
     if chan.is_null() {
         return;
     }
-    // SAFETY: an id's channel outlives it (destroy_event_channel refuses while ids use it
-    // in librdmacm's contract; the app destroys ids first).
+    // SAFETY: an id's channel outlives it (the app destroys its ids before their channel).
     let c = unsafe { &*chan };
     if let Ok(mut q) = c.queue.lock() {
         q.push_back(handle);
