@@ -448,6 +448,8 @@ pub struct CompQueue {
     pub cons: u32,
     /// Empty polls in a row (to yield the CPU now and then).
     pub empty: u32,
+    /// The mode of the app's last arm (re-armed when a completion event turns out empty).
+    pub solicited_only: bool,
 }
 
 impl CompQueue {
@@ -466,21 +468,68 @@ impl CompQueue {
             }
         }
         if n > 0 {
-            self.ring.cons(region).store(self.cons, Ordering::Release);
+            self.publish(region);
             self.empty = 0;
         } else {
-            self.empty = self.empty.wrapping_add(1);
-            // On a machine with few cores, an app spinning on an empty CQ can starve the
-            // engine that would fill it: give the CPU away now and then.
-            if self.empty.is_multiple_of(8) {
-                sys::yield_cpu();
-            }
+            self.idle();
         }
         n
     }
 
+    /// The completion at the consumer index, left in the ring: `start_poll`/`next_poll` read
+    /// it, [`consume`](Self::consume) retires it. Slots that do not parse are skipped.
+    pub fn peek(&mut self, region: &Region) -> Option<Cqe> {
+        let prod = self.ring.prod(region).load(Ordering::Acquire);
+        let mut raw = [0u8; CQ_SLOT];
+        while self.cons != prod {
+            self.ring.read_slot(region, self.cons, &mut raw);
+            if let Ok(cqe) = Cqe::parse(&raw) {
+                self.empty = 0;
+                return Some(cqe);
+            }
+            self.cons = self.cons.wrapping_add(1);
+        }
+        self.idle();
+        None
+    }
+
+    /// Retires the completion [`peek`](Self::peek) returned; the daemon may reuse its slot
+    /// after the next [`publish`](Self::publish).
+    pub fn consume(&mut self) {
+        self.cons = self.cons.wrapping_add(1);
+    }
+
+    /// Publishes the consumer index (the slots retired so far are free for the daemon).
+    pub fn publish(&self, region: &Region) {
+        self.ring.cons(region).store(self.cons, Ordering::Release);
+    }
+
+    /// Whether no completion waits to be polled.
+    pub fn is_empty(&self, region: &Region) -> bool {
+        self.ring.prod(region).load(Ordering::Acquire) == self.cons
+    }
+
+    /// Counts an empty poll. On a machine with few cores, an app spinning on an empty CQ can
+    /// starve the engine that would fill it: give the CPU away now and then.
+    fn idle(&mut self) {
+        self.empty = self.empty.wrapping_add(1);
+        if self.empty.is_multiple_of(8) {
+            sys::yield_cpu();
+        }
+    }
+
+    /// Arms the CQ again in the mode of the app's last [`arm`](Self::arm).
+    pub fn rearm(&self, region: &Region) {
+        self.store_arm(region, self.solicited_only);
+    }
+
     /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
-    pub fn arm(&self, region: &Region, solicited_only: bool) {
+    pub fn arm(&mut self, region: &Region, solicited_only: bool) {
+        self.solicited_only = solicited_only;
+        self.store_arm(region, solicited_only);
+    }
+
+    fn store_arm(&self, region: &Region, solicited_only: bool) {
         self.ring
             .arm(region)
             .store(if solicited_only { 2 } else { 1 }, Ordering::SeqCst);

@@ -3,58 +3,84 @@
 //! `read_*` accessors, completion timestamps included.
 //!
 //! Both reuse the ordinary objects: an extended QP is a `VQp` whose `ibv_qp_ex` table is
-//! filled, an extended CQ a `VCq` whose `ibv_cq_ex` table is filled. A `wr_start` ...
-//! `wr_complete` batch is built privately and written to the send ring as a whole (all or
-//! nothing), exactly as `ibv_post_send` writes a list. Builders this device does not support
-//! (memory windows, invalidation, TSO, XRC, atomic write) poison the batch: `wr_complete`
-//! returns `EOPNOTSUPP` and posts nothing of it.
+//! filled, an extended CQ a `VCq` whose `ibv_cq_ex` table is filled, so the plain verbs
+//! (`ibv_post_send`, `ibv_poll_cq`, completion channels) keep working on them.
+//!
+//! A `wr_start` ... `wr_complete` batch is built privately and written to the send ring as a
+//! whole (all or nothing), with the checks and errnos of `ibv_post_send`. The section is the
+//! per-QP critical region `ibv_wr_post(3)` promises: a second thread's `wr_start` waits until
+//! the first thread's `wr_complete`/`wr_abort`. Builders this device does not support (memory
+//! windows, invalidation, TSO, XRC, atomic write) poison the batch: `wr_complete` returns
+//! `EOPNOTSUPP` and posts nothing of it. As on mlx5, `IBV_SEND_INLINE` in `wr_flags` means
+//! nothing to the builders; the inline setters make a WR inline.
+//!
+//! `start_poll` loads the completion at the head of the ring without retiring it; `next_poll`
+//! retires it and loads the next; `end_poll` retires the current one and publishes the consumer
+//! index, so the daemon sees the slots free once per poll loop. Completion timestamps are the
+//! daemon's `CLOCK_MONOTONIC` nanoseconds at the time it wrote the completion (`hca_core_clock`
+//! is 1 GHz; `query_rt_values` reads the same clock); wallclock timestamps are not offered.
 #![allow(unsafe_code)]
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread::ThreadId;
 
 use vrnic_wire::{
-    Cqe, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, UdAddr, WcOpcode,
-    WcStatus,
+    Cqe, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, UdAddr,
 };
 
 use crate::abi::*;
+use crate::client::{CompQueue, Conn};
 use crate::ffi::{VCq, VQp, context, guard, null_err};
 
-/// A completion with nothing in it (before the first `start_poll`).
-pub const EMPTY_CQE: Cqe = Cqe {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    wc_flags: 0,
-    byte_len: 0,
-    imm_data: 0,
-    qp_num: 0,
-    src_qp: 0,
-    slid: 0,
-    sl: 0,
-    vendor_err: 0,
-    timestamp_ns: 0,
-};
+/// The `ibv_wr_*` state of a QP: the batch being built and who builds it.
+#[derive(Debug, Default)]
+pub struct WrState {
+    batch: Mutex<Batch>,
+    /// Signalled when a `wr_start` section ends.
+    ended: Condvar,
+}
 
 /// The work requests of one `wr_start` batch.
 #[derive(Debug, Default)]
-pub struct Batch {
+struct Batch {
     wqes: Vec<SendWqe>,
     /// The first error a builder met (`wr_complete` returns it).
     err: c_int,
+    /// The thread between `wr_start` and `wr_complete`/`wr_abort`.
+    owner: Option<ThreadId>,
 }
 
-/// `IBV_QP_EX_WITH_*` this device executes.
-const SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
-    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
-    | IBV_QP_EX_WITH_SEND
-    | IBV_QP_EX_WITH_SEND_WITH_IMM
-    | IBV_QP_EX_WITH_RDMA_READ
-    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+impl Batch {
+    /// Ends the section: drops what was built and lets a waiting `wr_start` in.
+    fn end(&mut self, ended: &Condvar) {
+        self.wqes.clear();
+        self.err = 0;
+        self.owner = None;
+        ended.notify_one();
+    }
+}
+
+/// `IBV_QP_EX_WITH_*` this device executes, by QP type (the operations `ibv_wr_post(3)` lists
+/// for each).
+fn send_ops(qp_type: c_uint) -> u64 {
+    let send = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    let write = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+    match qp_type {
+        IBV_QPT_RC => {
+            send | write
+                | IBV_QP_EX_WITH_RDMA_READ
+                | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+        }
+        IBV_QPT_UC => send | write,
+        IBV_QPT_UD => send,
+        _ => 0,
+    }
+}
 
 /// `IBV_WC_EX_WITH_*` this device reports.
 const WC_FLAGS: u64 = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
@@ -82,14 +108,16 @@ pub extern "C" fn vrnic_create_qp_ex(
         {
             return null_err(libc::EOPNOTSUPP);
         }
-        let ops = if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-            x.send_ops_flags
-        } else {
-            0
-        };
-        if ops & !SEND_OPS != 0 {
+        if !matches!(x.qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
+            // XRC, raw packet, driver QPs.
             return null_err(libc::EOPNOTSUPP);
         }
+        let extended = x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        let ops = if extended { x.send_ops_flags } else { 0 };
+        if ops & !send_ops(x.qp_type) != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        // The plain path, from the fields both structs share.
         // SAFETY: plain C data; zero is valid.
         let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         ia.qp_context = x.qp_context;
@@ -106,7 +134,8 @@ pub extern "C" fn vrnic_create_qp_ex(
         x.cap = ia.cap;
         // SAFETY: qp was just made: a live VQp.
         let v = unsafe { &mut *qp.cast::<VQp>() };
-        v.extended = true;
+        // As mlx5: only a QP asked for with SEND_OPS_FLAGS has the extended view.
+        v.extended = extended;
         let t = &mut v.qp;
         t.comp_mask = 0;
         t.wr_start = Some(wr_start);
@@ -134,8 +163,9 @@ pub extern "C" fn vrnic_create_qp_ex(
     })
 }
 
-/// `ibv_qp_to_qp_ex`: the extended view of a QP made by `ibv_create_qp_ex`, else NULL (as
-/// rdma-core answers for a QP without one).
+/// `ibv_qp_to_qp_ex`: the extended view of a QP made by `ibv_create_qp_ex` with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, else NULL with `errno` untouched (rdma-core's answer for a
+/// QP without `VERBS_QP_EX`, which mlx5 sets only with that flag).
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     guard(null_mut(), || {
@@ -162,15 +192,21 @@ unsafe fn vqp<'a>(q: *mut ibv_qp_ex) -> &'a VQp {
     unsafe { &*q.cast::<VQp>() }
 }
 
-fn with_batch(q: *mut ibv_qp_ex, f: impl FnOnce(&mut Batch)) {
+/// The batch of `q`, locked (`None` for NULL or a poisoned lock).
+fn lock_batch<'a>(q: *mut ibv_qp_ex) -> Option<(&'a VQp, MutexGuard<'a, Batch>)> {
+    if q.is_null() {
+        return None;
+    }
+    // SAFETY: q is an extended QP of ours (the app got it from ibv_qp_to_qp_ex).
+    let v = unsafe { vqp(q) };
+    let b = v.batch.batch.lock().ok()?;
+    Some((v, b))
+}
+
+fn with_batch(q: *mut ibv_qp_ex, f: impl FnOnce(&VQp, &mut Batch)) {
     guard((), || {
-        if q.is_null() {
-            return;
-        }
-        // SAFETY: q is an extended QP of ours (the app got it from ibv_qp_to_qp_ex).
-        let v = unsafe { vqp(q) };
-        if let Ok(mut b) = v.batch.lock() {
-            f(&mut b);
+        if let Some((v, mut b)) = lock_batch(q) {
+            f(v, &mut b);
         }
     })
 }
@@ -185,19 +221,15 @@ fn begin(
     cmp: u64,
     swap: u64,
 ) {
-    if q.is_null() {
-        return;
-    }
-    // SAFETY: q is an extended QP of ours.
-    let v = unsafe { vqp(q) };
-    let (wr_id, wr_flags, sig_all) = (v.qp.wr_id, v.qp.wr_flags, v.sq_sig_all);
-    let mut flags = SendFlags((wr_flags & u32::from(SendFlags::ALL)) as u8);
-    if sig_all {
-        flags = flags | SendFlags::SIGNALED;
-    }
-    with_batch(q, |b| {
+    with_batch(q, |v, b| {
+        // FENCE, SIGNALED, SOLICITED; INLINE is for the inline setters to say.
+        let keep = u32::from(SendFlags::ALL & !SendFlags::INLINE.0);
+        let mut flags = SendFlags((v.qp.wr_flags & keep) as u8);
+        if v.sq_sig_all {
+            flags = flags | SendFlags::SIGNALED;
+        }
         b.wqes.push(SendWqe {
-            wr_id,
+            wr_id: v.qp.wr_id,
             opcode,
             flags,
             imm_data: imm,
@@ -207,13 +239,13 @@ fn begin(
             swap,
             ud: UdAddr::default(),
             payload: SendPayload::Sges(Vec::new()),
-        })
+        });
     });
 }
 
 /// Applies `f` to the batch's last WQE (a setter with no builder before it poisons the batch).
 fn last(q: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWqe) -> Result<(), c_int>) {
-    with_batch(q, |b| match b.wqes.last_mut() {
+    with_batch(q, |_, b| match b.wqes.last_mut() {
         Some(w) => {
             if let Err(e) = f(w)
                 && b.err == 0
@@ -227,7 +259,7 @@ fn last(q: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWqe) -> Result<(), c_int>) {
 }
 
 fn poison(q: *mut ibv_qp_ex, e: c_int) {
-    with_batch(q, |b| {
+    with_batch(q, |_, b| {
         if b.err == 0 {
             b.err = e;
         }
@@ -235,69 +267,79 @@ fn poison(q: *mut ibv_qp_ex, e: c_int) {
 }
 
 extern "C" fn wr_start(q: *mut ibv_qp_ex) {
-    with_batch(q, |b| {
+    guard((), || {
+        let Some((v, mut b)) = lock_batch(q) else {
+            return;
+        };
+        let me = std::thread::current().id();
+        // Another thread's section: wait for its wr_complete/wr_abort. Our own (a wr_start
+        // again without an end) starts over.
+        while b.owner.is_some_and(|o| o != me) {
+            b = match v.batch.ended.wait(b) {
+                Ok(b) => b,
+                Err(_) => return,
+            };
+        }
         b.wqes.clear();
         b.err = 0;
-    });
+        b.owner = Some(me);
+    })
 }
 
 extern "C" fn wr_abort(q: *mut ibv_qp_ex) {
-    with_batch(q, |b| {
-        b.wqes.clear();
-        b.err = 0;
-    });
+    with_batch(q, |v, b| b.end(&v.batch.ended));
 }
 
 extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
     guard(libc::EIO, || {
-        if q.is_null() {
+        let Some((v, mut b)) = lock_batch(q) else {
             return libc::EINVAL;
-        }
-        // SAFETY: q is an extended QP of ours.
-        let v = unsafe { vqp(q) };
-        let Ok(mut b) = v.batch.lock() else {
-            return libc::EIO;
         };
-        let wqes = std::mem::take(&mut b.wqes);
-        let err = std::mem::replace(&mut b.err, 0);
-        drop(b);
-        if err != 0 {
-            return err;
-        }
-        let state = v.state.load(Ordering::Acquire);
-        if !matches!(state, IBV_QPS_RTS | IBV_QPS_SQD | IBV_QPS_ERR | IBV_QPS_SQE) {
-            return libc::EINVAL;
-        }
-        let max_sge = v.cap.max_send_sge.max(1).min(MAX_SGE as u32) as usize;
-        for w in &wqes {
-            match &w.payload {
-                SendPayload::Sges(s) if s.len() > max_sge => return libc::EINVAL,
-                SendPayload::Inline(d) if d.len() > MAX_INLINE => return libc::EINVAL,
-                _ => {}
-            }
-            if v.qp.qp_base.qp_type == IBV_QPT_UD && w.ud.ah == 0 {
-                return libc::EINVAL;
-            }
-        }
-        if wqes.is_empty() {
-            return 0;
-        }
-        // SAFETY: the QP's context outlives it.
-        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
-        let Ok(mut sq) = v.sq.lock() else {
-            return libc::EIO;
-        };
-        if (sq.room(&conn.region) as usize) < wqes.len() {
-            return libc::ENOMEM;
-        }
-        for w in &wqes {
-            sq.push_send(&conn.region, w);
-        }
-        sq.publish(&conn.region);
-        drop(sq);
-        conn.doorbell();
-        0
+        let rc = post_batch(v, &b);
+        b.end(&v.batch.ended);
+        rc
     })
+}
+
+/// Writes a batch to the send ring, all or nothing, with `ibv_post_send`'s checks and errnos.
+fn post_batch(v: &VQp, b: &Batch) -> c_int {
+    if b.err != 0 {
+        return b.err;
+    }
+    let state = v.state.load(Ordering::Acquire);
+    if !matches!(state, IBV_QPS_RTS | IBV_QPS_SQD | IBV_QPS_ERR | IBV_QPS_SQE) {
+        return libc::EINVAL;
+    }
+    let max_sge = v.cap.max_send_sge.max(1).min(MAX_SGE as u32) as usize;
+    for w in &b.wqes {
+        match &w.payload {
+            SendPayload::Sges(s) if s.len() > max_sge => return libc::EINVAL,
+            SendPayload::Inline(d) if d.len() > MAX_INLINE => return libc::EINVAL,
+            _ => {}
+        }
+        // No wr_set_ud_addr (the daemon never hands out AH handle 0).
+        if v.qp.qp_base.qp_type == IBV_QPT_UD && w.ud.ah == 0 {
+            return libc::EINVAL;
+        }
+    }
+    if b.wqes.is_empty() {
+        return 0;
+    }
+    // SAFETY: the QP's context outlives it.
+    let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
+    let Ok(mut sq) = v.sq.lock() else {
+        return libc::EIO;
+    };
+    if (sq.room(&conn.region) as usize) < b.wqes.len() {
+        return libc::ENOMEM;
+    }
+    for w in &b.wqes {
+        sq.push_send(&conn.region, w);
+    }
+    sq.publish(&conn.region);
+    drop(sq);
+    conn.doorbell();
+    0
 }
 
 extern "C" fn wr_send(q: *mut ibv_qp_ex) {
@@ -330,7 +372,7 @@ extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, addr: u64, add: 
 
 extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     last(q, |w| {
-        w.payload = SendPayload::Sges(vec![Sge { addr, length, lkey }]);
+        set_sges(w, vec![Sge { addr, length, lkey }]);
         Ok(())
     });
 }
@@ -340,9 +382,14 @@ extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge)
         if n > MAX_SGE || (n > 0 && list.is_null()) {
             return Err(libc::EINVAL);
         }
-        w.payload = SendPayload::Sges(crate::ffi::sges(list, n as c_int));
+        set_sges(w, crate::ffi::sges(list, n as c_int));
         Ok(())
     });
+}
+
+fn set_sges(w: &mut SendWqe, sges: Vec<Sge>) {
+    w.payload = SendPayload::Sges(sges);
+    w.flags = SendFlags(w.flags.0 & !SendFlags::INLINE.0);
 }
 
 /// Copies inline data from the app's buffers now, as a device driver does.
@@ -492,55 +539,97 @@ pub extern "C" fn vrnic_create_cq_ex(
     })
 }
 
-/// Takes the next completion into the CQ's current one; ENOENT if none.
-fn take(cq: *mut ibv_cq_ex) -> c_int {
+/// The private parts of a CQ of ours: its queue, its current completion, its connection. No
+/// reference covers the `ibv_cq_ex` itself, which the app reads while we write `status` and
+/// `wr_id` into it.
+///
+/// # Safety
+/// `cq` must be a live CQ of ours.
+unsafe fn parts<'a>(
+    cq: *mut ibv_cq_ex,
+) -> (&'a Mutex<CompQueue>, &'a Mutex<Option<Cqe>>, &'a Conn) {
+    let v = cq.cast::<VCq>();
+    // SAFETY: per the contract, v is a live VCq (it starts with its ibv_cq_ex).
+    let q = unsafe { &(*v).q };
+    // SAFETY: as above.
+    let cur = unsafe { &(*v).cur };
+    // SAFETY: as above; the context is written once at creation.
+    let ctx = unsafe { (*cq).context };
+    // SAFETY: the CQ's context outlives it.
+    let conn = &unsafe { context(ctx) }.conn;
+    (q, cur, conn)
+}
+
+/// Loads the completion at the head of the ring as the current one (after retiring the current
+/// one, for `next_poll`); `ENOENT` if there is none.
+fn load(cq: *mut ibv_cq_ex, retire_current: bool) -> c_int {
     guard(libc::EIO, || {
         if cq.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: cq is ours and live.
-        let v = unsafe { &mut *cq.cast::<VCq>() };
-        // SAFETY: the CQ's context outlives it.
-        let conn = &unsafe { context(v.cq.context) }.conn;
-        let mut got = None;
-        if let Ok(mut q) = v.q.lock() {
-            q.poll(&conn.region, 1, |_, c| got = Some(*c));
+        // SAFETY: cq is ours and live (the app got it from create_cq_ex).
+        let (q, cur, conn) = unsafe { parts(cq) };
+        let (Ok(mut q), Ok(mut cur)) = (q.lock(), cur.lock()) else {
+            return libc::EIO;
+        };
+        if retire_current && cur.is_some() {
+            q.consume();
         }
-        let Some(c) = got else {
+        *cur = q.peek(&conn.region);
+        let Some(c) = *cur else {
             return libc::ENOENT;
         };
-        v.cq.status = c.status as c_uint;
-        v.cq.wr_id = c.wr_id;
-        if let Ok(mut cur) = v.cur.lock() {
-            *cur = c;
-        }
+        // SAFETY: cq is live; the app reads these two fields after this call returns.
+        unsafe { (*cq).status = c.status as c_uint };
+        // SAFETY: as above.
+        unsafe { (*cq).wr_id = c.wr_id };
         0
     })
 }
 
 extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
-    // SAFETY: attr is NULL or the app's.
-    if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
-        return libc::EINVAL;
-    }
-    take(cq)
+    guard(libc::EIO, || {
+        // SAFETY: attr is NULL or the app's.
+        if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
+            return libc::EINVAL;
+        }
+        load(cq, false)
+    })
 }
 
 extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
-    take(cq)
+    load(cq, true)
 }
 
-extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    guard((), || {
+        if cq.is_null() {
+            return;
+        }
+        // SAFETY: cq is ours and live.
+        let (q, cur, conn) = unsafe { parts(cq) };
+        let (Ok(mut q), Ok(mut cur)) = (q.lock(), cur.lock()) else {
+            return;
+        };
+        if cur.take().is_some() {
+            q.consume();
+        }
+        q.publish(&conn.region);
+    })
+}
 
-/// Reads a field of the current completion.
+/// Reads a field of the current completion (0 when there is none).
 fn cur<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&Cqe) -> T) -> T {
     guard(T::default(), || {
         if cq.is_null() {
             return T::default();
         }
         // SAFETY: cq is ours and live.
-        let v = unsafe { &*cq.cast::<VCq>() };
-        v.cur.lock().map(|c| f(&c)).unwrap_or_default()
+        let (_, cur, _) = unsafe { parts(cq) };
+        cur.lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(f))
+            .unwrap_or_default()
     })
 }
 
@@ -581,30 +670,68 @@ extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
 }
 
 extern "C" fn read_dlid_path_bits(_cq: *mut ibv_cq_ex) -> u8 {
-    0
+    // No LMC: no path bits.
+    guard(0, || 0)
 }
 
 extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
     cur(cq, |c| c.timestamp_ns)
 }
 
+// The readers of fields a CQ cannot be created with here (creation with their wc_flags fails
+// with EOPNOTSUPP): they answer 0, never garbage.
+
 extern "C" fn read_cvlan(_cq: *mut ibv_cq_ex) -> u16 {
-    0
+    guard(0, || 0)
 }
 
 extern "C" fn read_flow_tag(_cq: *mut ibv_cq_ex) -> u32 {
-    0
+    guard(0, || 0)
 }
 
 extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
-    if !info.is_null() {
-        // SAFETY: ibv_wc_tm_info is plain data; zero is valid.
-        let zero: ibv_wc_tm_info = unsafe { std::mem::zeroed() };
-        // SAFETY: info is the app's struct.
-        unsafe { info.write(zero) };
-    }
+    guard((), || {
+        if !info.is_null() {
+            // SAFETY: ibv_wc_tm_info is plain data; zero is valid.
+            let zero: ibv_wc_tm_info = unsafe { std::mem::zeroed() };
+            // SAFETY: info is the app's struct.
+            unsafe { info.write(zero) };
+        }
+    })
 }
 
 extern "C" fn read_completion_wallclock_ns(_cq: *mut ibv_cq_ex) -> u64 {
-    0
+    guard(0, || 0)
+}
+
+// ---- device clock ----------------------------------------------------------------------------
+
+/// `verbs_context.query_rt_values` (the `ibv_query_rt_values_ex` inline): the raw clock is the
+/// completion-timestamp clock, `CLOCK_MONOTONIC` nanoseconds, reported as mlx5 reports its
+/// cycle counter (`tv_sec` 0, the count in `tv_nsec`).
+pub extern "C" fn vrnic_query_rt_values(
+    ctx: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    guard(libc::EIO, || {
+        if ctx.is_null() || values.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: values is the app's struct.
+        let want = unsafe { (*values).comp_mask };
+        if want & !IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            return libc::EINVAL;
+        }
+        if want & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            let clock = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: crate::sys::monotonic_ns() as libc::c_long,
+            };
+            // SAFETY: as above.
+            unsafe { (*values).raw_clock = clock };
+        }
+        // SAFETY: as above.
+        unsafe { (*values).comp_mask = want };
+        0
+    })
 }

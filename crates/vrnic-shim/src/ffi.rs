@@ -105,8 +105,9 @@ pub(crate) struct VCq {
     pub(crate) q: Mutex<CompQueue>,
     channel: Option<Arc<Channel>>,
     delivered: std::sync::atomic::AtomicU32,
-    /// The completion `start_poll`/`next_poll` took, for the `read_*` calls.
-    pub(crate) cur: Mutex<vrnic_wire::Cqe>,
+    /// The completion `start_poll`/`next_poll` loaded (still in the ring until `next_poll` or
+    /// `end_poll` retires it), for the `read_*` calls.
+    pub(crate) cur: Mutex<Option<vrnic_wire::Cqe>>,
 }
 
 /// A QP: `ibv_qp_ex` first (its first member is the `ibv_qp`).
@@ -118,10 +119,11 @@ pub(crate) struct VQp {
     pub(crate) cap: QpCap,
     pub(crate) sq_sig_all: bool,
     pub(crate) state: std::sync::atomic::AtomicU32,
-    /// Made by `create_qp_ex`: `ibv_qp_to_qp_ex` hands out `qp` with its `ibv_wr_*` table.
+    /// Made by `create_qp_ex` with `SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex` hands out `qp` with its
+    /// `ibv_wr_*` table.
     pub(crate) extended: bool,
-    /// The work requests an `ibv_wr_start` batch built so far, and its first error.
-    pub(crate) batch: Mutex<crate::ex::Batch>,
+    /// The `ibv_wr_start` batch being built, its first error and the thread building it.
+    pub(crate) batch: crate::ex::WrState,
 }
 
 fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
@@ -261,6 +263,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.create_srq_ex = Some(crate::srq::vrnic_create_srq_ex);
         vctx.create_qp_ex = Some(crate::ex::vrnic_create_qp_ex);
         vctx.create_cq_ex = Some(crate::ex::vrnic_create_cq_ex);
+        vctx.query_rt_values = Some(crate::ex::vrnic_query_rt_values);
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
         vctx.context.async_fd = conn.async_q.efd.fd();
@@ -955,10 +958,11 @@ pub extern "C" fn vrnic_ibv_create_cq(
                 ring,
                 cons: 0,
                 empty: 0,
+                solicited_only: false,
             }),
             channel: chan.clone(),
             delivered: std::sync::atomic::AtomicU32::new(0),
-            cur: Mutex::new(crate::ex::EMPTY_CQE),
+            cur: Mutex::new(None),
         });
         let p = Box::into_raw(v);
         if let Some(chan) = chan {
@@ -1016,13 +1020,21 @@ pub extern "C" fn vrnic_ibv_get_cq_event(
         }
         // SAFETY: ch is ours and live.
         let chan = unsafe { &(*ch.cast::<VChannel>()).chan };
-        if let Err(e) = chan.efd.wait() {
-            return minus_one(e);
-        }
-        let Some(p) = chan.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
-            return minus_one(libc::EAGAIN);
+        let cq = loop {
+            if let Err(e) = chan.efd.wait() {
+                return minus_one(e);
+            }
+            let Some(p) = chan.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+                return minus_one(libc::EAGAIN);
+            };
+            let cq = p as *mut VCq;
+            // A blocking wait returns only events with a completion behind them (some apps,
+            // `ibv_rc_pingpong -e -t` among them, treat an empty poll after an event as fatal).
+            // SAFETY: queued CQs are live (destroy_cq removes them from the queue).
+            if chan.efd.nonblocking() || !unsafe { stale_event(cq) } {
+                break cq;
+            }
         };
-        let cq = p as *mut VCq;
         // SAFETY: queued CQs are live (destroy_cq removes them from the queue).
         unsafe {
             (*cq).delivered.fetch_add(1, Ordering::Relaxed);
@@ -1035,6 +1047,26 @@ pub extern "C" fn vrnic_ibv_get_cq_event(
         unsafe { ctx_out.write(user) };
         0
     })
+}
+
+/// Whether an event of `cq` has nothing behind it: the app re-armed, then a poll took the
+/// completion that raised the event. Such an event is dropped, and the CQ armed again in the
+/// app's last mode (the dropped event used up its arm), unless a completion arrived meanwhile.
+///
+/// # Safety
+/// `cq` must be a live CQ of ours.
+unsafe fn stale_event(cq: *mut VCq) -> bool {
+    // SAFETY: per the contract.
+    let v = unsafe { &*cq };
+    // SAFETY: the CQ's context outlives it.
+    let conn = &unsafe { context(v.cq.context) }.conn;
+    let Ok(q) = v.q.lock() else { return false };
+    if !q.is_empty(&conn.region) {
+        return false;
+    }
+    q.rearm(&conn.region);
+    // A completion that landed before the arm raised no event of its own: deliver this one.
+    q.is_empty(&conn.region)
 }
 
 #[unsafe(no_mangle)]
@@ -1059,7 +1091,7 @@ pub extern "C" fn vrnic_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
         let v = unsafe { &*cq.cast::<VCq>() };
         // SAFETY: the CQ's context outlives it.
         let conn = &unsafe { context(v.cq.context) }.conn;
-        if let Ok(q) = v.q.lock() {
+        if let Ok(mut q) = v.q.lock() {
             q.arm(&conn.region, solicited_only != 0);
         }
         0
@@ -1194,7 +1226,7 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
             sq_sig_all: ia.sq_sig_all != 0,
             state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),
             extended: false,
-            batch: Mutex::new(crate::ex::Batch::default()),
+            batch: Default::default(),
         });
         let p = Box::into_raw(v);
         if let Ok(mut m) = c.qps.lock() {

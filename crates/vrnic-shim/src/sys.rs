@@ -50,6 +50,15 @@ impl EventFd {
     }
 }
 
+impl EventFd {
+    /// Whether the app set `O_NONBLOCK` on the fd (then [`wait`](Self::wait) never blocks).
+    pub fn nonblocking(&self) -> bool {
+        // SAFETY: F_GETFL on our own fd has no memory preconditions.
+        let flags = unsafe { libc::fcntl(self.0, libc::F_GETFL) };
+        flags >= 0 && flags & libc::O_NONBLOCK != 0
+    }
+}
+
 impl Drop for EventFd {
     fn drop(&mut self) {
         // SAFETY: we own the fd.
@@ -112,6 +121,19 @@ pub fn range_mapped(addr: usize, len: usize) -> bool {
         at += n * page;
     }
     true
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock the daemon stamps completions with.
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
 }
 
 /// Yields the CPU (to the engine thread, on a small machine).

@@ -1,0 +1,128 @@
+//! The extended verbs API (`ibv_create_qp_ex` with the `ibv_wr_*` builders, `ibv_create_cq_ex`
+//! with `start_poll`/`next_poll`/`end_poll` and the `ibv_wc_read_*` accessors) checked from two
+//! processes by `tests/c/ex_check.c`, built against the system's libibverbs-dev and run under
+//! `vrnic run` on two vRNICs of one daemon, as `verbs_c.rs` runs `verbs_check.c`: bytes land
+//! exactly where they should for every builder and setter, every completion field is right,
+//! completion timestamps are in order on the host's `CLOCK_MONOTONIC`, and aborted batches or
+//! batches with an unsupported builder post nothing.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{Daemon, port, run_pair};
+
+fn ex_check() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/ex_check.c");
+        // Tests may build at the same time (nextest runs each in its own process): each builds
+        // its own file and renames it into place, which is atomic.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let out = dir.join("ex_check");
+        let tmp = dir.join(format!("ex_check.{}.tmp", std::process::id()));
+        let mut cc = Command::new("cc");
+        cc.args(["-O2", "-Wall", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .arg("-libverbs");
+        let cc = match cc.output() {
+            Ok(o) => o,
+            Err(e) => {
+                panic!("cannot run cc: {e} (bash scripts/test installs gcc and libibverbs-dev)")
+            }
+        };
+        assert!(
+            cc.status.success(),
+            "compiling {} failed (is libibverbs-dev installed? bash scripts/test installs it):\n{}",
+            src.display(),
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        std::fs::rename(&tmp, &out).expect("move ex_check into place");
+        out
+    })
+}
+
+/// Runs one mode on both sides and checks that each side passed every check named in `checks`
+/// (an `OK` line starting with it) and finished.
+fn check(mode: &str, server_checks: &[&str], client_checks: &[&str]) {
+    let bin = ex_check().to_str().expect("utf-8 path").to_string();
+    let d = Daemon::start();
+    let p = port().to_string();
+    let pair = run_pair(
+        &d,
+        &[&bin, "server", &p, mode],
+        &[&bin, "client", "127.0.0.1", &p, mode],
+        Duration::from_secs(60),
+    );
+    pair.assert_ok();
+    for (side, checks, name) in [
+        (&pair.server, server_checks, "server"),
+        (&pair.client, client_checks, "client"),
+    ] {
+        assert!(!side.stdout.contains("FAIL"), "{}", side.stdout);
+        for c in checks.iter().copied().chain([" done"]) {
+            let want = if c == " done" {
+                format!("OK {name} {mode} done")
+            } else {
+                format!("OK {c}")
+            };
+            assert!(
+                side.stdout.lines().any(|l| l.starts_with(&want)),
+                "{name} lacks {want:?}:\n{}",
+                side.stdout
+            );
+        }
+    }
+}
+
+#[test]
+fn wr_builders_and_extended_cq_move_exact_bytes_and_report_every_field() {
+    check(
+        "rc",
+        &[
+            "creation: wallclock CQ, LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused",
+            "receive of wr_rdma_write_imm",
+            "receive of wr_send_imm from 3 SGEs",
+            "receives of inline data, an inline list, and an SGE send with the inline flag",
+            "atomics: the remote word is 7",
+            "receives of the batch",
+            "aborted and failed batches changed nothing here",
+            "server wr_send_imm",
+            "100 single-byte writes landed",
+        ],
+        &[
+            "creation: wallclock CQ, LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused",
+            "wr_rdma_write: completion opcode, length, qp_num; stamped between two raw clock reads",
+            "wr_rdma_write_imm",
+            "wr_send_imm with wr_set_sge_list of 3 SGEs",
+            "wr_set_inline_data, wr_set_inline_data_list",
+            "wr_rdma_read into two SGEs",
+            "wr_atomic_fetch_add, wr_atomic_cmp_swp (hit and miss)",
+            "one batch of write, write_imm, unsignaled send, send_imm inline, read",
+            "wr_abort: nothing posted",
+            "a batch with wr_local_inv",
+            "a batch with wr_send_inv",
+            "a batch with wr_set_xrc_srqn",
+            "the QP works after aborted and failed batches",
+            "receive of the server's wr_send_imm",
+            "completion event on an extended CQ",
+            "100 completions through a 16-entry CQ",
+        ],
+    );
+}
+
+#[test]
+fn ud_wr_set_ud_addr_sends_and_a_wr_without_an_address_posts_nothing() {
+    check(
+        "ud",
+        &["UD receives: opcode, imm, length with GRH space, src_qp, slid, bytes"],
+        &[
+            "a UD WR without wr_set_ud_addr: EINVAL, nothing posted",
+            "wr_send_imm and an inline wr_send with wr_set_ud_addr",
+        ],
+    );
+}
