@@ -264,12 +264,21 @@ pub extern "C" fn vrnic_rdma_create_event_channel() -> *mut rdma_event_channel {
     })
 }
 
+/// The channel is not freed and its fd stays open until the process exits: a thread may still
+/// be on its way into `rdma_get_cm_event` on it (Debian 12's `rping` does this at exit: its CM
+/// thread loops back while the main thread destroys the channel, and with a closed fd it would
+/// fail with `EBADF` and `exit(-1)`). Such a thread now waits, as one already blocked in the
+/// kernel's read would, until the process ends. The cost is one fd and a few bytes per
+/// destroyed channel; programs make few.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
     guard((), || {
         if !ch.is_null() {
-            // SAFETY: boxed by create_event_channel; the app gives it up now.
-            drop(unsafe { Box::from_raw(ch.cast::<VChannel>()) });
+            // SAFETY: made by create_event_channel; the app gives it up now.
+            let c = unsafe { &*ch.cast::<VChannel>() };
+            if let Ok(mut q) = c.queue.lock() {
+                q.clear();
+            }
         }
     })
 }
