@@ -348,6 +348,14 @@ fn soak_good_pairs_pass_while_hostile_clients_come_and_go() {
             }
             round
         });
+        // Stops the hostile thread however this one leaves the scope (a failed pair panics).
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
         let (mut pairs, mut base) = (0u64, None);
         while std::time::Instant::now() < end {
             if base.is_none() && std::time::Instant::now() > warm {
