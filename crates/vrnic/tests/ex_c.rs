@@ -9,7 +9,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -17,33 +16,7 @@ use common::{Daemon, port, run_pair};
 
 fn ex_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/ex_check.c");
-        // Tests may build at the same time (nextest runs each in its own process): each builds
-        // its own file and renames it into place, which is atomic.
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let out = dir.join("ex_check");
-        let tmp = dir.join(format!("ex_check.{}.tmp", std::process::id()));
-        let mut cc = Command::new("cc");
-        cc.args(["-O2", "-Wall", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .arg("-libverbs");
-        let cc = match cc.output() {
-            Ok(o) => o,
-            Err(e) => {
-                panic!("cannot run cc: {e} (bash scripts/test installs gcc and libibverbs-dev)")
-            }
-        };
-        assert!(
-            cc.status.success(),
-            "compiling {} failed (is libibverbs-dev installed? bash scripts/test installs it):\n{}",
-            src.display(),
-            String::from_utf8_lossy(&cc.stderr)
-        );
-        std::fs::rename(&tmp, &out).expect("move ex_check into place");
-        out
-    })
+    BIN.get_or_init(|| common::c_program("ex_check", &["-libverbs"]))
 }
 
 /// Runs one mode on both sides and checks that each side passed every check named in `checks`

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -136,27 +135,7 @@ fn udaddy_datagrams() {
 
 fn cm_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/cm_check.c");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let out = dir.join("cm_check");
-        let tmp = dir.join(format!("cm_check.{}.tmp", std::process::id()));
-        let cc = Command::new("cc")
-            .args(["-O2", "-Wall", "-Werror", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .args(["-lrdmacm", "-libverbs"])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run cc: {e} (bash scripts/test installs gcc)"));
-        assert!(
-            cc.status.success(),
-            "compiling {} failed (librdmacm-dev installed?):\n{}",
-            src.display(),
-            String::from_utf8_lossy(&cc.stderr)
-        );
-        std::fs::rename(&tmp, &out).expect("move cm_check into place");
-        out
-    })
+    BIN.get_or_init(|| common::c_program("cm_check", &["-lrdmacm", "-libverbs"]))
 }
 
 fn has(out: &common::Output, what: &str) {

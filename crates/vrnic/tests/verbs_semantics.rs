@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -18,31 +17,7 @@ use common::{Daemon, output};
 
 fn program() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/verbs_semantics.c");
-        // nextest runs each test in its own process: each builds its own file and renames it
-        // into place, which is atomic.
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let out = dir.join("verbs_semantics");
-        let tmp = dir.join(format!("verbs_semantics.{}.tmp", std::process::id()));
-        let cc = Command::new("cc")
-            .args(["-O2", "-Wall", "-Werror", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .args(["-libverbs", "-lpthread"])
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run cc: {e} (bash scripts/test installs gcc and libibverbs-dev)")
-            });
-        assert!(
-            cc.status.success(),
-            "compiling {} failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&cc.stderr)
-        );
-        std::fs::rename(&tmp, &out).expect("move verbs_semantics into place");
-        out
-    })
+    BIN.get_or_init(|| common::c_program("verbs_semantics", &["-libverbs", "-lpthread"]))
 }
 
 /// Runs one case on a fresh daemon; it must exit 0 having printed every check in `expect`.

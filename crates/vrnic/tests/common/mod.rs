@@ -517,3 +517,34 @@ pub fn wait_listening(mut server: Proc, port: u16, limit: Duration) -> Proc {
     }
     server
 }
+
+/// Builds `tests/c/NAME.c` with the system's `cc` (against the installed rdma-core headers,
+/// linking `libs`) into this test target's tmp dir, once per test process, and returns the
+/// program's path. nextest runs tests in parallel processes: each builds its own file and
+/// renames it into place, which is atomic. A missing compiler or header is a failure.
+pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/c")
+        .join(format!("{name}.c"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let out = dir.join(name);
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run cc: {e} (bash scripts/test installs gcc and the -dev packages)")
+        });
+    assert!(
+        cc.status.success(),
+        "compiling {} failed (libibverbs-dev / librdmacm-dev installed? bash scripts/test \
+         installs them):\n{}",
+        src.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    std::fs::rename(&tmp, &out).expect("move the program into place");
+    out
+}
