@@ -1768,8 +1768,18 @@ fn free_ring(v: &mut Vnic, off: u64, depth: u32, slot: usize) {
     free_pages(v, off, layout::ring_bytes(depth, slot) / layout::PAGE);
 }
 
+/// Gives pages back to the heap, zeroed: punched out of the file (their memory returns to the
+/// host), or, where the file system cannot punch, overwritten with zeros. A page handed out
+/// again reads as zeros; drivers rely on it (they do not copy untouched pages on
+/// registration), and no context sees another's old bytes.
 fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
-    let _ = v.region.punch(off, pages * layout::PAGE);
+    let len = pages * layout::PAGE;
+    if v.region.punch(off, len).is_err() {
+        let zeros = [0u8; layout::PAGE as usize];
+        for p in 0..pages {
+            let _ = v.region.write_bytes(off + p * layout::PAGE, &zeros);
+        }
+    }
     v.heap.free(off, pages);
 }
 

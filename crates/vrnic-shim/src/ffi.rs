@@ -674,11 +674,31 @@ fn reg_mr(
         };
         for r in runs.iter().filter(|r| r.fresh) {
             let bytes = u64::from(r.pages) * PAGE;
-            // SAFETY: the run lies inside the range mincore just proved mapped (page rounded);
-            // it is the app's private memory, read once here, before the remap below.
-            let cur = unsafe { std::slice::from_raw_parts(r.va as *const u8, bytes as usize) };
-            if conn.region.write_bytes(r.off, cur).is_err() {
-                return null_err(libc::EFAULT);
+            // The app's bytes go into the region pages, except pages it never touched: those
+            // read as zeros, as fresh region pages do (the daemon punches pages it frees), and
+            // copying them would only make the file system allocate them now.
+            let untouched = sys::untouched_pages(r.va as usize, bytes as usize);
+            let mut page = 0u64;
+            while page < u64::from(r.pages) {
+                let skip = |p: u64| untouched.as_ref().is_some_and(|u| u[p as usize]);
+                if skip(page) {
+                    page += 1;
+                    continue;
+                }
+                let mut n = 1;
+                while page + n < u64::from(r.pages) && !skip(page + n) {
+                    n += 1;
+                }
+                let va = r.va + page * PAGE;
+                // SAFETY: these pages lie inside the range mincore just proved mapped (page
+                // rounded); they are the app's private memory, read once here, before the
+                // remap below.
+                let cur =
+                    unsafe { std::slice::from_raw_parts(va as *const u8, (n * PAGE) as usize) };
+                if conn.region.write_bytes(r.off + page * PAGE, cur).is_err() {
+                    return null_err(libc::EFAULT);
+                }
+                page += n;
             }
             // SAFETY: the pages are the app's registered buffer; their bytes were copied into
             // the region pages, so the app sees the same contents after the remap.

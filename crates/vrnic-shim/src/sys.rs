@@ -99,6 +99,61 @@ pub fn poll_in(fd: RawFd, timeout_ms: i32) -> (bool, bool) {
     )
 }
 
+/// For each page of the page-aligned range `addr..addr+len`: whether it was never touched, so
+/// it reads as zeros and a registration need not copy it. Only private anonymous memory has
+/// such pages: the answer is `None` (copy everything) unless `/proc/self/maps` shows the whole
+/// range private, anonymous and not file backed. A page counts as untouched when
+/// `/proc/self/pagemap` says it is neither present nor swapped out.
+pub fn untouched_pages(addr: usize, len: usize) -> Option<Vec<bool>> {
+    let page = 4096usize;
+    let end = addr.checked_add(len)?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    // Private anonymous areas, merged where they touch, must cover the range.
+    let mut covered = addr;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let range = f.next()?;
+        let perms = f.next()?;
+        let (_offset, _dev, inode) = (f.next()?, f.next()?, f.next()?);
+        let path = f.next().unwrap_or("");
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).ok()?,
+            usize::from_str_radix(hi, 16).ok()?,
+        );
+        if hi <= covered || lo > covered {
+            continue;
+        }
+        let anonymous = perms.ends_with('p')
+            && inode == "0"
+            && (path.is_empty() || path == "[heap]" || path == "[stack]");
+        if !anonymous {
+            return None;
+        }
+        covered = hi;
+        if covered >= end {
+            break;
+        }
+    }
+    if covered < end {
+        return None;
+    }
+    let pages = len / page;
+    let mut raw = vec![0u8; pages * 8];
+    let f = std::fs::File::open("/proc/self/pagemap").ok()?;
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(&mut raw, (addr / page * 8) as u64).ok()?;
+    Some(
+        raw.chunks_exact(8)
+            .map(|e| {
+                let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                // Bit 63: present; bit 62: swapped.
+                v & (3 << 62) == 0
+            })
+            .collect(),
+    )
+}
+
 /// Whether every page of `addr..addr+len` is mapped in this process (`mincore` fails with
 /// `ENOMEM` on a hole), so a registration of unmapped memory fails with `EFAULT` instead of a
 /// fault inside the driver.

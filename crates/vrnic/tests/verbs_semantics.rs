@@ -222,3 +222,11 @@ fn no_way_to_reach_memory_without_a_valid_rkey() {
         ],
     );
 }
+
+#[test]
+fn registration_keeps_written_bytes_and_zeroes_untouched_pages() {
+    case(
+        "reg_contents",
+        &["written pages keep their bytes, untouched and read-only pages read zero"],
+    );
+}
