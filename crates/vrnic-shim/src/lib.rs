@@ -1,7 +1,8 @@
 //! The vrnic driver library: a shared object that `LD_PRELOAD` loads into an unmodified RDMA
 //! program, exporting the libibverbs C ABI over a vRNIC.
 //!
-//! Control verbs (open, PD, MR, CQ, QP create/modify/destroy) become requests to the daemon
+//! Control verbs (open, PD, MR, CQ, QP create/modify/destroy, connection management) become
+//! requests to the daemon
 //! through the vRNIC region's control mailbox (API remoting); the data path (`post_send`,
 //! `post_recv`, `poll_cq`, `req_notify_cq`) writes and reads rings in the same shared region,
 //! with no system call per operation. Registered memory is made zero-copy by mapping region
@@ -15,8 +16,11 @@
 //! panic cross the C boundary, installs no signal handlers, and starts one thread per opened
 //! device (the notifier), not at load time.
 //!
-//! Layout: [`abi`] mirrors the C structs, `ffi` holds every `extern "C"` function, `symbols`
-//! gives them rdma-core's symbol versions, [`client`] is the safe core over `vrnic-shm`.
+//! Layout: [`abi`] and [`cm_abi`] mirror the C structs of libibverbs and librdmacm; `ffi`
+//! holds the core `extern "C"` verbs (devices, PD, MR, CQ, QP, post/poll), `srq`, `ah` and `ex`
+//! the SRQ, address-handle and extended (`ibv_wr_*`, `ibv_cq_ex`) verbs, `cm` the `rdma_*`
+//! connection manager; `symbols` gives them rdma-core's symbol versions; [`client`] is the safe
+//! core over `vrnic-shm`.
 #![deny(unsafe_code)]
 
 pub mod abi;
