@@ -1,11 +1,10 @@
 //! The vrnic driver library: a shared object that `LD_PRELOAD` loads into an unmodified RDMA
-//! program, exporting the libibverbs C ABI over a vRNIC.
+//! program, exporting the libibverbs and librdmacm C ABIs over a vRNIC.
 //!
 //! Control verbs (open, PD, MR, CQ, QP create/modify/destroy, connection management) become
-//! requests to the daemon
-//! through the vRNIC region's control mailbox (API remoting); the data path (`post_send`,
-//! `post_recv`, `poll_cq`, `req_notify_cq`) writes and reads rings in the same shared region,
-//! with no system call per operation. Registered memory is made zero-copy by mapping region
+//! requests to the daemon through the vRNIC region's control mailbox (API remoting); the data
+//! path (`post_send`, `post_recv`, `poll_cq`, `req_notify_cq`) writes and reads rings in the
+//! same shared region, with no system call per operation. Registered memory is made zero-copy by mapping region
 //! pages over the application's buffer. The real libibverbs stays loaded underneath for the
 //! context-free helpers (`ibv_wc_status_str`, ...), which this library does not replace.
 //!
