@@ -1721,6 +1721,15 @@ pub extern "C" fn vrnic_bind_mw(
 
 // ---- async events ----------------------------------------------------------------------------
 
+/// The object (as its address) an async event names by handle, or 0 if it is gone.
+fn object(table: &Mutex<HashMap<u32, usize>>, handle: u32) -> usize {
+    table
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&handle).copied())
+        .unwrap_or(0)
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_get_async_event(
     ctx: *mut ibv_context,
@@ -1750,39 +1759,19 @@ pub extern "C" fn vrnic_ibv_get_async_event(
         out.event_type = kind;
         match kind {
             vrnic_api::event::QP_FATAL => {
-                let p = c
-                    .qps
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&handle).copied())
-                    .unwrap_or(0);
+                let p = object(&c.qps, handle);
                 out.element.qp = p as *mut ibv_qp;
             }
             vrnic_api::event::SRQ_LIMIT_REACHED | vrnic_api::event::SRQ_ERR => {
-                let p = c
-                    .srqs
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&handle).copied())
-                    .unwrap_or(0);
+                let p = object(&c.srqs, handle);
                 out.element.srq = p as *mut ibv_srq;
             }
             vrnic_api::event::QP_LAST_WQE_REACHED => {
-                let p = c
-                    .qps
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&handle).copied())
-                    .unwrap_or(0);
+                let p = object(&c.qps, handle);
                 out.element.qp = p as *mut ibv_qp;
             }
             vrnic_api::event::CQ_ERR => {
-                let p = c
-                    .cqs
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&handle).copied())
-                    .unwrap_or(0);
+                let p = object(&c.cqs, handle);
                 out.element.cq = p as *mut ibv_cq;
             }
             _ => out.element.port_num = 1,

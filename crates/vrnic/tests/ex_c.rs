@@ -10,9 +10,6 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::Duration;
-
-use common::{Daemon, port, run_pair};
 
 fn ex_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -22,16 +19,7 @@ fn ex_check() -> &'static PathBuf {
 /// Runs one mode on both sides and checks that each side passed every check named in `checks`
 /// (an `OK` line starting with it) and finished.
 fn check(mode: &str, server_checks: &[&str], client_checks: &[&str]) {
-    let bin = ex_check().to_str().expect("utf-8 path").to_string();
-    let d = Daemon::start();
-    let p = port().to_string();
-    let pair = run_pair(
-        &d,
-        &[&bin, "server", &p, mode],
-        &[&bin, "client", "127.0.0.1", &p, mode],
-        Duration::from_secs(60),
-    );
-    pair.assert_ok();
+    let pair = common::c_check_pair(ex_check(), mode);
     for (side, checks, name) in [
         (&pair.server, server_checks, "server"),
         (&pair.client, client_checks, "client"),

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{Daemon, port, run_pair};
+use common::Daemon;
 
 fn verbs_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -20,16 +20,7 @@ fn verbs_check() -> &'static PathBuf {
 }
 
 fn check(mode: &str) {
-    let bin = verbs_check().to_str().expect("utf-8 path").to_string();
-    let d = Daemon::start();
-    let p = port().to_string();
-    let pair = run_pair(
-        &d,
-        &[&bin, "server", &p, mode],
-        &[&bin, "client", "127.0.0.1", &p, mode],
-        Duration::from_secs(60),
-    );
-    pair.assert_ok();
+    let pair = common::c_check_pair(verbs_check(), mode);
     for side in [&pair.server, &pair.client] {
         assert!(
             side.stdout.contains(&format!(" {mode} done")),

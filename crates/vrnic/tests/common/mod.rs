@@ -548,3 +548,19 @@ pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
     std::fs::rename(&tmp, &out).expect("move the program into place");
     out
 }
+
+/// Runs a two-process C check (`BIN server PORT MODE` and `BIN client 127.0.0.1 PORT MODE`) on
+/// a fresh daemon, each side on its own vRNIC, and checks both exit 0.
+pub fn c_check_pair(bin: &Path, mode: &str) -> Pair {
+    let bin = bin.to_str().expect("utf-8 path");
+    let d = Daemon::start();
+    let p = port().to_string();
+    let pair = run_pair(
+        &d,
+        &[bin, "server", &p, mode],
+        &[bin, "client", "127.0.0.1", &p, mode],
+        Duration::from_secs(60),
+    );
+    pair.assert_ok();
+    pair
+}
