@@ -34,8 +34,17 @@ const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
 /// How long the loop keeps spinning after the last work before it sleeps.
 const SPIN_QUIET: Duration = Duration::from_millis(2);
-/// Longest sleep, so timers and guest-polled regions are looked at regularly.
+/// Longest sleep, so timers, guest claims and the daemon's heartbeat are looked at regularly.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Longest sleep while a region-only context (a VM guest) is attached: it cannot ring a
+/// doorbell, so the engine looks at its rings at least this often.
+const GUEST_SLEEP: Duration = Duration::from_millis(1);
+/// How often the loop looks for guests claiming or leaving mailboxes and checks their
+/// heartbeats (and advances its own).
+const GUEST_SCAN: Duration = Duration::from_millis(20);
+/// A guest context whose heartbeat stalls this long is reclaimed as dead. Generous: a guest
+/// under software emulation may be descheduled for a while.
+const GUEST_LEASE: Duration = Duration::from_secs(5);
 /// Work requests taken from one ring per pass.
 const RING_BATCH: u32 = 64;
 /// Control requests served per wake of a context.
@@ -108,8 +117,8 @@ struct Vnic {
 
 struct Ctx {
     vnic: VnicId,
-    stream: UnixStream,
-    token: Token,
+    /// How the context reaches the daemon and how the daemon learns that it died.
+    link: Link,
     mailbox: Mailbox,
     ev_prod: u32,
     /// App page address -> (region offset, registrations using it).
@@ -123,6 +132,13 @@ struct Ctx {
     srqs: HashSet<SrqId>,
     pds: u32,
     wake: bool,
+}
+
+/// A context's link: a host process's socket (doorbells, wake-ups, death by close), or, for a
+/// VM guest, nothing but its mailbox: polled, with a heartbeat instead of a socket to close.
+enum Link {
+    Socket { stream: UnixStream, token: Token },
+    Region { beat: u32, beat_at: Instant },
 }
 
 struct CqSlot {
@@ -180,6 +196,9 @@ pub struct Server {
     _lock: std::fs::File,
     mounted: bool,
     sleeping: bool,
+    /// Region-only contexts (served by polling their mailboxes).
+    guests: Vec<CtxId>,
+    last_scan: Instant,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -300,6 +319,8 @@ impl Server {
             _lock: lock,
             mounted,
             sleeping: false,
+            guests: Vec::new(),
+            last_scan: Instant::now(),
         })
     }
 
@@ -333,7 +354,12 @@ impl Server {
                             .min()
                             .map(|t| t.saturating_duration_since(Instant::now()))
                             .unwrap_or(MAX_SLEEP);
-                        Some(t.min(MAX_SLEEP))
+                        let cap = if self.guests.is_empty() {
+                            MAX_SLEEP
+                        } else {
+                            GUEST_SLEEP
+                        };
+                        Some(t.min(cap))
                     }
                 } else {
                     Some(Duration::ZERO)
@@ -364,6 +390,13 @@ impl Server {
                 }
             }
             let now = Instant::now();
+            if now.duration_since(self.last_scan) >= GUEST_SCAN {
+                self.last_scan = now;
+                self.scan_guests(now);
+            }
+            if !self.guests.is_empty() && self.serve_guests() {
+                last_work = Instant::now();
+            }
             self.engine.handle_timeout(now);
             if self.cm.next_deadline().is_some_and(|t| now >= t) {
                 self.cm.expire(now);
@@ -696,9 +729,12 @@ impl Server {
                 .filter(|c| c.vnic == vnic)
                 .map(|c| c.mailbox.index())
                 .collect();
+            // Accepting moves the mailbox out of `Free` atomically: a guest claiming mailboxes
+            // through the region at the same time never gets the same one.
             let Some(mailbox) = (0..layout::CTRL_SLOTS)
-                .find(|i| !used.contains(i))
-                .and_then(Mailbox::new)
+                .filter(|i| !used.contains(i))
+                .filter_map(Mailbox::new)
+                .find(|m| m.accept(&v.region, MailboxState::Free))
             else {
                 warn!(
                     vnic = v.name,
@@ -707,13 +743,12 @@ impl Server {
                 let _ = sys::write_all_blocking(&mut stream, &u32::MAX.to_le_bytes());
                 continue;
             };
-            mailbox.reset(&v.region, MailboxState::Idle);
             let id = CtxId(self.next_ctx);
             self.next_ctx += 1;
             if sys::write_all_blocking(&mut stream, &mailbox.index().to_le_bytes()).is_err() {
+                mailbox.reset(&v.region, MailboxState::Free);
                 continue;
             }
-            let _ = v;
             let token = self.token(Tok::Client(id));
             if self
                 .poll
@@ -721,33 +756,135 @@ impl Server {
                 .register(&mut stream, token, Interest::READABLE)
                 .is_err()
             {
+                self.tokens.remove(&token);
+                if let Some(v) = self.vnics.get(&vnic) {
+                    mailbox.reset(&v.region, MailboxState::Free);
+                }
                 continue;
             }
             debug!(ctx = id.0, mailbox = mailbox.index(), "context attached");
-            self.ctxs.insert(
-                id,
-                Ctx {
-                    vnic,
-                    stream,
-                    token,
-                    mailbox,
-                    ev_prod: 0,
-                    pages: HashMap::new(),
-                    mrs: HashMap::new(),
-                    detaching: HashSet::new(),
-                    cqs: HashSet::new(),
-                    qps: HashSet::new(),
-                    srqs: HashSet::new(),
-                    pds: 0,
-                    wake: false,
-                },
-            );
-            if let Some(v) = self.vnics.get_mut(&vnic) {
-                v.contexts.insert(id);
-            }
-            // The context sees its port come up, as a device reports a port that goes active.
-            self.push_event(id, vrnic_api::event::PORT_ACTIVE, 1);
+            self.add_context(id, vnic, Link::Socket { stream, token }, mailbox);
         }
+    }
+
+    /// Registers an accepted context and tells it its port is up, as a device reports a port
+    /// that goes active.
+    fn add_context(&mut self, id: CtxId, vnic: VnicId, link: Link, mailbox: Mailbox) {
+        self.ctxs.insert(
+            id,
+            Ctx {
+                vnic,
+                link,
+                mailbox,
+                ev_prod: 0,
+                pages: HashMap::new(),
+                mrs: HashMap::new(),
+                detaching: HashSet::new(),
+                cqs: HashSet::new(),
+                qps: HashSet::new(),
+                srqs: HashSet::new(),
+                pds: 0,
+                wake: false,
+            },
+        );
+        if let Some(v) = self.vnics.get_mut(&vnic) {
+            v.contexts.insert(id);
+        }
+        self.push_event(id, vrnic_api::event::PORT_ACTIVE, 1);
+    }
+
+    /// Region-only contexts: accepts guests that claimed a mailbox, reclaims those that left
+    /// or whose heartbeat stalled for [`GUEST_LEASE`], and advances the daemon's own heartbeat
+    /// in every region.
+    fn scan_guests(&mut self, now: Instant) {
+        let mut joined = Vec::new();
+        let mut gone = Vec::new();
+        for (&vid, v) in &self.vnics {
+            if let Ok(w) = v.region.atomic_u32(hdr::DAEMON_BEAT) {
+                w.fetch_add(1, Ordering::Release);
+            }
+            let used: HashSet<u32> = v
+                .contexts
+                .iter()
+                .filter_map(|c| self.ctxs.get(c))
+                .map(|c| c.mailbox.index())
+                .collect();
+            for m in (0..layout::CTRL_SLOTS)
+                .filter(|i| !used.contains(i))
+                .filter_map(Mailbox::new)
+            {
+                if m.load_state(&v.region) == Some(MailboxState::Attach)
+                    && m.accept(&v.region, MailboxState::Attach)
+                {
+                    joined.push((vid, m, m.heartbeat(&v.region)));
+                }
+            }
+        }
+        for &id in &self.guests {
+            let Some(ctx) = self.ctxs.get_mut(&id) else {
+                continue;
+            };
+            let Some(v) = self.vnics.get(&ctx.vnic) else {
+                continue;
+            };
+            if ctx.mailbox.load_state(&v.region) == Some(MailboxState::Detach) {
+                debug!(ctx = id.0, "guest context detached");
+                gone.push((id, ctx.vnic));
+                continue;
+            }
+            let Link::Region { beat, beat_at } = &mut ctx.link else {
+                continue;
+            };
+            let b = ctx.mailbox.heartbeat(&v.region);
+            if b != *beat {
+                *beat = b;
+                *beat_at = now;
+            } else if now.duration_since(*beat_at) > GUEST_LEASE {
+                warn!(
+                    vnic = v.name,
+                    ctx = id.0,
+                    "guest context stopped its heartbeat for {GUEST_LEASE:?}; reclaiming it"
+                );
+                gone.push((id, ctx.vnic));
+            }
+        }
+        for (id, vnic) in gone {
+            self.drop_context(id);
+            self.maybe_reap(vnic);
+        }
+        for (vnic, mailbox, beat) in joined {
+            let id = CtxId(self.next_ctx);
+            self.next_ctx += 1;
+            info!(
+                ctx = id.0,
+                mailbox = mailbox.index(),
+                "region-only (guest) context attached"
+            );
+            self.add_context(id, vnic, Link::Region { beat, beat_at: now }, mailbox);
+            self.guests.push(id);
+        }
+    }
+
+    /// Serves the mailboxes of region-only contexts, which cannot ring a doorbell. Returns
+    /// whether any request was waiting.
+    fn serve_guests(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.guests.len() {
+            let id = self.guests[i];
+            let waiting = self.ctxs.get(&id).is_some_and(|c| {
+                self.vnics
+                    .get(&c.vnic)
+                    .is_some_and(|v| c.mailbox.load_state(&v.region) == Some(MailboxState::Request))
+            });
+            if waiting {
+                any = true;
+                self.serve_mailbox(id);
+            }
+        }
+        if any {
+            self.flush_wakes();
+        }
+        any
     }
 
     /// A context's socket is readable: doorbells (drained), control requests, or its death.
@@ -755,10 +892,13 @@ impl Server {
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return false;
         };
+        let Link::Socket { stream, .. } = &mut ctx.link else {
+            return false;
+        };
         let mut buf = [0u8; 256];
         let mut dead = false;
         loop {
-            match ctx.stream.read(&mut buf) {
+            match stream.read(&mut buf) {
                 Ok(0) => {
                     dead = true;
                     break;
@@ -831,8 +971,13 @@ impl Server {
         self.engine.destroy_context(now, id);
         self.cm.drop_context(id);
         self.flush_cm_notes();
-        let _ = self.poll.registry().deregister(&mut ctx.stream);
-        self.tokens.remove(&ctx.token);
+        match &mut ctx.link {
+            Link::Socket { stream, token } => {
+                let _ = self.poll.registry().deregister(stream);
+                self.tokens.remove(token);
+            }
+            Link::Region { .. } => self.guests.retain(|g| *g != id),
+        }
         let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
             return;
         };
@@ -942,8 +1087,11 @@ impl Server {
         for c in self.ctxs.values_mut() {
             if c.wake {
                 c.wake = false;
-                // A full socket buffer already holds a wake-up: WouldBlock is fine.
-                let _ = c.stream.write(&[1u8]);
+                // A full socket buffer already holds a wake-up: WouldBlock is fine. A guest
+                // polls its notification words instead.
+                if let Link::Socket { stream, .. } = &mut c.link {
+                    let _ = stream.write(&[1u8]);
+                }
             }
         }
     }

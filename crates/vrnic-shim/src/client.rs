@@ -2,6 +2,13 @@
 //! control calls over the region's mailbox, the data-path rings, and the notifier thread that
 //! turns the daemon's notifications into readable file descriptors.
 //!
+//! A context reaches the daemon in one of two ways. A host process (or a container, which has
+//! the vRNIC's directory bind-mounted) connects the vRNIC's socket: the daemon hands it a
+//! mailbox, wakes it with a byte, and learns of its death when the kernel closes the socket. A
+//! VM guest has only the region, as the PCI BAR of an `ivshmem-plain` device: it claims a
+//! mailbox in the region itself, polls where the host would wake it, and keeps a heartbeat so
+//! the daemon can reclaim a dead guest's objects (`Link::Region`).
+//!
 //! Nothing here knows C types; `ffi` converts between the verbs structs and these calls.
 
 use std::collections::{HashMap, VecDeque};
@@ -14,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vrnic_api::{DeviceInfo, Reply, Request, event};
-use vrnic_shm::layout::{self, hdr};
+use vrnic_shm::layout::hdr;
 use vrnic_shm::{Mailbox, Region, Ring};
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
 
@@ -24,6 +31,21 @@ use crate::sys::{self, EventFd};
 pub const DEVICE_ENV: &str = "VRNIC_DEVICE";
 /// Where a container finds its vRNIC when the variable is unset (the bind-mount target).
 pub const CONTAINER_DEVICE_DIR: &str = "/run/vrnic-device";
+/// Setting this to 1 makes a host process attach the way a VM guest does: through the region
+/// alone, without the socket (tests the guest's path without a VM).
+pub const REGION_ONLY_ENV: &str = "VRNIC_REGION_ONLY";
+/// Where a VM guest finds vRNICs: `ivshmem-plain` PCI devices, whose BAR2 is the region.
+const PCI_DEVICES: &str = "/sys/bus/pci/devices";
+/// PCI vendor and device id of QEMU's ivshmem (`1af4:1110`).
+const IVSHMEM_ID: (&str, &str) = ("0x1af4", "0x1110");
+/// How long a region-only context waits for the daemon to accept its claim.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a region-only context advances its heartbeat (the daemon's lease is 5 s).
+const BEAT_EVERY: Duration = Duration::from_millis(100);
+/// A region-only context takes the daemon for dead when its heartbeat stalls this long.
+const DAEMON_LEASE: Duration = Duration::from_secs(10);
+/// How often a region-only context's notifier looks at the notification words.
+const GUEST_POLL: Duration = Duration::from_millis(1);
 
 /// How long a control call may wait for the daemon.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,52 +69,90 @@ pub(crate) use vlog;
 /// A vRNIC this process can attach to.
 #[derive(Debug, Clone)]
 pub struct Device {
-    /// Its directory (region file and socket).
+    /// Its directory (a vRNIC directory, or a guest's PCI device directory): its identity.
     pub dir: PathBuf,
+    /// The region: the file in the vRNIC's directory, or a guest's `resource2`.
+    pub region: PathBuf,
+    /// The vRNIC's socket, or `None` to attach through the region alone (a VM guest).
+    pub socket: Option<PathBuf>,
     /// Its name.
     pub name: String,
     /// Node GUID, network byte order.
     pub guid: u64,
 }
 
-/// Finds the vRNIC: `$VRNIC_DEVICE`, else the container mount point.
+/// Finds the vRNICs: `$VRNIC_DEVICE` (a vRNIC directory, or a region file to attach to through
+/// the region alone), else the container mount point, else (in a VM guest) every ivshmem PCI
+/// device whose BAR2 holds a region.
 pub fn discover() -> Vec<Device> {
-    let dir = match std::env::var_os(DEVICE_ENV).filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(CONTAINER_DEVICE_DIR),
+    let region_only = std::env::var_os(REGION_ONLY_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+    let from_dir = |dir: PathBuf| {
+        let region = dir.join("region");
+        let socket = (!region_only).then(|| dir.join("sock"));
+        read_header(&dir, &region, socket)
     };
-    match read_header(&dir) {
-        Some(d) => vec![d],
-        None => {
-            vlog!(
-                "no vRNIC at {} (run the program under `vrnic run`)",
-                dir.display()
-            );
-            Vec::new()
+    if let Some(d) = std::env::var_os(DEVICE_ENV).filter(|d| !d.is_empty()) {
+        let path = PathBuf::from(d);
+        let dev = if path.is_dir() {
+            from_dir(path.clone())
+        } else {
+            read_header(&path, &path, None)
+        };
+        if dev.is_none() {
+            vlog!("no vRNIC at {} (from ${DEVICE_ENV})", path.display());
         }
+        return dev.into_iter().collect();
     }
+    let container = PathBuf::from(CONTAINER_DEVICE_DIR);
+    if container.join("region").exists() {
+        return from_dir(container).into_iter().collect();
+    }
+    let guest = pci_devices();
+    if guest.is_empty() {
+        vlog!(
+            "no vRNIC: ${DEVICE_ENV} unset, nothing at {CONTAINER_DEVICE_DIR}, no ivshmem device \
+             (run the program under `vrnic run`)"
+        );
+    }
+    guest
 }
 
-fn read_header(dir: &Path) -> Option<Device> {
-    let mut f = std::fs::File::open(dir.join("region")).ok()?;
-    let mut h = [0u8; 4096];
-    f.read_exact(&mut h).ok()?;
-    if h[..8] != layout::MAGIC {
-        return None;
-    }
-    let at = |o: u64| o as usize;
-    let name_raw = &h[at(hdr::NAME)..at(hdr::NAME) + hdr::NAME_LEN];
+/// The vRNICs of a VM guest: ivshmem devices (`1af4:1110`) whose BAR2 holds a region.
+fn pci_devices() -> Vec<Device> {
+    let Ok(entries) = std::fs::read_dir(PCI_DEVICES) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    dirs.into_iter()
+        .filter(|d| {
+            let id = |f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
+            id("vendor").trim() == IVSHMEM_ID.0 && id("device").trim() == IVSHMEM_ID.1
+        })
+        .filter_map(|d| {
+            let bar = d.join("resource2");
+            read_header(&d, &bar, None)
+        })
+        .collect()
+}
+
+/// Reads a region's header (by mapping it: a PCI BAR cannot be `read`).
+fn read_header(dir: &Path, region: &Path, socket: Option<PathBuf>) -> Option<Device> {
+    let r = Region::open(region).ok()?;
+    let mut name_raw = [0u8; hdr::NAME_LEN];
+    r.read_bytes(hdr::NAME, &mut name_raw).ok()?;
     let end = name_raw
         .iter()
         .position(|&b| b == 0)
         .unwrap_or(name_raw.len());
     let name = String::from_utf8_lossy(&name_raw[..end]).into_owned();
-    let mut g = [0u8; 8];
-    g.copy_from_slice(&h[at(hdr::GUID)..at(hdr::GUID) + 8]);
+    let guid = r.read_u64(hdr::GUID).ok()?;
     Some(Device {
         dir: dir.to_path_buf(),
+        region: region.to_path_buf(),
+        socket,
         name,
-        guid: u64::from_le_bytes(g),
+        guid,
     })
 }
 
@@ -127,7 +187,8 @@ pub struct AsyncQueue {
 pub struct Conn {
     /// The vRNIC's region, mapped whole.
     pub region: Region,
-    stream: UnixStream,
+    /// The vRNIC's socket; `None` for a region-only context (a VM guest).
+    stream: Option<UnixStream>,
     mailbox: Mailbox,
     seq: Mutex<u32>,
     /// Identity and limits.
@@ -142,31 +203,27 @@ pub struct Conn {
 
 impl Conn {
     /// Attaches to `dev`: connects its socket (the daemon assigns a mailbox and from then on
-    /// knows when this process dies), maps its region and asks for its attributes.
+    /// knows when this process dies), or, for a region-only device, claims a mailbox in the
+    /// region; then maps its region and asks for its attributes.
     pub fn open(dev: &Device) -> Result<Arc<Conn>, i32> {
-        let mut stream = UnixStream::connect(dev.dir.join("sock")).map_err(|e| {
-            vlog!(
-                "cannot reach the vrnic daemon at {}: {e}",
-                dev.dir.display()
-            );
-            libc::ENODEV
-        })?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let mut idx = [0u8; 4];
-        stream.read_exact(&mut idx).map_err(|e| {
-            vlog!("the vrnic daemon did not answer: {e}");
-            libc::ENODEV
-        })?;
-        let mailbox = Mailbox::new(u32::from_le_bytes(idx)).ok_or_else(|| {
-            vlog!("the vRNIC serves too many contexts");
-            libc::EMFILE
-        })?;
-        let _ = stream.set_read_timeout(None);
-        let region = Region::open(&dev.dir.join("region")).map_err(|e| {
-            vlog!("cannot map the vRNIC region: {e}");
-            libc::ENODEV
-        })?;
-        let efd = EventFd::new().map_err(|_| libc::EMFILE)?;
+        let (stream, region, mailbox) = match &dev.socket {
+            Some(sock) => {
+                let (stream, mailbox) = connect(sock)?;
+                (Some(stream), open_region(&dev.region)?, mailbox)
+            }
+            None => {
+                let region = open_region(&dev.region)?;
+                let mailbox = claim(&region)?;
+                (None, region, mailbox)
+            }
+        };
+        let leave = |e: i32, region: &Region| {
+            if dev.socket.is_none() {
+                mailbox.leave(region);
+            }
+            e
+        };
+        let efd = EventFd::new().map_err(|_| leave(libc::EMFILE, &region))?;
         let mut conn = Conn {
             region,
             stream,
@@ -194,25 +251,34 @@ impl Conn {
             },
             notifier: Mutex::new(None),
         };
-        match conn.call(&Request::QueryDevice)? {
-            Reply::Device(info) => conn.info = info,
-            _ => return Err(libc::EPROTO),
+        match conn.call(&Request::QueryDevice) {
+            Ok(Reply::Device(info)) => conn.info = info,
+            Ok(_) => return Err(leave(libc::EPROTO, &conn.region)),
+            Err(e) => return Err(leave(e, &conn.region)),
         }
         let conn = Arc::new(conn);
         let weak = Arc::downgrade(&conn);
         let handle = std::thread::Builder::new()
             .name("vrnic-notify".into())
             .spawn(move || notifier(weak))
-            .map_err(|_| libc::EAGAIN)?;
+            .map_err(|_| leave(libc::EAGAIN, &conn.region))?;
         if let Ok(mut n) = conn.notifier.lock() {
             *n = Some(handle);
         }
         Ok(conn)
     }
 
-    /// The socket fd (exposed as `context->cmd_fd`).
+    /// The fd exposed as `context->cmd_fd`: the socket, or (region-only) the async-event fd.
     pub fn fd(&self) -> i32 {
-        self.stream.as_raw_fd()
+        match &self.stream {
+            Some(s) => s.as_raw_fd(),
+            None => self.async_q.efd.fd(),
+        }
+    }
+
+    /// Whether this context reaches the daemon through the region alone (a VM guest).
+    pub fn region_only(&self) -> bool {
+        self.stream.is_none()
     }
 
     /// Sends a control request and waits for its reply; `Reply::Err` becomes its errno.
@@ -230,7 +296,9 @@ impl Conn {
             *seq,
             &bytes,
             &mut || {
-                let _ = (&*stream).write(&[0u8]);
+                if let Some(s) = stream {
+                    let _ = (&*s).write(&[0u8]);
+                }
             },
             &mut || !dead.load(Ordering::Acquire) && self.daemon_alive(),
             CALL_TIMEOUT,
@@ -267,12 +335,14 @@ impl Conn {
     /// fence orders our producer-index store before the read of the sleeping word, pairing
     /// with the engine's store-then-recheck (no lost wake-up).
     pub fn doorbell(&self) {
+        // A region-only context cannot wake the daemon: it polls a guest's rings.
+        let Some(stream) = &self.stream else { return };
         fence(Ordering::SeqCst);
         if let Ok(w) = self.region.atomic_u32(hdr::ENGINE_SLEEPING)
             && w.load(Ordering::SeqCst) != 0
             && w.swap(0, Ordering::SeqCst) != 0
         {
-            let _ = (&self.stream).write(&[0u8]);
+            let _ = (&*stream).write(&[0u8]);
         }
     }
 
@@ -298,15 +368,21 @@ impl Conn {
         }
     }
 
-    /// Detaches: the daemon sees the socket close and reclaims everything of this context.
+    /// Detaches: the daemon sees the socket close (or, region-only, the mailbox move to
+    /// `Detach`) and reclaims everything of this context.
     pub fn close(&self) {
         self.stop.store(true, Ordering::Release);
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(s) = &self.stream {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
         let handle = self.notifier.lock().ok().and_then(|mut n| n.take());
         if let Some(h) = handle
             && h.thread().id() != std::thread::current().id()
         {
             let _ = h.join();
+        }
+        if self.stream.is_none() {
+            self.mailbox.leave(&self.region);
         }
     }
 
@@ -362,24 +438,29 @@ pub fn set_cm_sink(f: fn(u32)) {
 }
 
 /// The notifier thread: sleeps on the context's socket (the daemon writes a byte when it has
-/// something to say) and on a timer (so a region-only daemon, as a VM guest has, works too).
+/// something to say) and on a timer; a region-only context polls instead (see
+/// [`guest_notifier`]).
 fn notifier(conn: std::sync::Weak<Conn>) {
     loop {
         let Some(c) = conn.upgrade() else { return };
         if c.stop.load(Ordering::Acquire) {
             return;
         }
-        let fd = c.fd();
+        let Some(stream) = &c.stream else {
+            drop(c);
+            return guest_notifier(conn);
+        };
+        let fd = stream.as_raw_fd();
         drop(c);
         let (readable, hup) = sys::poll_in(fd, 100);
         let Some(c) = conn.upgrade() else { return };
         if c.stop.load(Ordering::Acquire) {
             return;
         }
-        if readable {
+        if readable && let Some(stream) = &c.stream {
             let mut buf = [0u8; 256];
             // 0 bytes means the daemon closed the socket.
-            match (&c.stream).read(&mut buf) {
+            match (&*stream).read(&mut buf) {
                 Ok(0) => {
                     c.forward();
                     c.daemon_died();
@@ -397,6 +478,99 @@ fn notifier(conn: std::sync::Weak<Conn>) {
         }
         c.forward();
     }
+}
+
+/// The notifier of a region-only context: every [`GUEST_POLL`] it forwards notifications;
+/// every [`BEAT_EVERY`] it advances the context's heartbeat and checks the daemon's, taking
+/// the daemon for dead once its beat stalls for [`DAEMON_LEASE`].
+fn guest_notifier(conn: std::sync::Weak<Conn>) {
+    let mut last_beat = std::time::Instant::now();
+    let mut daemon_beat = (0u32, std::time::Instant::now());
+    loop {
+        std::thread::sleep(GUEST_POLL);
+        let Some(c) = conn.upgrade() else { return };
+        if c.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let now = std::time::Instant::now();
+        if now.duration_since(last_beat) >= BEAT_EVERY {
+            last_beat = now;
+            c.mailbox.beat(&c.region);
+            let b = c
+                .region
+                .atomic_u32(hdr::DAEMON_BEAT)
+                .map(|w| w.load(Ordering::Acquire))
+                .unwrap_or(0);
+            if b != daemon_beat.0 {
+                daemon_beat = (b, now);
+            } else if now.duration_since(daemon_beat.1) > DAEMON_LEASE {
+                vlog!("the vrnic daemon stopped its heartbeat");
+                c.forward();
+                c.daemon_died();
+                return;
+            }
+        }
+        if !c.daemon_alive() {
+            c.forward();
+            c.daemon_died();
+            return;
+        }
+        c.forward();
+    }
+}
+
+/// Connects a vRNIC's socket and reads the mailbox the daemon assigns.
+fn connect(sock: &Path) -> Result<(UnixStream, Mailbox), i32> {
+    let mut stream = UnixStream::connect(sock).map_err(|e| {
+        vlog!("cannot reach the vrnic daemon at {}: {e}", sock.display());
+        libc::ENODEV
+    })?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut idx = [0u8; 4];
+    stream.read_exact(&mut idx).map_err(|e| {
+        vlog!("the vrnic daemon did not answer: {e}");
+        libc::ENODEV
+    })?;
+    let mailbox = Mailbox::new(u32::from_le_bytes(idx)).ok_or_else(|| {
+        vlog!("the vRNIC serves too many contexts");
+        libc::EMFILE
+    })?;
+    let _ = stream.set_read_timeout(None);
+    Ok((stream, mailbox))
+}
+
+fn open_region(path: &Path) -> Result<Region, i32> {
+    Region::open(path).map_err(|e| {
+        vlog!("cannot map the vRNIC region: {e}");
+        libc::ENODEV
+    })
+}
+
+/// Region-only attach: claims a free mailbox and waits for the daemon to accept it, beating
+/// meanwhile (the daemon looks for claims at least every 200 ms).
+fn claim(region: &Region) -> Result<Mailbox, i32> {
+    let mailbox = Mailbox::claim(region).ok_or_else(|| {
+        vlog!("the vRNIC serves too many contexts");
+        libc::EMFILE
+    })?;
+    let start = std::time::Instant::now();
+    let mut beat = start;
+    while !mailbox.accepted(region) {
+        let alive = region
+            .atomic_u32(hdr::DAEMON_STATE)
+            .is_ok_and(|w| w.load(Ordering::Acquire) == 1);
+        if !alive || start.elapsed() > ATTACH_TIMEOUT {
+            mailbox.leave(region);
+            vlog!("no vrnic daemon accepted this context (is `vrnic serve` running?)");
+            return Err(libc::ENODEV);
+        }
+        if beat.elapsed() >= BEAT_EVERY {
+            beat = std::time::Instant::now();
+            mailbox.beat(region);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(mailbox)
 }
 
 /// A send or receive queue of a QP, as the driver sees it: it owns the producer index.

@@ -46,6 +46,10 @@ pub mod hdr {
     pub const ENGINE_SLEEPING: u64 = 256;
     /// `AtomicU32`, own cache line: 1 while the daemon serves this region, 2 once it left.
     pub const DAEMON_STATE: u64 = 320;
+    /// `AtomicU32`, own cache line: the daemon's heartbeat, advanced at least every 200 ms
+    /// while it serves the region. A guest, which cannot see the daemon's socket close,
+    /// learns from a stalled beat that the daemon is gone.
+    pub const DAEMON_BEAT: u64 = 384;
     /// Length of the name field.
     pub const NAME_LEN: usize = 64;
 }
@@ -78,6 +82,9 @@ pub mod mbox {
     pub const EV_SLOTS: u32 = 64;
     /// Size of one async event record: `u32` type, `u32` object handle, `u64` reserved.
     pub const EV_SIZE: u64 = 16;
+    /// `AtomicU32` a region-only context (a VM guest) advances at least every 100 ms while it
+    /// lives; the daemon reclaims the context when it stalls (the guest's process died).
+    pub const HEARTBEAT: u64 = 2048;
     /// Payload (request, then response in place).
     pub const PAYLOAD: u64 = 4096;
 }
@@ -105,5 +112,6 @@ pub fn ring_bytes(depth: u32, slot: usize) -> u64 {
 }
 
 const _: () = assert!(HEAP_OFF >= CTRL_OFF + CTRL_SLOTS as u64 * CTRL_SLOT_SIZE as u64);
-const _: () = assert!(mbox::EV_RING + mbox::EV_SLOTS as u64 * mbox::EV_SIZE <= mbox::PAYLOAD);
+const _: () = assert!(mbox::EV_RING + mbox::EV_SLOTS as u64 * mbox::EV_SIZE <= mbox::HEARTBEAT);
+const _: () = assert!(mbox::HEARTBEAT + 64 <= mbox::PAYLOAD);
 const _: () = assert!(hdr::NAME + hdr::NAME_LEN as u64 <= hdr::DAEMON_PID);

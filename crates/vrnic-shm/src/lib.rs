@@ -30,8 +30,9 @@ pub use map::{Region, RegionError, remap_private};
 pub use ring::Ring;
 
 /// Waits on `word` while it still holds `expected`, for at most `timeout_ms`; wakes early on
-/// [`futex_wake`]. Works across processes that map the same file (a shared futex).
-pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout_ms: u32) {
+/// [`futex_wake`]. Works across processes that map the same file (a shared futex). Returns
+/// false when the mapping cannot hold a futex (a guest's PCI BAR); the caller then polls.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout_ms: u32) -> bool {
     map::futex_wait(word, expected, timeout_ms)
 }
 

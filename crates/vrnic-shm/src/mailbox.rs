@@ -5,6 +5,12 @@
 //! moves it to `Response`, then wakes a futex on the state word. A VM guest, which cannot share
 //! a futex with the host, just polls the word. The mailbox also carries a small ring of
 //! asynchronous events from the daemon (QP fatal, CQ error, port active).
+//!
+//! A host process gets its mailbox from the daemon over the vRNIC's socket. A context with
+//! nothing but the region (a VM guest) claims a free one itself: it moves the state word from
+//! `Free` to `Attach` (a compare-and-swap, so the daemon and other guests never get the same
+//! mailbox), advances the mailbox's heartbeat while it lives, waits for the daemon to accept
+//! (`Idle`), and leaves by moving `Idle` to `Detach`.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -26,6 +32,10 @@ pub enum MailboxState {
     Busy = 3,
     /// The response is ready.
     Response = 4,
+    /// A region-only context claimed the mailbox and waits for the daemon to accept it.
+    Attach = 5,
+    /// A region-only context is leaving; the daemon reclaims its objects and frees it.
+    Detach = 6,
 }
 
 /// Why a call did not get its response.
@@ -82,6 +92,8 @@ impl Mailbox {
             2 => MailboxState::Request,
             3 => MailboxState::Busy,
             4 => MailboxState::Response,
+            5 => MailboxState::Attach,
+            6 => MailboxState::Detach,
             _ => return None,
         })
     }
@@ -98,6 +110,88 @@ impl Mailbox {
             .expect("mailbox")
             .store(0, Ordering::Release);
         self.state(region).store(state as u32, Ordering::Release);
+    }
+
+    /// Daemon: takes the mailbox for a context if it is in state `from` (`Free` for a socket
+    /// context, `Attach` for a guest that claimed it): clears the event ring, then publishes
+    /// `Idle`. Fails, changing nothing, if the state is anything else.
+    pub fn accept(&self, region: &Region, from: MailboxState) -> bool {
+        let state = self.state(region);
+        if state
+            .compare_exchange(
+                from as u32,
+                MailboxState::Busy as u32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        self.reset(region, MailboxState::Idle);
+        true
+    }
+
+    /// Region-only driver: claims the first free mailbox (`Free` -> `Attach`) and starts its
+    /// heartbeat. The daemon accepts it by moving it to `Idle` ([`accepted`](Self::accepted)).
+    pub fn claim(region: &Region) -> Option<Mailbox> {
+        (0..layout::CTRL_SLOTS).find_map(|i| {
+            let m = Mailbox { index: i };
+            m.state(region)
+                .compare_exchange(
+                    MailboxState::Free as u32,
+                    MailboxState::Attach as u32,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .ok()?;
+            m.beat(region);
+            Some(m)
+        })
+    }
+
+    /// Region-only driver: whether the daemon accepted the claim.
+    pub fn accepted(&self, region: &Region) -> bool {
+        self.load_state(region) == Some(MailboxState::Idle)
+    }
+
+    /// Region-only driver: gives the mailbox back (`Idle` or `Attach` -> `Detach` or `Free`).
+    /// An accepted context announces `Detach` so the daemon reclaims its objects; an
+    /// unanswered claim is withdrawn to `Free` (if the daemon took it meanwhile, `Detach`).
+    pub fn leave(&self, region: &Region) {
+        let state = self.state(region);
+        if state
+            .compare_exchange(
+                MailboxState::Attach as u32,
+                MailboxState::Free as u32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            return;
+        }
+        let _ = state.compare_exchange(
+            MailboxState::Idle as u32,
+            MailboxState::Detach as u32,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Region-only driver: advances the heartbeat that tells the daemon this context lives.
+    pub fn beat(&self, region: &Region) {
+        if let Ok(w) = region.atomic_u32(self.off(mbox::HEARTBEAT)) {
+            w.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Daemon: the heartbeat's current value.
+    pub fn heartbeat(&self, region: &Region) -> u32 {
+        region
+            .atomic_u32(self.off(mbox::HEARTBEAT))
+            .map(|w| w.load(Ordering::Acquire))
+            .unwrap_or(0)
     }
 
     /// Driver: sends `request` and waits for the response. `doorbell` is called once after
@@ -146,7 +240,10 @@ impl Mailbox {
             if start.elapsed() > timeout {
                 return Err(WaitError::Timeout(timeout));
             }
-            crate::map::futex_wait(state, s, 20);
+            // A guest's mapping of the PCI BAR cannot hold a futex: then sleep briefly instead.
+            if !crate::map::futex_wait(state, s, 20) {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
         let len = region.read_u32(self.off(mbox::LEN)).map_err(bounds)? as usize;
         let got_seq = region.read_u32(self.off(mbox::SEQ)).map_err(bounds)?;

@@ -350,14 +350,16 @@ impl Drop for Region {
     }
 }
 
-pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
+/// Waits on `word` while it holds `expected`, for up to `timeout_ms`. Returns false when the
+/// word cannot hold a futex (a guest's mapping of a PCI BAR: `EFAULT`), so the caller polls.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) -> bool {
     let ts = libc::timespec {
         tv_sec: (timeout_ms / 1000) as libc::time_t,
         tv_nsec: ((timeout_ms % 1000) * 1_000_000) as libc::c_long,
     };
     // SAFETY: FUTEX_WAIT (shared) on a valid aligned word with a valid timespec; returns at once
     // if the word no longer holds `expected`.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
@@ -366,6 +368,11 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
             &ts as *const libc::timespec,
         )
     };
+    r == 0
+        || matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EAGAIN | libc::ETIMEDOUT | libc::EINTR)
+        )
 }
 
 pub(crate) fn futex_wake(word: &AtomicU32) {

@@ -1,6 +1,9 @@
 //! `vrnic`: the command line. Thin by design: `serve` runs the daemon library, the other
 //! subcommands talk to a running daemon over its admin socket, and `run` preloads the driver
-//! library into a command.
+//! library into a command, alone or (`--container`) in its own namespaces; `docker-args` and
+//! `vm-args` print what a container engine or QEMU needs to give a container or a VM a vRNIC.
+
+mod container;
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -59,6 +62,14 @@ enum Cmd {
         /// exits; without it, a fresh vRNIC is made for this command.
         #[arg(long)]
         vrnic: Option<String>,
+        /// Run it as a container without a container engine: new mount, PID, UTS and network
+        /// namespaces, with only this vRNIC's directory visible (at /run/vrnic-device). Root.
+        #[arg(long)]
+        container: bool,
+        /// With --container: keep the host's network namespace instead of a new one (for apps
+        /// that exchange connection details over TCP with peers outside).
+        #[arg(long, requires = "container")]
+        host_net: bool,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
@@ -73,6 +84,19 @@ enum Cmd {
     /// Remove a vRNIC.
     Rm {
         /// Its name.
+        name: String,
+    },
+    /// Print the `docker run` / `podman run` options that give a container this vRNIC (its
+    /// directory bind-mounted at /run/vrnic-device, the driver library mounted and preloaded):
+    /// `docker run $(vrnic docker-args NAME) IMAGE CMD`.
+    DockerArgs {
+        /// The vRNIC (made with `vrnic create`).
+        name: String,
+    },
+    /// Print the QEMU options that give a VM this vRNIC: its region as an `ivshmem-plain` PCI
+    /// device; the driver library inside the guest finds it through sysfs (1af4:1110, BAR2).
+    VmArgs {
+        /// The vRNIC (made with `vrnic create`).
         name: String,
     },
 }
@@ -112,7 +136,48 @@ fn real_main() -> Result<()> {
                 max_srq,
             },
         }),
-        Cmd::Run { vrnic, cmd } => run(&state_dir, vrnic, &cmd),
+        Cmd::Run {
+            vrnic,
+            container,
+            host_net,
+            cmd,
+        } => {
+            let iso = container.then_some(container::Isolation { own_net: !host_net });
+            run(&state_dir, vrnic, iso, &cmd)
+        }
+        Cmd::DockerArgs { name } => {
+            let v = find(&state_dir, &name)?;
+            let driver = driver_path()?;
+            let inside = format!("/usr/lib/vrnic/{DRIVER}");
+            println!(
+                "--mount type=bind,source={},target={} \
+                 --mount type=bind,source={},target={inside},readonly \
+                 --env LD_PRELOAD={inside}",
+                v.dir,
+                container::DEVICE_MOUNT,
+                driver.display()
+            );
+            Ok(())
+        }
+        Cmd::VmArgs { name } => {
+            let v = find(&state_dir, &name)?;
+            let region = std::path::Path::new(&v.dir).join(config::REGION_FILE);
+            let size = std::fs::metadata(&region)
+                .with_context(|| format!("stat {}", region.display()))?
+                .len();
+            if !size.is_power_of_two() {
+                bail!(
+                    "region of {size} bytes: a PCI BAR must be a power of two (serve with \
+                     --region-gib 1, 2, 4, 8 or 16)"
+                );
+            }
+            println!(
+                "-object memory-backend-file,id=vrnic-{name},share=on,mem-path={},size={size} \
+                 -device ivshmem-plain,memdev=vrnic-{name}",
+                region.display()
+            );
+            Ok(())
+        }
         Cmd::Ls => {
             let mut c = AdminClient::connect(&state_dir)?;
             let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
@@ -169,7 +234,23 @@ fn driver_path() -> Result<PathBuf> {
     )
 }
 
-fn run(state_dir: &std::path::Path, vrnic: Option<String>, cmd: &[String]) -> Result<()> {
+/// The vRNIC `name`, which must exist.
+fn find(state_dir: &std::path::Path, name: &str) -> Result<vrnic_api::VnicSummary> {
+    let mut c = AdminClient::connect(state_dir)?;
+    let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
+        bail!("unexpected reply")
+    };
+    list.into_iter()
+        .find(|v| v.name == name)
+        .with_context(|| format!("no vRNIC {name} (make it with `vrnic create {name}`)"))
+}
+
+fn run(
+    state_dir: &std::path::Path,
+    vrnic: Option<String>,
+    iso: Option<container::Isolation>,
+    cmd: &[String],
+) -> Result<()> {
     let driver = driver_path()?;
     let mut admin = AdminClient::connect(state_dir)?;
     let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold { name: vrnic })? else {
@@ -182,6 +263,23 @@ fn run(state_dir: &std::path::Path, vrnic: Option<String>, cmd: &[String]) -> Re
         Ok(p) if !p.is_empty() => format!("{}:{p}", driver.display()),
         _ => driver.display().to_string(),
     };
+    if let Some(iso) = iso {
+        let env = [
+            ("LD_PRELOAD".to_string(), preload),
+            (DEVICE_ENV.to_string(), container::DEVICE_MOUNT.to_string()),
+        ];
+        let hostname = format!("vrnic-{}", v.name);
+        let code = container::run(
+            std::path::Path::new(&v.dir),
+            state_dir,
+            &hostname,
+            iso,
+            cmd,
+            &env,
+        )
+        .context("vrnic run --container")?;
+        std::process::exit(code);
+    }
     let err = Command::new(&cmd[0])
         .args(&cmd[1..])
         .env("LD_PRELOAD", preload)

@@ -1,0 +1,310 @@
+//! One channel for processes, containers and VMs (brief §3): unmodified programs on vRNICs of
+//! one daemon, attached in every way the design has.
+//!
+//! - Region-only contexts (what a VM guest is: no socket, a mailbox claimed in the region,
+//!   polling, a heartbeat) exercised from host processes with `VRNIC_REGION_ONLY=1`: they talk
+//!   to socket contexts, and a killed one is reclaimed when its heartbeat stops.
+//! - `vrnic run --container` (mount, PID, UTS and network namespaces without an engine):
+//!   `rping` and `ibv_rc_pingpong` against a host process, and only its own vRNIC visible.
+//! - `vrnic docker-args` / `vrnic vm-args`: the options they print.
+//!
+//! Docker containers and QEMU guests have their own binaries (`docker.rs`, `vm.rs`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Pair, Proc, output, port, require};
+use vrnic_shm::{Mailbox, MailboxState, Region};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// `vrnic run --vrnic NAME [run_args...] -- args` on `d`, with `env` set.
+fn run_cmd(
+    d: &Daemon,
+    name: &str,
+    run_args: &[&str],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Command {
+    let mut c = d.cli();
+    c.arg("run").arg("--vrnic").arg(name).args(run_args);
+    c.arg("--").args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Runs a server command, then its client (retried while the server does not listen yet),
+/// bounded by [`LIMIT`].
+fn pair(server: std::process::Command, client: impl Fn() -> std::process::Command) -> Pair {
+    let start = Instant::now();
+    let srv = Proc::spawn(server, "server");
+    let client = loop {
+        let out = Proc::spawn(client(), "client").wait_bounded(LIMIT);
+        let said = |s: &str| out.stdout.contains(s) || out.stderr.contains(s);
+        let refused = !out.ok()
+            && (said("Couldn't connect") || said("REJECTED"))
+            && start.elapsed() < Duration::from_secs(10);
+        if refused {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        break out;
+    };
+    let server = srv.wait_bounded(if client.ok() {
+        LIMIT
+    } else {
+        Duration::from_secs(5)
+    });
+    Pair { server, client }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn create(d: &Daemon, name: &str) {
+    let out = d.cli_output(&["create", name]);
+    assert!(out.ok(), "vrnic create {name}\n{}", out.text());
+}
+
+#[test]
+fn region_only_context_talks_to_a_socket_context() {
+    require("ibv_rc_pingpong");
+    let d = Daemon::start();
+    for extra in [&[][..], &["-e"][..]] {
+        let p = port().to_string();
+        let mut args = vec!["ibv_rc_pingpong", "-p", &p, "-s", "4096", "-n", "500"];
+        args.extend_from_slice(extra);
+        let srv = run_cmd(&d, "guest", &[], &[("VRNIC_REGION_ONLY", "1")], &args);
+        let mut cargs = args.clone();
+        cargs.push("localhost");
+        let r = pair(srv, || run_cmd(&d, "host", &[], &[], &cargs));
+        r.assert_ok();
+        assert!(r.server.stdout.contains("500 iters"), "{r}");
+    }
+    // Both left cleanly: their vRNICs (made for the runs) are gone with them.
+    d.wait_ls(Duration::from_secs(10), "vRNICs removed", |ls| {
+        !ls.contains("guest") && !ls.contains("host")
+    });
+}
+
+#[test]
+fn a_killed_region_only_context_is_reclaimed_when_its_heartbeat_stops() {
+    require("ibv_rc_pingpong");
+    let d = Daemon::start();
+    create(&d, "g");
+    let p = port().to_string();
+    // The server creates its QP, then waits for a client that never comes.
+    let mut srv = Proc::spawn(
+        run_cmd(
+            &d,
+            "g",
+            &[],
+            &[("VRNIC_REGION_ONLY", "1")],
+            &["ibv_rc_pingpong", "-p", &p],
+        ),
+        "region-only server",
+    );
+    let qps = |ls: &str, n: &str| {
+        ls.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&"g") && f.get(3) == Some(&n)
+        })
+    };
+    d.wait_ls(Duration::from_secs(10), "the guest's QP", |ls| qps(ls, "1"));
+    common::kill_group(srv.pid(), libc::SIGKILL);
+    let killed = Instant::now();
+    assert!(
+        !srv.exited() || killed.elapsed() < Duration::from_secs(1),
+        "reaped"
+    );
+    // Nothing closes for the daemon to see: the heartbeat lease (5 s) tells it.
+    let ls = d.wait_ls(Duration::from_secs(15), "the QP reclaimed", |ls| {
+        qps(ls, "0") && ls.lines().any(|l| l.starts_with("g ") && l.ends_with(" 0"))
+    });
+    assert!(
+        killed.elapsed() >= Duration::from_secs(4),
+        "reclaimed before the lease ran out ({:?}):\n{ls}",
+        killed.elapsed()
+    );
+    // The mailbox is free again: a new region-only context attaches and works.
+    let out = output(
+        run_cmd(
+            &d,
+            "g",
+            &[],
+            &[("VRNIC_REGION_ONLY", "1")],
+            &["ibv_devinfo", "-v"],
+        ),
+        "ibv_devinfo",
+        LIMIT,
+    );
+    assert!(
+        out.ok() && out.stdout.contains("PORT_ACTIVE"),
+        "{}",
+        out.text()
+    );
+}
+
+#[test]
+fn region_only_attach_to_an_unserved_region_fails_cleanly() {
+    require("ibv_devinfo");
+    // A region that no daemon serves (as a guest sees a vRNIC whose daemon is gone): the attach
+    // gives up after its timeout with ENODEV, and withdraws its claim on the mailbox.
+    let path = std::env::temp_dir().join(format!("vrnic-unserved-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let region = Region::create(&path, 0, "orphan", 9, [0; 16], 9).expect("region");
+    let driver = common::vrnic_bin().with_file_name("libvrnic_shim.so");
+    let mut c = std::process::Command::new("ibv_devinfo");
+    c.env("LD_PRELOAD", &driver)
+        .env("VRNIC_DEVICE", &path)
+        .env("VRNIC_LOG", "1");
+    let start = Instant::now();
+    let out = output(c, "ibv_devinfo", LIMIT);
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.ok(), "{}", out.text());
+    assert!(
+        out.stderr.contains("no vrnic daemon accepted"),
+        "{}",
+        out.text()
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        start.elapsed()
+    );
+    let m = Mailbox::new(0).unwrap();
+    assert_eq!(m.load_state(&region), Some(MailboxState::Free));
+}
+
+#[test]
+fn unshare_container_rping_with_a_host_process() {
+    require("rping");
+    if !is_root() {
+        eprintln!("skipped: namespaces need root");
+        return;
+    }
+    let d = Daemon::start();
+    let p = port().to_string();
+    let args = |side: &'static str| {
+        vec![
+            "rping".to_string(),
+            side.to_string(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            p.clone(),
+            "-C".into(),
+            "200".into(),
+            "-S".into(),
+            "4096".into(),
+            "-V".into(),
+        ]
+    };
+    let sargs = args("-s");
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let cargs = args("-c");
+    let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
+    // The server in its own network namespace: rdma_cm addressing goes through the daemon's
+    // broker, not the kernel's network.
+    let srv = run_cmd(&d, "ctr", &["--container"], &[], &sargs);
+    let r = pair(srv, || run_cmd(&d, "host", &[], &[], &cargs));
+    r.assert_ok();
+}
+
+#[test]
+fn unshare_container_rc_pingpong_with_a_host_process() {
+    require("ibv_rc_pingpong");
+    if !is_root() {
+        eprintln!("skipped: namespaces need root");
+        return;
+    }
+    let d = Daemon::start();
+    let p = port().to_string();
+    let args = [
+        "ibv_rc_pingpong",
+        "-p",
+        &p,
+        "-c",
+        "-s",
+        "65536",
+        "-n",
+        "200",
+    ];
+    // ibv_rc_pingpong exchanges QP numbers over TCP: the container keeps the host's network.
+    let srv = run_cmd(&d, "ctr", &["--container", "--host-net"], &[], &args);
+    let mut cargs = args.to_vec();
+    cargs.push("localhost");
+    let r = pair(srv, || run_cmd(&d, "host", &[], &[], &cargs));
+    r.assert_ok();
+    assert!(r.client.stdout.contains("200 iters"), "{r}");
+}
+
+#[test]
+fn unshare_container_sees_only_its_own_vrnic() {
+    require("ibv_devinfo");
+    if !is_root() {
+        eprintln!("skipped: namespaces need root");
+        return;
+    }
+    let d = Daemon::start();
+    create(&d, "mine");
+    create(&d, "other");
+    let other = d.dir.join("other");
+    let script = format!(
+        "set -x; hostname; ls -A {sd}; ls -A /run; test \"$(ls -A {sd})\" = '' || exit 10; \
+         cat {o}/region >/dev/null && exit 11; \
+         VRNIC_DEVICE={o} ibv_devinfo && exit 12; \
+         ibv_devinfo | grep -q 'hca_id:.mine' || exit 13; \
+         test \"$(cat /proc/1/comm)\" = vrnic || exit 14; exit 0",
+        sd = d.dir.display(),
+        o = other.display()
+    );
+    let out = output(
+        run_cmd(&d, "mine", &["--container"], &[], &["sh", "-c", &script]),
+        "container",
+        LIMIT,
+    );
+    assert!(out.ok(), "{}", out.text());
+    assert!(out.stdout.contains("vrnic-mine"), "{}", out.text());
+    // The host's view is untouched: the other vRNIC is still there.
+    assert!(other.join("region").exists());
+}
+
+#[test]
+fn docker_args_and_vm_args_print_the_options() {
+    let d = Daemon::start_with(&["--region-gib", "1"]);
+    create(&d, "v1");
+    let dir = d.dir.join("v1");
+    let out = d.cli_output(&["docker-args", "v1"]);
+    assert!(out.ok(), "{}", out.text());
+    let want = format!(
+        "--mount type=bind,source={},target=/run/vrnic-device",
+        dir.display()
+    );
+    assert!(out.stdout.contains(&want), "{}", out.text());
+    assert!(
+        out.stdout
+            .contains("--env LD_PRELOAD=/usr/lib/vrnic/libvrnic_shim.so"),
+        "{}",
+        out.text()
+    );
+    let out = d.cli_output(&["vm-args", "v1"]);
+    assert!(out.ok(), "{}", out.text());
+    let want = format!(
+        "-object memory-backend-file,id=vrnic-v1,share=on,mem-path={},size=1073741824 \
+         -device ivshmem-plain,memdev=vrnic-v1",
+        dir.join("region").display()
+    );
+    assert_eq!(out.stdout.trim(), want);
+    let out = d.cli_output(&["docker-args", "nope"]);
+    assert!(
+        !out.ok() && out.stderr.contains("no vRNIC nope"),
+        "{}",
+        out.text()
+    );
+}
