@@ -14,7 +14,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Pair, Proc, output, port, require};
+use common::{Daemon, Proc, output, pair_of, port, require};
 use vrnic_shm::{Mailbox, MailboxState, Region};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -36,39 +36,9 @@ fn run_cmd(
     c
 }
 
-/// Runs a server command, then its client (retried while the server does not listen yet),
-/// bounded by [`LIMIT`].
-fn pair(server: std::process::Command, client: impl Fn() -> std::process::Command) -> Pair {
-    let start = Instant::now();
-    let srv = Proc::spawn(server, "server");
-    let client = loop {
-        let out = Proc::spawn(client(), "client").wait_bounded(LIMIT);
-        let said = |s: &str| out.stdout.contains(s) || out.stderr.contains(s);
-        let refused = !out.ok()
-            && (said("Couldn't connect") || said("REJECTED"))
-            && start.elapsed() < Duration::from_secs(10);
-        if refused {
-            std::thread::sleep(Duration::from_millis(100));
-            continue;
-        }
-        break out;
-    };
-    let server = srv.wait_bounded(if client.ok() {
-        LIMIT
-    } else {
-        Duration::from_secs(5)
-    });
-    Pair { server, client }
-}
-
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-fn create(d: &Daemon, name: &str) {
-    let out = d.cli_output(&["create", name]);
-    assert!(out.ok(), "vrnic create {name}\n{}", out.text());
 }
 
 #[test]
@@ -82,7 +52,7 @@ fn region_only_context_talks_to_a_socket_context() {
         let srv = run_cmd(&d, "guest", &[], &[("VRNIC_REGION_ONLY", "1")], &args);
         let mut cargs = args.clone();
         cargs.push("localhost");
-        let r = pair(srv, || run_cmd(&d, "host", &[], &[], &cargs));
+        let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &cargs), LIMIT);
         r.assert_ok();
         assert!(r.server.stdout.contains("500 iters"), "{r}");
     }
@@ -96,7 +66,7 @@ fn region_only_context_talks_to_a_socket_context() {
 fn a_killed_region_only_context_is_reclaimed_when_its_heartbeat_stops() {
     require("ibv_rc_pingpong");
     let d = Daemon::start();
-    create(&d, "g");
+    d.create("g");
     let p = port().to_string();
     // The server creates its QP, then waits for a client that never comes.
     let mut srv = Proc::spawn(
@@ -212,7 +182,7 @@ fn unshare_container_rping_with_a_host_process() {
     // The server in its own network namespace: rdma_cm addressing goes through the daemon's
     // broker, not the kernel's network.
     let srv = run_cmd(&d, "ctr", &["--container"], &[], &sargs);
-    let r = pair(srv, || run_cmd(&d, "host", &[], &[], &cargs));
+    let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &cargs), LIMIT);
     r.assert_ok();
 }
 
@@ -239,7 +209,7 @@ fn unshare_container_rc_pingpong_with_a_host_process() {
     let srv = run_cmd(&d, "ctr", &["--container", "--host-net"], &[], &args);
     let mut cargs = args.to_vec();
     cargs.push("localhost");
-    let r = pair(srv, || run_cmd(&d, "host", &[], &[], &cargs));
+    let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &cargs), LIMIT);
     r.assert_ok();
     assert!(r.client.stdout.contains("200 iters"), "{r}");
 }
@@ -252,8 +222,8 @@ fn unshare_container_sees_only_its_own_vrnic() {
         return;
     }
     let d = Daemon::start();
-    create(&d, "mine");
-    create(&d, "other");
+    d.create("mine");
+    d.create("other");
     let other = d.dir.join("other");
     let script = format!(
         "set -x; hostname; ls -A {sd}; ls -A /run; test \"$(ls -A {sd})\" = '' || exit 10; \
@@ -278,7 +248,7 @@ fn unshare_container_sees_only_its_own_vrnic() {
 #[test]
 fn docker_args_and_vm_args_print_the_options() {
     let d = Daemon::start_with(&["--region-gib", "1"]);
-    create(&d, "v1");
+    d.create("v1");
     let dir = d.dir.join("v1");
     let out = d.cli_output(&["docker-args", "v1"]);
     assert!(out.ok(), "{}", out.text());

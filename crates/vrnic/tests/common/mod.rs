@@ -10,6 +10,9 @@
 //!   and the dir is removed.
 #![allow(dead_code)]
 
+pub mod docker;
+pub mod vm;
+
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -563,4 +566,36 @@ pub fn c_check_pair(bin: &Path, mode: &str) -> Pair {
     );
     pair.assert_ok();
     pair
+}
+
+impl Daemon {
+    /// `vrnic create NAME` (a vRNIC that stays until removed), checked.
+    pub fn create(&self, name: &str) {
+        let out = self.cli_output(&["create", name]);
+        assert!(out.ok(), "vrnic create {name}\n{}", out.text());
+    }
+}
+
+/// Runs `server`, then the command `client` makes, retried (for at most 30 s) while it fails
+/// only because the server does not listen yet; everything bounded by `limit`. For sides that
+/// are not plain `vrnic run` commands (containers, region-only contexts).
+pub fn pair_of(server: Command, mut client: impl FnMut() -> Command, limit: Duration) -> Pair {
+    let start = Instant::now();
+    let srv = Proc::spawn(server, "server");
+    let client = loop {
+        let out = Proc::spawn(client(), "client").wait_bounded(limit);
+        let said = |s: &str| out.stdout.contains(s) || out.stderr.contains(s);
+        let early = !out.ok() && !out.timed_out && (said("Couldn't connect") || said("REJECTED"));
+        if early && start.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        break out;
+    };
+    let server = srv.wait_bounded(if client.ok() {
+        limit
+    } else {
+        Duration::from_secs(5)
+    });
+    Pair { server, client }
 }

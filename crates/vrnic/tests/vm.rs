@@ -1,0 +1,155 @@
+//! VMs on vRNICs (brief §3): a QEMU guest (TCG) boots Debian's cloud kernel with the vRNIC's
+//! region as an `ivshmem-plain` PCI device (the options `vrnic vm-args` prints); inside, the
+//! same driver library finds the device through sysfs (1af4:1110), maps BAR2 through
+//! `resource2`, claims a mailbox in it and runs unmodified programs over it, polling where a
+//! host process would be woken. Their peers are a host process and Docker containers on the
+//! same daemon.
+//!
+//! Guests connect out to servers on the host (10.0.2.2 from inside, QEMU's user network) to
+//! exchange QP numbers; the RDMA traffic itself goes through the region.
+
+mod common;
+
+use std::time::Duration;
+
+use common::docker::docker_run;
+use common::vm::{self, GUEST_DRIVER};
+use common::{Daemon, Proc, port, require, wait_listening};
+
+/// Boot, run and power off under software emulation.
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn script(cmd: &str) -> String {
+    format!("export LD_PRELOAD={GUEST_DRIVER}\n{cmd}\n")
+}
+
+/// A daemon whose regions fit a PCI BAR (a power of two, small enough for the guest's BIOS).
+fn daemon() -> Daemon {
+    let d = Daemon::start_with(&["--region-gib", "1"]);
+    d.create("vm1");
+    d
+}
+
+/// Runs `server` (listening on TCP `port`), then the guest's `client` command; checks both.
+fn with_guest(d: &Daemon, img: &vm::Image, server: Proc, port: u16, client: &str) -> String {
+    let server = wait_listening(server, port, Duration::from_secs(30));
+    let g = vm::boot(d, img, "vm1", &script(client), LIMIT);
+    let s = server.wait_bounded(if g.ok() {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(5)
+    });
+    assert!(
+        g.ok() && s.ok(),
+        "guest {:?}{}:\n{}\n--- server:\n{}",
+        g.status,
+        if g.timed_out { " (timed out)" } else { "" },
+        g.console,
+        s.text()
+    );
+    // The guest detached when its program closed the device: no context is left on vm1.
+    d.wait_ls(Duration::from_secs(10), "guest context gone", |ls| {
+        ls.lines()
+            .any(|l| l.starts_with("vm1 ") && l.ends_with(" 0"))
+    });
+    g.console
+}
+
+#[test]
+fn rc_pingpong_between_a_vm_and_a_host_process() {
+    require("ibv_rc_pingpong");
+    let img = vm::image(
+        "rc-host",
+        &["/usr/bin/ibv_rc_pingpong", "/usr/bin/ibv_devinfo"],
+    );
+    let d = daemon();
+    let p = port();
+    let ps = p.to_string();
+    let args = [
+        "ibv_rc_pingpong",
+        "-p",
+        &ps,
+        "-c",
+        "-s",
+        "65536",
+        "-n",
+        "200",
+    ];
+    let server = Proc::spawn(d.run_on(Some("h"), &args), "host ibv_rc_pingpong");
+    let console = with_guest(
+        &d,
+        &img,
+        server,
+        p,
+        &format!(
+            "ibv_devinfo | grep -q 'hca_id:.vm1' || exit 9\n\
+             ibv_rc_pingpong -p {p} -c -s 65536 -n 200 10.0.2.2"
+        ),
+    );
+    assert!(console.contains("200 iters"), "{console}");
+}
+
+#[test]
+fn rc_pingpong_between_a_vm_and_a_docker_container() {
+    require("ibv_rc_pingpong");
+    common::docker::image();
+    let img = vm::image("rc-docker", &["/usr/bin/ibv_rc_pingpong"]);
+    let d = daemon();
+    d.create("ctr");
+    let p = port();
+    let ps = p.to_string();
+    let (c, _guard) = docker_run(
+        &d,
+        "ctr",
+        &[
+            "ibv_rc_pingpong",
+            "-p",
+            &ps,
+            "-c",
+            "-s",
+            "4096",
+            "-n",
+            "200",
+        ],
+    );
+    let server = Proc::spawn(c, "container ibv_rc_pingpong");
+    let console = with_guest(
+        &d,
+        &img,
+        server,
+        p,
+        &format!("ibv_rc_pingpong -p {p} -c -s 4096 -n 200 10.0.2.2"),
+    );
+    assert!(console.contains("200 iters"), "{console}");
+}
+
+#[test]
+fn ib_write_bw_between_a_vm_and_a_docker_container() {
+    require("ib_write_bw");
+    common::docker::image();
+    let img = vm::image("write-bw", &["/usr/bin/ib_write_bw"]);
+    let d = daemon();
+    d.create("ctr");
+    let p = port();
+    let ps = p.to_string();
+    let (c, _guard) = docker_run(
+        &d,
+        "ctr",
+        &["ib_write_bw", "-p", &ps, "-s", "65536", "-n", "2000"],
+    );
+    let server = Proc::spawn(c, "container ib_write_bw");
+    let console = with_guest(
+        &d,
+        &img,
+        server,
+        p,
+        &format!("ib_write_bw -p {p} -s 65536 -n 2000 10.0.2.2"),
+    );
+    // perftest's result line: size, iterations, peak and average bandwidth, message rate.
+    assert!(
+        console
+            .lines()
+            .any(|l| l.trim_start().starts_with("65536      2000")),
+        "{console}"
+    );
+}
