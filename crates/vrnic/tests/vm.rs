@@ -153,3 +153,59 @@ fn ib_write_bw_between_a_vm_and_a_docker_container() {
         "{console}"
     );
 }
+
+#[test]
+fn a_killed_vm_releases_its_context_and_the_vrnic_serves_the_next_guest() {
+    require("ibv_rc_pingpong");
+    let img = vm::image(
+        "killed",
+        &["/usr/bin/ibv_rc_pingpong", "/usr/bin/ibv_devinfo"],
+    );
+    let d = daemon();
+    let p = port();
+    let ps = p.to_string();
+    let server = Proc::spawn(
+        d.run_on(
+            Some("h"),
+            &["ibv_rc_pingpong", "-p", &ps, "-n", "100000000"],
+        ),
+        "host ibv_rc_pingpong",
+    );
+    let server = wait_listening(server, p, Duration::from_secs(30));
+    let mut qemu = Proc::spawn(
+        vm::qemu(
+            &d,
+            &img,
+            "vm1",
+            &script(&format!("ibv_rc_pingpong -p {p} -n 100000000 10.0.2.2")),
+        ),
+        "qemu",
+    );
+    let qps = |ls: &str, n: &str| {
+        ls.lines()
+            .any(|l| l.starts_with("vm1 ") && l.split_whitespace().nth(3) == Some(n))
+    };
+    // The guest's QP exists and traffic flows; then the VM dies with no goodbye.
+    d.wait_ls(LIMIT, "the guest's QP", |ls| qps(ls, "1"));
+    std::thread::sleep(Duration::from_millis(500));
+    qemu.signal(libc::SIGKILL);
+    let out = qemu.wait_bounded(Duration::from_secs(10));
+    vm::guest(out, "killed");
+    drop(server);
+    // No socket closes for a VM: the daemon reclaims the guest's objects when its heartbeat
+    // lease runs out.
+    d.wait_ls(Duration::from_secs(20), "the guest's QP reclaimed", |ls| {
+        qps(ls, "0")
+            && ls
+                .lines()
+                .any(|l| l.starts_with("vm1 ") && l.ends_with(" 0"))
+    });
+    let g = vm::boot(
+        &d,
+        &img,
+        "vm1",
+        &script("ibv_devinfo -v | grep -q PORT_ACTIVE"),
+        LIMIT,
+    );
+    assert!(g.ok(), "{}", g.console);
+}
