@@ -34,7 +34,9 @@ if [ ! -d "$cache/root/boot" ] || [ ! -x "$cache/root/bin/busybox" ]; then
         kpkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/ {print $2; exit}')
     fi
     rm -rf "$cache/root" "$cache"/*.deb
-    (cd "$cache" && apt-get download -qq "$kpkg" busybox-static 2>/dev/null)
+    # A stale package index names files the mirror no longer has: refresh it once and retry.
+    (cd "$cache" && apt-get download -qq "$kpkg" busybox-static 2>/dev/null) ||
+        { apt-get update -qq && (cd "$cache" && apt-get download -qq "$kpkg" busybox-static 2>/dev/null); }
     for deb in "$cache"/*.deb; do dpkg-deb -x "$deb" "$cache/root"; done
 fi
 kroot=$cache/root
