@@ -111,6 +111,8 @@ struct Vnic {
     persistent: bool,
     holders: usize,
     contexts: HashSet<CtxId>,
+    /// The region's claim count when the daemon last looked for guests' claims.
+    claims_seen: u32,
     listener: UnixListener,
     token: Token,
 }
@@ -292,6 +294,8 @@ impl Server {
         let mut admin = UnixListener::bind(&admin_path)
             .with_context(|| format!("bind {}", admin_path.display()))?;
         let poll = Poll::new()?;
+        let nofile = sys::raise_nofile_limit();
+        debug!(nofile, "open-file limit");
         let signals = sys::SignalFd::new().context("block SIGINT/SIGTERM")?;
         poll.registry()
             .register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
@@ -494,6 +498,7 @@ impl Server {
                 persistent,
                 holders: 0,
                 contexts: HashSet::new(),
+                claims_seen: 0,
                 listener,
                 token,
             },
@@ -799,10 +804,16 @@ impl Server {
     fn scan_guests(&mut self, now: Instant) {
         let mut joined = Vec::new();
         let mut gone = Vec::new();
-        for (&vid, v) in &self.vnics {
+        for (&vid, v) in self.vnics.iter_mut() {
             if let Ok(w) = v.region.atomic_u32(hdr::DAEMON_BEAT) {
                 w.fetch_add(1, Ordering::Release);
             }
+            // Look through the mailboxes only when a guest claimed one since the last look.
+            let claims = Mailbox::claims(&v.region);
+            if claims == v.claims_seen {
+                continue;
+            }
+            v.claims_seen = claims;
             let used: HashSet<u32> = v
                 .contexts
                 .iter()

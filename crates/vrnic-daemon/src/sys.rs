@@ -1,5 +1,5 @@
 //! The daemon's few system calls that std does not wrap: the state-dir lock, the tmpfs mount,
-//! the signal fd. All unsafe code of the daemon lives here.
+//! the signal fd, the open-file limit. All unsafe code of the daemon lives here.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -176,4 +176,29 @@ pub fn monotonic_ns() -> u64 {
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Raises the soft limit on open files to the hard limit: the daemon holds two sockets per
+/// vRNIC and one per attached context, so a host with a thousand vRNICs needs more than the
+/// usual soft limit of 1024. Returns the limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into a valid out pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: setrlimit reads one valid rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    r.rlim_cur
 }

@@ -50,6 +50,10 @@ pub mod hdr {
     /// while it serves the region. A guest, which cannot see the daemon's socket close,
     /// learns from a stalled beat that the daemon is gone.
     pub const DAEMON_BEAT: u64 = 384;
+    /// `AtomicU32`, own cache line: advanced by a region-only context after it claims a
+    /// mailbox, so the daemon looks through the mailboxes only when something was claimed
+    /// (looking touches one page per mailbox, which on tmpfs costs memory).
+    pub const CLAIMS: u64 = 448;
     /// Length of the name field.
     pub const NAME_LEN: usize = 64;
 }

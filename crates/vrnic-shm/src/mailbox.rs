@@ -146,8 +146,20 @@ impl Mailbox {
                 )
                 .ok()?;
             m.beat(region);
+            if let Ok(w) = region.atomic_u32(layout::hdr::CLAIMS) {
+                w.fetch_add(1, Ordering::AcqRel);
+            }
             Some(m)
         })
+    }
+
+    /// Daemon: the count of claims made so far (see [`claim`](Self::claim)); the mailboxes
+    /// need a look only when it changed.
+    pub fn claims(region: &Region) -> u32 {
+        region
+            .atomic_u32(layout::hdr::CLAIMS)
+            .map(|w| w.load(Ordering::Acquire))
+            .unwrap_or(0)
     }
 
     /// Region-only driver: whether the daemon accepted the claim.
