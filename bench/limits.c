@@ -62,7 +62,11 @@ static double rtt_ns(void)
 
 static double memcpy_mbs(size_t n)
 {
-	char *a = malloc(n), *b = malloc(n);
+	/* Page-aligned buffers: glibc's memmove on some AMD CPUs runs ~10x slower when the
+	 * destination sits a few bytes past the source modulo 4 KiB (malloc's 16-byte chunk
+	 * offsets can produce that); the limit is the copy at its best. */
+	char *a = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+	char *b = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
 	memset(a, 1, n);
 	memset(b, 2, n);
 	long reps = (long)(2e9 / n) + 1;

@@ -89,62 +89,38 @@ fn rc_pingpong_between_a_vm_and_a_host_process() {
     assert!(console.contains("200 iters"), "{console}");
 }
 
-#[test]
-fn rc_pingpong_between_a_vm_and_a_docker_container() {
-    require("ibv_rc_pingpong");
+/// A Docker container serves `prog args... -p PORT`; the guest runs `prog args... -p PORT` as
+/// its client against the host's address. Returns the guest's console.
+fn container_server_guest_client(image_name: &str, prog: &str, args: &[&str]) -> String {
+    require(prog);
     common::docker::image();
-    let img = vm::image("rc-docker", &["/usr/bin/ibv_rc_pingpong"]);
+    let img = vm::image(image_name, &[&format!("/usr/bin/{prog}")]);
     let d = daemon();
     d.create("ctr");
     let p = port();
     let ps = p.to_string();
-    let (c, _guard) = docker_run(
-        &d,
-        "ctr",
-        &[
-            "ibv_rc_pingpong",
-            "-p",
-            &ps,
-            "-c",
-            "-s",
-            "4096",
-            "-n",
-            "200",
-        ],
-    );
-    let server = Proc::spawn(c, "container ibv_rc_pingpong");
-    let console = with_guest(
-        &d,
-        &img,
-        server,
-        p,
-        &format!("ibv_rc_pingpong -p {p} -c -s 4096 -n 200 10.0.2.2"),
+    let mut server_args = vec![prog, "-p", &ps];
+    server_args.extend_from_slice(args);
+    let (c, _guard) = docker_run(&d, "ctr", &server_args);
+    let server = Proc::spawn(c, &format!("container {prog}"));
+    let client = format!("{} 10.0.2.2", server_args.join(" "));
+    with_guest(&d, &img, server, p, &client)
+}
+
+#[test]
+fn rc_pingpong_between_a_vm_and_a_docker_container() {
+    let console = container_server_guest_client(
+        "rc-docker",
+        "ibv_rc_pingpong",
+        &["-c", "-s", "4096", "-n", "200"],
     );
     assert!(console.contains("200 iters"), "{console}");
 }
 
 #[test]
 fn ib_write_bw_between_a_vm_and_a_docker_container() {
-    require("ib_write_bw");
-    common::docker::image();
-    let img = vm::image("write-bw", &["/usr/bin/ib_write_bw"]);
-    let d = daemon();
-    d.create("ctr");
-    let p = port();
-    let ps = p.to_string();
-    let (c, _guard) = docker_run(
-        &d,
-        "ctr",
-        &["ib_write_bw", "-p", &ps, "-s", "65536", "-n", "2000"],
-    );
-    let server = Proc::spawn(c, "container ib_write_bw");
-    let console = with_guest(
-        &d,
-        &img,
-        server,
-        p,
-        &format!("ib_write_bw -p {p} -s 65536 -n 2000 10.0.2.2"),
-    );
+    let console =
+        container_server_guest_client("write-bw", "ib_write_bw", &["-s", "65536", "-n", "2000"]);
     // perftest's result line: size, iterations, peak and average bandwidth, message rate.
     assert!(
         console
