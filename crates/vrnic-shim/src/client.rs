@@ -276,11 +276,6 @@ impl Conn {
         }
     }
 
-    /// Whether this context reaches the daemon through the region alone (a VM guest).
-    pub fn region_only(&self) -> bool {
-        self.stream.is_none()
-    }
-
     /// Sends a control request and waits for its reply; `Reply::Err` becomes its errno.
     pub fn call(&self, req: &Request) -> Result<Reply, i32> {
         if self.dead.load(Ordering::Acquire) {
