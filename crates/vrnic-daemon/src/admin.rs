@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result, bail};
 use vrnic_api::{AdminReply, AdminRequest};
 
-use crate::config::ADMIN_SOCKET;
+use crate::config::{ADMIN_SOCKET, Owner, check_state_dir};
 
 /// A connection to a running daemon.
 #[derive(Debug)]
@@ -19,6 +19,10 @@ impl AdminClient {
     /// Connects to the daemon serving `state_dir`, or explains that none does.
     pub fn connect(state_dir: &Path) -> Result<AdminClient> {
         let path = state_dir.join(ADMIN_SOCKET);
+        if state_dir.exists() {
+            // Never talk to a daemon behind a dir that someone else could have planted.
+            check_state_dir(state_dir, Owner::Client)?;
+        }
         match UnixStream::connect(&path) {
             Ok(s) => Ok(AdminClient {
                 stream: BufReader::new(s),

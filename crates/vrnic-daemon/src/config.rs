@@ -1,7 +1,8 @@
 //! Where the daemon keeps its state, and the names of the files in it. Shared with the CLI so
 //! both agree without a config file (the embedded default).
 
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
 
 /// The admin socket, relative to the state dir.
 pub const ADMIN_SOCKET: &str = "vrnic.sock";
@@ -17,7 +18,8 @@ pub const STATE_DIR_ENV: &str = "VRNIC_STATE_DIR";
 pub const DEVICE_ENV: &str = "VRNIC_DEVICE";
 
 /// The state dir when none is given: `$VRNIC_STATE_DIR`, else `/run/vrnic` as root, else
-/// `$XDG_RUNTIME_DIR/vrnic`, else `/tmp/vrnic-<uid>`.
+/// `$XDG_RUNTIME_DIR/vrnic`, else `/tmp/vrnic-<uid>` (which [`prepare_state_dir`] refuses if
+/// another user made it first).
 pub fn default_state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
@@ -30,6 +32,132 @@ pub fn default_state_dir() -> PathBuf {
         return Path::new(&x).join("vrnic");
     }
     PathBuf::from(format!("/tmp/vrnic-{uid}"))
+}
+
+/// Why a state dir is not trusted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateDirError {
+    /// A system call failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A path component that someone else could replace or fill.
+    #[error(
+        "refusing state dir: {path} is owned by uid {owner} with mode {mode:04o}; it must be \
+         owned by uid {want} (or root) and not writable by group or others (sticky excepted \
+         for parents)"
+    )]
+    Unsafe {
+        /// The offending component.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// Who may own it.
+        want: u32,
+    },
+    /// The state dir (or its admin socket) is not what it should be.
+    #[error("refusing state dir: {0}")]
+    Kind(String),
+}
+
+/// Who must own the state dir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The daemon itself: the dir is ours alone.
+    Daemon,
+    /// A client (the CLI): a dir of ours, or of root (a root daemon serving this user).
+    Client,
+}
+
+/// Makes sure the state dir exists and that nobody but us (and root) can change it, then
+/// returns its canonical path. A missing dir and missing parents are created (0700 for a
+/// non-root daemon, 0755 for root, so unprivileged users can reach the vRNICs it hands out).
+///
+/// Every component of the canonical path is checked without following links: each parent must
+/// be owned by root or us and not writable by group or others unless it is sticky (like
+/// `/tmp`: others cannot rename or remove our entry in it); the dir itself must be owned by
+/// us and not writable by group or others. So a directory another local user made in advance
+/// (say `/tmp/vrnic-<uid>`, mode 0777) is refused with a clear error instead of trusted.
+pub fn prepare_state_dir(dir: &Path) -> Result<PathBuf, StateDirError> {
+    let uid = current_euid();
+    if std::fs::symlink_metadata(dir).is_err() {
+        let mode = if uid == 0 { 0o755 } else { 0o700 };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
+            .map_err(|source| StateDirError::Io {
+                op: "create",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+    }
+    check_state_dir(dir, Owner::Daemon)
+}
+
+/// Checks an existing state dir (see [`prepare_state_dir`]) for `who`, and returns its
+/// canonical path. A client also checks the admin socket: a socket owned by root or us.
+pub fn check_state_dir(dir: &Path, who: Owner) -> Result<PathBuf, StateDirError> {
+    let uid = current_euid();
+    let canon = dir.canonicalize().map_err(|source| StateDirError::Io {
+        op: "resolve",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut at = PathBuf::new();
+    let comps: Vec<Component<'_>> = canon.components().collect();
+    for (i, c) in comps.iter().enumerate() {
+        at.push(c);
+        let last = i + 1 == comps.len();
+        let m = std::fs::symlink_metadata(&at).map_err(|source| StateDirError::Io {
+            op: "stat",
+            path: at.clone(),
+            source,
+        })?;
+        if !m.file_type().is_dir() {
+            return Err(StateDirError::Kind(format!(
+                "{} is not a directory",
+                at.display()
+            )));
+        }
+        let mode = m.mode() & 0o7777;
+        let others_write = mode & 0o022 != 0;
+        let owner_ok = match (last, who) {
+            (true, Owner::Daemon) => m.uid() == uid,
+            _ => m.uid() == uid || m.uid() == 0,
+        };
+        let write_ok = !others_write || (!last && mode & 0o1000 != 0);
+        if !owner_ok || !write_ok {
+            return Err(StateDirError::Unsafe {
+                path: at,
+                owner: m.uid(),
+                mode,
+                want: uid,
+            });
+        }
+    }
+    if who == Owner::Client {
+        let sock = canon.join(ADMIN_SOCKET);
+        if let Ok(m) = std::fs::symlink_metadata(&sock)
+            && (!m.file_type().is_socket() || (m.uid() != uid && m.uid() != 0))
+        {
+            return Err(StateDirError::Kind(format!(
+                "{} is not a socket of root or uid {uid}",
+                sock.display()
+            )));
+        }
+    }
+    Ok(canon)
 }
 
 /// The effective uid of this process.

@@ -262,12 +262,7 @@ fn seed() -> u64 {
 
 impl Server {
     fn start(mut opts: ServeOptions) -> Result<Server> {
-        std::fs::create_dir_all(&opts.state_dir)
-            .with_context(|| format!("create state dir {}", opts.state_dir.display()))?;
-        opts.state_dir = opts
-            .state_dir
-            .canonicalize()
-            .context("resolve the state dir")?;
+        opts.state_dir = config::prepare_state_dir(&opts.state_dir)?;
         let dir = &opts.state_dir.clone();
         // Mount first, then lock inside the mount: a lock taken under the mount point would be
         // hidden by it, and a second daemon would not see it.

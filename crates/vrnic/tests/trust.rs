@@ -1,0 +1,159 @@
+//! The trust boundary, attacked as a hostile tenant or local user would (docs/security.md):
+//! a squatted state dir, escapes from `vrnic run --container`, a tenant that shrinks or
+//! overfills its own region, absurd registrations. Each attack must fail (or harm only the
+//! attacker's own vRNIC), the daemon must live on, and an unrelated pair of unmodified
+//! programs must still pass `ibv_rc_pingpong -c` afterwards.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{CLI, Daemon, output, port, require, run_pair, vrnic_bin};
+
+const LIMIT: Duration = Duration::from_secs(60);
+/// An unprivileged user for the local-user attacks (`nobody`).
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// After an attack: the daemon is alive and an unrelated pair on fresh vRNICs passes.
+fn unrelated_pair_passes(d: &mut Daemon) {
+    assert!(d.alive(), "the daemon died");
+    require("ibv_rc_pingpong");
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
+    let mut client = server.to_vec();
+    client.push("localhost");
+    run_pair(d, &server, &client, LIMIT).assert_ok();
+    assert!(d.alive(), "the daemon died");
+}
+
+/// A fresh directory under the system temp dir (removed on drop).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("vrnic-trust-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A copy of the `vrnic` binary that any user can run (the build tree may not be reachable
+/// by `nobody`).
+fn public_vrnic(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("vrnic");
+    std::fs::copy(vrnic_bin(), &bin).expect("copy the vrnic binary");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// `cmd` as `nobody`, with no state-dir hints in its environment.
+fn as_nobody(bin: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(require("setpriv"));
+    c.args([
+        &format!("--reuid={NOBODY}"),
+        &format!("--regid={NOBODY}"),
+        "--clear-groups",
+        "--",
+    ])
+    .arg(bin)
+    .args(args)
+    .env_remove("XDG_RUNTIME_DIR")
+    .env_remove("VRNIC_STATE_DIR");
+    c
+}
+
+// ---- a squatted state dir -------------------------------------------------------------------
+
+#[test]
+fn daemon_refuses_a_state_dir_another_user_made() {
+    if !is_root() {
+        eprintln!("skipped: needs root to play the other user");
+        return;
+    }
+    let t = TempDir::new("squat");
+    std::fs::create_dir_all(&t.0).unwrap();
+    std::os::unix::fs::chown(&t.0, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut c = Command::new(vrnic_bin());
+    c.arg("serve").arg("--state-dir").arg(&t.0);
+    let out = output(c, "vrnic serve", CLI);
+    assert!(!out.ok(), "served a squatted dir\n{}", out.text());
+    assert!(out.stderr.contains("refusing state dir"), "{}", out.text());
+    assert!(!t.0.join("vrnic.sock").exists());
+    // Ours, but writable by everyone: refused too.
+    std::os::unix::fs::chown(&t.0, Some(0), Some(0)).unwrap();
+    let mut c = Command::new(vrnic_bin());
+    c.arg("serve").arg("--state-dir").arg(&t.0);
+    let out = output(c, "vrnic serve", CLI);
+    assert!(
+        !out.ok() && out.stderr.contains("mode 0777"),
+        "{}",
+        out.text()
+    );
+}
+
+#[test]
+fn unprivileged_daemon_refuses_a_squatted_tmp_fallback() {
+    if !is_root() {
+        eprintln!("skipped: needs root to play both users");
+        return;
+    }
+    let t = TempDir::new("bin");
+    let bin = public_vrnic(&t.0);
+    let fallback = PathBuf::from(format!("/tmp/vrnic-{NOBODY}"));
+    let _ = std::fs::remove_dir_all(&fallback);
+    let _cleanup = TempDir(fallback.clone());
+    // Another user (root here) makes the victim's fallback dir first, open to all, with the
+    // victim's admin socket name pointing at her own daemon's.
+    std::fs::create_dir_all(&fallback).unwrap();
+    std::fs::set_permissions(&fallback, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::symlink("/tmp/attacker.sock", fallback.join("vrnic.sock")).unwrap();
+    let out = output(as_nobody(&bin, &["serve"]), "vrnic serve as nobody", CLI);
+    assert!(!out.ok(), "served a squatted dir\n{}", out.text());
+    assert!(
+        out.stderr.contains("refusing state dir")
+            && out.stderr.contains(&fallback.display().to_string()),
+        "{}",
+        out.text()
+    );
+    // The victim's CLI does not talk to whatever answers there either.
+    let out = output(as_nobody(&bin, &["ls"]), "vrnic ls as nobody", CLI);
+    assert!(
+        !out.ok() && out.stderr.contains("refusing state dir"),
+        "{}",
+        out.text()
+    );
+    // Without the squatter, the fallback is made private and served.
+    std::fs::remove_dir_all(&fallback).unwrap();
+    let mut daemon = common::Proc::spawn(as_nobody(&bin, &["serve"]), "vrnic serve as nobody");
+    let sock = fallback.join("vrnic.sock");
+    let start = std::time::Instant::now();
+    while !sock.exists() && start.elapsed() < CLI && !daemon.exited() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let served = sock.exists();
+    let meta = std::fs::symlink_metadata(&fallback);
+    daemon.signal(libc::SIGTERM);
+    let out = daemon.wait(CLI);
+    assert!(served && out.ok(), "{}", out.text());
+    let meta = meta.unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), NOBODY);
+    assert_eq!(meta.mode() & 0o777, 0o700, "fallback dir mode");
+}
