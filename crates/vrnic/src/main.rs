@@ -256,6 +256,32 @@ fn run(
     let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold { name: vrnic })? else {
         bail!("unexpected reply")
     };
+    if let Some(iso) = iso {
+        // The CLI keeps the admin connection (it holds the vRNIC) and waits: a container gets
+        // no fd of the daemon's but its vRNIC's, and no host path in its environment.
+        let env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k != "LD_PRELOAD" && k != DEVICE_ENV && k != STATE_DIR_ENV)
+            .chain([
+                (
+                    "LD_PRELOAD".to_string(),
+                    container::DRIVER_MOUNT.to_string(),
+                ),
+                (DEVICE_ENV.to_string(), container::DEVICE_MOUNT.to_string()),
+            ])
+            .collect();
+        let hostname = format!("vrnic-{}", v.name);
+        let code = container::run(
+            std::path::Path::new(&v.dir),
+            &driver,
+            &hostname,
+            iso,
+            cmd,
+            &env,
+        )
+        .context("vrnic run --container")?;
+        drop(admin);
+        std::process::exit(code);
+    }
     // The command inherits the admin connection: the vRNIC is held for as long as the command
     // (or anything it forks) lives, and released by the kernel when it exits or is killed.
     admin.inherit_across_exec()?;
@@ -263,23 +289,6 @@ fn run(
         Ok(p) if !p.is_empty() => format!("{}:{p}", driver.display()),
         _ => driver.display().to_string(),
     };
-    if let Some(iso) = iso {
-        let env = [
-            ("LD_PRELOAD".to_string(), preload),
-            (DEVICE_ENV.to_string(), container::DEVICE_MOUNT.to_string()),
-        ];
-        let hostname = format!("vrnic-{}", v.name);
-        let code = container::run(
-            std::path::Path::new(&v.dir),
-            state_dir,
-            &hostname,
-            iso,
-            cmd,
-            &env,
-        )
-        .context("vrnic run --container")?;
-        std::process::exit(code);
-    }
     let err = Command::new(&cmd[0])
         .args(&cmd[1..])
         .env("LD_PRELOAD", preload)

@@ -157,3 +157,61 @@ fn unprivileged_daemon_refuses_a_squatted_tmp_fallback() {
     assert_eq!(meta.uid(), NOBODY);
     assert_eq!(meta.mode() & 0o777, 0o700, "fallback dir mode");
 }
+
+// ---- escapes from `vrnic run --container` ---------------------------------------------------
+
+#[test]
+fn container_cannot_escape_to_other_vrnics_or_the_daemon() {
+    require("ibv_devinfo");
+    if !is_root() {
+        eprintln!("skipped: namespaces need root");
+        return;
+    }
+    let mut d = Daemon::start();
+    d.create("mine");
+    d.create("victim");
+    let victim = d.dir.join("victim");
+    // Each line is an attack that worked before: it must fail now (its exit code says which
+    // one did not).
+    let script = format!(
+        "set -x; \
+         grep -q '^CapEff:.0000000000000000$' /proc/self/status || exit 10; \
+         grep -q '^CapBnd:.0000000000000000$' /proc/self/status || exit 11; \
+         grep -q '^NoNewPrivs:.1$' /proc/self/status || exit 12; \
+         umount -l /run 2>/dev/null && exit 13; \
+         umount -l /run/vrnic-device 2>/dev/null && exit 14; \
+         mount -t tmpfs none /tmp 2>/dev/null && exit 15; \
+         test -e {sd} && exit 16; \
+         cat {v}/region >/dev/null 2>&1 && exit 17; \
+         VRNIC_DEVICE={v} ibv_devinfo >/dev/null 2>&1 && exit 18; \
+         for f in /proc/$$/fd/*; do readlink $f; done | grep socket && exit 19; \
+         unshare -Urm sh -c 'umount -l /run/vrnic-device; umount -l /run; test -e {sd}' \
+             2>/dev/null && exit 20; \
+         echo 1 2>/dev/null >/proc/sys/vm/drop_caches && exit 21; \
+         ibv_devinfo | grep -q 'hca_id:.mine' || exit 22; \
+         exit 0",
+        sd = d.dir.display(),
+        v = victim.display()
+    );
+    let mut c = d.cli();
+    c.args([
+        "run",
+        "--vrnic",
+        "mine",
+        "--container",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = output(c, "container attacks", LIMIT);
+    assert!(
+        out.ok(),
+        "an attack from the container worked\n{}",
+        out.text()
+    );
+    // The victim and the daemon are untouched.
+    assert!(victim.join("region").exists());
+    assert!(d.ls().contains("victim"));
+    unrelated_pair_passes(&mut d);
+}
