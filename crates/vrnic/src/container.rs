@@ -137,10 +137,8 @@ pub fn run(
     // (in the new PID namespace getppid() says 0 whoever the parent is).
     let mut life = [0; 2];
     // SAFETY: pipe2 writes two fds into a valid array.
-    check(
-        unsafe { libc::pipe2(life.as_mut_ptr(), libc::O_CLOEXEC) },
-        "pipe",
-    )?;
+    let r = unsafe { libc::pipe2(life.as_mut_ptr(), libc::O_CLOEXEC) };
+    check(r, "pipe")?;
     // SAFETY: fork in a single-threaded process; the child only makes system calls and execs.
     let pid = unsafe { libc::fork() };
     check(pid, "fork")?;
@@ -183,10 +181,8 @@ struct Setup<'a> {
 fn init(life: libc::c_int, s: &Setup<'_>, argv: &[CString], env: &[CString]) -> io::Result<i32> {
     // Die with the CLI (the vRNIC's holder), and with us the whole PID namespace.
     // SAFETY: prctl with integer arguments only.
-    check(
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) },
-        "prctl(PDEATHSIG)",
-    )?;
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    check(r, "prctl(PDEATHSIG)")?;
     let mut pfd = libc::pollfd {
         fd: life,
         events: libc::POLLIN,
@@ -392,10 +388,8 @@ const CAP_VERSION_3: u32 = 0x2008_0522;
 fn drop_privileges() -> io::Result<()> {
     // SAFETY: close_range on fds of this process only; none of them backs a Rust object that
     // is used afterwards (the CLI's files are not touched in this child again).
-    check(
-        unsafe { libc::close_range(3, libc::c_uint::MAX, 0) },
-        "close inherited fds",
-    )?;
+    let r = unsafe { libc::close_range(3, libc::c_uint::MAX, 0) };
+    check(r, "close inherited fds")?;
     for cap in 0..64 {
         // SAFETY: prctl with integer arguments; EINVAL past the last capability is ignored.
         unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
@@ -412,10 +406,8 @@ fn drop_privileges() -> io::Result<()> {
     };
     check(r, "clear ambient capabilities")?;
     // SAFETY: prctl with integer arguments.
-    check(
-        unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
-        "set no_new_privs",
-    )?;
+    let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    check(r, "set no_new_privs")?;
     let mut hdr = CapHeader {
         version: CAP_VERSION_3,
         pid: 0,
