@@ -8,7 +8,7 @@
 //! engine-sleeping word and re-checks the rings, so a driver that publishes a work request
 //! and then reads that word can never be missed (brief §9, lost wake-ups).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
@@ -52,6 +52,8 @@ const CTRL_BUDGET: usize = 8;
 /// Most QPs / CQs / MRs / PDs per vRNIC.
 const MAX_QP_WR: u32 = 16384;
 const MAX_CQE: u32 = 65536;
+/// What a vRNIC's quota tmpfs holds beyond its region (directory blocks, the socket).
+const QUOTA_SLACK: u64 = 1 << 20;
 
 /// Options of `vrnic serve`.
 #[derive(Debug, Clone)]
@@ -108,6 +110,8 @@ struct Vnic {
     gid: [u8; 16],
     guid: u64,
     heap: Heap,
+    /// Its directory is a tmpfs of its own, sized to its region (its memory quota).
+    quota_mount: bool,
     persistent: bool,
     holders: usize,
     contexts: HashSet<CtxId>,
@@ -128,7 +132,7 @@ struct Ctx {
     /// MR -> the app pages it holds.
     mrs: HashMap<MrId, (u64, u64)>,
     /// Pages deregistered but still mapped by the app, by region offset.
-    detaching: HashSet<u64>,
+    detaching: BTreeSet<u64>,
     cqs: HashSet<CqId>,
     qps: HashSet<QpId>,
     srqs: HashSet<SrqId>,
@@ -201,6 +205,8 @@ pub struct Server {
     /// Region-only contexts (served by polling their mailboxes).
     guests: Vec<CtxId>,
     last_scan: Instant,
+    /// The `SIGBUS` guard's epoch when the loop last looked for poisoned regions.
+    fault_epoch: u64,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -292,6 +298,8 @@ impl Server {
         let nofile = sys::raise_nofile_limit();
         debug!(nofile, "open-file limit");
         let signals = sys::SignalFd::new().context("block SIGINT/SIGTERM")?;
+        // A tenant that shrinks its region must not kill us with SIGBUS.
+        vrnic_shm::fault::install().context("install the SIGBUS guard")?;
         poll.registry()
             .register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
         poll.registry()
@@ -320,6 +328,7 @@ impl Server {
             sleeping: false,
             guests: Vec::new(),
             last_scan: Instant::now(),
+            fault_epoch: vrnic_shm::fault::epoch(),
         })
     }
 
@@ -407,6 +416,11 @@ impl Server {
             } else {
                 std::thread::yield_now();
             }
+            let epoch = vrnic_shm::fault::epoch();
+            if epoch != self.fault_epoch {
+                self.fault_epoch = epoch;
+                self.remove_poisoned();
+            }
             pass = pass.wrapping_add(1);
         }
     }
@@ -456,6 +470,11 @@ impl Server {
         gid[8..].copy_from_slice(&guid_host.to_be_bytes());
         let dir = self.opts.state_dir.join(name);
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let quota_mount = config::current_euid() == 0;
+        if quota_mount && let Err(e) = sys::mount_quota(&dir, self.opts.region_size + QUOTA_SLACK) {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e).context("mount the vRNIC's tmpfs (its memory quota)");
+        }
         let region = match Region::create(
             &dir.join(REGION_FILE),
             self.opts.region_size,
@@ -466,14 +485,20 @@ impl Server {
         ) {
             Ok(r) => r,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                remove_vnic_dir(&dir, quota_mount);
                 return Err(e).context("create region");
             }
         };
         let heap_off = layout::HEAP_OFF;
         let heap = Heap::new(heap_off, region.size() - heap_off, layout::PAGE);
-        let mut listener =
-            UnixListener::bind(dir.join(VNIC_SOCKET)).context("bind vRNIC socket")?;
+        let mut listener = match UnixListener::bind(dir.join(VNIC_SOCKET)) {
+            Ok(l) => l,
+            Err(e) => {
+                drop(region);
+                remove_vnic_dir(&dir, quota_mount);
+                return Err(e).context("bind vRNIC socket");
+            }
+        };
         let token = self.token(Tok::VnicListener(id));
         self.poll
             .registry()
@@ -490,6 +515,7 @@ impl Server {
                 gid,
                 guid,
                 heap,
+                quota_mount,
                 persistent,
                 holders: 0,
                 contexts: HashSet::new(),
@@ -521,8 +547,31 @@ impl Server {
             if let Ok(w) = v.region.atomic_u32(hdr::DAEMON_STATE) {
                 w.store(2, Ordering::Release);
             }
-            let _ = std::fs::remove_dir_all(&v.dir);
+            drop(v.region);
+            remove_vnic_dir(&v.dir, v.quota_mount);
             info!(vnic = v.name, "vRNIC removed");
+        }
+    }
+
+    /// Tears down every vRNIC whose region the `SIGBUS` guard caught losing pages under us: its
+    /// tenant truncated the file or filled its quota. Only that vRNIC goes; its peers see their
+    /// QPs fail as if it had died.
+    fn remove_poisoned(&mut self) {
+        let hit: Vec<VnicId> = self
+            .vnics
+            .iter()
+            .filter(|(_, v)| v.region.poisoned())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in hit {
+            if let Some(v) = self.vnics.get(&id) {
+                warn!(
+                    vnic = v.name,
+                    "the vRNIC's region lost pages under the daemon (file truncated, or its \
+                     quota full); removing the vRNIC"
+                );
+            }
+            self.remove_vnic(id);
         }
     }
 
@@ -779,7 +828,7 @@ impl Server {
                 ev_prod: 0,
                 pages: HashMap::new(),
                 mrs: HashMap::new(),
-                detaching: HashSet::new(),
+                detaching: BTreeSet::new(),
                 cqs: HashSet::new(),
                 qps: HashSet::new(),
                 srqs: HashSet::new(),
@@ -1404,12 +1453,24 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        if len == 0 || addr.checked_add(len).is_none() {
-            return err(libc::EINVAL, "empty or wrapping range");
+        // Everything that needs no pages is checked before any work: a bad PD or an absurd
+        // range costs nothing.
+        if let Err(e) = self.engine.check_reg_mr(id, pd, addr, len, iova, access) {
+            return err(e, "reg_mr");
         }
         let first = addr / page * page;
-        let end = (addr + len).next_multiple_of(page);
+        let Some(end) = (addr + len).checked_next_multiple_of(page) else {
+            return err(libc::EINVAL, "wrapping range");
+        };
         let npages = (end - first) / page;
+        // The quota, before any page is looked at: at most the pages this context already
+        // holds plus the heap's free ones can back it.
+        if npages > v.heap.free_bytes() / page + ctx.pages.len() as u64 {
+            return err(
+                libc::ENOMEM,
+                format!("registering {len} bytes exceeds the vRNIC's free memory"),
+            );
+        }
         let missing: Vec<u64> = (0..npages)
             .map(|i| first + i * page)
             .filter(|va| !ctx.pages.contains_key(va))
@@ -1539,12 +1600,14 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        for r in runs.iter().take(1 << 16) {
-            for i in 0..u64::from(r.pages.min(1 << 20)) {
-                let off = r.off + i * page;
-                if ctx.detaching.remove(&off) {
-                    free_pages(v, off, 1);
-                }
+        // Work in proportion to the runs and to the pages really detaching, whatever the runs
+        // claim (a run of 2^20 pages that names none costs one lookup).
+        for r in runs {
+            let end = r.off.saturating_add(u64::from(r.pages) * page);
+            let offs: Vec<u64> = ctx.detaching.range(r.off..end).copied().collect();
+            for off in offs {
+                ctx.detaching.remove(&off);
+                free_pages(v, off, 1);
             }
         }
         Reply::Ok
@@ -1937,6 +2000,18 @@ fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
     v.heap.free(off, pages);
 }
 
+/// Removes a vRNIC's directory: its files, then (lazily: apps may still map the region) its
+/// tmpfs, then the mount point.
+fn remove_vnic_dir(dir: &Path, quota_mount: bool) {
+    let _ = std::fs::remove_dir_all(dir);
+    if quota_mount {
+        if let Err(e) = sys::detach(dir) {
+            warn!("unmount {}: {e}", dir.display());
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// Removes vRNIC directories a dead daemon left behind. Returns how many.
 fn cleanup_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -1945,11 +2020,13 @@ fn cleanup_stale(dir: &Path) -> usize {
     let mut n = 0;
     for e in entries.flatten() {
         let p = e.path();
-        if p.is_dir()
-            && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists())
-            && std::fs::remove_dir_all(&p).is_ok()
-        {
-            n += 1;
+        if p.is_dir() && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists()) {
+            // Its quota tmpfs, if any, goes too (a detach of a plain dir fails harmlessly).
+            let _ = std::fs::remove_dir_all(&p);
+            let _ = sys::detach(&p);
+            if std::fs::remove_dir_all(&p).is_ok() {
+                n += 1;
+            }
         }
     }
     n

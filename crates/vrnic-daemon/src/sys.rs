@@ -1,4 +1,4 @@
-//! The daemon's few system calls that std does not wrap: the state-dir lock, the tmpfs mount,
+//! The daemon's few system calls that std does not wrap: the state-dir lock, the tmpfs mounts,
 //! the signal fd, the open-file limit. All unsafe code of the daemon lives here.
 #![allow(unsafe_code)]
 
@@ -46,8 +46,34 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
         // exit); any other tmpfs is not ours.
         return dir.join(MOUNT_MARKER).exists();
     }
+    // Small: with per-vRNIC quota mounts (root), only directories and sockets live here.
+    match mount_tmpfs(dir, "mode=0755,size=64m") {
+        Ok(()) => {
+            info!(dir = %dir.display(), "mounted a tmpfs on the state dir");
+            let _ = std::fs::write(dir.join(MOUNT_MARKER), b"mounted by vrnic serve\n");
+            true
+        }
+        Err(e) => {
+            warn!(
+                dir = %dir.display(),
+                "state dir is not on tmpfs and mounting one failed ({e}); regions live on disk"
+            );
+            false
+        }
+    }
+}
+
+/// Mounts a tmpfs of at most `bytes` (and a few inodes) on a vRNIC's directory: its tenant can
+/// fill that and nothing else, so one vRNIC can neither exhaust the host's memory nor leave
+/// another without pages (root only).
+pub fn mount_quota(dir: &Path, bytes: u64) -> std::io::Result<()> {
+    mount_tmpfs(dir, &format!("mode=0755,size={bytes},nr_inodes=64"))
+}
+
+fn mount_tmpfs(dir: &Path, opts: &str) -> std::io::Result<()> {
+    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| ErrorKind::InvalidInput)?;
+    let opts = CString::new(opts).map_err(|_| ErrorKind::InvalidInput)?;
     let fstype = c"tmpfs";
-    let opts = c"mode=0755";
     // SAFETY: all strings are NUL-terminated and live for the call.
     let r = unsafe {
         libc::mount(
@@ -58,33 +84,28 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
             opts.as_ptr().cast(),
         )
     };
-    if r == 0 {
-        info!(dir = %dir.display(), "mounted a tmpfs on the state dir");
-        let _ = std::fs::write(dir.join(MOUNT_MARKER), b"mounted by vrnic serve\n");
-        true
-    } else {
-        warn!(
-            dir = %dir.display(),
-            "state dir is not on tmpfs and mounting one failed ({}); regions live on disk",
-            std::io::Error::last_os_error()
-        );
-        false
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(())
 }
 
 /// Unmounts the tmpfs mounted by [`ensure_tmpfs`].
 pub fn unmount(dir: &Path) {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
-        return;
-    };
+    if let Err(e) = detach(dir) {
+        warn!("unmount {}: {e}", dir.display());
+    }
+}
+
+/// Detaches whatever is mounted on `dir` (lazily: apps that still map a region keep its pages
+/// until they exit).
+pub fn detach(dir: &Path) -> std::io::Result<()> {
+    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| ErrorKind::InvalidInput)?;
     // SAFETY: c is NUL-terminated.
     if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        warn!(
-            "unmount {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(())
 }
 
 /// SIGINT and SIGTERM, blocked and delivered as a readable fd to the event loop.

@@ -375,18 +375,18 @@ impl Engine {
         }
     }
 
-    /// `ibv_reg_mr`: `pages[i]` backs the i-th 4 KiB page from floor(`addr`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn reg_mr(
-        &mut self,
+    /// The checks of [`Engine::reg_mr`] that need no pages: the PD, the access flags, the
+    /// range, the MR limit. The daemon runs them before it does any work for a registration.
+    /// Returns the vRNIC the MR would belong to.
+    pub fn check_reg_mr(
+        &self,
         ctx: CtxId,
         pd: PdId,
         addr: u64,
         len: u64,
         iova: u64,
         access: u32,
-        pages: Vec<u64>,
-    ) -> Result<MrKeys, Errno> {
+    ) -> Result<VnicId, Errno> {
         let vnic = match self.pds.get(&pd) {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
@@ -401,14 +401,30 @@ impl Engine {
         {
             return Err(EINVAL);
         }
-        let end = addr.checked_add(len).ok_or(EINVAL)?;
+        addr.checked_add(len).ok_or(EINVAL)?;
         iova.checked_add(len).ok_or(EINVAL)?;
-        let npages = end.div_ceil(PAGE) - addr / PAGE;
-        if pages.len() as u64 != npages || pages.iter().any(|p| p % PAGE != 0) {
-            return Err(EINVAL);
-        }
         if self.vnics.get(&vnic).ok_or(ENOENT)?.keys.len() >= MAX_MR {
             return Err(ENOMEM);
+        }
+        Ok(vnic)
+    }
+
+    /// `ibv_reg_mr`: `pages[i]` backs the i-th 4 KiB page from floor(`addr`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reg_mr(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+        pages: Vec<u64>,
+    ) -> Result<MrKeys, Errno> {
+        let vnic = self.check_reg_mr(ctx, pd, addr, len, iova, access)?;
+        let npages = (addr + len).div_ceil(PAGE) - addr / PAGE;
+        if pages.len() as u64 != npages || pages.iter().any(|p| p % PAGE != 0) {
+            return Err(EINVAL);
         }
         let mut key;
         loop {

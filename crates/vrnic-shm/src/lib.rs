@@ -15,11 +15,15 @@
 //! heap     pages carved by the daemon: QP/CQ rings and the pages behind registered memory
 //! ```
 //!
+//! A tenant can shrink its region file under the daemon; the daemon survives that through
+//! [`fault`], a `SIGBUS` guard that turns the lost pages into zeros and poisons the region.
+//!
 //! The crate is deliberately not a protocol: it knows where things are and how to move bytes and
 //! indices safely; what the bytes mean belongs to `vrnic-wire` and `vrnic-api`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod fault;
 pub mod layout;
 mod mailbox;
 mod map;

@@ -1,5 +1,6 @@
 //! The mapping of a region file and every raw memory access to it. All unsafe code of the
-//! crate lives here: the rest goes through these bounds-checked calls.
+//! crate lives here and in `fault` (the daemon's `SIGBUS` guard): the rest goes through these
+//! bounds-checked calls.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -9,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::AtomicU32;
 
+use crate::fault::Guarded;
 use crate::layout::{self, hdr};
 
 /// Why a region could not be created, opened or accessed.
@@ -47,6 +49,8 @@ pub struct Region {
     base: *mut u8,
     size: u64,
     file: File,
+    /// Its entry in the daemon's `SIGBUS` guard (none where no guard is installed).
+    guard: Option<Guarded>,
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; every access goes through
@@ -153,11 +157,27 @@ impl Region {
         if base == libc::MAP_FAILED {
             return Err(last_os("mmap", path));
         }
+        let guard = match Guarded::watch(base as usize, size as usize) {
+            Ok(g) => g,
+            Err(e) => {
+                // SAFETY: the mapping just made above, referenced by nothing yet.
+                unsafe { libc::munmap(base, size as usize) };
+                return Err(io("guard", path)(e));
+            }
+        };
         Ok(Region {
             base: base.cast(),
             size,
             file,
+            guard,
         })
+    }
+
+    /// Whether the daemon's `SIGBUS` guard caught an access to this region whose pages were
+    /// gone (its tenant shrank the file, or the file system had no room for a page): the
+    /// mapping reads zeros from then on, and the vRNIC must be torn down.
+    pub fn poisoned(&self) -> bool {
+        self.guard.as_ref().is_some_and(Guarded::poisoned)
     }
 
     /// The region's size in bytes.
@@ -345,6 +365,8 @@ pub unsafe fn remap_private(addr: usize, len: usize) -> std::io::Result<()> {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // Unwatched before it is unmapped: the guard never claims an address we gave back.
+        drop(self.guard.take());
         // SAFETY: base/size are the mapping created in `map`; no borrow of it outlives self.
         unsafe { libc::munmap(self.base.cast(), self.size as usize) };
     }
@@ -409,6 +431,36 @@ mod tests {
         assert!(r.write_bytes(u64::MAX - 1, &[0u8; 4]).is_err());
         assert!(Region::copy(&r, 0, &r, size, 1).is_err());
         assert!(r.atomic_u32(2).is_err());
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn a_region_shrunk_under_a_guarded_process_poisons_instead_of_killing() {
+        crate::fault::install().unwrap();
+        let p = tmp("shrink");
+        let r = Region::create(&p, 0, "vr0", 1, [0; 16], 1).unwrap();
+        let off = layout::HEAP_OFF + 8192;
+        r.write_bytes(off, b"live").unwrap();
+        assert!(!r.poisoned());
+        let before = crate::fault::epoch();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        // Without the guard this read is a SIGBUS; with it, zeros and a poisoned region.
+        let mut b = [0xffu8; 4];
+        r.read_bytes(off, &mut b).unwrap();
+        assert_eq!(b, [0; 4]);
+        assert!(r.poisoned());
+        assert!(crate::fault::epoch() > before);
+        r.write_bytes(0, b"still no fault").unwrap();
+        drop(r);
+        // A new region in the same slot starts clean.
+        std::fs::remove_file(&p).unwrap();
+        let r2 = Region::create(&p, 0, "vr1", 1, [0; 16], 1).unwrap();
+        assert!(!r2.poisoned());
         std::fs::remove_file(p).unwrap();
     }
 

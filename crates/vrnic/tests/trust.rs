@@ -215,3 +215,144 @@ fn container_cannot_escape_to_other_vrnics_or_the_daemon() {
     assert!(d.ls().contains("victim"));
     unrelated_pair_passes(&mut d);
 }
+
+// ---- a tenant that shrinks or overfills its own region --------------------------------------
+
+/// Waits until `vrnic ls` no longer lists `name`.
+fn wait_gone(d: &Daemon, name: &str) {
+    d.wait_ls(Duration::from_secs(10), &format!("{name} removed"), |ls| {
+        !ls.lines()
+            .any(|l| l.split_whitespace().next() == Some(name))
+    });
+}
+
+#[test]
+fn a_tenant_that_truncates_its_region_loses_only_its_vrnic() {
+    require("ibv_rc_pingpong");
+    let mut d = Daemon::start_with(&["--region-gib", "1"]);
+    // The tenant is in traffic with a peer on another vRNIC when it shrinks its region.
+    d.create("evil");
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-n", "100000000", "-s", "4096"];
+    let srv = common::Proc::spawn(d.run_on(Some("evil"), &server), "evil server");
+    let srv = common::wait_listening(srv, p.parse().unwrap(), LIMIT);
+    let mut client = server.to_vec();
+    client.push("localhost");
+    let peer = common::Proc::spawn(d.run(&client), "peer client");
+    std::thread::sleep(Duration::from_millis(500));
+    let region = d.dir.join("evil").join("region");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&region)
+        .expect("the tenant opens its own region")
+        .set_len(0)
+        .expect("and shrinks it");
+    wait_gone(&d, "evil");
+    assert!(d.alive(), "SIGBUS killed the daemon");
+    // The peer's QP fails (its responder is gone); it does not hang.
+    let out = peer.wait(LIMIT);
+    assert!(!out.ok(), "the peer did not notice\n{}", out.text());
+    drop(srv);
+    // Shrunk to its header while idle, then used: the daemon's first touch of a mailbox
+    // faults, and only that vRNIC goes.
+    d.create("evil2");
+    let r2 = d.dir.join("evil2").join("region");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&r2)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    // (The driver library refuses so small a region; a hostile client just connects.)
+    let _attach = std::os::unix::net::UnixStream::connect(d.dir.join("evil2").join("sock"));
+    wait_gone(&d, "evil2");
+    unrelated_pair_passes(&mut d);
+    // The names are free again.
+    d.create("evil");
+}
+
+#[test]
+fn a_tenant_fills_only_its_own_quota() {
+    require("ibv_rc_pingpong");
+    if !is_root() {
+        eprintln!("skipped: per-vRNIC quotas are tmpfs mounts (root)");
+        return;
+    }
+    let mut d = Daemon::start_with(&["--region-gib", "1"]);
+    d.create("evil");
+    let dir = d.dir.join("evil");
+    let stat = |p: &Path| {
+        // SAFETY: an all-zero statvfs is a valid out-parameter.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: c is NUL-terminated, st a valid out-pointer.
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_bavail * st.f_frsize
+    };
+    let state_free = stat(&d.dir);
+    // Grow the region far past its quota and write everywhere; and a file beside it. Both run
+    // out at the quota (1 GiB + slack), and the process holding the files stays alive.
+    let fill = format!(
+        "truncate -s 64G {d}/region; \
+         dd if=/dev/zero of={d}/region bs=1M seek=4096 count=2048 conv=notrunc 2>&1; \
+         dd if=/dev/zero of={d}/fill bs=1M count=2048 2>&1; \
+         exec 3<{d}/fill; sleep 60",
+        d = dir.display()
+    );
+    let holder = common::Proc::spawn(d.run_on(Some("evil"), &["sh", "-c", &fill]), "filler");
+    let deadline = std::time::Instant::now() + LIMIT;
+    while stat(&dir) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stat(&dir), 0, "the quota never filled");
+    std::thread::sleep(Duration::from_millis(200));
+    let used: u64 = ["region", "fill"]
+        .iter()
+        .map(|f| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(dir.join(f))
+                .map(|m| m.blocks() * 512)
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(
+        used <= (1 << 30) + (1 << 20),
+        "the tenant holds {used} bytes"
+    );
+    // Nothing of it landed on the state dir's file system.
+    let now_free = stat(&d.dir);
+    assert!(
+        now_free + (64 << 20) >= state_free,
+        "state dir fs: {state_free} free before, {now_free} after"
+    );
+    // The tenant now uses its full vRNIC: the daemon writes rings into pages there is no room
+    // for, survives the SIGBUS, and removes that vRNIC only.
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-c"];
+    let mut client = server.to_vec();
+    client.push("localhost");
+    let evil = common::Proc::spawn(d.run_on(Some("evil"), &server), "evil server");
+    let other = common::Proc::spawn(d.run(&client), "client of evil");
+    let _ = evil.wait_bounded(Duration::from_secs(20));
+    let _ = other.wait_bounded(Duration::from_secs(20));
+    assert!(d.alive(), "the daemon died");
+    unrelated_pair_passes(&mut d);
+    // A daemon killed while the tenant still holds its files, and a new one on the same state
+    // dir: the old quota is detached with them, the new daemon serves.
+    common::kill_pid(d.pid(), libc::SIGKILL);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = Command::new(vrnic_bin());
+    c.arg("serve").arg("--state-dir").arg(&d.dir);
+    let restarted = common::Proc::spawn(c, "restarted daemon");
+    let start = std::time::Instant::now();
+    while !d.cli_output(&["ls"]).ok() && start.elapsed() < CLI {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
+    let mut client = server.to_vec();
+    client.push("localhost");
+    run_pair(&d, &server, &client, LIMIT).assert_ok();
+    drop(holder);
+    drop(restarted);
+}
