@@ -52,6 +52,10 @@ const CTRL_BUDGET: usize = 8;
 /// Most QPs / CQs / MRs / PDs per vRNIC.
 const MAX_QP_WR: u32 = 16384;
 const MAX_CQE: u32 = 65536;
+/// The longest admin request line.
+const ADMIN_LINE_MAX: usize = 64 << 10;
+/// Reply bytes an admin client may leave unread before it is dropped.
+const ADMIN_OUT_MAX: usize = 16 << 20;
 /// What a vRNIC's quota tmpfs holds beyond its region (directory blocks, the socket).
 const QUOTA_SLACK: u64 = 1 << 20;
 
@@ -65,7 +69,13 @@ pub struct ServeOptions {
     pub region_size: u64,
     /// Object limits per vRNIC.
     pub limits: Limits,
+    /// Most vRNICs at once.
+    pub max_vrnics: u32,
 }
+
+/// The daemon's address space set aside for region mappings: `max_vrnics` regions of
+/// `region_size` must fit in it (a 47-bit user address space holds 128 TiB in all).
+pub const MAP_BUDGET: u64 = 64 << 40;
 
 /// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
 /// with `ENOMEM`, as on a device at its limits; `ibv_query_device` reports them.
@@ -176,7 +186,16 @@ struct SrqSlot {
 
 struct AdminConn {
     stream: UnixStream,
+    token: Token,
+    /// Request bytes not yet parsed.
     buf: Vec<u8>,
+    /// Reply bytes the client has not taken yet: never waited for (a client that does not
+    /// read stalls only itself, and is dropped past `ADMIN_OUT_MAX`).
+    out: Vec<u8>,
+    /// Whether `out` waits for the socket to become writable.
+    writable: bool,
+    /// The client closed its side: serve what it sent, then drop it.
+    eof: bool,
     held: Option<VnicId>,
 }
 
@@ -268,6 +287,18 @@ fn seed() -> u64 {
 
 impl Server {
     fn start(mut opts: ServeOptions) -> Result<Server> {
+        let mapped = u64::from(opts.max_vrnics).saturating_mul(opts.region_size);
+        if mapped > MAP_BUDGET || opts.max_vrnics as usize > vrnic_shm::fault::MAX_GUARDED {
+            bail!(
+                "--max-vrnics {} with regions of {} GiB would map {} TiB; the daemon maps at most \
+                 {} TiB and {} regions: lower --max-vrnics or --region-gib",
+                opts.max_vrnics,
+                opts.region_size >> 30,
+                mapped >> 40,
+                MAP_BUDGET >> 40,
+                vrnic_shm::fault::MAX_GUARDED
+            );
+        }
         opts.state_dir = config::prepare_state_dir(&opts.state_dir)?;
         let dir = &opts.state_dir.clone();
         // Mount first, then lock inside the mount: a lock taken under the mount point would be
@@ -459,6 +490,12 @@ impl Server {
         if self.vnics.values().any(|v| v.name == name) {
             bail!("vRNIC {name} already exists");
         }
+        if self.vnics.len() >= self.opts.max_vrnics as usize {
+            bail!(
+                "the daemon serves its limit of {} vRNICs (vrnic serve --max-vrnics)",
+                self.opts.max_vrnics
+            );
+        }
         let id = VnicId(self.next_vnic);
         self.next_vnic += 1;
         let lid = self.free_lid().context("no free LID")?;
@@ -617,7 +654,11 @@ impl Server {
                             id,
                             AdminConn {
                                 stream,
+                                token,
                                 buf: Vec::new(),
+                                out: Vec::new(),
+                                writable: false,
+                                eof: false,
                                 held: None,
                             },
                         );
@@ -632,54 +673,67 @@ impl Server {
         }
     }
 
+    /// Serves an admin connection without ever blocking: replies go out as far as the socket
+    /// takes them, the rest waits for it to become writable, and no new request is read while
+    /// replies are pending (so a client that never reads holds only its own connection).
     fn admin_ready(&mut self, id: u64) {
-        let Some(conn) = self.admins.get_mut(&id) else {
-            return;
-        };
-        let mut closed = false;
-        let mut chunk = [0u8; 4096];
         loop {
-            match conn.stream.read(&mut chunk) {
-                Ok(0) => {
-                    closed = true;
-                    break;
+            let Some(conn) = self.admins.get_mut(&id) else {
+                return;
+            };
+            if flush(&mut conn.stream, &mut conn.out).is_err() || conn.out.len() > ADMIN_OUT_MAX {
+                self.close_admin(id);
+                return;
+            }
+            if !conn.out.is_empty() {
+                break;
+            }
+            if let Some(pos) = conn.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = conn.buf.drain(..=pos).collect();
+                let reply = match serde_json::from_slice::<AdminRequest>(&line) {
+                    Ok(req) => self.admin_request(id, req),
+                    Err(e) => AdminReply::Err(format!("bad admin request: {e}")),
+                };
+                if let Some(c) = self.admins.get_mut(&id) {
+                    // Invariant: our reply types always serialise.
+                    let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+                    out.push(b'\n');
+                    c.out.extend_from_slice(&out);
                 }
-                Ok(n) => {
-                    conn.buf.extend_from_slice(&chunk[..n]);
-                    if conn.buf.len() > 1 << 16 {
-                        closed = true;
-                        break;
-                    }
+                continue;
+            }
+            if conn.eof {
+                self.close_admin(id);
+                return;
+            }
+            let mut chunk = [0u8; 4096];
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => conn.eof = true,
+                Ok(n) if conn.buf.len() + n <= ADMIN_LINE_MAX => {
+                    conn.buf.extend_from_slice(&chunk[..n])
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    closed = true;
-                    break;
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                _ => {
+                    self.close_admin(id);
+                    return;
                 }
             }
         }
-        while let Some(pos) = self
-            .admins
-            .get(&id)
-            .and_then(|c| c.buf.iter().position(|&b| b == b'\n'))
-        {
-            let line: Vec<u8> = self
-                .admins
-                .get_mut(&id)
-                .map(|c| c.buf.drain(..=pos).collect())
-                .unwrap_or_default();
-            let reply = match serde_json::from_slice::<AdminRequest>(&line) {
-                Ok(req) => self.admin_request(id, req),
-                Err(e) => AdminReply::Err(format!("bad admin request: {e}")),
-            };
-            if let Some(c) = self.admins.get_mut(&id) {
-                let mut out = serde_json::to_vec(&reply).unwrap_or_default();
-                out.push(b'\n');
-                let _ = sys::write_all_blocking(&mut c.stream, &out);
+        if let Some(c) = self.admins.get_mut(&id) {
+            let want = !c.out.is_empty();
+            if want != c.writable {
+                c.writable = want;
+                let interest = if want {
+                    Interest::READABLE | Interest::WRITABLE
+                } else {
+                    Interest::READABLE
+                };
+                let _ = self
+                    .poll
+                    .registry()
+                    .reregister(&mut c.stream, c.token, interest);
             }
-        }
-        if closed {
-            self.close_admin(id);
         }
     }
 
@@ -789,12 +843,13 @@ impl Server {
                     vnic = v.name,
                     "all control mailboxes in use; refusing a context"
                 );
-                let _ = sys::write_all_blocking(&mut stream, &u32::MAX.to_le_bytes());
+                let _ = stream.write_all(&u32::MAX.to_le_bytes());
                 continue;
             };
             let id = CtxId(self.next_ctx);
             self.next_ctx += 1;
-            if sys::write_all_blocking(&mut stream, &mailbox.index().to_le_bytes()).is_err() {
+            // Four bytes into a socket just accepted: its buffer is empty, so this never blocks.
+            if stream.write_all(&mailbox.index().to_le_bytes()).is_err() {
                 mailbox.reset(&v.region, MailboxState::Free);
                 continue;
             }
@@ -1957,6 +2012,22 @@ impl Server {
     }
 }
 
+/// Writes as much of `out` as the non-blocking `stream` takes now and drops what was written.
+fn flush(stream: &mut UnixStream, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < out.len() {
+        match stream.write(&out[done..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.drain(..done);
+    Ok(())
+}
+
 /// How many new work requests to take from a send or receive ring now. The producer index
 /// comes from the region (hostile): more outstanding entries than the ring holds is an error.
 fn pending(
@@ -2020,8 +2091,13 @@ fn cleanup_stale(dir: &Path) -> usize {
     let mut n = 0;
     for e in entries.flatten() {
         let p = e.path();
-        if p.is_dir() && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists()) {
-            // Its quota tmpfs, if any, goes too (a detach of a plain dir fails harmlessly).
+        // A vRNIC's directory, or an empty one: a killed daemon may have been removing it and
+        // got as far as its files. Its quota tmpfs, if any, goes too (a detach of a plain dir
+        // fails harmlessly).
+        let empty = || std::fs::read_dir(&p).is_ok_and(|mut d| d.next().is_none());
+        if e.file_type().is_ok_and(|t| t.is_dir())
+            && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists() || empty())
+        {
             let _ = std::fs::remove_dir_all(&p);
             let _ = sys::detach(&p);
             if std::fs::remove_dir_all(&p).is_ok() {

@@ -4,11 +4,10 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -148,26 +147,6 @@ impl Drop for SignalFd {
         // SAFETY: we own fd.
         unsafe { libc::close(self.fd) };
     }
-}
-
-/// Writes all of `data` to a non-blocking stream, waiting briefly (at most 1 s) when its buffer
-/// is full. Used for small control messages only.
-pub fn write_all_blocking<W: Write>(w: &mut W, mut data: &[u8]) -> std::io::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while !data.is_empty() {
-        match w.write(data) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                if Instant::now() > deadline {
-                    return Err(ErrorKind::TimedOut.into());
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Clears `FD_CLOEXEC` on a socket so an exec'd program inherits it. Returns the fd.

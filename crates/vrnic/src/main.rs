@@ -55,6 +55,10 @@ enum Cmd {
         /// Most shared receive queues per vRNIC.
         #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_srq)]
         max_srq: u32,
+        /// Most vRNICs at once (times --region-gib, at most 64 TiB: each region is mapped in
+        /// the daemon).
+        #[arg(long, default_value_t = 4096)]
+        max_vrnics: u32,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -125,6 +129,7 @@ fn real_main() -> Result<()> {
             max_mr,
             max_pd,
             max_srq,
+            max_vrnics,
         } => vrnic_daemon::serve(vrnic_daemon::ServeOptions {
             state_dir,
             region_size: region_gib.max(1) << 30,
@@ -135,6 +140,7 @@ fn real_main() -> Result<()> {
                 max_pd,
                 max_srq,
             },
+            max_vrnics,
         }),
         Cmd::Run {
             vrnic,

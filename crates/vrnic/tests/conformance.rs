@@ -224,12 +224,15 @@ fn a_stale_state_dir_is_cleaned_up_by_the_next_daemon() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(dir.join("stale0").exists(), "a killed daemon cleaned up?");
+    // One it was half-way through removing: its files gone, its (quota) mount point left.
+    let half = dir.join("vrnic0");
+    std::fs::create_dir(&half).unwrap();
     // A new daemon on the same dir takes over: it serves, and the stale vRNIC is gone.
     let mut cmd = std::process::Command::new(common::vrnic_bin());
     cmd.arg("serve").arg("--state-dir").arg(&dir);
     let mut p = Proc::spawn(cmd, "second serve");
     let start = std::time::Instant::now();
-    while dir.join("stale0").exists() || !d.cli_output(&["ls"]).ok() {
+    while dir.join("stale0").exists() || half.exists() || !d.cli_output(&["ls"]).ok() {
         assert!(!p.exited(), "the second daemon exited");
         assert!(
             start.elapsed() < common::DAEMON_START,

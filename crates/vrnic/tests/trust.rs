@@ -356,3 +356,77 @@ fn a_tenant_fills_only_its_own_quota() {
     drop(holder);
     drop(restarted);
 }
+
+// ---- control requests that stall the loop ---------------------------------------------------
+
+#[test]
+fn an_admin_client_that_never_reads_stalls_nobody() {
+    use std::io::Write;
+    require("ibv_rc_pingpong");
+    let mut d = Daemon::start();
+    for i in 0..16 {
+        d.create(&format!("pad{i}"));
+    }
+    // Thousands of `ls` requests whose replies (a few KiB each) are never read: before, the
+    // loop waited up to a second on each reply that did not fit the socket.
+    let mut slow = std::os::unix::net::UnixStream::connect(d.dir.join("vrnic.sock")).unwrap();
+    slow.set_nonblocking(true).unwrap();
+    let mut line = serde_json::to_vec(&vrnic_api::AdminRequest::List).unwrap();
+    line.push(b'\n');
+    let burst: Vec<u8> = line
+        .iter()
+        .copied()
+        .cycle()
+        .take(line.len() * 8000)
+        .collect();
+    let mut sent = 0;
+    let start = std::time::Instant::now();
+    while sent < burst.len() && start.elapsed() < Duration::from_secs(5) {
+        match slow.write(&burst[sent..]) {
+            Ok(n) => sent += n,
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert!(sent > 4096, "the daemon took only {sent} bytes of requests");
+    unrelated_pair_passes(&mut d);
+    assert!(d.ls().contains("pad15"));
+    drop(slow);
+}
+
+// ---- too many vRNICs ------------------------------------------------------------------------
+
+#[test]
+fn the_vrnic_count_is_capped_with_a_clear_refusal() {
+    require("ibv_rc_pingpong");
+    // A limit that cannot be mapped is refused at start.
+    let mut c = Command::new(vrnic_bin());
+    c.args(["serve", "--max-vrnics", "8192", "--region-gib", "16"])
+        .arg("--state-dir")
+        .arg(std::env::temp_dir().join(format!("vrnic-trust-cap-{}", std::process::id())));
+    let out = output(c, "vrnic serve", CLI);
+    assert!(
+        !out.ok() && out.stderr.contains("--max-vrnics 8192"),
+        "{}",
+        out.text()
+    );
+    let mut d = Daemon::start_with(&["--max-vrnics", "4", "--region-gib", "1"]);
+    for i in 0..4 {
+        d.create(&format!("v{i}"));
+    }
+    let out = d.cli_output(&["create", "v4"]);
+    assert!(
+        !out.ok() && out.stderr.contains("limit of 4 vRNICs"),
+        "{}",
+        out.text()
+    );
+    let out = output(d.run(&["true"]), "vrnic run past the cap", CLI);
+    assert!(
+        !out.ok() && out.stderr.contains("limit of 4 vRNICs"),
+        "{}",
+        out.text()
+    );
+    // Room again once two go: an unrelated pair passes.
+    assert!(d.cli_output(&["rm", "v0"]).ok());
+    assert!(d.cli_output(&["rm", "v1"]).ok());
+    unrelated_pair_passes(&mut d);
+}
