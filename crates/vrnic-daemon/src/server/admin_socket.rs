@@ -1,0 +1,202 @@
+//! The admin socket the CLI talks to (`ls`, `create`, `rm`, `run`'s hold): one JSON line per
+//! request and per reply, served without ever blocking the loop.
+
+use super::*;
+
+/// Writes as much of `out` as the non-blocking `stream` takes now and drops what was written.
+pub(super) fn flush(stream: &mut UnixStream, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < out.len() {
+        match stream.write(&out[done..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.drain(..done);
+    Ok(())
+}
+
+/// The longest admin request line.
+pub(super) const ADMIN_LINE_MAX: usize = 64 << 10;
+
+/// Reply bytes an admin client may leave unread before it is dropped.
+pub(super) const ADMIN_OUT_MAX: usize = 16 << 20;
+
+impl Server {
+    pub(super) fn accept_admin(&mut self) {
+        loop {
+            match self.admin.accept() {
+                Ok((mut stream, _)) => {
+                    let id = self.next_admin;
+                    self.next_admin += 1;
+                    let token = self.token(Tok::Admin(id));
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, token, Interest::READABLE)
+                        .is_ok()
+                    {
+                        self.admins.insert(
+                            id,
+                            AdminConn {
+                                stream,
+                                token,
+                                buf: Vec::new(),
+                                out: Vec::new(),
+                                writable: false,
+                                eof: false,
+                                held: None,
+                            },
+                        );
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    warn!("admin accept: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Serves an admin connection without ever blocking: replies go out as far as the socket
+    /// takes them, the rest waits for it to become writable, and no new request is read while
+    /// replies are pending (so a client that never reads holds only its own connection).
+    pub(super) fn admin_ready(&mut self, id: u64) {
+        loop {
+            let Some(conn) = self.admins.get_mut(&id) else {
+                return;
+            };
+            if flush(&mut conn.stream, &mut conn.out).is_err() || conn.out.len() > ADMIN_OUT_MAX {
+                self.close_admin(id);
+                return;
+            }
+            if !conn.out.is_empty() {
+                break;
+            }
+            if let Some(pos) = conn.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = conn.buf.drain(..=pos).collect();
+                let reply = match serde_json::from_slice::<AdminRequest>(&line) {
+                    Ok(req) => self.admin_request(id, req),
+                    Err(e) => AdminReply::Err(format!("bad admin request: {e}")),
+                };
+                if let Some(c) = self.admins.get_mut(&id) {
+                    // Invariant: our reply types always serialise.
+                    let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+                    out.push(b'\n');
+                    c.out.extend_from_slice(&out);
+                }
+                continue;
+            }
+            if conn.eof {
+                self.close_admin(id);
+                return;
+            }
+            let mut chunk = [0u8; 4096];
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => conn.eof = true,
+                Ok(n) if conn.buf.len() + n <= ADMIN_LINE_MAX => {
+                    conn.buf.extend_from_slice(&chunk[..n])
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                _ => {
+                    self.close_admin(id);
+                    return;
+                }
+            }
+        }
+        if let Some(c) = self.admins.get_mut(&id) {
+            let want = !c.out.is_empty();
+            if want != c.writable {
+                c.writable = want;
+                let interest = if want {
+                    Interest::READABLE | Interest::WRITABLE
+                } else {
+                    Interest::READABLE
+                };
+                let _ = self
+                    .poll
+                    .registry()
+                    .reregister(&mut c.stream, c.token, interest);
+            }
+        }
+    }
+
+    pub(super) fn admin_request(&mut self, conn: u64, req: AdminRequest) -> AdminReply {
+        match req {
+            AdminRequest::List => {
+                AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect())
+            }
+            AdminRequest::Create { name } => match self.create_vnic(&name, true) {
+                Ok(v) => self
+                    .summary(v)
+                    .map(AdminReply::Vnic)
+                    .unwrap_or(AdminReply::Ok),
+                Err(e) => AdminReply::Err(format!("{e:#}")),
+            },
+            AdminRequest::Remove { name } => {
+                match self.vnics.iter().find(|(_, v)| v.name == name) {
+                    Some((&id, _)) => {
+                        self.remove_vnic(id);
+                        AdminReply::Ok
+                    }
+                    None => AdminReply::Err(format!("no vRNIC named {name}")),
+                }
+            }
+            AdminRequest::Hold { name } => {
+                if self.admins.get(&conn).is_some_and(|c| c.held.is_some()) {
+                    return AdminReply::Err("this connection already holds a vRNIC".into());
+                }
+                let existing = name.as_ref().and_then(|n| {
+                    self.vnics
+                        .iter()
+                        .find(|(_, v)| &v.name == n)
+                        .map(|(&id, _)| id)
+                });
+                let id = match existing {
+                    Some(id) => id,
+                    None => {
+                        let name = name.unwrap_or_else(|| {
+                            (0..)
+                                .map(|i| format!("vrnic{i}"))
+                                .find(|n| !self.vnics.values().any(|v| &v.name == n))
+                                .unwrap_or_default()
+                        });
+                        match self.create_vnic(&name, false) {
+                            Ok(id) => id,
+                            Err(e) => return AdminReply::Err(format!("{e:#}")),
+                        }
+                    }
+                };
+                if let Some(v) = self.vnics.get_mut(&id) {
+                    v.holders += 1;
+                }
+                if let Some(c) = self.admins.get_mut(&conn) {
+                    c.held = Some(id);
+                }
+                self.summary(id)
+                    .map(AdminReply::Vnic)
+                    .unwrap_or(AdminReply::Ok)
+            }
+            _ => AdminReply::Err("unsupported admin request".into()),
+        }
+    }
+
+    pub(super) fn close_admin(&mut self, id: u64) {
+        if let Some(mut c) = self.admins.remove(&id) {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.tokens
+                .retain(|_, t| !matches!(t, Tok::Admin(a) if *a == id));
+            if let Some(v) = c.held {
+                if let Some(vn) = self.vnics.get_mut(&v) {
+                    vn.holders = vn.holders.saturating_sub(1);
+                }
+                self.maybe_reap(v);
+            }
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! Control requests from a context's mailbox: each is checked against the context that sent it
+//! and answered in the same mailbox (PD, CQ, QP, SRQ, AH, connection management).
+
+use super::*;
+
+pub(super) fn cm_reply(r: Result<(), i32>, what: &str) -> Reply {
+    match r {
+        Ok(()) => Reply::Ok,
+        Err(e) => err(e, what),
+    }
+}
+
+pub(super) fn err(errno: i32, msg: impl Into<String>) -> Reply {
+    Reply::Err {
+        errno,
+        msg: msg.into(),
+    }
+}
+
+/// Control requests served per wake of a context.
+pub(super) const CTRL_BUDGET: usize = 8;
+
+/// Most QPs / CQs / MRs / PDs per vRNIC.
+pub(super) const MAX_QP_WR: u32 = 16384;
+
+pub(super) const MAX_CQE: u32 = 65536;
+
+impl Server {
+    pub(super) fn serve_mailbox(&mut self, id: CtxId) {
+        for _ in 0..CTRL_BUDGET {
+            let Some(ctx) = self.ctxs.get(&id) else {
+                return;
+            };
+            let Some(v) = self.vnics.get(&ctx.vnic) else {
+                return;
+            };
+            let mailbox = ctx.mailbox;
+            let Some((seq, req)) = mailbox.take(&v.region) else {
+                return;
+            };
+            let reply = match req {
+                Ok(bytes) => match serde_json::from_slice::<Request>(&bytes) {
+                    Ok(req) => {
+                        let r = self.control(id, req);
+                        self.flush_cm_notes();
+                        r
+                    }
+                    Err(e) => err(libc::EINVAL, format!("malformed control request: {e}")),
+                },
+                Err(len) => err(
+                    libc::EINVAL,
+                    format!("control request length {len} out of range"),
+                ),
+            };
+            if let Reply::Err { errno, msg } = &reply {
+                debug!(ctx = id.0, errno, "control request failed: {msg}");
+            }
+            let out = serde_json::to_vec(&reply).unwrap_or_default();
+            let Some(ctx) = self.ctxs.get(&id) else {
+                return;
+            };
+            if let Some(v) = self.vnics.get(&ctx.vnic)
+                && let Err(e) = mailbox.respond(&v.region, seq, &out)
+            {
+                warn!("respond: {e}");
+            }
+        }
+    }
+
+    pub(super) fn control(&mut self, id: CtxId, req: Request) -> Reply {
+        let now = Instant::now();
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no such context");
+        };
+        let vnic = ctx.vnic;
+        match req {
+            Request::QueryDevice => {
+                let Some(v) = self.vnics.get(&vnic) else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
+                Reply::Device(vrnic_api::DeviceInfo {
+                    name: v.name.clone(),
+                    guid: v.guid,
+                    lid: v.lid,
+                    gid: v.gid,
+                    max_qp: self.opts.limits.max_qp,
+                    max_qp_wr: MAX_QP_WR,
+                    max_cq: self.opts.limits.max_cq,
+                    max_cqe: MAX_CQE,
+                    max_mr: self.opts.limits.max_mr,
+                    max_pd: self.opts.limits.max_pd,
+                    max_mr_size: v.region.size() - layout::HEAP_OFF,
+                })
+            }
+            Request::AllocPd => {
+                if self.per_vnic(vnic, |c| c.pds as usize) >= self.opts.limits.max_pd as usize {
+                    return err(libc::ENOMEM, "PD limit reached");
+                }
+                match self.engine.alloc_pd(vnic, id) {
+                    Ok(pd) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.pds += 1;
+                        }
+                        Reply::Handle(pd.0)
+                    }
+                    Err(e) => err(e, "alloc_pd"),
+                }
+            }
+            Request::DeallocPd { pd } => match self.engine.dealloc_pd(id, PdId(pd)) {
+                Ok(()) => {
+                    if let Some(c) = self.ctxs.get_mut(&id) {
+                        c.pds = c.pds.saturating_sub(1);
+                    }
+                    Reply::Ok
+                }
+                Err(e) => err(e, "dealloc_pd"),
+            },
+            Request::RegMr {
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            } => self.reg_mr(id, PdId(pd), addr, len, iova, access),
+            Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
+            Request::ReleasePages { runs } => self.release_pages(id, &runs),
+            Request::CreateCq { cqe } => self.create_cq(id, cqe),
+            Request::DestroyCq { cq } => {
+                if !ctx.cqs.contains(&CqId(cq)) {
+                    return err(libc::EINVAL, "no such CQ");
+                }
+                match self.engine.destroy_cq(id, CqId(cq)) {
+                    Ok(()) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.cqs.remove(&CqId(cq));
+                        }
+                        if let (Some(slot), Some(v)) =
+                            (self.cqs.remove(&CqId(cq)), self.vnics.get_mut(&vnic))
+                        {
+                            free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
+                        }
+                        Reply::Ok
+                    }
+                    Err(e) => err(e, "destroy_cq"),
+                }
+            }
+            Request::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                qp_type,
+                cap,
+                sq_sig_all,
+                srq,
+            } => self.create_qp(
+                id,
+                PdId(pd),
+                CqId(send_cq),
+                CqId(recv_cq),
+                srq.map(SrqId),
+                qp_type,
+                cap,
+                sq_sig_all,
+            ),
+            Request::ModifyQp { qp, mask, attr } => {
+                match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "modify_qp"),
+                }
+            }
+            Request::QueryQp { qp } => match self.engine.query_qp(id, QpId(qp)) {
+                Ok(a) => Reply::QpAttr(Box::new(a)),
+                Err(e) => err(e, "query_qp"),
+            },
+            Request::DestroyQp { qp } => {
+                if !ctx.qps.contains(&QpId(qp)) {
+                    return err(libc::EINVAL, "no such QP");
+                }
+                match self.engine.destroy_qp(now, id, QpId(qp)) {
+                    Ok(()) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.qps.remove(&QpId(qp));
+                        }
+                        if let (Some(slot), Some(v)) =
+                            (self.qps.remove(&QpId(qp)), self.vnics.get_mut(&vnic))
+                        {
+                            free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
+                            free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
+                        }
+                        Reply::Ok
+                    }
+                    Err(e) => err(e, "destroy_qp"),
+                }
+            }
+            Request::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+                limit,
+            } => self.create_srq(id, PdId(pd), max_wr, max_sge, limit),
+            Request::ModifySrq { srq, resize, limit } => {
+                self.fetch_srq(SrqId(srq));
+                match self.engine.modify_srq(id, SrqId(srq), resize, limit) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "modify_srq"),
+                }
+            }
+            Request::QuerySrq { srq } => {
+                self.fetch_srq(SrqId(srq));
+                self.query_srq(id, SrqId(srq))
+            }
+            Request::DestroySrq { srq } => {
+                if !ctx.srqs.contains(&SrqId(srq)) {
+                    return err(libc::EINVAL, "no such SRQ");
+                }
+                match self.engine.destroy_srq(id, SrqId(srq)) {
+                    Ok(()) => {
+                        if let Some(c) = self.ctxs.get_mut(&id) {
+                            c.srqs.remove(&SrqId(srq));
+                        }
+                        if let (Some(slot), Some(v)) =
+                            (self.srqs.remove(&SrqId(srq)), self.vnics.get_mut(&vnic))
+                        {
+                            free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
+                        }
+                        Reply::Ok
+                    }
+                    Err(e) => err(e, "destroy_srq"),
+                }
+            }
+            Request::CreateAh { pd, attr } => match self.engine.create_ah(id, PdId(pd), attr) {
+                Ok(ah) => Reply::Handle(ah.0),
+                Err(e) => err(e, "create_ah"),
+            },
+            Request::DestroyAh { ah } => match self.engine.destroy_ah(id, AhId(ah)) {
+                Ok(()) => Reply::Ok,
+                Err(e) => err(e, "destroy_ah"),
+            },
+            Request::CmCreateId { ps } => {
+                let Some(v) = self.vnics.get(&vnic) else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
+                match self.cm.create(id, ps, v.lid, v.gid) {
+                    Ok(h) => Reply::Handle(h),
+                    Err(e) => err(e, "rdma_create_id"),
+                }
+            }
+            Request::CmDestroyId { id: h } => cm_reply(self.cm.destroy(id, h), "rdma_destroy_id"),
+            Request::CmBind { id: h, addr } => match addr.parse() {
+                Ok(a) => match self.cm.bind(id, h, a) {
+                    Ok(b) => Reply::CmAddr(b.to_string()),
+                    Err(e) => err(e, "rdma_bind_addr"),
+                },
+                Err(_) => err(libc::EINVAL, "malformed address"),
+            },
+            Request::CmListen { id: h } => cm_reply(self.cm.listen(id, h), "rdma_listen"),
+            Request::CmResolveAddr { id: h, src, dst } => {
+                let src = match src.map(|s| s.parse()).transpose() {
+                    Ok(s) => s,
+                    Err(_) => return err(libc::EINVAL, "malformed address"),
+                };
+                let Ok(dst) = dst.parse() else {
+                    return err(libc::EINVAL, "malformed address");
+                };
+                match self.cm.resolve_addr(id, h, src, dst) {
+                    Ok(a) => Reply::CmAddr(a.to_string()),
+                    Err(e) => err(e, "rdma_resolve_addr"),
+                }
+            }
+            Request::CmResolveRoute { id: h } => {
+                cm_reply(self.cm.resolve_route(id, h), "rdma_resolve_route")
+            }
+            Request::CmConnect { id: h, param } => {
+                cm_reply(self.cm.connect(id, h, param, now), "rdma_connect")
+            }
+            Request::CmAccept { id: h, param } => {
+                cm_reply(self.cm.accept(id, h, param), "rdma_accept")
+            }
+            Request::CmReject {
+                id: h,
+                private_data,
+            } => cm_reply(self.cm.reject(id, h, private_data), "rdma_reject"),
+            Request::CmEstablish { id: h } => cm_reply(self.cm.establish(id, h), "rdma_establish"),
+            Request::CmDisconnect { id: h } => {
+                cm_reply(self.cm.disconnect(id, h), "rdma_disconnect")
+            }
+            Request::CmTakeEvent { id: h } => match self.cm.take_event(id, h) {
+                Ok(Some(ev)) => Reply::CmEvent(Box::new(ev)),
+                Ok(None) => err(libc::EAGAIN, "no CM event queued"),
+                Err(e) => err(e, "CM event"),
+            },
+            Request::ReregMr { mr, pd, access } => {
+                match self.engine.rereg_mr(id, MrId(mr), pd.map(PdId), access) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "rereg_mr"),
+                }
+            }
+            _ => err(libc::EOPNOTSUPP, "request not supported by this daemon"),
+        }
+    }
+
+    pub(super) fn query_srq(&self, id: CtxId, srq: SrqId) -> Reply {
+        match self.engine.query_srq(id, srq) {
+            Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
+                max_wr,
+                max_sge,
+                limit,
+            },
+            Err(e) => err(e, "query_srq"),
+        }
+    }
+
+    /// The sum of `f` over the contexts of `vnic` (object counts for the per-vRNIC limits).
+    pub(super) fn per_vnic(&self, vnic: VnicId, f: impl Fn(&Ctx) -> usize) -> usize {
+        self.ctxs.values().filter(|c| c.vnic == vnic).map(f).sum()
+    }
+
+    pub(super) fn create_srq(
+        &mut self,
+        id: CtxId,
+        pd: PdId,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Reply {
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let vnic = ctx.vnic;
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > vrnic_wire::MAX_SGE {
+            return err(libc::EINVAL, "SRQ capabilities exceed the device limits");
+        }
+        if self.per_vnic(vnic, |c| c.srqs.len()) >= self.opts.limits.max_srq as usize {
+            return err(libc::ENOMEM, "SRQ limit of the vRNIC reached");
+        }
+        let depth = max_wr.next_power_of_two();
+        let Some(v) = self.vnics.get_mut(&vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(ring) = alloc_ring(v, depth, RQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the SRQ ring");
+        };
+        match self.engine.create_srq(id, pd, max_wr, max_sge, limit) {
+            Ok((srq, _)) => {
+                self.srqs.insert(
+                    srq,
+                    SrqSlot {
+                        vnic,
+                        ring,
+                        fetched: 0,
+                        cons: 0,
+                        broken: false,
+                    },
+                );
+                if let Some(c) = self.ctxs.get_mut(&id) {
+                    c.srqs.insert(srq);
+                }
+                Reply::Srq {
+                    srq: srq.0,
+                    ring: ring.offset(),
+                    depth,
+                }
+            }
+            Err(e) => {
+                free_ring(v, ring.offset(), depth, RQ_SLOT);
+                err(e, "create_srq")
+            }
+        }
+    }
+
+    pub(super) fn create_cq(&mut self, id: CtxId, cqe: u32) -> Reply {
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let vnic = ctx.vnic;
+        if cqe == 0 || cqe > MAX_CQE {
+            return err(libc::EINVAL, format!("cqe {cqe} outside 1..={MAX_CQE}"));
+        }
+        if self.per_vnic(vnic, |c| c.cqs.len()) >= self.opts.limits.max_cq as usize {
+            return err(libc::ENOMEM, "CQ limit of the vRNIC reached");
+        }
+        let depth = cqe.next_power_of_two();
+        let Some(v) = self.vnics.get_mut(&vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the CQ ring");
+        };
+        match self.engine.create_cq(vnic, id, depth) {
+            Ok(cq) => {
+                self.cqs.insert(
+                    cq,
+                    CqSlot {
+                        vnic,
+                        ctx: id,
+                        ring,
+                        prod: 0,
+                        broken: false,
+                    },
+                );
+                if let Some(c) = self.ctxs.get_mut(&id) {
+                    c.cqs.insert(cq);
+                }
+                Reply::Cq {
+                    cq: cq.0,
+                    ring: ring.offset(),
+                    depth,
+                }
+            }
+            Err(e) => {
+                free_ring(v, ring.offset(), depth, CQ_SLOT);
+                err(e, "create_cq")
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create_qp(
+        &mut self,
+        id: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+        qp_type: vrnic_wire::QpType,
+        mut cap: vrnic_wire::QpCap,
+        sq_sig_all: bool,
+    ) -> Reply {
+        let Some(ctx) = self.ctxs.get(&id) else {
+            return err(libc::ENODEV, "no context");
+        };
+        let vnic = ctx.vnic;
+        if self.per_vnic(vnic, |c| c.qps.len()) >= self.opts.limits.max_qp as usize {
+            return err(libc::ENOMEM, "QP limit of the vRNIC reached");
+        }
+        if cap.max_send_wr > MAX_QP_WR
+            || cap.max_recv_wr > MAX_QP_WR
+            || cap.max_send_sge as usize > vrnic_wire::MAX_SGE
+            || cap.max_recv_sge as usize > vrnic_wire::MAX_SGE
+            || cap.max_inline_data as usize > vrnic_wire::MAX_INLINE
+        {
+            return err(libc::EINVAL, "QP capabilities exceed the device limits");
+        }
+        if srq.is_some() {
+            // Receives come from the SRQ: the QP's own receive ring stays minimal and unused.
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        let sq_depth = cap.max_send_wr.max(1).next_power_of_two();
+        let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
+        let Some(v) = self.vnics.get_mut(&vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the send ring");
+        };
+        let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
+            free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
+            return err(libc::ENOMEM, "no memory for the receive ring");
+        };
+        cap.max_send_wr = cap.max_send_wr.max(1);
+        cap.max_send_sge = cap.max_send_sge.max(1);
+        if srq.is_none() {
+            cap.max_recv_wr = cap.max_recv_wr.max(1);
+            cap.max_recv_sge = cap.max_recv_sge.max(1);
+        }
+        cap.max_inline_data = vrnic_wire::MAX_INLINE as u32;
+        match self
+            .engine
+            .create_qp_srq(id, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all)
+        {
+            Ok((qp, qpn)) => {
+                self.qps.insert(
+                    qp,
+                    QpSlot {
+                        vnic,
+                        sq,
+                        rq,
+                        sq_fetched: 0,
+                        rq_fetched: 0,
+                        sq_cons: 0,
+                        rq_cons: 0,
+                        broken: false,
+                    },
+                );
+                if let Some(c) = self.ctxs.get_mut(&id) {
+                    c.qps.insert(qp);
+                }
+                Reply::Qp {
+                    qp: qp.0,
+                    qpn,
+                    sq: sq.offset(),
+                    sq_depth,
+                    rq: rq.offset(),
+                    rq_depth,
+                    cap,
+                }
+            }
+            Err(e) => {
+                free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
+                free_ring(v, rq.offset(), rq_depth, RQ_SLOT);
+                err(e, "create_qp")
+            }
+        }
+    }
+}

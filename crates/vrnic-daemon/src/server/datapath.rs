@@ -1,0 +1,278 @@
+//! The data path: each engine pass takes new work requests from the rings (copied out once,
+//! parsed, handed to the engine), lets the engine move the bytes through region memory
+//! ([`Mem`]), and publishes retired indices and completions; plus the engine-sleeping word.
+
+use super::*;
+
+pub(super) struct Mem<'a>(&'a BTreeMap<VnicId, Vnic>);
+
+impl Memory for Mem<'_> {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+        let (Some(s), Some(d)) = (self.0.get(&src.vnic), self.0.get(&dst.vnic)) else {
+            warn!(?src, ?dst, "copy between unknown vnics");
+            return;
+        };
+        if let Err(e) = Region::copy(&s.region, src.off, &d.region, dst.off, len as u64) {
+            warn!("engine copy refused: {e}");
+        }
+    }
+    fn write(&mut self, dst: Loc, data: &[u8]) {
+        if let Some(d) = self.0.get(&dst.vnic)
+            && let Err(e) = d.region.write_bytes(dst.off, data)
+        {
+            warn!("engine write refused: {e}");
+        }
+    }
+    fn read(&mut self, src: Loc, out: &mut [u8]) {
+        if let Some(s) = self.0.get(&src.vnic)
+            && let Err(e) = s.region.read_bytes(src.off, out)
+        {
+            warn!("engine read refused: {e}");
+        }
+    }
+}
+
+/// How many new work requests to take from a send or receive ring now. The producer index
+/// comes from the region (hostile): more outstanding entries than the ring holds is an error.
+pub(super) fn pending(
+    ring: &Ring,
+    region: &Region,
+    fetched: u32,
+    retired: u32,
+    room: u32,
+) -> Result<u32, vrnic_wire::ParseError> {
+    let prod = ring.prod(region).load(Ordering::Acquire);
+    if prod.wrapping_sub(retired) > ring.depth() || prod.wrapping_sub(fetched) > ring.depth() {
+        return Err(vrnic_wire::ParseError::ProducerIndex(prod));
+    }
+    Ok(prod.wrapping_sub(fetched).min(room).min(RING_BATCH))
+}
+
+/// Work requests taken from one ring per pass.
+pub(super) const RING_BATCH: u32 = 64;
+
+impl Server {
+    pub(super) fn set_sleeping(&mut self, on: bool) {
+        self.sleeping = on;
+        for v in self.vnics.values() {
+            if let Ok(w) = v.region.atomic_u32(hdr::ENGINE_SLEEPING) {
+                w.store(u32::from(on), Ordering::SeqCst);
+            }
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// One pass over every ring: new work requests into the engine, engine work, completions
+    /// and retired indices out. Returns whether anything happened.
+    pub(super) fn engine_pass(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        let mut sq_slot = [0u8; SQ_SLOT];
+        let mut rq_slot = [0u8; RQ_SLOT];
+        for (&qp, slot) in self.qps.iter_mut() {
+            if slot.broken {
+                continue;
+            }
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
+            let region = &v.region;
+            // Send ring, then receive ring: copy new slots out once, parse, hand to the engine.
+            let room = self.engine.sq_room(qp);
+            match pending(
+                &slot.sq,
+                region,
+                slot.sq_fetched,
+                self.engine.sq_retired(qp),
+                room,
+            ) {
+                Ok(n) => {
+                    for _ in 0..n {
+                        slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
+                        slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
+                        self.engine
+                            .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
+                        work = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(qp = qp.0, "send ring: {e}; failing the QP");
+                    slot.broken = true;
+                    self.engine.handle_send_wqe(now, qp, Err(e));
+                    work = true;
+                    continue;
+                }
+            }
+            let room = self.engine.rq_room(qp);
+            match pending(
+                &slot.rq,
+                region,
+                slot.rq_fetched,
+                self.engine.rq_retired(qp),
+                room,
+            ) {
+                Ok(n) => {
+                    for _ in 0..n {
+                        slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
+                        slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
+                        self.engine
+                            .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
+                        work = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(qp = qp.0, "receive ring: {e}; failing the QP");
+                    slot.broken = true;
+                    self.engine.handle_recv_wqe(now, qp, Err(e));
+                    work = true;
+                }
+            }
+        }
+        // SRQ rings, walked by key so no list is built on the data path.
+        let mut next = self.srqs.keys().next().copied();
+        while let Some(srq) = next {
+            work |= self.fetch_srq(srq);
+            next = self
+                .srqs
+                .range((std::ops::Bound::Excluded(srq), std::ops::Bound::Unbounded))
+                .next()
+                .map(|(&k, _)| k);
+        }
+        if self.engine.process(now, &mut Mem(&self.vnics)) {
+            work = true;
+        }
+        // Retired indices first, completions second: an app that sees a completion must also
+        // see the ring slot it frees (perftest posts again as soon as it polls one).
+        for (&qp, slot) in self.qps.iter_mut() {
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
+            let sq = self.engine.sq_retired(qp);
+            if sq != slot.sq_cons {
+                slot.sq_cons = sq;
+                slot.sq.cons(&v.region).store(sq, Ordering::Release);
+            }
+            let rq = self.engine.rq_retired(qp);
+            if rq != slot.rq_cons {
+                slot.rq_cons = rq;
+                slot.rq.cons(&v.region).store(rq, Ordering::Release);
+            }
+        }
+        for (&srq, slot) in self.srqs.iter_mut() {
+            let Some(v) = self.vnics.get(&slot.vnic) else {
+                continue;
+            };
+            let r = self.engine.srq_retired(srq);
+            if r != slot.cons {
+                slot.cons = r;
+                slot.ring.cons(&v.region).store(r, Ordering::Release);
+            }
+        }
+        while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
+            work = true;
+            self.post_cqe(cq, &cqe, solicited);
+        }
+        while let Some((ctx, ev)) = self.engine.poll_event() {
+            work = true;
+            let (kind, handle) = match ev {
+                vrnic_proto::Event::QpFatal { qp } => (vrnic_api::event::QP_FATAL, qp.0),
+                vrnic_proto::Event::CqError { cq } => (vrnic_api::event::CQ_ERR, cq.0),
+                vrnic_proto::Event::SrqLimit { srq } => {
+                    (vrnic_api::event::SRQ_LIMIT_REACHED, srq.0)
+                }
+                vrnic_proto::Event::SrqError { srq } => (vrnic_api::event::SRQ_ERR, srq.0),
+                vrnic_proto::Event::LastWqeReached { qp } => {
+                    (vrnic_api::event::QP_LAST_WQE_REACHED, qp.0)
+                }
+            };
+            self.push_event(ctx, kind, handle);
+        }
+        self.flush_wakes();
+        work
+    }
+
+    /// Takes new receive WQEs from an SRQ's ring into the engine. Returns whether any came.
+    /// Called by every engine pass, and before the SRQ's limit is armed or queried, so that
+    /// what the app posted counts, as on a device.
+    pub(super) fn fetch_srq(&mut self, srq: SrqId) -> bool {
+        let Some(slot) = self.srqs.get_mut(&srq) else {
+            return false;
+        };
+        if slot.broken {
+            return false;
+        }
+        let Some(v) = self.vnics.get(&slot.vnic) else {
+            return false;
+        };
+        let mut raw = [0u8; RQ_SLOT];
+        let room = self.engine.srq_room(srq);
+        match pending(
+            &slot.ring,
+            &v.region,
+            slot.fetched,
+            self.engine.srq_retired(srq),
+            room,
+        ) {
+            Ok(n) => {
+                for _ in 0..n {
+                    slot.ring.read_slot(&v.region, slot.fetched, &mut raw);
+                    slot.fetched = slot.fetched.wrapping_add(1);
+                    self.engine.handle_srq_wqe(srq, RecvWqe::parse(&raw));
+                }
+                n > 0
+            }
+            Err(e) => {
+                warn!(srq = srq.0, "SRQ ring: {e}; SRQ in error");
+                slot.broken = true;
+                self.engine.handle_srq_wqe(srq, Err(e));
+                true
+            }
+        }
+    }
+
+    pub(super) fn post_cqe(&mut self, cq: CqId, cqe: &Cqe, solicited: bool) {
+        let Some(slot) = self.cqs.get_mut(&cq) else {
+            return;
+        };
+        let Some(v) = self.vnics.get(&slot.vnic) else {
+            return;
+        };
+        if slot.broken {
+            return;
+        }
+        let region = &v.region;
+        let cons = slot.ring.cons(region).load(Ordering::Acquire);
+        if slot.prod.wrapping_sub(cons) >= slot.ring.depth() {
+            // Overflow (or a garbage consumer index): the CQ is in error, as on a device.
+            warn!(cq = cq.0, "completion queue overrun; CQ in error");
+            slot.broken = true;
+            let ctx = slot.ctx;
+            self.push_event(ctx, vrnic_api::event::CQ_ERR, cq.0);
+            return;
+        }
+        let mut raw = [0u8; CQ_SLOT];
+        let stamped = Cqe {
+            timestamp_ns: sys::monotonic_ns(),
+            ..*cqe
+        };
+        stamped.encode(&mut raw);
+        slot.ring.write_slot(region, slot.prod, &raw);
+        slot.prod = slot.prod.wrapping_add(1);
+        slot.ring.prod(region).store(slot.prod, Ordering::Release);
+        // Store-then-load against the driver's arm-then-poll: without a full fence both sides
+        // could miss each other (the CQE unseen by the poll, the arm unseen here).
+        fence(Ordering::SeqCst);
+        // Arm word: 1 = next completion, 2 = next solicited completion.
+        let arm = slot.ring.arm(region);
+        let a = arm.load(Ordering::Acquire);
+        if (a == 1 || (a == 2 && solicited))
+            && arm
+                .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
+            tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
+            let ctx = slot.ctx;
+            self.notify_ctx(ctx);
+        }
+    }
+}

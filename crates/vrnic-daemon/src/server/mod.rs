@@ -1,0 +1,447 @@
+//! The daemon's state and its one loop: sockets (admin, per-vRNIC, per-context), the control
+//! mailboxes, and the engine pass that moves work requests from the rings into the engine and
+//! completions back out.
+//!
+//! One thread owns everything, so there are no locks: a control request is served between two
+//! engine passes. The loop spins (yielding the CPU each idle pass) while there is traffic and
+//! sleeps in `epoll` after a quiet period; before sleeping it sets every region's
+//! engine-sleeping word and re-checks the rings, so a driver that publishes a work request
+//! and then reads that word can never be missed (brief §9, lost wake-ups).
+//!
+//! This file holds what the daemon owns (vRNICs, contexts, ring slots, admin connections) and
+//! the loop; each job on that state has a room of its own: [`registry`] (vRNICs come and go),
+//! [`admin_socket`] (the CLI), [`attach`] (contexts come and go), [`control`] (requests from
+//! a mailbox), [`pages`] (registered memory and rings), [`events`] (async events and wake-ups
+//! back to contexts), [`datapath`] (the engine pass).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+use crate::cm::Cm;
+use anyhow::{Context as _, Result, bail};
+use mio::net::{UnixListener, UnixStream};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use tracing::{debug, info, warn};
+use vrnic_api::{AdminReply, AdminRequest, PageRun, Reply, Request, VnicSummary};
+use vrnic_proto::{AhId, CqId, CtxId, Engine, Loc, Memory, MrId, PdId, QpId, SrqId, VnicId};
+use vrnic_shm::layout::{self, hdr};
+use vrnic_shm::{Mailbox, MailboxState, Region, Ring};
+use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
+
+use crate::config::{self, ADMIN_SOCKET, REGION_FILE, VNIC_SOCKET};
+use crate::heap::Heap;
+use crate::sys;
+
+mod admin_socket;
+mod attach;
+mod control;
+mod datapath;
+mod events;
+mod pages;
+mod registry;
+
+use control::err;
+use pages::{alloc_ring, free_pages, free_ring};
+use registry::cleanup_stale;
+
+const SIGNAL: Token = Token(0);
+const ADMIN: Token = Token(1);
+/// How long the loop keeps spinning after the last work before it sleeps.
+const SPIN_QUIET: Duration = Duration::from_millis(2);
+/// Longest sleep, so timers, guest claims and the daemon's heartbeat are looked at regularly.
+const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Longest sleep while a region-only context (a VM guest) is attached: it cannot ring a
+/// doorbell, so the engine looks at its rings at least this often.
+const GUEST_SLEEP: Duration = Duration::from_millis(1);
+/// How often the loop looks for guests claiming or leaving mailboxes and checks their
+/// heartbeats (and advances its own).
+const GUEST_SCAN: Duration = Duration::from_millis(20);
+
+/// Options of `vrnic serve`.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The state dir.
+    pub state_dir: PathBuf,
+    /// Size of each region file (sparse): also the most memory one vRNIC can register, since
+    /// registered buffers and rings live in it.
+    pub region_size: u64,
+    /// Object limits per vRNIC.
+    pub limits: Limits,
+    /// Most vRNICs at once.
+    pub max_vrnics: u32,
+}
+
+/// The daemon's address space set aside for region mappings: `max_vrnics` regions of
+/// `region_size` must fit in it (a 47-bit user address space holds 128 TiB in all).
+pub const MAP_BUDGET: u64 = 64 << 40;
+
+/// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
+/// with `ENOMEM`, as on a device at its limits; `ibv_query_device` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Completion queues.
+    pub max_cq: u32,
+    /// Memory regions.
+    pub max_mr: u32,
+    /// Protection domains.
+    pub max_pd: u32,
+    /// Shared receive queues.
+    pub max_srq: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_qp: 4096,
+            max_cq: 4096,
+            max_mr: 65536,
+            max_pd: 4096,
+            max_srq: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Tok {
+    VnicListener(VnicId),
+    Client(CtxId),
+    Admin(u64),
+}
+
+struct Vnic {
+    name: String,
+    dir: PathBuf,
+    region: Region,
+    lid: u16,
+    gid: [u8; 16],
+    guid: u64,
+    heap: Heap,
+    /// Its directory is a tmpfs of its own, sized to its region (its memory quota).
+    quota_mount: bool,
+    persistent: bool,
+    holders: usize,
+    contexts: HashSet<CtxId>,
+    /// The region's claim count when the daemon last looked for guests' claims.
+    claims_seen: u32,
+    listener: UnixListener,
+    token: Token,
+}
+
+struct Ctx {
+    vnic: VnicId,
+    /// How the context reaches the daemon and how the daemon learns that it died.
+    link: Link,
+    mailbox: Mailbox,
+    ev_prod: u32,
+    /// App page address -> (region offset, registrations using it).
+    pages: HashMap<u64, (u64, u32)>,
+    /// MR -> the app pages it holds.
+    mrs: HashMap<MrId, (u64, u64)>,
+    /// Pages deregistered but still mapped by the app, by region offset.
+    detaching: BTreeSet<u64>,
+    cqs: HashSet<CqId>,
+    qps: HashSet<QpId>,
+    srqs: HashSet<SrqId>,
+    pds: u32,
+    wake: bool,
+}
+
+/// A context's link: a host process's socket (doorbells, wake-ups, death by close), or, for a
+/// VM guest, nothing but its mailbox: polled, with a heartbeat instead of a socket to close.
+enum Link {
+    Socket { stream: UnixStream, token: Token },
+    Region { beat: u32, beat_at: Instant },
+}
+
+struct CqSlot {
+    vnic: VnicId,
+    ctx: CtxId,
+    ring: Ring,
+    prod: u32,
+    broken: bool,
+}
+
+struct QpSlot {
+    vnic: VnicId,
+    sq: Ring,
+    rq: Ring,
+    sq_fetched: u32,
+    rq_fetched: u32,
+    sq_cons: u32,
+    rq_cons: u32,
+    broken: bool,
+}
+
+struct SrqSlot {
+    vnic: VnicId,
+    ring: Ring,
+    fetched: u32,
+    cons: u32,
+    broken: bool,
+}
+
+struct AdminConn {
+    stream: UnixStream,
+    token: Token,
+    /// Request bytes not yet parsed.
+    buf: Vec<u8>,
+    /// Reply bytes the client has not taken yet: never waited for (a client that does not
+    /// read stalls only itself, and is dropped past `ADMIN_OUT_MAX`).
+    out: Vec<u8>,
+    /// Whether `out` waits for the socket to become writable.
+    writable: bool,
+    /// The client closed its side: serve what it sent, then drop it.
+    eof: bool,
+    held: Option<VnicId>,
+}
+
+/// The daemon's state, owned by its one thread.
+pub struct Server {
+    opts: ServeOptions,
+    poll: Poll,
+    engine: Engine,
+    vnics: BTreeMap<VnicId, Vnic>,
+    ctxs: HashMap<CtxId, Ctx>,
+    cqs: HashMap<CqId, CqSlot>,
+    qps: BTreeMap<QpId, QpSlot>,
+    srqs: BTreeMap<SrqId, SrqSlot>,
+    cm: Cm,
+    tokens: HashMap<Token, Tok>,
+    admin: UnixListener,
+    admins: HashMap<u64, AdminConn>,
+    next_token: usize,
+    next_vnic: u32,
+    next_ctx: u32,
+    next_admin: u64,
+    _signals: sys::SignalFd,
+    _lock: std::fs::File,
+    mounted: bool,
+    sleeping: bool,
+    /// Region-only contexts (served by polling their mailboxes).
+    guests: Vec<CtxId>,
+    last_scan: Instant,
+    /// The `SIGBUS` guard's epoch when the loop last looked for poisoned regions.
+    fault_epoch: u64,
+}
+
+/// Runs the daemon until SIGINT/SIGTERM.
+pub fn serve(opts: ServeOptions) -> Result<()> {
+    let mut server = Server::start(opts)?;
+    let r = server.run();
+    server.shutdown();
+    r
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+}
+
+impl Server {
+    fn start(mut opts: ServeOptions) -> Result<Server> {
+        let mapped = u64::from(opts.max_vrnics).saturating_mul(opts.region_size);
+        if mapped > MAP_BUDGET || opts.max_vrnics as usize > vrnic_shm::fault::MAX_GUARDED {
+            bail!(
+                "--max-vrnics {} with regions of {} GiB would map {} TiB; the daemon maps at most \
+                 {} TiB and {} regions: lower --max-vrnics or --region-gib",
+                opts.max_vrnics,
+                opts.region_size >> 30,
+                mapped >> 40,
+                MAP_BUDGET >> 40,
+                vrnic_shm::fault::MAX_GUARDED
+            );
+        }
+        opts.state_dir = config::prepare_state_dir(&opts.state_dir)?;
+        let dir = &opts.state_dir.clone();
+        // Mount first, then lock inside the mount: a lock taken under the mount point would be
+        // hidden by it, and a second daemon would not see it.
+        let mounted = sys::ensure_tmpfs(dir);
+        let lock = match sys::lock_exclusive(&dir.join(config::LOCK_FILE)) {
+            Ok(l) => l,
+            Err(e) => {
+                // The mount (ours or adopted) belongs to the daemon holding the lock: leave it.
+                let _ = mounted;
+                return Err(e).with_context(|| {
+                    format!(
+                        "another vrnic daemon already serves {} (its lock is held)",
+                        dir.display()
+                    )
+                });
+            }
+        };
+        let stale = cleanup_stale(dir);
+        if stale > 0 {
+            info!("removed {stale} vRNICs left by a daemon that did not shut down cleanly");
+        }
+        let admin_path = dir.join(ADMIN_SOCKET);
+        let _ = std::fs::remove_file(&admin_path);
+        let mut admin = UnixListener::bind(&admin_path)
+            .with_context(|| format!("bind {}", admin_path.display()))?;
+        let poll = Poll::new()?;
+        let nofile = sys::raise_nofile_limit();
+        debug!(nofile, "open-file limit");
+        let signals = sys::SignalFd::new().context("block SIGINT/SIGTERM")?;
+        // A tenant that shrinks its region must not kill us with SIGBUS.
+        vrnic_shm::fault::install().context("install the SIGBUS guard")?;
+        poll.registry()
+            .register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut admin, ADMIN, Interest::READABLE)?;
+        info!(state_dir = %dir.display(), "vrnic daemon serving");
+        Ok(Server {
+            opts,
+            poll,
+            engine: Engine::new(seed()),
+            vnics: BTreeMap::new(),
+            ctxs: HashMap::new(),
+            cqs: HashMap::new(),
+            qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            cm: Cm::new(),
+            tokens: HashMap::new(),
+            admin,
+            admins: HashMap::new(),
+            next_token: 2,
+            next_vnic: 1,
+            next_ctx: 1,
+            next_admin: 1,
+            _signals: signals,
+            _lock: lock,
+            mounted,
+            sleeping: false,
+            guests: Vec::new(),
+            last_scan: Instant::now(),
+            fault_epoch: vrnic_shm::fault::epoch(),
+        })
+    }
+
+    fn token(&mut self, t: Tok) -> Token {
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        self.tokens.insert(token, t);
+        token
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let mut events = Events::with_capacity(256);
+        let mut last_work = Instant::now();
+        let mut pass: u64 = 0;
+        loop {
+            let now = Instant::now();
+            let idle = now.duration_since(last_work);
+            let poll_now = pass.is_multiple_of(32) || idle >= SPIN_QUIET;
+            if poll_now {
+                let timeout = if idle >= SPIN_QUIET {
+                    // Sleep: announce it, then look once more before really waiting.
+                    self.set_sleeping(true);
+                    if self.engine_pass(Instant::now()) {
+                        self.set_sleeping(false);
+                        last_work = Instant::now();
+                        Some(Duration::ZERO)
+                    } else {
+                        let t = [self.engine.poll_timeout(), self.cm.next_deadline()]
+                            .into_iter()
+                            .flatten()
+                            .min()
+                            .map(|t| t.saturating_duration_since(Instant::now()))
+                            .unwrap_or(MAX_SLEEP);
+                        let cap = if self.guests.is_empty() {
+                            MAX_SLEEP
+                        } else {
+                            GUEST_SLEEP
+                        };
+                        Some(t.min(cap))
+                    }
+                } else {
+                    Some(Duration::ZERO)
+                };
+                match self.poll.poll(&mut events, timeout) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e).context("epoll"),
+                }
+                if self.sleeping {
+                    self.set_sleeping(false);
+                }
+                let mut stop = false;
+                for ev in events.iter() {
+                    match ev.token() {
+                        SIGNAL => stop = true,
+                        ADMIN => self.accept_admin(),
+                        t => {
+                            if self.handle_token(t) {
+                                last_work = Instant::now();
+                            }
+                        }
+                    }
+                }
+                if stop {
+                    info!("signal received, shutting down");
+                    return Ok(());
+                }
+            }
+            let now = Instant::now();
+            if now.duration_since(self.last_scan) >= GUEST_SCAN {
+                self.last_scan = now;
+                self.scan_guests(now);
+            }
+            if !self.guests.is_empty() && self.serve_guests() {
+                last_work = Instant::now();
+            }
+            self.engine.handle_timeout(now);
+            if self.cm.next_deadline().is_some_and(|t| now >= t) {
+                self.cm.expire(now);
+                self.flush_cm_notes();
+                self.flush_wakes();
+            }
+            if self.engine_pass(now) {
+                last_work = Instant::now();
+            } else {
+                std::thread::yield_now();
+            }
+            let epoch = vrnic_shm::fault::epoch();
+            if epoch != self.fault_epoch {
+                self.fault_epoch = epoch;
+                self.remove_poisoned();
+            }
+            pass = pass.wrapping_add(1);
+        }
+    }
+
+    fn handle_token(&mut self, t: Token) -> bool {
+        match self.tokens.get(&t).copied() {
+            Some(Tok::VnicListener(v)) => {
+                self.accept_client(v);
+                false
+            }
+            Some(Tok::Client(c)) => self.client_ready(c),
+            Some(Tok::Admin(a)) => {
+                self.admin_ready(a);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let ids: Vec<VnicId> = self.vnics.keys().copied().collect();
+        for id in ids {
+            self.remove_vnic(id);
+        }
+        let dir = self.opts.state_dir.clone();
+        let _ = std::fs::remove_file(dir.join(ADMIN_SOCKET));
+        if self.mounted {
+            sys::unmount(&dir);
+        }
+        let _ = std::fs::remove_file(dir.join(config::LOCK_FILE));
+        info!("vrnic daemon stopped");
+    }
+}

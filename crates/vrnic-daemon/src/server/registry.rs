@@ -1,0 +1,199 @@
+//! The vRNIC registry: creating a vRNIC (its directory, quota tmpfs, region, socket, LID and
+//! GID), removing it (and any whose region the `SIGBUS` guard poisoned), reaping those nobody
+//! holds, and cleaning up what a killed daemon left.
+
+use super::*;
+
+/// Removes a vRNIC's directory: its files, then (lazily: apps may still map the region) its
+/// tmpfs, then the mount point.
+pub(super) fn remove_vnic_dir(dir: &Path, quota_mount: bool) {
+    let _ = std::fs::remove_dir_all(dir);
+    if quota_mount {
+        if let Err(e) = sys::detach(dir) {
+            warn!("unmount {}: {e}", dir.display());
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Removes vRNIC directories a dead daemon left behind. Returns how many.
+pub(super) fn cleanup_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in entries.flatten() {
+        let p = e.path();
+        // A vRNIC's directory, or an empty one: a killed daemon may have been removing it and
+        // got as far as its files. Its quota tmpfs, if any, goes too (a detach of a plain dir
+        // fails harmlessly).
+        let empty = || std::fs::read_dir(&p).is_ok_and(|mut d| d.next().is_none());
+        if e.file_type().is_ok_and(|t| t.is_dir())
+            && (p.join(REGION_FILE).exists() || p.join(VNIC_SOCKET).exists() || empty())
+        {
+            let _ = std::fs::remove_dir_all(&p);
+            let _ = sys::detach(&p);
+            if std::fs::remove_dir_all(&p).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// What a vRNIC's quota tmpfs holds beyond its region (directory blocks, the socket).
+pub(super) const QUOTA_SLACK: u64 = 1 << 20;
+
+impl Server {
+    pub(super) fn create_vnic(&mut self, name: &str, persistent: bool) -> Result<VnicId> {
+        if !config::valid_name(name) {
+            bail!("invalid vRNIC name {name:?}: use 1-63 letters, digits, '-' or '_'");
+        }
+        if self.vnics.values().any(|v| v.name == name) {
+            bail!("vRNIC {name} already exists");
+        }
+        if self.vnics.len() >= self.opts.max_vrnics as usize {
+            bail!(
+                "the daemon serves its limit of {} vRNICs (vrnic serve --max-vrnics)",
+                self.opts.max_vrnics
+            );
+        }
+        let id = VnicId(self.next_vnic);
+        self.next_vnic += 1;
+        let lid = self.free_lid().context("no free LID")?;
+        let guid_host: u64 = 0x0256_5200_0000_0000 | u64::from(id.0);
+        let guid = guid_host.to_be();
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[8..].copy_from_slice(&guid_host.to_be_bytes());
+        let dir = self.opts.state_dir.join(name);
+        std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let quota_mount = config::current_euid() == 0;
+        if quota_mount && let Err(e) = sys::mount_quota(&dir, self.opts.region_size + QUOTA_SLACK) {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e).context("mount the vRNIC's tmpfs (its memory quota)");
+        }
+        let region = match Region::create(
+            &dir.join(REGION_FILE),
+            self.opts.region_size,
+            name,
+            lid,
+            gid,
+            guid,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                remove_vnic_dir(&dir, quota_mount);
+                return Err(e).context("create region");
+            }
+        };
+        let heap_off = layout::HEAP_OFF;
+        let heap = Heap::new(heap_off, region.size() - heap_off, layout::PAGE);
+        let mut listener = match UnixListener::bind(dir.join(VNIC_SOCKET)) {
+            Ok(l) => l,
+            Err(e) => {
+                drop(region);
+                remove_vnic_dir(&dir, quota_mount);
+                return Err(e).context("bind vRNIC socket");
+            }
+        };
+        let token = self.token(Tok::VnicListener(id));
+        self.poll
+            .registry()
+            .register(&mut listener, token, Interest::READABLE)?;
+        self.engine.add_vnic(id, lid, gid);
+        info!(vnic = name, lid, "vRNIC created");
+        self.vnics.insert(
+            id,
+            Vnic {
+                name: name.to_string(),
+                dir,
+                region,
+                lid,
+                gid,
+                guid,
+                heap,
+                quota_mount,
+                persistent,
+                holders: 0,
+                contexts: HashSet::new(),
+                claims_seen: 0,
+                listener,
+                token,
+            },
+        );
+        Ok(id)
+    }
+
+    pub(super) fn free_lid(&self) -> Option<u16> {
+        (1..0xbfff).find(|l| !self.vnics.values().any(|v| v.lid == *l))
+    }
+
+    pub(super) fn remove_vnic(&mut self, id: VnicId) {
+        let ctxs: Vec<CtxId> = self
+            .vnics
+            .get(&id)
+            .map(|v| v.contexts.iter().copied().collect())
+            .unwrap_or_default();
+        for c in ctxs {
+            self.drop_context(c);
+        }
+        self.engine.remove_vnic(Instant::now(), id);
+        if let Some(mut v) = self.vnics.remove(&id) {
+            let _ = self.poll.registry().deregister(&mut v.listener);
+            self.tokens.remove(&v.token);
+            if let Ok(w) = v.region.atomic_u32(hdr::DAEMON_STATE) {
+                w.store(2, Ordering::Release);
+            }
+            drop(v.region);
+            remove_vnic_dir(&v.dir, v.quota_mount);
+            info!(vnic = v.name, "vRNIC removed");
+        }
+    }
+
+    /// Tears down every vRNIC whose region the `SIGBUS` guard caught losing pages under us: its
+    /// tenant truncated the file or filled its quota. Only that vRNIC goes; its peers see their
+    /// QPs fail as if it had died.
+    pub(super) fn remove_poisoned(&mut self) {
+        let hit: Vec<VnicId> = self
+            .vnics
+            .iter()
+            .filter(|(_, v)| v.region.poisoned())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in hit {
+            if let Some(v) = self.vnics.get(&id) {
+                warn!(
+                    vnic = v.name,
+                    "the vRNIC's region lost pages under the daemon (file truncated, or its \
+                     quota full); removing the vRNIC"
+                );
+            }
+            self.remove_vnic(id);
+        }
+    }
+
+    pub(super) fn maybe_reap(&mut self, id: VnicId) {
+        if let Some(v) = self.vnics.get(&id)
+            && !v.persistent
+            && v.holders == 0
+            && v.contexts.is_empty()
+        {
+            self.remove_vnic(id);
+        }
+    }
+
+    pub(super) fn summary(&self, id: VnicId) -> Option<VnicSummary> {
+        let v = self.vnics.get(&id)?;
+        Some(VnicSummary {
+            name: v.name.clone(),
+            lid: v.lid,
+            gid: v.gid,
+            qps: self.engine.qp_count(id),
+            users: v.holders + v.contexts.len(),
+            persistent: v.persistent,
+            dir: v.dir.display().to_string(),
+        })
+    }
+}
