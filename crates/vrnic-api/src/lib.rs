@@ -323,6 +323,8 @@ pub enum Reply {
         rq_depth: u32,
         /// Granted capacities.
         cap: QpCap,
+        /// Doorbell index to ring after publishing work on either ring.
+        bell: u32,
     },
     /// For `QueryQp`.
     QpAttr(Box<QpAttr>),
@@ -334,6 +336,8 @@ pub enum Reply {
         ring: u64,
         /// Ring depth (power of two, >= `max_wr`).
         depth: u32,
+        /// Doorbell index to ring after publishing receives.
+        bell: u32,
     },
     /// A connection-manager address (`SocketAddr` text form).
     CmAddr(String),

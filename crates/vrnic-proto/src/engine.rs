@@ -1,8 +1,8 @@
 //! The engine proper: objects, the control operations on them, and the execution of work
 //! requests on the local transport (both QPs on this daemon; one copy per byte).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::ops::Bound;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use vrnic_wire::{
@@ -39,17 +39,23 @@ pub const UD_MTU: u64 = 4096;
 pub const GRH_LEN: u64 = 40;
 /// Work requests one [`Engine::process`] call executes at most.
 pub const PASS_WRS: usize = 64;
-/// Bytes after which one [`Engine::process`] call stops starting new chunks.
-pub const PASS_BYTES: u64 = 4 << 20;
+/// Bytes after which one [`Engine::process`] call stops starting new chunks. Small, so that
+/// a driver that runs a call between looks at its rings sees new work soon (latency of
+/// others under a flood is about one call).
+pub const PASS_BYTES: u64 = 256 << 10;
 /// Work requests one QP executes per [`Engine::process`] call at most (fairness).
 pub const QP_WRS: usize = 16;
-/// Largest piece of one message moved at once; a QP moves at most this much per call.
-pub const CHUNK: u64 = 1 << 20;
+/// Work requests one vRNIC executes per [`Engine::process`] call at most (fairness between
+/// tenants, whatever their number of QPs).
+pub const VNIC_WRS: usize = 32;
+/// Largest piece of one message moved at once; a QP, and a vRNIC, moves at most this much
+/// per call.
+pub const CHUNK: u64 = 128 << 10;
 /// Page size of the region page lists.
 pub const PAGE: u64 = 4096;
 
 const _: () = assert!(MAX_QP_WR.is_power_of_two() && MAX_CQE.is_power_of_two());
-const _: () = assert!(QP_WRS <= PASS_WRS && CHUNK <= PASS_BYTES);
+const _: () = assert!(QP_WRS <= VNIC_WRS && VNIC_WRS <= PASS_WRS && CHUNK <= PASS_BYTES);
 // Every completion's byte_len fits the CQE field.
 const _: () = assert!(MAX_MSG_SIZE as u64 <= u32::MAX as u64);
 
@@ -59,6 +65,10 @@ struct Vnic {
     gid: [u8; 16],
     /// Memory keys -> MR.
     keys: HashMap<u32, MrId>,
+    /// Its QPs that may have work to run, in turn (each at most once: `Qp::queued`).
+    ready: VecDeque<QpId>,
+    /// In the engine's run queue.
+    queued: bool,
 }
 
 #[derive(Debug)]
@@ -101,6 +111,8 @@ struct Srq {
     retired: u32,
     /// Armed limit (0: disarmed).
     limit: u32,
+    /// Its retired counter moved since [`Engine::drain_retired`].
+    touched: bool,
     /// QPs attached.
     users: u32,
     /// Its ring broke: it takes no more receives.
@@ -152,6 +164,17 @@ struct Qp {
     wait: Wait,
     /// The head WQE moved part of its message already.
     progress: Option<Progress>,
+    /// In its vRNIC's ready list.
+    queued: bool,
+    /// Blocked: off the ready lists until something wakes it.
+    parked: bool,
+    /// In a waiter list (`rnr_waiters` or `retry_waiters`): listed once however often it
+    /// parks, so the lists cannot grow past the QPs.
+    listed: bool,
+    /// The time of its entry in the timer heap, if any (one live entry per QP).
+    armed: Option<Instant>,
+    /// Its retired counters moved since the driver last took [`Engine::drain_retired`].
+    touched: bool,
 }
 
 impl Qp {
@@ -205,10 +228,28 @@ pub struct Engine {
     by_qpn: HashMap<u32, QpId>,
     completions: VecDeque<(CqId, Cqe, bool)>,
     events: VecDeque<(CtxId, Event)>,
-    /// Reused list of QPs with work (no allocation per pass).
-    scratch: Vec<QpId>,
-    /// The QP the last [`Engine::process`] call stopped at; the next starts after it.
-    cursor: QpId,
+    /// vRNICs with QPs that may have work, served in turn by [`Engine::process`]: a vRNIC
+    /// that was idle goes first, one that used its turn goes last. Idle QPs and vRNICs are in
+    /// no list and cost nothing.
+    runq: VecDeque<VnicId>,
+    /// Timers of waiting QPs (RNR and retry), earliest first; an entry whose QP no longer
+    /// waits until then is stale and skipped.
+    timers: BinaryHeap<Reverse<(Instant, QpId)>>,
+    /// QPs blocked on RNR, by the receive queue they wait for: a receive posted there wakes
+    /// them (before their timer).
+    rnr_waiters: HashMap<RecvQueue, Vec<QpId>>,
+    /// QPs blocked because no responder exists: any QP reaching RTR may be it.
+    retry_waiters: Vec<QpId>,
+    /// QPs and SRQs whose retired counters moved (see [`Engine::drain_retired`]).
+    touched: Vec<QpId>,
+    touched_srqs: Vec<SrqId>,
+}
+
+/// A receive queue: a QP's own, or an SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RecvQueue {
+    Qp(QpId),
+    Srq(SrqId),
 }
 
 fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
@@ -229,6 +270,22 @@ fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
             0x100 + status as u32
         },
         timestamp_ns: 0,
+    }
+}
+
+/// Lists a QP whose retired counters moved (once until drained).
+fn touch(list: &mut Vec<QpId>, id: QpId, q: &mut Qp) {
+    if !q.touched {
+        q.touched = true;
+        list.push(id);
+    }
+}
+
+/// Lists an SRQ whose retired counter moved (once until drained).
+fn touch_srq(list: &mut Vec<SrqId>, id: SrqId, s: &mut Srq) {
+    if !s.touched {
+        s.touched = true;
+        list.push(id);
     }
 }
 
@@ -255,8 +312,12 @@ impl Engine {
             by_qpn: HashMap::new(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
-            scratch: Vec::new(),
-            cursor: QpId(0),
+            runq: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            rnr_waiters: HashMap::new(),
+            retry_waiters: Vec::new(),
+            touched: Vec::new(),
+            touched_srqs: Vec::new(),
         }
     }
 
@@ -285,6 +346,8 @@ impl Engine {
                 lid,
                 gid,
                 keys: HashMap::new(),
+                ready: VecDeque::new(),
+                queued: false,
             },
         );
     }
@@ -614,6 +677,11 @@ impl Engine {
                 rq_retired: 0,
                 wait: Wait::None,
                 progress: None,
+                queued: false,
+                parked: false,
+                listed: false,
+                armed: None,
+                touched: false,
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -712,7 +780,9 @@ impl Engine {
             QpState::Reset => {
                 // Forget the queues silently: their slots are free again.
                 q.sq_retired = q.sq_retired.wrapping_add(q.sq.len() as u32);
+                touch(&mut self.touched, qp, q);
                 q.rq_retired = q.rq_retired.wrapping_add(q.rq.len() as u32);
+                touch(&mut self.touched, qp, q);
                 q.sq.clear();
                 q.rq.clear();
                 q.wait = Wait::None;
@@ -728,6 +798,13 @@ impl Engine {
                 if srq.is_some() && cur != QpState::Err {
                     self.events.push_back((ctx, Event::LastWqeReached { qp }));
                 }
+            }
+            QpState::Rtr | QpState::Rts => {
+                // This QP may be the responder someone waits for; and it may have work.
+                for w in std::mem::take(&mut self.retry_waiters) {
+                    self.unlist(w);
+                }
+                self.wake(qp);
             }
             _ => {}
         }
@@ -850,6 +927,7 @@ impl Engine {
                 limit,
                 users: 0,
                 broken: false,
+                touched: false,
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -948,7 +1026,8 @@ impl Engine {
         }
         match wqe {
             Ok(w) if (s.rq.len() as u32) < s.depth && w.sges.len() as u32 <= s.max_sge => {
-                s.rq.push_back(w)
+                s.rq.push_back(w);
+                self.wake_rnr(RecvQueue::Srq(srq));
             }
             w => {
                 tracing::debug!(
@@ -958,6 +1037,7 @@ impl Engine {
                 );
                 s.broken = true;
                 s.retired = s.retired.wrapping_add(1);
+                touch_srq(&mut self.touched_srqs, srq, s);
                 let ctx = s.ctx;
                 self.events.push_back((ctx, Event::SrqError { srq }));
             }
@@ -1096,7 +1176,10 @@ impl Engine {
             return;
         };
         match q.attr.qp_state {
-            QpState::Reset => q.sq_retired = q.sq_retired.wrapping_add(1),
+            QpState::Reset => {
+                q.sq_retired = q.sq_retired.wrapping_add(1);
+                touch(&mut self.touched, qp, q);
+            }
             QpState::Err | QpState::Sqe => {
                 let c = cqe(
                     wqe.as_ref().map(|w| w.wr_id).unwrap_or(0),
@@ -1105,6 +1188,7 @@ impl Engine {
                     q.qpn,
                 );
                 q.sq_retired = q.sq_retired.wrapping_add(1);
+                touch(&mut self.touched, qp, q);
                 self.completions.push_back((q.send_cq, c, false));
             }
             QpState::Rts | QpState::Sqd
@@ -1112,6 +1196,7 @@ impl Engine {
                     && !matches!(wqe, Err(ParseError::ProducerIndex(_))) =>
             {
                 q.sq.push_back(wqe);
+                self.wake(qp);
             }
             state => {
                 tracing::debug!(qpn = q.qpn, ?state, ok = wqe.is_ok(), "send WQE refused");
@@ -1132,7 +1217,10 @@ impl Engine {
             return;
         };
         match (q.attr.qp_state, wqe) {
-            (QpState::Reset, _) => q.rq_retired = q.rq_retired.wrapping_add(1),
+            (QpState::Reset, _) => {
+                q.rq_retired = q.rq_retired.wrapping_add(1);
+                touch(&mut self.touched, qp, q);
+            }
             (QpState::Err, w) => {
                 let c = cqe(
                     w.map(|w| w.wr_id).unwrap_or(0),
@@ -1141,9 +1229,13 @@ impl Engine {
                     q.qpn,
                 );
                 q.rq_retired = q.rq_retired.wrapping_add(1);
+                touch(&mut self.touched, qp, q);
                 self.completions.push_back((q.recv_cq, c, false));
             }
-            (_, Ok(w)) if (q.rq.len() as u32) < q.rq_depth => q.rq.push_back(w),
+            (_, Ok(w)) if (q.rq.len() as u32) < q.rq_depth => {
+                q.rq.push_back(w);
+                self.wake_rnr(RecvQueue::Qp(qp));
+            }
             (state, w) => {
                 tracing::debug!(qpn = q.qpn, ?state, ok = w.is_ok(), "receive WQE refused");
                 q.rq.push_back(w.unwrap_or(RecvWqe {
@@ -1189,6 +1281,7 @@ impl Engine {
                 q.qpn,
             );
             q.sq_retired = q.sq_retired.wrapping_add(1);
+            touch(&mut self.touched, qp, q);
             self.completions.push_back((q.send_cq, c, false));
         }
         q.attr.qp_state = QpState::Err;
@@ -1224,6 +1317,7 @@ impl Engine {
                 q.qpn,
             );
             q.sq_retired = q.sq_retired.wrapping_add(1);
+            touch(&mut self.touched, qp, q);
             self.completions.push_back((q.send_cq, c, false));
         }
         while let Some(w) = q.rq.pop_front() {
@@ -1233,6 +1327,7 @@ impl Engine {
             };
             let c = cqe(w.wr_id, status, WcOpcode::Recv, q.qpn);
             q.rq_retired = q.rq_retired.wrapping_add(1);
+            touch(&mut self.touched, qp, q);
             self.completions.push_back((q.recv_cq, c, false));
         }
     }
@@ -1242,18 +1337,30 @@ impl Engine {
     /// Fires the timers that are due: a QP waiting for a missing responder fails with
     /// `RETRY_EXC_ERR`; a QP waiting on RNR counts one retry (and fails with
     /// `RNR_RETRY_EXC_ERR` once they are used up). [`Engine::process`] fires them too, so a
-    /// driver may call either or both.
+    /// driver may call either or both. Costs the due timers only.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let mut ids = std::mem::take(&mut self.scratch);
-        ids.clear();
-        ids.extend(
-            self.qps
-                .iter()
-                .filter(|(_, q)| q.deadline().is_some_and(|t| now >= t))
-                .map(|(&id, _)| id),
-        );
-        for &qp in &ids {
-            let Some(q) = self.qps.get(&qp) else { continue };
+        while let Some(&Reverse((t, qp))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(q) = self.qps.get_mut(&qp) else {
+                continue;
+            };
+            if q.armed != Some(t) {
+                // Stale: superseded by an earlier entry of the same QP.
+                continue;
+            }
+            q.armed = None;
+            match q.deadline() {
+                Some(d) if d > now => {
+                    // It waits until later now: keep one entry for that.
+                    self.arm(qp, d);
+                    continue;
+                }
+                Some(_) => {}
+                None => continue,
+            }
             match (q.wait, self.responder(qp)) {
                 (Wait::Retry { .. }, None) => self.fail_qp(qp, Some(WcStatus::RetryExcErr)),
                 (Wait::Rnr { .. }, Some(peer)) if self.recv_empty(peer) => {
@@ -1262,14 +1369,15 @@ impl Engine {
                 // The situation changed: the next `process` retries at once.
                 _ => {}
             }
+            self.unpark(qp);
         }
-        self.scratch = ids;
     }
 
-    /// The earliest deadline of a waiting QP.
+    /// The earliest deadline of a waiting QP (possibly one that no longer waits: waking for
+    /// it early is harmless).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(Qp::deadline).min()
+        self.timers.peek().map(|&Reverse((t, _))| t)
     }
 
     /// The next completion: `(cq, cqe, solicited)`.
@@ -1285,49 +1393,195 @@ impl Engine {
     }
 
     /// Executes queued work requests, a bounded amount: at most [`PASS_WRS`] work requests and
-    /// about [`PASS_BYTES`] bytes (plus at most one [`CHUNK`]) per call, at most [`QP_WRS`]
-    /// work requests and [`CHUNK`] bytes of them per QP, starting after the QP the previous
-    /// call stopped at. A large message moves in chunks over several calls. Returns whether
-    /// anything happened; if not, nothing will until a WQE arrives or [`Engine::poll_timeout`]
-    /// passes.
+    /// about [`PASS_BYTES`] bytes per call. vRNICs with work take turns, each at most once
+    /// per call and for at most [`VNIC_WRS`] work requests and [`CHUNK`] bytes; within a
+    /// vRNIC its QPs take turns, each for at most [`QP_WRS`] work requests. A vRNIC that was
+    /// idle goes before those that used their turn, so a tenant with little traffic waits for
+    /// at most one turn of each busy one, however many QPs they have; idle QPs cost nothing.
+    /// A large message moves in chunks over several calls. Returns whether anything
+    /// happened; if not, nothing will until a WQE arrives or [`Engine::poll_timeout`] passes.
     pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
+        self.handle_timeout(now);
         let mut did = false;
-        let mut ids = std::mem::take(&mut self.scratch);
-        ids.clear();
-        let ready = |(&id, q): (&QpId, &Qp)| {
-            (!q.sq.is_empty() && q.attr.qp_state == QpState::Rts).then_some(id)
-        };
-        let after = self
-            .qps
-            .range((Bound::Excluded(self.cursor), Bound::Unbounded));
-        let before = self.qps.range(..=self.cursor);
-        ids.extend(after.chain(before).filter_map(ready));
         let (mut pass_wrs, mut pass_bytes) = (0usize, 0u64);
-        for &qp in &ids {
+        for _ in 0..self.runq.len() {
             if pass_wrs >= PASS_WRS || pass_bytes >= PASS_BYTES {
                 break;
             }
-            self.cursor = qp;
-            let (mut wrs, mut bytes) = (0usize, 0u64);
-            while wrs < QP_WRS && bytes < CHUNK && pass_wrs < PASS_WRS && pass_bytes < PASS_BYTES {
-                let Some(q) = self.qps.get(&qp) else { break };
-                if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+            let Some(vid) = self.runq.pop_front() else {
+                break;
+            };
+            let turns = self.vnics.get(&vid).map_or(0, |v| v.ready.len());
+            let (mut v_wrs, mut v_bytes) = (0usize, 0u64);
+            for _ in 0..turns {
+                if v_wrs >= VNIC_WRS || v_bytes >= CHUNK {
                     break;
                 }
-                let (n, retired) = match self.step(now, qp, mem) {
-                    Step::Done(n) => (n, 1),
-                    Step::Partial(n) if n > 0 => (n, 0),
-                    Step::Partial(_) | Step::Blocked => break,
+                let Some(qp) = self.vnics.get_mut(&vid).and_then(|v| v.ready.pop_front()) else {
+                    break;
                 };
-                did = true;
-                wrs += retired;
-                pass_wrs += retired;
-                bytes = bytes.saturating_add(n);
-                pass_bytes = pass_bytes.saturating_add(n);
+                let Some(q) = self.qps.get_mut(&qp) else {
+                    continue;
+                };
+                q.queued = false;
+                let (mut wrs, mut blocked) = (0usize, false);
+                while wrs < QP_WRS && v_wrs < VNIC_WRS && v_bytes < CHUNK {
+                    let Some(q) = self.qps.get(&qp) else { break };
+                    if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+                        break;
+                    }
+                    let (n, retired) = match self.step(now, qp, mem) {
+                        Step::Done(n) => (n, 1),
+                        Step::Partial(n) if n > 0 => (n, 0),
+                        Step::Partial(_) | Step::Blocked => {
+                            blocked = true;
+                            break;
+                        }
+                    };
+                    did = true;
+                    wrs += retired;
+                    v_wrs += retired;
+                    v_bytes = v_bytes.saturating_add(n);
+                }
+                if blocked {
+                    self.park(now, qp);
+                } else {
+                    // More work: back of its vRNIC's list (an empty or stopped QP is dropped
+                    // by `wake`).
+                    self.wake(qp);
+                }
+            }
+            pass_wrs += v_wrs;
+            pass_bytes = pass_bytes.saturating_add(v_bytes);
+            if let Some(v) = self.vnics.get_mut(&vid) {
+                v.queued = !v.ready.is_empty();
+                if v.queued {
+                    self.runq.push_back(vid);
+                }
             }
         }
-        self.scratch = ids;
         did
+    }
+
+    /// Puts a QP that may have work in its vRNIC's ready list (once), and the vRNIC in the run
+    /// queue: at the front if it was idle.
+    fn wake(&mut self, qp: QpId) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if q.queued || q.parked || q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+            return;
+        }
+        q.queued = true;
+        let vid = q.vnic;
+        let Some(v) = self.vnics.get_mut(&vid) else {
+            return;
+        };
+        v.ready.push_back(qp);
+        if !v.queued {
+            v.queued = true;
+            self.runq.push_front(vid);
+        }
+    }
+
+    /// Takes a blocked QP off the ready lists: what it waits for wakes it (a receive at its
+    /// responder, a responder appearing), and its timer in any case.
+    fn park(&mut self, now: Instant, qp: QpId) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let wait = q.wait;
+        match wait {
+            Wait::Rnr { .. } => {
+                let Some(peer) = self.responder(qp) else {
+                    self.wake(qp);
+                    return;
+                };
+                let key = match self.qps.get(&peer).and_then(|p| p.srq) {
+                    Some(s) => RecvQueue::Srq(s),
+                    None => RecvQueue::Qp(peer),
+                };
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && !q.listed
+                {
+                    q.listed = true;
+                    self.rnr_waiters.entry(key).or_default().push(qp);
+                }
+            }
+            Wait::Retry { .. } => {
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && !q.listed
+                {
+                    q.listed = true;
+                    self.retry_waiters.push(qp);
+                }
+            }
+            // Nothing to wait for: try again next call.
+            Wait::None => {
+                let _ = now;
+                self.wake(qp);
+                return;
+            }
+        }
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.parked = true;
+        }
+    }
+
+    /// Keeps one timer entry for `qp` at or before `until`.
+    fn arm(&mut self, qp: QpId, until: Instant) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if q.armed.is_none_or(|a| until < a) {
+            q.armed = Some(until);
+            self.timers.push(Reverse((until, qp)));
+        }
+    }
+
+    /// Takes a QP off the waiter list it was in, and wakes it.
+    fn unlist(&mut self, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.listed = false;
+        }
+        self.unpark(qp);
+    }
+
+    /// Wakes a parked QP (its wait may be over).
+    fn unpark(&mut self, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.parked = false;
+        }
+        self.wake(qp);
+    }
+
+    /// A receive was posted to `rq`: the QPs waiting on RNR for it try again.
+    fn wake_rnr(&mut self, rq: RecvQueue) {
+        if let Some(list) = self.rnr_waiters.remove(&rq) {
+            for qp in list {
+                self.unlist(qp);
+            }
+        }
+    }
+
+    /// Hands the driver every QP and SRQ whose retired counters moved since the last call:
+    /// `qp(id, sq_retired, rq_retired)` and `srq(id, retired)`, so it publishes those and
+    /// looks at no other.
+    pub fn drain_retired(
+        &mut self,
+        mut qp: impl FnMut(QpId, u32, u32),
+        mut srq: impl FnMut(SrqId, u32),
+    ) {
+        for id in std::mem::take(&mut self.touched) {
+            if let Some(q) = self.qps.get_mut(&id) {
+                q.touched = false;
+                qp(id, q.sq_retired, q.rq_retired);
+            }
+        }
+        for id in std::mem::take(&mut self.touched_srqs) {
+            if let Some(s) = self.srqs.get_mut(&id) {
+                s.touched = false;
+                srq(id, s.retired);
+            }
+        }
     }
 
     /// Finds the responder of an RC QP: the QP its address and `dest_qp_num` name, if it is
@@ -1369,6 +1623,7 @@ impl Engine {
             return;
         };
         q.sq_retired = q.sq_retired.wrapping_add(1);
+        touch(&mut self.touched, qp, q);
         if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
             let mut c = cqe(w.wr_id, WcStatus::Success, w.opcode.wc_opcode(), q.qpn);
             c.byte_len = byte_len;
@@ -1466,9 +1721,9 @@ impl Engine {
                 _ => {
                     let us = state::ack_timeout_us(q.attr.timeout)
                         .saturating_mul(u64::from(q.attr.retry_cnt) + 1);
-                    q.wait = Wait::Retry {
-                        until: now + Duration::from_micros(us),
-                    };
+                    let until = now + Duration::from_micros(us);
+                    q.wait = Wait::Retry { until };
+                    self.arm(qp, until);
                 }
             }
             return Step::Blocked;
@@ -1517,13 +1772,15 @@ impl Engine {
                     until: rearm,
                     retries,
                 };
+                self.arm(qp, rearm);
             }
             Wait::Rnr { .. } => {}
             _ => {
                 q.wait = Wait::Rnr {
                     until: rearm,
                     retries: 0,
-                }
+                };
+                self.arm(qp, rearm);
             }
         }
         Step::Blocked
@@ -1918,11 +2175,13 @@ impl Engine {
         let Some(sid) = q.srq else {
             let r = q.rq.pop_front()?;
             q.rq_retired = q.rq_retired.wrapping_add(1);
+            touch(&mut self.touched, qp, q);
             return Some(r);
         };
         let s = self.srqs.get_mut(&sid)?;
         let r = s.rq.pop_front()?;
         s.retired = s.retired.wrapping_add(1);
+        touch_srq(&mut self.touched_srqs, sid, s);
         if s.limit > 0 && (s.rq.len() as u32) < s.limit {
             s.limit = 0;
             let ctx = s.ctx;

@@ -575,9 +575,20 @@ pub struct WorkQueue {
     pub ring: Ring,
     /// Private producer index (the region's copy is only published).
     pub prod: u32,
+    /// Its doorbell index: rung after each publish, so the daemon looks at this ring.
+    bell: u32,
 }
 
 impl WorkQueue {
+    /// A queue over `ring`, announced by doorbell `bell`.
+    pub fn new(ring: Ring, bell: u32) -> WorkQueue {
+        WorkQueue {
+            ring,
+            prod: 0,
+            bell,
+        }
+    }
+
     /// Free slots (the daemon's retired index is the consumer).
     pub fn room(&self, region: &Region) -> u32 {
         let cons = self.ring.cons(region).load(Ordering::Acquire);
@@ -602,9 +613,10 @@ impl WorkQueue {
         self.prod = self.prod.wrapping_add(1);
     }
 
-    /// Publishes what was pushed.
+    /// Publishes what was pushed and rings its doorbell bit (the daemon then looks at it).
     pub fn publish(&self, region: &Region) {
         self.ring.prod(region).store(self.prod, Ordering::Release);
+        vrnic_shm::bell::ring(region, self.bell);
     }
 }
 

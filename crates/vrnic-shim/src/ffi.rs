@@ -1198,7 +1198,7 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
             sq_sig_all: ia.sq_sig_all != 0,
             srq,
         };
-        let (h, qpn, sq, sq_depth, rq, rq_depth, cap) = match c.conn.call(&req) {
+        let (h, qpn, sq, sq_depth, rq, rq_depth, cap, bell) = match c.conn.call(&req) {
             Ok(Reply::Qp {
                 qp,
                 qpn,
@@ -1207,7 +1207,8 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
                 rq,
                 rq_depth,
                 cap,
-            }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap),
+                bell,
+            }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap, bell),
             Ok(_) => return null_err(libc::EPROTO),
             Err(e) => return null_err(e),
         };
@@ -1240,8 +1241,8 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         qpx.qp_base = qp;
         let v = Box::new(VQp {
             qp: qpx,
-            sq: Mutex::new(WorkQueue { ring: sq, prod: 0 }),
-            rq: Mutex::new(WorkQueue { ring: rq, prod: 0 }),
+            sq: Mutex::new(WorkQueue::new(sq, bell)),
+            rq: Mutex::new(WorkQueue::new(rq, bell)),
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
             state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),

@@ -45,8 +45,13 @@ fn create(
         max_sge: attr.max_sge,
         limit: attr.srq_limit,
     };
-    let (h, ring, depth) = match c.conn.call(&req) {
-        Ok(Reply::Srq { srq, ring, depth }) => (srq, ring, depth),
+    let (h, ring, depth, bell) = match c.conn.call(&req) {
+        Ok(Reply::Srq {
+            srq,
+            ring,
+            depth,
+            bell,
+        }) => (srq, ring, depth, bell),
         Ok(_) => return null_err(libc::EPROTO),
         Err(e) => return null_err(e),
     };
@@ -63,7 +68,7 @@ fn create(
     s.handle = h;
     let p = Box::into_raw(Box::new(VSrq {
         srq: s,
-        rq: Mutex::new(WorkQueue { ring, prod: 0 }),
+        rq: Mutex::new(WorkQueue::new(ring, bell)),
         max_sge: attr.max_sge,
     }));
     if let Ok(mut m) = c.srqs.lock() {

@@ -4,7 +4,7 @@
 /// Magic at offset 0.
 pub const MAGIC: [u8; 8] = *b"VRNICRG1";
 /// Format version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Page size of the heap (and of the remapping of registered memory).
 pub const PAGE: u64 = 4096;
 /// Default region size: sparse, so only touched pages cost memory.
@@ -54,6 +54,15 @@ pub mod hdr {
     /// mailbox, so the daemon looks through the mailboxes only when something was claimed
     /// (looking touches one page per mailbox, which on tmpfs costs memory).
     pub const CLAIMS: u64 = 448;
+    /// `[AtomicU32; BELL_SUMMARY_WORDS]`: bit `i` says doorbell word `i` may have bits set
+    /// (see `bell`).
+    pub const BELL_SUMMARY: u64 = 512;
+    /// Summary words.
+    pub const BELL_SUMMARY_WORDS: u32 = BELL_WORDS.div_ceil(32);
+    /// `[AtomicU32; BELL_WORDS]`: one bit per queue (QP or SRQ) with new work posted.
+    pub const BELLS: u64 = 1024;
+    /// Doorbell words: the rest of the header page.
+    pub const BELL_WORDS: u32 = ((4096 - BELLS) / 4) as u32;
     /// Length of the name field.
     pub const NAME_LEN: usize = 64;
 }
@@ -119,3 +128,6 @@ const _: () = assert!(HEAP_OFF >= CTRL_OFF + CTRL_SLOTS as u64 * CTRL_SLOT_SIZE 
 const _: () = assert!(mbox::EV_RING + mbox::EV_SLOTS as u64 * mbox::EV_SIZE <= mbox::HEARTBEAT);
 const _: () = assert!(mbox::HEARTBEAT + 64 <= mbox::PAYLOAD);
 const _: () = assert!(hdr::NAME + hdr::NAME_LEN as u64 <= hdr::DAEMON_PID);
+const _: () = assert!(hdr::CLAIMS + 64 <= hdr::BELL_SUMMARY);
+const _: () = assert!(hdr::BELL_SUMMARY + hdr::BELL_SUMMARY_WORDS as u64 * 4 <= hdr::BELLS);
+const _: () = assert!(hdr::BELLS + hdr::BELL_WORDS as u64 * 4 <= CTRL_OFF);

@@ -10,7 +10,8 @@
 //! Layout (all offsets from the start of the file; see [`layout`]):
 //!
 //! ```text
-//! 0        header: magic, version, sizes, identity (name, LID, GID), engine-sleeping word
+//! 0        header: magic, version, sizes, identity (name, LID, GID), engine-sleeping word,
+//!          doorbell bits (one per QP/SRQ, see [`bell`])
 //! 4 KiB    control mailboxes: CTRL_SLOTS x CTRL_SLOT_SIZE (request/response + async events)
 //! heap     pages carved by the daemon: QP/CQ rings and the pages behind registered memory
 //! ```
@@ -23,6 +24,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bell;
 pub mod fault;
 pub mod layout;
 mod mailbox;

@@ -82,7 +82,12 @@ impl Hostile {
         self.raw_call(&serde_json::to_vec(req).unwrap())
     }
 
+    /// Rings doorbells as a hostile client would: every one of the first few hundred (its
+    /// own queues among them), then the socket's.
     fn kick(&self) {
+        for i in 0..256 {
+            vrnic_shm::bell::ring(&self.region, i);
+        }
         let _ = (&self.sock).write(&[0]);
     }
 }

@@ -251,6 +251,7 @@ impl Server {
             if let Some(slot) = self.qps.remove(qp) {
                 free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
                 free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
+                free_bell(v, slot.bell);
             }
         }
         for cq in &ctx.cqs {
@@ -261,6 +262,7 @@ impl Server {
         for srq in &ctx.srqs {
             if let Some(slot) = self.srqs.remove(srq) {
                 free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
+                free_bell(v, slot.bell);
             }
         }
         let offs: Vec<u64> = ctx

@@ -186,6 +186,7 @@ impl Server {
                         {
                             free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
                             free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
+                            free_bell(v, slot.bell);
                         }
                         Reply::Ok
                     }
@@ -222,6 +223,7 @@ impl Server {
                             (self.srqs.remove(&SrqId(srq)), self.vnics.get_mut(&vnic))
                         {
                             free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
+                            free_bell(v, slot.bell);
                         }
                         Reply::Ok
                     }
@@ -337,19 +339,26 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
+        let Some(bell) = alloc_bell(v) else {
+            return err(libc::ENOMEM, "no doorbell left for the SRQ");
+        };
         let Some(ring) = alloc_ring(v, depth, RQ_SLOT) else {
+            free_bell(v, bell);
             return err(libc::ENOMEM, "no memory for the SRQ ring");
         };
         match self.engine.create_srq(id, pd, max_wr, max_sge, limit) {
             Ok((srq, _)) => {
+                set_bell(v, bell, Bell::Srq(srq));
                 self.srqs.insert(
                     srq,
                     SrqSlot {
                         vnic,
+                        bell,
                         ring,
                         fetched: 0,
                         cons: 0,
                         broken: false,
+                        carried: false,
                     },
                 );
                 if let Some(c) = self.ctxs.get_mut(&id) {
@@ -359,10 +368,12 @@ impl Server {
                     srq: srq.0,
                     ring: ring.offset(),
                     depth,
+                    bell,
                 }
             }
             Err(e) => {
                 free_ring(v, ring.offset(), depth, RQ_SLOT);
+                free_bell(v, bell);
                 err(e, "create_srq")
             }
         }
@@ -451,11 +462,16 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
+        let Some(bell) = alloc_bell(v) else {
+            return err(libc::ENOMEM, "no doorbell left for the QP");
+        };
         let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else {
+            free_bell(v, bell);
             return err(libc::ENOMEM, "no memory for the send ring");
         };
         let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
             free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
+            free_bell(v, bell);
             return err(libc::ENOMEM, "no memory for the receive ring");
         };
         cap.max_send_wr = cap.max_send_wr.max(1);
@@ -470,10 +486,12 @@ impl Server {
             .create_qp_srq(id, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all)
         {
             Ok((qp, qpn)) => {
+                set_bell(v, bell, Bell::Qp(qp));
                 self.qps.insert(
                     qp,
                     QpSlot {
                         vnic,
+                        bell,
                         sq,
                         rq,
                         sq_fetched: 0,
@@ -481,6 +499,7 @@ impl Server {
                         sq_cons: 0,
                         rq_cons: 0,
                         broken: false,
+                        carried: false,
                     },
                 );
                 if let Some(c) = self.ctxs.get_mut(&id) {
@@ -494,9 +513,11 @@ impl Server {
                     rq: rq.offset(),
                     rq_depth,
                     cap,
+                    bell,
                 }
             }
             Err(e) => {
+                free_bell(v, bell);
                 free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
                 free_ring(v, rq.offset(), rq_depth, RQ_SLOT);
                 err(e, "create_qp")

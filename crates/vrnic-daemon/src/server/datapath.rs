@@ -62,111 +62,70 @@ impl Server {
         fence(Ordering::SeqCst);
     }
 
-    /// One pass over every ring: new work requests into the engine, engine work, completions
-    /// and retired indices out. Returns whether anything happened.
+    /// One engine pass: new work requests into the engine (from the queues whose doorbells
+    /// rang, and those that had more than one pass takes: no other ring is looked at), engine
+    /// work, completions and retired indices out. Returns whether anything happened.
     pub(super) fn engine_pass(&mut self, now: Instant) -> bool {
         let mut work = false;
-        let mut sq_slot = [0u8; SQ_SLOT];
-        let mut rq_slot = [0u8; RQ_SLOT];
-        for (&qp, slot) in self.qps.iter_mut() {
-            if slot.broken {
-                continue;
-            }
-            let Some(v) = self.vnics.get(&slot.vnic) else {
-                continue;
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.clear();
+        dirty.append(&mut self.carry);
+        for v in self.vnics.values() {
+            vrnic_shm::bell::drain(&v.region, |i| {
+                if let Some(Some(b)) = v.bells.get(i as usize) {
+                    dirty.push(*b);
+                }
+            });
+        }
+        for &b in &dirty {
+            let more = match b {
+                Bell::Qp(qp) => self.fetch_qp(now, qp, &mut work),
+                Bell::Srq(srq) => {
+                    work |= self.fetch_srq(srq);
+                    self.srq_has_more(srq)
+                }
+                Bell::Pending => false,
             };
-            let region = &v.region;
-            // Send ring, then receive ring: copy new slots out once, parse, hand to the engine.
-            let room = self.engine.sq_room(qp);
-            match pending(
-                &slot.sq,
-                region,
-                slot.sq_fetched,
-                self.engine.sq_retired(qp),
-                room,
-            ) {
-                Ok(n) => {
-                    for _ in 0..n {
-                        slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
-                        slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
-                        self.engine
-                            .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
-                        work = true;
-                    }
-                }
-                Err(e) => {
-                    warn!(qp = qp.0, "send ring: {e}; failing the QP");
-                    slot.broken = true;
-                    self.engine.handle_send_wqe(now, qp, Err(e));
-                    work = true;
-                    continue;
-                }
-            }
-            let room = self.engine.rq_room(qp);
-            match pending(
-                &slot.rq,
-                region,
-                slot.rq_fetched,
-                self.engine.rq_retired(qp),
-                room,
-            ) {
-                Ok(n) => {
-                    for _ in 0..n {
-                        slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
-                        slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
-                        self.engine
-                            .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
-                        work = true;
-                    }
-                }
-                Err(e) => {
-                    warn!(qp = qp.0, "receive ring: {e}; failing the QP");
-                    slot.broken = true;
-                    self.engine.handle_recv_wqe(now, qp, Err(e));
-                    work = true;
-                }
+            if more {
+                self.carry_on(b);
             }
         }
-        // SRQ rings, walked by key so no list is built on the data path.
-        let mut next = self.srqs.keys().next().copied();
-        while let Some(srq) = next {
-            work |= self.fetch_srq(srq);
-            next = self
-                .srqs
-                .range((std::ops::Bound::Excluded(srq), std::ops::Bound::Unbounded))
-                .next()
-                .map(|(&k, _)| k);
-        }
+        self.dirty = dirty;
         if self.engine.process(now, &mut Mem(&self.vnics)) {
             work = true;
         }
         // Retired indices first, completions second: an app that sees a completion must also
         // see the ring slot it frees (perftest posts again as soon as it polls one).
-        for (&qp, slot) in self.qps.iter_mut() {
-            let Some(v) = self.vnics.get(&slot.vnic) else {
-                continue;
-            };
-            let sq = self.engine.sq_retired(qp);
-            if sq != slot.sq_cons {
-                slot.sq_cons = sq;
-                slot.sq.cons(&v.region).store(sq, Ordering::Release);
-            }
-            let rq = self.engine.rq_retired(qp);
-            if rq != slot.rq_cons {
-                slot.rq_cons = rq;
-                slot.rq.cons(&v.region).store(rq, Ordering::Release);
-            }
-        }
-        for (&srq, slot) in self.srqs.iter_mut() {
-            let Some(v) = self.vnics.get(&slot.vnic) else {
-                continue;
-            };
-            let r = self.engine.srq_retired(srq);
-            if r != slot.cons {
-                slot.cons = r;
-                slot.ring.cons(&v.region).store(r, Ordering::Release);
-            }
-        }
+        // Only the queues whose counters moved: idle ones cost nothing here.
+        let (qps, srqs, vnics) = (&mut self.qps, &mut self.srqs, &self.vnics);
+        self.engine.drain_retired(
+            |qp, sq, rq| {
+                let Some(slot) = qps.get_mut(&qp) else { return };
+                let Some(v) = vnics.get(&slot.vnic) else {
+                    return;
+                };
+                if sq != slot.sq_cons {
+                    slot.sq_cons = sq;
+                    slot.sq.cons(&v.region).store(sq, Ordering::Release);
+                }
+                if rq != slot.rq_cons {
+                    slot.rq_cons = rq;
+                    slot.rq.cons(&v.region).store(rq, Ordering::Release);
+                }
+            },
+            |srq, r| {
+                let Some(slot) = srqs.get_mut(&srq) else {
+                    return;
+                };
+                let Some(v) = vnics.get(&slot.vnic) else {
+                    return;
+                };
+                if r != slot.cons {
+                    slot.cons = r;
+                    slot.ring.cons(&v.region).store(r, Ordering::Release);
+                }
+            },
+        );
         while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
             work = true;
             self.post_cqe(cq, &cqe, solicited);
@@ -188,6 +147,104 @@ impl Server {
         }
         self.flush_wakes();
         work
+    }
+
+    /// Takes new work requests from a QP's send and receive rings into the engine (copied out
+    /// once, parsed, handed over; at most [`RING_BATCH`] per ring). Returns whether a ring still
+    /// holds more.
+    fn fetch_qp(&mut self, now: Instant, qp: QpId, work: &mut bool) -> bool {
+        let Some(slot) = self.qps.get_mut(&qp) else {
+            return false;
+        };
+        slot.carried = false;
+        if slot.broken {
+            return false;
+        }
+        let Some(v) = self.vnics.get(&slot.vnic) else {
+            return false;
+        };
+        let region = &v.region;
+        let mut sq_slot = [0u8; SQ_SLOT];
+        let mut rq_slot = [0u8; RQ_SLOT];
+        let room = self.engine.sq_room(qp);
+        match pending(
+            &slot.sq,
+            region,
+            slot.sq_fetched,
+            self.engine.sq_retired(qp),
+            room,
+        ) {
+            Ok(n) => {
+                for _ in 0..n {
+                    slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
+                    slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
+                    self.engine
+                        .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
+                    *work = true;
+                }
+            }
+            Err(e) => {
+                warn!(qp = qp.0, "send ring: {e}; failing the QP");
+                slot.broken = true;
+                self.engine.handle_send_wqe(now, qp, Err(e));
+                *work = true;
+                return false;
+            }
+        }
+        let room = self.engine.rq_room(qp);
+        match pending(
+            &slot.rq,
+            region,
+            slot.rq_fetched,
+            self.engine.rq_retired(qp),
+            room,
+        ) {
+            Ok(n) => {
+                for _ in 0..n {
+                    slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
+                    slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
+                    self.engine
+                        .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
+                    *work = true;
+                }
+            }
+            Err(e) => {
+                warn!(qp = qp.0, "receive ring: {e}; failing the QP");
+                slot.broken = true;
+                self.engine.handle_recv_wqe(now, qp, Err(e));
+                *work = true;
+                return false;
+            }
+        }
+        slot.sq.prod(region).load(Ordering::Acquire) != slot.sq_fetched
+            || slot.rq.prod(region).load(Ordering::Acquire) != slot.rq_fetched
+    }
+
+    /// Whether an SRQ's ring holds receives not taken yet.
+    fn srq_has_more(&mut self, srq: SrqId) -> bool {
+        let Some(slot) = self.srqs.get_mut(&srq) else {
+            return false;
+        };
+        slot.carried = false;
+        let Some(v) = self.vnics.get(&slot.vnic) else {
+            return false;
+        };
+        !slot.broken && slot.ring.prod(&v.region).load(Ordering::Acquire) != slot.fetched
+    }
+
+    /// Looks at a queue again next pass (once, however often it is found with more).
+    fn carry_on(&mut self, b: Bell) {
+        let carried = match b {
+            Bell::Qp(qp) => self.qps.get_mut(&qp).map(|s| &mut s.carried),
+            Bell::Srq(srq) => self.srqs.get_mut(&srq).map(|s| &mut s.carried),
+            Bell::Pending => None,
+        };
+        if let Some(c) = carried
+            && !*c
+        {
+            *c = true;
+            self.carry.push(b);
+        }
     }
 
     /// Takes new receive WQEs from an SRQ's ring into the engine. Returns whether any came.

@@ -45,7 +45,7 @@ mod pages;
 mod registry;
 
 use control::err;
-use pages::{alloc_ring, free_pages, free_ring};
+use pages::{alloc_bell, alloc_ring, free_bell, free_pages, free_ring, set_bell};
 use registry::cleanup_stale;
 
 const SIGNAL: Token = Token(0);
@@ -124,6 +124,10 @@ struct Vnic {
     heap: Heap,
     /// Its directory is a tmpfs of its own, sized to its region (its memory quota).
     quota_mount: bool,
+    /// Doorbell index -> the queue it names (`None`: free).
+    bells: Vec<Option<Bell>>,
+    /// Free doorbell indices below `bells.len()`.
+    free_bells: Vec<u32>,
     persistent: bool,
     holders: usize,
     contexts: HashSet<CtxId>,
@@ -167,8 +171,19 @@ struct CqSlot {
     broken: bool,
 }
 
+/// What a doorbell index names.
+#[derive(Debug, Clone, Copy)]
+enum Bell {
+    /// Reserved for a queue being created.
+    Pending,
+    Qp(QpId),
+    Srq(SrqId),
+}
+
 struct QpSlot {
     vnic: VnicId,
+    /// Its doorbell index in the vRNIC's region.
+    bell: u32,
     sq: Ring,
     rq: Ring,
     sq_fetched: u32,
@@ -176,14 +191,18 @@ struct QpSlot {
     sq_cons: u32,
     rq_cons: u32,
     broken: bool,
+    /// In the engine pass's carry list.
+    carried: bool,
 }
 
 struct SrqSlot {
     vnic: VnicId,
+    bell: u32,
     ring: Ring,
     fetched: u32,
     cons: u32,
     broken: bool,
+    carried: bool,
 }
 
 struct AdminConn {
@@ -228,6 +247,10 @@ pub struct Server {
     last_scan: Instant,
     /// The `SIGBUS` guard's epoch when the loop last looked for poisoned regions.
     fault_epoch: u64,
+    /// Queues to look at in the next engine pass: their doorbells rang, or they had more
+    /// work than one pass takes (reused buffers: no allocation per pass).
+    dirty: Vec<Bell>,
+    carry: Vec<Bell>,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -320,6 +343,8 @@ impl Server {
             guests: Vec::new(),
             last_scan: Instant::now(),
             fault_epoch: vrnic_shm::fault::epoch(),
+            dirty: Vec::new(),
+            carry: Vec::new(),
         })
     }
 

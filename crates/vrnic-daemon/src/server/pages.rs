@@ -1,6 +1,7 @@
 //! The page table of registered memory: which region pages back which app pages of a context,
 //! registration and deregistration (pages are reference-counted and freed only once the app
-//! has mapped them back), and the rings carved from the same heap.
+//! has mapped them back), the rings carved from the same heap, and the doorbell indices that
+//! announce them.
 
 use super::*;
 
@@ -10,6 +11,36 @@ pub(super) fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> 
     let ring = Ring::new(&v.region, off, depth, slot).ok()?;
     ring.reset(&v.region);
     Some(ring)
+}
+
+/// Reserves a doorbell index of the vRNIC (named by [`set_bell`] once the queue exists).
+pub(super) fn alloc_bell(v: &mut Vnic) -> Option<u32> {
+    if let Some(i) = v.free_bells.pop() {
+        set_bell(v, i, Bell::Pending);
+        return Some(i);
+    }
+    let i = u32::try_from(v.bells.len()).ok()?;
+    if i >= vrnic_shm::bell::BELLS {
+        return None;
+    }
+    v.bells.push(Some(Bell::Pending));
+    Some(i)
+}
+
+/// Names the queue behind doorbell `i`.
+pub(super) fn set_bell(v: &mut Vnic, i: u32, b: Bell) {
+    if let Some(slot) = v.bells.get_mut(i as usize) {
+        *slot = Some(b);
+    }
+}
+
+/// Frees doorbell `i` (a bit the tenant still rings for it names nothing).
+pub(super) fn free_bell(v: &mut Vnic, i: u32) {
+    if let Some(slot) = v.bells.get_mut(i as usize)
+        && slot.take().is_some()
+    {
+        v.free_bells.push(i);
+    }
 }
 
 pub(super) fn free_ring(v: &mut Vnic, off: u64, depth: u32, slot: usize) {

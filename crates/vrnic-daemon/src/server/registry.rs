@@ -115,6 +115,8 @@ impl Server {
                 guid,
                 heap,
                 quota_mount,
+                bells: Vec::new(),
+                free_bells: Vec::new(),
                 persistent,
                 holders: 0,
                 contexts: HashSet::new(),
