@@ -28,9 +28,13 @@
 //!   [`Engine::handle_recv_wqe`]; ring slots up to [`Engine::sq_retired`] /
 //!   [`Engine::rq_retired`] (free-running counts) may be reused by the app.
 //! * [`Engine::process`] executes a bounded amount (at most [`PASS_WRS`] work requests and
-//!   about [`PASS_BYTES`] bytes; large messages move in [`CHUNK`]s over several calls) and
-//!   says whether it did anything; call it again while it does. Then drain
-//!   [`Engine::poll_completion`] and [`Engine::poll_event`].
+//!   about [`PASS_BYTES`] bytes; vRNICs with work take turns of at most [`VNIC_WRS`] and
+//!   [`CHUNK`], a newly active one first; large messages move in chunks over several calls)
+//!   and says whether it did anything; call it again while it does. Then drain
+//!   [`Engine::poll_completion`] and [`Engine::poll_event`], and publish what
+//!   [`Engine::drain_retired`] hands over (only queues whose retired counters moved).
+//!   Idle QPs are in no list and cost nothing; a blocked one waits for a receive, a responder
+//!   or its timer.
 //! * When idle, sleep until [`Engine::poll_timeout`] (RNR and transport timers) or the next
 //!   doorbell, then call [`Engine::handle_timeout`] and [`Engine::process`].
 //!
@@ -138,7 +142,7 @@ mod state;
 
 pub use engine::{
     CHUNK, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, MAX_SRQ,
-    PAGE, PASS_BYTES, PASS_WRS, QP_WRS, UD_MTU,
+    PAGE, PASS_BYTES, PASS_WRS, QP_WRS, UD_MTU, VNIC_WRS,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.

@@ -480,8 +480,9 @@ fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
     let idle = pingpong_rtt(&d);
 
     // 4000 QPs on another vRNIC that never post.
-    let mut hold = d.run_on(Some("idle"), &[holdqp.to_str().unwrap(), "4000"]);
-    hold.stdin(std::process::Stdio::piped());
+    // holdqp holds its QPs until its stdin ends: a pipe from a long sleep.
+    let script = format!("sleep 600 | {} 4000", holdqp.display());
+    let hold = d.run_on(Some("idle"), &["sh", "-c", &script]);
     let mut held = common::Proc::spawn(hold, "holdqp");
     d.wait_ls(LIMIT, "4000 idle QPs", |ls| {
         ls.lines()
@@ -525,6 +526,6 @@ fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
         with_idle < 4.0 * idle,
         "idle QPs: {with_idle} us vs {idle} us"
     );
-    assert!(flooded < 30.0 * idle, "flooders: {flooded} us vs {idle} us");
+    assert!(flooded < 60.0 * idle, "flooders: {flooded} us vs {idle} us");
     assert!(d.alive());
 }
