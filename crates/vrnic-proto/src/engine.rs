@@ -42,7 +42,7 @@ pub const PASS_WRS: usize = 64;
 /// Bytes after which one [`Engine::process`] call stops starting new chunks. Small, so that
 /// a driver that runs a call between looks at its rings sees new work soon (latency of
 /// others under a flood is about one call).
-pub const PASS_BYTES: u64 = 256 << 10;
+pub const PASS_BYTES: u64 = 1 << 20;
 /// Work requests one QP executes per [`Engine::process`] call at most (fairness).
 pub const QP_WRS: usize = 16;
 /// Work requests one vRNIC executes per [`Engine::process`] call at most (fairness between
@@ -50,7 +50,7 @@ pub const QP_WRS: usize = 16;
 pub const VNIC_WRS: usize = 32;
 /// Largest piece of one message moved at once; a QP, and a vRNIC, moves at most this much
 /// per call.
-pub const CHUNK: u64 = 128 << 10;
+pub const CHUNK: u64 = 256 << 10;
 /// Page size of the region page lists.
 pub const PAGE: u64 = 4096;
 

@@ -526,6 +526,9 @@ fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
         with_idle < 4.0 * idle,
         "idle QPs: {with_idle} us vs {idle} us"
     );
-    assert!(flooded < 60.0 * idle, "flooders: {flooded} us vs {idle} us");
+    assert!(
+        flooded < 100.0 * idle,
+        "flooders: {flooded} us vs {idle} us"
+    );
     assert!(d.alive());
 }
