@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{CLI, Daemon, output, port, require, run_pair, vrnic_bin};
+use common::{CLI, Daemon, output, port, require, run_pair, unrelated_pair_passes, vrnic_bin};
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// An unprivileged user for the local-user attacks (`nobody`).
@@ -20,18 +20,6 @@ const NOBODY: u32 = 65534;
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// After an attack: the daemon is alive and an unrelated pair on fresh vRNICs passes.
-fn unrelated_pair_passes(d: &mut Daemon) {
-    assert!(d.alive(), "the daemon died");
-    require("ibv_rc_pingpong");
-    let p = port().to_string();
-    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
-    let mut client = server.to_vec();
-    client.push("localhost");
-    run_pair(d, &server, &client, LIMIT).assert_ok();
-    assert!(d.alive(), "the daemon died");
 }
 
 /// A fresh directory under the system temp dir (removed on drop).

@@ -469,6 +469,19 @@ pub fn run_pair(d: &Daemon, server_args: &[&str], client_args: &[&str], limit: D
     Pair { server, client }
 }
 
+/// After an attack or a crash: the daemon is alive and an unrelated pair of unmodified
+/// `ibv_rc_pingpong -c` on fresh vRNICs passes.
+pub fn unrelated_pair_passes(d: &mut Daemon) {
+    assert!(d.alive(), "the daemon died");
+    require("ibv_rc_pingpong");
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
+    let mut client = server.to_vec();
+    client.push("localhost");
+    run_pair(d, &server, &client, Duration::from_secs(60)).assert_ok();
+    assert!(d.alive(), "the daemon died");
+}
+
 /// Runs `prog extra... -p PORT` as a server and `prog extra... -p PORT localhost` as its client,
 /// each on a fresh vRNIC of a fresh daemon, and checks both exit 0.
 pub fn server_client(prog: &str, extra: &[&str], limit: Duration) -> Pair {
