@@ -2,13 +2,13 @@
 //!
 //! Every QP and SRQ of a vRNIC has a doorbell index (given by the daemon at creation). After
 //! it publishes a producer index, the driver sets that index's bit in the region's bitmap,
-//! then the bit of that bitmap word in a summary. The daemon, once per pass, reads the summary
-//! (one cache line), and for each word it names clears the summary bit first, then takes the
-//! word: a bit set after the daemon took the word has its summary bit set after the clear, so
-//! the next pass sees it (nothing is lost); at worst a pass finds a word already taken. An
-//! idle vRNIC costs the daemon one cache-line read per pass, whatever its number of queues; a
-//! tenant that sets bits it has no queue for, or all of them, only makes the daemon look at
-//! its own queues.
+//! then the bit of that bitmap word in a summary, then the bit of that summary word in one
+//! top word. The daemon, once per pass, reads the top word, and at each level clears the bit
+//! it follows before it takes what is below: a bit set below after the daemon took it has its
+//! upper bits set after the clear, so the next pass sees it (nothing is lost); at worst a pass
+//! finds a word already taken. An idle vRNIC costs the daemon one load per pass, whatever its
+//! number of queues; a tenant that sets bits it has no queue for, or all of them, only makes
+//! the daemon look at its own queues.
 //!
 //! Setting is read-mostly: a bit (or summary bit) that is already set is not written again, so
 //! a stream of posts between two passes costs loads, not contended writes.
@@ -38,18 +38,33 @@ pub fn ring(region: &Region, index: u32) {
     {
         s.fetch_or(sbit, Ordering::Release);
     }
+    let abit = 1u32 << (word / 32);
+    if let Ok(a) = region.atomic_u32(hdr::BELL_ANY)
+        && a.load(Ordering::Relaxed) & abit == 0
+    {
+        a.fetch_or(abit, Ordering::Release);
+    }
 }
 
 /// Takes every rung doorbell of the region, calling `f` with each index (any order). The
 /// work is bounded by the bitmap's size however the tenant set it.
 pub fn drain(region: &Region, mut f: impl FnMut(u32)) {
-    for sw in 0..hdr::BELL_SUMMARY_WORDS {
+    let Ok(a) = region.atomic_u32(hdr::BELL_ANY) else {
+        return;
+    };
+    if a.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut summaries = a.swap(0, Ordering::Acquire);
+    while summaries != 0 {
+        let sw = summaries.trailing_zeros();
+        summaries &= summaries - 1;
+        if sw >= hdr::BELL_SUMMARY_WORDS {
+            continue;
+        }
         let Ok(s) = region.atomic_u32(hdr::BELL_SUMMARY + u64::from(sw) * 4) else {
             return;
         };
-        if s.load(Ordering::Relaxed) == 0 {
-            continue;
-        }
         let mut words = s.swap(0, Ordering::Acquire);
         while words != 0 {
             let word = sw * 32 + words.trailing_zeros();

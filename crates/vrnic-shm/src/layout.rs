@@ -54,9 +54,11 @@ pub mod hdr {
     /// mailbox, so the daemon looks through the mailboxes only when something was claimed
     /// (looking touches one page per mailbox, which on tmpfs costs memory).
     pub const CLAIMS: u64 = 448;
-    /// `[AtomicU32; BELL_SUMMARY_WORDS]`: bit `i` says doorbell word `i` may have bits set
-    /// (see `bell`).
-    pub const BELL_SUMMARY: u64 = 512;
+    /// `AtomicU32`, own cache line: bit `i` says summary word `i` may have bits set, so an
+    /// idle region costs the daemon one load per pass (see `bell`).
+    pub const BELL_ANY: u64 = 512;
+    /// `[AtomicU32; BELL_SUMMARY_WORDS]`: bit `i` says doorbell word `i` may have bits set.
+    pub const BELL_SUMMARY: u64 = 576;
     /// Summary words.
     pub const BELL_SUMMARY_WORDS: u32 = BELL_WORDS.div_ceil(32);
     /// `[AtomicU32; BELL_WORDS]`: one bit per queue (QP or SRQ) with new work posted.
@@ -128,6 +130,8 @@ const _: () = assert!(HEAP_OFF >= CTRL_OFF + CTRL_SLOTS as u64 * CTRL_SLOT_SIZE 
 const _: () = assert!(mbox::EV_RING + mbox::EV_SLOTS as u64 * mbox::EV_SIZE <= mbox::HEARTBEAT);
 const _: () = assert!(mbox::HEARTBEAT + 64 <= mbox::PAYLOAD);
 const _: () = assert!(hdr::NAME + hdr::NAME_LEN as u64 <= hdr::DAEMON_PID);
-const _: () = assert!(hdr::CLAIMS + 64 <= hdr::BELL_SUMMARY);
+const _: () = assert!(hdr::CLAIMS + 64 <= hdr::BELL_ANY);
+const _: () = assert!(hdr::BELL_ANY + 64 <= hdr::BELL_SUMMARY);
+const _: () = assert!(hdr::BELL_SUMMARY_WORDS <= 32);
 const _: () = assert!(hdr::BELL_SUMMARY + hdr::BELL_SUMMARY_WORDS as u64 * 4 <= hdr::BELLS);
 const _: () = assert!(hdr::BELLS + hdr::BELL_WORDS as u64 * 4 <= CTRL_OFF);
