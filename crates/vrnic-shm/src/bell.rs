@@ -11,9 +11,14 @@
 //! the daemon look at its own queues.
 //!
 //! Setting is read-mostly: a bit (or summary bit) that is already set is not written again, so
-//! a stream of posts between two passes costs loads, not contended writes.
+//! a stream of posts between two passes costs loads, not contended writes. That is sound only
+//! with a full fence between the producer-index store and those loads, and sequentially
+//! consistent swaps on the daemon's side: a driver that finds a bit still set is then ordered
+//! before the daemon's swap of it, which therefore sees the new producer index (without the
+//! fence, the store could still sit in the store buffer while the load saw the old bit, and
+//! the work would wait for the next post: the lost wake-up of brief §9).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
 
 use crate::Region;
 use crate::layout::hdr;
@@ -28,21 +33,23 @@ pub fn ring(region: &Region, index: u32) {
     }
     let word = index / 32;
     let (bit, sbit) = (1u32 << (index % 32), 1u32 << (word % 32));
+    // Orders the caller's producer-index store before the loads below (see the module docs).
+    fence(Ordering::SeqCst);
     if let Ok(w) = region.atomic_u32(hdr::BELLS + u64::from(word) * 4)
-        && w.load(Ordering::Relaxed) & bit == 0
+        && w.load(Ordering::SeqCst) & bit == 0
     {
-        w.fetch_or(bit, Ordering::Release);
+        w.fetch_or(bit, Ordering::SeqCst);
     }
     if let Ok(s) = region.atomic_u32(hdr::BELL_SUMMARY + u64::from(word / 32) * 4)
-        && s.load(Ordering::Relaxed) & sbit == 0
+        && s.load(Ordering::SeqCst) & sbit == 0
     {
-        s.fetch_or(sbit, Ordering::Release);
+        s.fetch_or(sbit, Ordering::SeqCst);
     }
     let abit = 1u32 << (word / 32);
     if let Ok(a) = region.atomic_u32(hdr::BELL_ANY)
-        && a.load(Ordering::Relaxed) & abit == 0
+        && a.load(Ordering::SeqCst) & abit == 0
     {
-        a.fetch_or(abit, Ordering::Release);
+        a.fetch_or(abit, Ordering::SeqCst);
     }
 }
 
@@ -55,7 +62,7 @@ pub fn drain(region: &Region, mut f: impl FnMut(u32)) {
     if a.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let mut summaries = a.swap(0, Ordering::Acquire);
+    let mut summaries = a.swap(0, Ordering::SeqCst);
     while summaries != 0 {
         let sw = summaries.trailing_zeros();
         summaries &= summaries - 1;
@@ -65,7 +72,7 @@ pub fn drain(region: &Region, mut f: impl FnMut(u32)) {
         let Ok(s) = region.atomic_u32(hdr::BELL_SUMMARY + u64::from(sw) * 4) else {
             return;
         };
-        let mut words = s.swap(0, Ordering::Acquire);
+        let mut words = s.swap(0, Ordering::SeqCst);
         while words != 0 {
             let word = sw * 32 + words.trailing_zeros();
             words &= words - 1;
@@ -75,7 +82,7 @@ pub fn drain(region: &Region, mut f: impl FnMut(u32)) {
             let Ok(w) = region.atomic_u32(hdr::BELLS + u64::from(word) * 4) else {
                 continue;
             };
-            let mut bits = w.swap(0, Ordering::Acquire);
+            let mut bits = w.swap(0, Ordering::SeqCst);
             while bits != 0 {
                 f(word * 32 + bits.trailing_zeros());
                 bits &= bits - 1;
