@@ -1444,7 +1444,7 @@ impl Engine {
                     v_bytes = v_bytes.saturating_add(n);
                 }
                 if blocked {
-                    self.park(now, qp);
+                    self.park(qp);
                 } else {
                     // More work: back of its vRNIC's list (an empty or stopped QP is dropped
                     // by `wake`).
@@ -1486,7 +1486,7 @@ impl Engine {
 
     /// Takes a blocked QP off the ready lists: what it waits for wakes it (a receive at its
     /// responder, a responder appearing), and its timer in any case.
-    fn park(&mut self, now: Instant, qp: QpId) {
+    fn park(&mut self, qp: QpId) {
         let Some(q) = self.qps.get(&qp) else { return };
         let wait = q.wait;
         match wait {
@@ -1516,7 +1516,6 @@ impl Engine {
             }
             // Nothing to wait for: try again next call.
             Wait::None => {
-                let _ = now;
                 self.wake(qp);
                 return;
             }
