@@ -1,0 +1,354 @@
+//! The engine proper: its objects and state (this file), the control verbs on them
+//! (`verbs`), work requests handed in and error flushes (`queues`), the scheduler that runs
+//! them in turn (`sched`), the two ends of a message (`requester`, `responder`), and the
+//! translation of registered memory into region runs (`memory`).
+
+mod memory;
+mod queues;
+mod requester;
+mod responder;
+mod sched;
+mod verbs;
+
+use memory::{copy_runs, grh, scatter_bytes, translate};
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use vrnic_wire::{
+    AhAttr, Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType,
+    RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_GRH, WC_WITH_IMM, WcOpcode,
+    WcStatus, access, qp_attr,
+};
+
+use crate::errno::*;
+use crate::state;
+use crate::{
+    AhId, CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, SrqId, VnicId,
+};
+
+/// Deepest work queue.
+pub const MAX_QP_WR: u32 = 16384;
+/// Deepest completion queue.
+pub const MAX_CQE: u32 = 65536;
+/// Most QPs per vRNIC.
+pub const MAX_QP: usize = 16384;
+/// Most MRs per vRNIC.
+pub const MAX_MR: usize = 65536;
+/// Most CQs per vRNIC.
+pub const MAX_CQ: usize = 16384;
+/// Most PDs per vRNIC.
+pub const MAX_PD: usize = 16384;
+/// Most SRQs per vRNIC.
+pub const MAX_SRQ: usize = 16384;
+/// Most address handles per vRNIC.
+pub const MAX_AH: usize = 65536;
+/// Largest UD message (the port's active MTU, 4096).
+pub const UD_MTU: u64 = 4096;
+/// The Global Route Header at the start of every UD receive buffer.
+pub const GRH_LEN: u64 = 40;
+/// Work requests one [`Engine::process`] call executes at most.
+pub const PASS_WRS: usize = 64;
+/// Bytes after which one [`Engine::process`] call stops starting new chunks. Small, so that
+/// a driver that runs a call between looks at its rings sees new work soon (latency of
+/// others under a flood is about one call).
+pub const PASS_BYTES: u64 = 1 << 20;
+/// Work requests one QP executes per [`Engine::process`] call at most (fairness).
+pub const QP_WRS: usize = 16;
+/// Work requests one vRNIC executes per [`Engine::process`] call at most (fairness between
+/// tenants, whatever their number of QPs).
+pub const VNIC_WRS: usize = 32;
+/// Largest piece of one message moved at once; a QP, and a vRNIC, moves at most this much
+/// per call.
+pub const CHUNK: u64 = 256 << 10;
+/// Page size of the region page lists.
+pub const PAGE: u64 = 4096;
+
+const _: () = assert!(MAX_QP_WR.is_power_of_two() && MAX_CQE.is_power_of_two());
+const _: () = assert!(QP_WRS <= VNIC_WRS && VNIC_WRS <= PASS_WRS && CHUNK <= PASS_BYTES);
+// Every completion's byte_len fits the CQE field.
+const _: () = assert!(MAX_MSG_SIZE as u64 <= u32::MAX as u64);
+
+#[derive(Debug)]
+struct Vnic {
+    lid: u16,
+    gid: [u8; 16],
+    /// Memory keys -> MR.
+    keys: HashMap<u32, MrId>,
+    /// Its QPs that may have work to run, in turn (each at most once: `Qp::queued`).
+    ready: VecDeque<QpId>,
+    /// In the engine's run queue.
+    queued: bool,
+}
+
+#[derive(Debug)]
+struct Pd {
+    vnic: VnicId,
+    ctx: CtxId,
+    users: u32,
+}
+
+#[derive(Debug)]
+struct Mr {
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    addr: u64,
+    len: u64,
+    iova: u64,
+    access: u32,
+    key: u32,
+    /// Region offset of each 4 KiB page from floor(addr).
+    pages: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Cq {
+    vnic: VnicId,
+    ctx: CtxId,
+    users: u32,
+}
+
+#[derive(Debug)]
+struct Srq {
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    rq: VecDeque<RecvWqe>,
+    depth: u32,
+    max_wr: u32,
+    max_sge: u32,
+    retired: u32,
+    /// Armed limit (0: disarmed).
+    limit: u32,
+    /// Its retired counter moved since [`Engine::drain_retired`].
+    touched: bool,
+    /// QPs attached.
+    users: u32,
+    /// Its ring broke: it takes no more receives.
+    broken: bool,
+}
+
+#[derive(Debug)]
+struct Ah {
+    ctx: CtxId,
+    pd: PdId,
+    attr: AhAttr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    None,
+    /// No receive at the responder: retry at `until`, `retries` timer expiries so far.
+    Rnr {
+        until: Instant,
+        retries: u8,
+    },
+    /// No responder: fail at `until`.
+    Retry {
+        until: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct Qp {
+    /// RC, UC (nothing is acknowledged, so nothing the responder does is reported) or UD.
+    ty: QpType,
+    /// Receives come from this SRQ instead of `rq`.
+    srq: Option<SrqId>,
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    send_cq: CqId,
+    recv_cq: CqId,
+    qpn: u32,
+    cap: QpCap,
+    sq_sig_all: bool,
+    attr: QpAttr,
+    sq: VecDeque<Result<SendWqe, ParseError>>,
+    rq: VecDeque<RecvWqe>,
+    sq_depth: u32,
+    rq_depth: u32,
+    sq_retired: u32,
+    rq_retired: u32,
+    wait: Wait,
+    /// The head WQE moved part of its message already.
+    progress: Option<Progress>,
+    /// In its vRNIC's ready list.
+    queued: bool,
+    /// Blocked: off the ready lists until something wakes it.
+    parked: bool,
+    /// In a waiter list (`rnr_waiters` or `retry_waiters`): listed once however often it
+    /// parks, so the lists cannot grow past the QPs.
+    listed: bool,
+    /// The time of its entry in the timer heap, if any (one live entry per QP).
+    armed: Option<Instant>,
+    /// Its retired counters moved since the driver last took [`Engine::drain_retired`].
+    touched: bool,
+}
+
+impl Qp {
+    /// When the head send WQE's timer fires; only an RTS QP with work runs timers (an SQD QP
+    /// keeps its wait but does not execute, so its timer must not keep a driver awake).
+    fn deadline(&self) -> Option<Instant> {
+        if self.attr.qp_state != QpState::Rts || self.sq.is_empty() {
+            return None;
+        }
+        match self.wait {
+            Wait::Rnr { until, .. } | Wait::Retry { until } => Some(until),
+            Wait::None => None,
+        }
+    }
+}
+
+/// How far the head send WQE got, when a message moves over several [`Engine::process`] calls.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// Bytes moved.
+    done: u64,
+    /// To this responder ...
+    peer: QpId,
+    /// ... whose receive queue had retired this many (so the same receive is still the head).
+    peer_rq: u32,
+}
+
+/// Outcome of trying the head send WQE.
+enum Step {
+    /// Done (successfully or not), having moved this many bytes in this step: retire it.
+    Done(u64),
+    /// Moved this many bytes of a message that continues in a later step.
+    Partial(u64),
+    /// Cannot progress now.
+    Blocked,
+}
+
+/// The engine. See the crate documentation.
+#[derive(Debug)]
+pub struct Engine {
+    rng: u64,
+    next_id: u32,
+    next_qpn: u32,
+    vnics: HashMap<VnicId, Vnic>,
+    pds: HashMap<PdId, Pd>,
+    mrs: HashMap<MrId, Mr>,
+    cqs: HashMap<CqId, Cq>,
+    qps: BTreeMap<QpId, Qp>,
+    srqs: BTreeMap<SrqId, Srq>,
+    ahs: HashMap<AhId, Ah>,
+    by_qpn: HashMap<u32, QpId>,
+    completions: VecDeque<(CqId, Cqe, bool)>,
+    events: VecDeque<(CtxId, Event)>,
+    /// vRNICs with QPs that may have work, served in turn by [`Engine::process`]: a vRNIC
+    /// that was idle goes first, one that used its turn goes last. Idle QPs and vRNICs are in
+    /// no list and cost nothing.
+    runq: VecDeque<VnicId>,
+    /// Timers of waiting QPs (RNR and retry), earliest first; an entry whose QP no longer
+    /// waits until then is stale and skipped.
+    timers: BinaryHeap<Reverse<(Instant, QpId)>>,
+    /// QPs blocked on RNR, by the receive queue they wait for: a receive posted there wakes
+    /// them (before their timer).
+    rnr_waiters: HashMap<RecvQueue, Vec<QpId>>,
+    /// QPs blocked because no responder exists: any QP reaching RTR may be it.
+    retry_waiters: Vec<QpId>,
+    /// QPs and SRQs whose retired counters moved (see [`Engine::drain_retired`]).
+    touched: Vec<QpId>,
+    touched_srqs: Vec<SrqId>,
+}
+
+/// A receive queue: a QP's own, or an SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RecvQueue {
+    Qp(QpId),
+    Srq(SrqId),
+}
+
+fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
+    Cqe {
+        wr_id,
+        status,
+        opcode,
+        wc_flags: 0,
+        byte_len: 0,
+        imm_data: 0,
+        qp_num,
+        src_qp: 0,
+        slid: 0,
+        sl: 0,
+        vendor_err: if status == WcStatus::Success || status == WcStatus::WrFlushErr {
+            0
+        } else {
+            0x100 + status as u32
+        },
+        timestamp_ns: 0,
+    }
+}
+
+/// Lists a QP whose retired counters moved (once until drained).
+fn touch(list: &mut Vec<QpId>, id: QpId, q: &mut Qp) {
+    if !q.touched {
+        q.touched = true;
+        list.push(id);
+    }
+}
+
+/// Lists an SRQ whose retired counter moved (once until drained).
+fn touch_srq(list: &mut Vec<SrqId>, id: SrqId, s: &mut Srq) {
+    if !s.touched {
+        s.touched = true;
+        list.push(id);
+    }
+}
+
+fn wqe_wc_opcode(w: &Result<SendWqe, ParseError>) -> WcOpcode {
+    w.as_ref()
+        .map(|w| w.opcode.wc_opcode())
+        .unwrap_or(WcOpcode::Send)
+}
+
+impl Engine {
+    /// A new engine; `seed` drives key generation.
+    pub fn new(seed: u64) -> Engine {
+        Engine {
+            rng: seed | 1,
+            next_id: 1,
+            next_qpn: 0x11,
+            vnics: HashMap::new(),
+            pds: HashMap::new(),
+            mrs: HashMap::new(),
+            cqs: HashMap::new(),
+            qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            ahs: HashMap::new(),
+            by_qpn: HashMap::new(),
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            runq: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            rnr_waiters: HashMap::new(),
+            retry_waiters: Vec::new(),
+            touched: Vec::new(),
+            touched_srqs: Vec::new(),
+        }
+    }
+
+    fn id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
+    fn random(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The number of completions waiting (for tests and metrics).
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+}

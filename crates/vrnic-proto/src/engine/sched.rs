@@ -1,0 +1,257 @@
+//! The scheduler: timers, the run queue of vRNICs and their ready lists of QPs, parking
+//! and waking, and the retired counters handed back to the driver.
+
+use super::*;
+
+impl Engine {
+    // ---- execution -------------------------------------------------------------------------
+
+    /// Fires the timers that are due: a QP waiting for a missing responder fails with
+    /// `RETRY_EXC_ERR`; a QP waiting on RNR counts one retry (and fails with
+    /// `RNR_RETRY_EXC_ERR` once they are used up). [`Engine::process`] fires them too, so a
+    /// driver may call either or both. Costs the due timers only.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&Reverse((t, qp))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(q) = self.qps.get_mut(&qp) else {
+                continue;
+            };
+            if q.armed != Some(t) {
+                // Stale: superseded by an earlier entry of the same QP.
+                continue;
+            }
+            q.armed = None;
+            match q.deadline() {
+                Some(d) if d > now => {
+                    // It waits until later now: keep one entry for that.
+                    self.arm(qp, d);
+                    continue;
+                }
+                Some(_) => {}
+                None => continue,
+            }
+            match (q.wait, self.responder(qp)) {
+                (Wait::Retry { .. }, None) => self.fail_qp(qp, Some(WcStatus::RetryExcErr)),
+                (Wait::Rnr { .. }, Some(peer)) if self.recv_empty(peer) => {
+                    self.rnr(now, qp, peer);
+                }
+                // The situation changed: the next `process` retries at once.
+                _ => {}
+            }
+            self.unpark(qp);
+        }
+    }
+
+    /// The earliest deadline of a waiting QP (possibly one that no longer waits: waking for
+    /// it early is harmless).
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|&Reverse((t, _))| t)
+    }
+
+    /// The next completion: `(cq, cqe, solicited)`.
+    #[must_use]
+    pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
+        self.completions.pop_front()
+    }
+
+    /// The next async event for a context.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<(CtxId, Event)> {
+        self.events.pop_front()
+    }
+
+    /// Executes queued work requests, a bounded amount: at most [`PASS_WRS`] work requests and
+    /// about [`PASS_BYTES`] bytes per call. vRNICs with work take turns, each at most once
+    /// per call and for at most [`VNIC_WRS`] work requests and [`CHUNK`] bytes; within a
+    /// vRNIC its QPs take turns, each for at most [`QP_WRS`] work requests. A vRNIC that was
+    /// idle goes before those that used their turn, so a tenant with little traffic waits for
+    /// at most one turn of each busy one, however many QPs they have; idle QPs cost nothing.
+    /// A large message moves in chunks over several calls. Returns whether anything
+    /// happened; if not, nothing will until a WQE arrives or [`Engine::poll_timeout`] passes.
+    pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
+        self.handle_timeout(now);
+        let mut did = false;
+        let (mut pass_wrs, mut pass_bytes) = (0usize, 0u64);
+        for _ in 0..self.runq.len() {
+            if pass_wrs >= PASS_WRS || pass_bytes >= PASS_BYTES {
+                break;
+            }
+            let Some(vid) = self.runq.pop_front() else {
+                break;
+            };
+            let turns = self.vnics.get(&vid).map_or(0, |v| v.ready.len());
+            let (mut v_wrs, mut v_bytes) = (0usize, 0u64);
+            for _ in 0..turns {
+                if v_wrs >= VNIC_WRS || v_bytes >= CHUNK {
+                    break;
+                }
+                let Some(qp) = self.vnics.get_mut(&vid).and_then(|v| v.ready.pop_front()) else {
+                    break;
+                };
+                let Some(q) = self.qps.get_mut(&qp) else {
+                    continue;
+                };
+                q.queued = false;
+                let (mut wrs, mut blocked) = (0usize, false);
+                while wrs < QP_WRS && v_wrs < VNIC_WRS && v_bytes < CHUNK {
+                    let Some(q) = self.qps.get(&qp) else { break };
+                    if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+                        break;
+                    }
+                    let (n, retired) = match self.step(now, qp, mem) {
+                        Step::Done(n) => (n, 1),
+                        Step::Partial(n) if n > 0 => (n, 0),
+                        Step::Partial(_) | Step::Blocked => {
+                            blocked = true;
+                            break;
+                        }
+                    };
+                    did = true;
+                    wrs += retired;
+                    v_wrs += retired;
+                    v_bytes = v_bytes.saturating_add(n);
+                }
+                if blocked {
+                    self.park(qp);
+                } else {
+                    // More work: back of its vRNIC's list (an empty or stopped QP is dropped
+                    // by `wake`).
+                    self.wake(qp);
+                }
+            }
+            pass_wrs += v_wrs;
+            pass_bytes = pass_bytes.saturating_add(v_bytes);
+            if let Some(v) = self.vnics.get_mut(&vid) {
+                v.queued = !v.ready.is_empty();
+                if v.queued {
+                    self.runq.push_back(vid);
+                }
+            }
+        }
+        did
+    }
+
+    /// Puts a QP that may have work in its vRNIC's ready list (once), and the vRNIC in the run
+    /// queue: at the front if it was idle.
+    pub(super) fn wake(&mut self, qp: QpId) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if q.queued || q.parked || q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+            return;
+        }
+        q.queued = true;
+        let vid = q.vnic;
+        let Some(v) = self.vnics.get_mut(&vid) else {
+            return;
+        };
+        v.ready.push_back(qp);
+        if !v.queued {
+            v.queued = true;
+            self.runq.push_front(vid);
+        }
+    }
+
+    /// Takes a blocked QP off the ready lists: what it waits for wakes it (a receive at its
+    /// responder, a responder appearing), and its timer in any case.
+    pub(super) fn park(&mut self, qp: QpId) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let wait = q.wait;
+        match wait {
+            Wait::Rnr { .. } => {
+                let Some(peer) = self.responder(qp) else {
+                    self.wake(qp);
+                    return;
+                };
+                let key = match self.qps.get(&peer).and_then(|p| p.srq) {
+                    Some(s) => RecvQueue::Srq(s),
+                    None => RecvQueue::Qp(peer),
+                };
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && !q.listed
+                {
+                    q.listed = true;
+                    self.rnr_waiters.entry(key).or_default().push(qp);
+                }
+            }
+            Wait::Retry { .. } => {
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && !q.listed
+                {
+                    q.listed = true;
+                    self.retry_waiters.push(qp);
+                }
+            }
+            // Nothing to wait for: try again next call.
+            Wait::None => {
+                self.wake(qp);
+                return;
+            }
+        }
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.parked = true;
+        }
+    }
+
+    /// Keeps one timer entry for `qp` at or before `until`.
+    pub(super) fn arm(&mut self, qp: QpId, until: Instant) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if q.armed.is_none_or(|a| until < a) {
+            q.armed = Some(until);
+            self.timers.push(Reverse((until, qp)));
+        }
+    }
+
+    /// Takes a QP off the waiter list it was in, and wakes it.
+    pub(super) fn unlist(&mut self, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.listed = false;
+        }
+        self.unpark(qp);
+    }
+
+    /// Wakes a parked QP (its wait may be over).
+    pub(super) fn unpark(&mut self, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.parked = false;
+        }
+        self.wake(qp);
+    }
+
+    /// A receive was posted to `rq`: the QPs waiting on RNR for it try again.
+    pub(super) fn wake_rnr(&mut self, rq: RecvQueue) {
+        if let Some(list) = self.rnr_waiters.remove(&rq) {
+            for qp in list {
+                self.unlist(qp);
+            }
+        }
+    }
+
+    /// Hands the driver every QP and SRQ whose retired counters moved since the last call:
+    /// `qp(id, sq_retired, rq_retired)` and `srq(id, retired)`, so it publishes those and
+    /// looks at no other.
+    pub fn drain_retired(
+        &mut self,
+        mut qp: impl FnMut(QpId, u32, u32),
+        mut srq: impl FnMut(SrqId, u32),
+    ) {
+        for id in std::mem::take(&mut self.touched) {
+            if let Some(q) = self.qps.get_mut(&id) {
+                q.touched = false;
+                qp(id, q.sq_retired, q.rq_retired);
+            }
+        }
+        for id in std::mem::take(&mut self.touched_srqs) {
+            if let Some(s) = self.srqs.get_mut(&id) {
+                s.touched = false;
+                srq(id, s.retired);
+            }
+        }
+    }
+}

@@ -1,0 +1,804 @@
+//! The control verbs: vRNICs and contexts, PDs, MRs, CQs, QPs, SRQs and address handles,
+//! each checked against its owner and the device's limits before it changes anything.
+
+use super::*;
+
+impl Engine {
+    // ---- vRNICs and contexts ---------------------------------------------------------------
+
+    /// Registers a vRNIC with its address.
+    pub fn add_vnic(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16]) {
+        self.vnics.insert(
+            vnic,
+            Vnic {
+                lid,
+                gid,
+                keys: HashMap::new(),
+                ready: VecDeque::new(),
+                queued: false,
+            },
+        );
+    }
+
+    /// Destroys every object of `vnic` and forgets it.
+    pub fn remove_vnic(&mut self, now: Instant, vnic: VnicId) {
+        let mut ctxs: Vec<CtxId> = self
+            .pds
+            .values()
+            .filter(|p| p.vnic == vnic)
+            .map(|p| p.ctx)
+            .collect();
+        ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
+        ctxs.extend(self.cqs.values().filter(|c| c.vnic == vnic).map(|c| c.ctx));
+        ctxs.extend(self.srqs.values().filter(|s| s.vnic == vnic).map(|s| s.ctx));
+        ctxs.sort();
+        ctxs.dedup();
+        for c in ctxs {
+            self.destroy_context(now, c);
+        }
+        self.vnics.remove(&vnic);
+    }
+
+    /// Destroys everything `ctx` owns: its QPs (their peers see errors), SRQs, AHs, MRs, CQs
+    /// and PDs.
+    pub fn destroy_context(&mut self, now: Instant, ctx: CtxId) {
+        let qps: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.ctx == ctx)
+            .map(|(&id, _)| id)
+            .collect();
+        for qp in qps {
+            self.fail_peers(qp);
+            let _ = self.destroy_qp(now, ctx, qp);
+        }
+        let mrs: Vec<MrId> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(&id, _)| id)
+            .collect();
+        for mr in mrs {
+            let _ = self.dereg_mr(ctx, mr);
+        }
+        self.srqs.retain(|_, s| s.ctx != ctx);
+        self.ahs.retain(|_, a| a.ctx != ctx);
+        self.cqs.retain(|_, c| c.ctx != ctx);
+        self.pds.retain(|_, p| p.ctx != ctx);
+        self.completions
+            .retain(|(cq, _, _)| self.cqs.contains_key(cq));
+        self.events.retain(|(c, _)| *c != ctx);
+    }
+
+    // ---- PDs and MRs -----------------------------------------------------------------------
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self, vnic: VnicId, ctx: CtxId) -> Result<PdId, Errno> {
+        if !self.vnics.contains_key(&vnic) {
+            return Err(ENOENT);
+        }
+        if self.pds.values().filter(|p| p.vnic == vnic).count() >= MAX_PD {
+            return Err(ENOMEM);
+        }
+        let pd = PdId(self.id());
+        self.pds.insert(
+            pd,
+            Pd {
+                vnic,
+                ctx,
+                users: 0,
+            },
+        );
+        Ok(pd)
+    }
+
+    /// `ibv_dealloc_pd`: `EBUSY` while MRs or QPs use it.
+    pub fn dealloc_pd(&mut self, ctx: CtxId, pd: PdId) -> Result<(), Errno> {
+        match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => {
+                if p.users > 0 {
+                    return Err(EBUSY);
+                }
+                self.pds.remove(&pd);
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// The checks of [`Engine::reg_mr`] that need no pages: the PD, the access flags, the
+    /// range, the MR limit. The daemon runs them before it does any work for a registration.
+    /// Returns the vRNIC the MR would belong to.
+    pub fn check_reg_mr(
+        &self,
+        ctx: CtxId,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+    ) -> Result<VnicId, Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        if access & !access::SUPPORTED != 0 {
+            return Err(EOPNOTSUPP);
+        }
+        // Remote write or atomic access requires local write (IB spec, every device).
+        if len == 0
+            || (access & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+                && access & access::LOCAL_WRITE == 0)
+        {
+            return Err(EINVAL);
+        }
+        addr.checked_add(len).ok_or(EINVAL)?;
+        iova.checked_add(len).ok_or(EINVAL)?;
+        if self.vnics.get(&vnic).ok_or(ENOENT)?.keys.len() >= MAX_MR {
+            return Err(ENOMEM);
+        }
+        Ok(vnic)
+    }
+
+    /// `ibv_reg_mr`: `pages[i]` backs the i-th 4 KiB page from floor(`addr`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reg_mr(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+        pages: Vec<u64>,
+    ) -> Result<MrKeys, Errno> {
+        let vnic = self.check_reg_mr(ctx, pd, addr, len, iova, access)?;
+        let npages = (addr + len).div_ceil(PAGE) - addr / PAGE;
+        if pages.len() as u64 != npages || pages.iter().any(|p| p % PAGE != 0) {
+            return Err(EINVAL);
+        }
+        let mut key;
+        loop {
+            key = self.random() as u32;
+            if key != 0
+                && !self
+                    .vnics
+                    .get(&vnic)
+                    .is_some_and(|v| v.keys.contains_key(&key))
+            {
+                break;
+            }
+        }
+        let mr = MrId(self.id());
+        self.vnics
+            .get_mut(&vnic)
+            .ok_or(ENOENT)?
+            .keys
+            .insert(key, mr);
+        self.mrs.insert(
+            mr,
+            Mr {
+                vnic,
+                ctx,
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+                key,
+                pages,
+            },
+        );
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        Ok(MrKeys {
+            mr,
+            lkey: key,
+            rkey: key,
+        })
+    }
+
+    /// `ibv_dereg_mr`: from now on no work request can reach its memory.
+    pub fn dereg_mr(&mut self, ctx: CtxId, mr: MrId) -> Result<(), Errno> {
+        match self.mrs.get(&mr) {
+            Some(m) if m.ctx == ctx => {}
+            _ => return Err(EINVAL),
+        }
+        let m = self.mrs.remove(&mr).ok_or(EINVAL)?;
+        if let Some(v) = self.vnics.get_mut(&m.vnic) {
+            v.keys.remove(&m.key);
+        }
+        if let Some(p) = self.pds.get_mut(&m.pd) {
+            p.users = p.users.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    // ---- CQs and QPs -----------------------------------------------------------------------
+
+    /// `ibv_create_cq`.
+    pub fn create_cq(&mut self, vnic: VnicId, ctx: CtxId, depth: u32) -> Result<CqId, Errno> {
+        if !self.vnics.contains_key(&vnic) {
+            return Err(ENOENT);
+        }
+        if depth == 0 || depth > MAX_CQE {
+            return Err(EINVAL);
+        }
+        if self.cqs.values().filter(|c| c.vnic == vnic).count() >= MAX_CQ {
+            return Err(ENOMEM);
+        }
+        let cq = CqId(self.id());
+        self.cqs.insert(
+            cq,
+            Cq {
+                vnic,
+                ctx,
+                users: 0,
+            },
+        );
+        Ok(cq)
+    }
+
+    /// `ibv_destroy_cq`: `EBUSY` while a QP uses it.
+    pub fn destroy_cq(&mut self, ctx: CtxId, cq: CqId) -> Result<(), Errno> {
+        match self.cqs.get(&cq) {
+            Some(c) if c.ctx == ctx => {
+                if c.users > 0 {
+                    return Err(EBUSY);
+                }
+                self.cqs.remove(&cq);
+                self.completions.retain(|(c, _, _)| *c != cq);
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_create_qp` without an SRQ. Returns the QP and its number.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_qp(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        qp_type: QpType,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<(QpId, u32), Errno> {
+        self.create_qp_srq(ctx, pd, send_cq, recv_cq, None, qp_type, cap, sq_sig_all)
+    }
+
+    /// `ibv_create_qp`, its receives taken from `srq` if given (then `max_recv_wr` and
+    /// `max_recv_sge` are ignored, as on a device). Returns the QP and its number.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_qp_srq(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+        qp_type: QpType,
+        mut cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<(QpId, u32), Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        for cq in [send_cq, recv_cq] {
+            match self.cqs.get(&cq) {
+                Some(c) if c.ctx == ctx && c.vnic == vnic => {}
+                _ => return Err(EINVAL),
+            }
+        }
+        if let Some(s) = srq {
+            match self.srqs.get(&s) {
+                Some(s) if s.ctx == ctx && s.vnic == vnic => {}
+                _ => return Err(EINVAL),
+            }
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        if cap.max_send_wr > MAX_QP_WR
+            || cap.max_recv_wr > MAX_QP_WR
+            || cap.max_send_sge as usize > MAX_SGE
+            || cap.max_recv_sge as usize > MAX_SGE
+            || cap.max_inline_data as usize > MAX_INLINE
+        {
+            return Err(EINVAL);
+        }
+        if self.qp_count(vnic) >= MAX_QP || self.by_qpn.len() >= 0xff_0000 {
+            return Err(ENOMEM);
+        }
+        let mut qpn = self.next_qpn;
+        while self.by_qpn.contains_key(&qpn) || qpn < 2 {
+            qpn = (qpn + 1) & 0xff_ffff;
+        }
+        self.next_qpn = (qpn + 1) & 0xff_ffff;
+        let id = QpId(self.id());
+        self.by_qpn.insert(qpn, id);
+        self.qps.insert(
+            id,
+            Qp {
+                ty: qp_type,
+                srq,
+                vnic,
+                ctx,
+                pd,
+                send_cq,
+                recv_cq,
+                qpn,
+                cap,
+                sq_sig_all,
+                attr: QpAttr {
+                    cap,
+                    ..QpAttr::default()
+                },
+                sq: VecDeque::new(),
+                rq: VecDeque::new(),
+                sq_depth: cap.max_send_wr.max(1).next_power_of_two(),
+                rq_depth: cap.max_recv_wr.max(1).next_power_of_two(),
+                sq_retired: 0,
+                rq_retired: 0,
+                wait: Wait::None,
+                progress: None,
+                queued: false,
+                parked: false,
+                listed: false,
+                armed: None,
+                touched: false,
+            },
+        );
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.users += 1;
+            }
+        }
+        if let Some(s) = srq.and_then(|s| self.srqs.get_mut(&s)) {
+            s.users += 1;
+        }
+        Ok((id, qpn))
+    }
+
+    pub(super) fn own_qp(&self, ctx: CtxId, qp: QpId) -> Result<&Qp, Errno> {
+        match self.qps.get(&qp) {
+            Some(q) if q.ctx == ctx => Ok(q),
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_modify_qp`, with the attribute-mask rules of a real device.
+    pub fn modify_qp(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        qp: QpId,
+        mask: u32,
+        attr: &QpAttr,
+    ) -> Result<(), Errno> {
+        let q = self.own_qp(ctx, qp)?;
+        let (cur, ty) = (q.attr.qp_state, q.ty);
+        let next = if mask & qp_attr::STATE != 0 {
+            attr.qp_state
+        } else {
+            cur
+        };
+        if mask & qp_attr::CUR_STATE != 0 && attr.cur_qp_state != cur {
+            return Err(EINVAL);
+        }
+        if !state::check(ty, cur, next, mask) {
+            return Err(EINVAL);
+        }
+        if (mask & qp_attr::PORT != 0 && attr.port_num != 1)
+            || (mask & qp_attr::PKEY_INDEX != 0 && attr.pkey_index != 0)
+            || (mask & qp_attr::PATH_MTU != 0 && !(1..=5).contains(&attr.path_mtu))
+            || (mask & qp_attr::MAX_QP_RD_ATOMIC != 0 && attr.max_rd_atomic > 16)
+            || (mask & qp_attr::MAX_DEST_RD_ATOMIC != 0 && attr.max_dest_rd_atomic > 16)
+            || (mask & qp_attr::MIN_RNR_TIMER != 0 && attr.min_rnr_timer > 31)
+            || (mask & qp_attr::TIMEOUT != 0 && attr.timeout > 31)
+            || (mask & qp_attr::RETRY_CNT != 0 && attr.retry_cnt > 7)
+            || (mask & qp_attr::RNR_RETRY != 0 && attr.rnr_retry > 7)
+            || (mask & qp_attr::ACCESS_FLAGS != 0
+                && attr.qp_access_flags
+                    & !(access::LOCAL_WRITE
+                        | access::REMOTE_WRITE
+                        | access::REMOTE_READ
+                        | access::REMOTE_ATOMIC)
+                    != 0)
+            || (mask & qp_attr::DEST_QPN != 0 && attr.dest_qp_num > 0xff_ffff)
+            || (mask & qp_attr::AV != 0 && attr.ah_attr.port_num > 1)
+        {
+            return Err(EINVAL);
+        }
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return Err(EINVAL);
+        };
+        let a = &mut q.attr;
+        macro_rules! set {
+            ($bit:ident => $($f:ident),+) => {
+                if mask & qp_attr::$bit != 0 { $(a.$f = attr.$f;)+ }
+            };
+        }
+        set!(ACCESS_FLAGS => qp_access_flags);
+        set!(PKEY_INDEX => pkey_index);
+        set!(PORT => port_num);
+        set!(QKEY => qkey);
+        set!(AV => ah_attr);
+        set!(PATH_MTU => path_mtu);
+        set!(TIMEOUT => timeout);
+        set!(RETRY_CNT => retry_cnt);
+        set!(RNR_RETRY => rnr_retry);
+        set!(RQ_PSN => rq_psn);
+        set!(MAX_QP_RD_ATOMIC => max_rd_atomic);
+        set!(ALT_PATH => alt_ah_attr, alt_pkey_index, alt_port_num, alt_timeout);
+        set!(MIN_RNR_TIMER => min_rnr_timer);
+        set!(SQ_PSN => sq_psn);
+        set!(MAX_DEST_RD_ATOMIC => max_dest_rd_atomic);
+        set!(PATH_MIG_STATE => path_mig_state);
+        set!(DEST_QPN => dest_qp_num);
+        set!(EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify);
+        a.qp_state = next;
+        match next {
+            QpState::Reset => {
+                // Forget the queues silently: their slots are free again.
+                q.sq_retired = q.sq_retired.wrapping_add(q.sq.len() as u32);
+                touch(&mut self.touched, qp, q);
+                q.rq_retired = q.rq_retired.wrapping_add(q.rq.len() as u32);
+                touch(&mut self.touched, qp, q);
+                q.sq.clear();
+                q.rq.clear();
+                q.wait = Wait::None;
+                q.progress = None;
+                q.attr = QpAttr {
+                    cap: q.cap,
+                    ..QpAttr::default()
+                };
+            }
+            QpState::Err => {
+                let (ctx, srq) = (q.ctx, q.srq);
+                self.flush(qp);
+                if srq.is_some() && cur != QpState::Err {
+                    self.events.push_back((ctx, Event::LastWqeReached { qp }));
+                }
+            }
+            QpState::Rtr | QpState::Rts => {
+                // This QP may be the responder someone waits for; and it may have work.
+                for w in std::mem::take(&mut self.retry_waiters) {
+                    self.unlist(w);
+                }
+                self.wake(qp);
+            }
+            _ => {}
+        }
+        let _ = now;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query_qp(&self, ctx: CtxId, qp: QpId) -> Result<QpAttr, Errno> {
+        let q = self.own_qp(ctx, qp)?;
+        let mut a = q.attr;
+        a.cur_qp_state = a.qp_state;
+        a.cap = q.cap;
+        Ok(a)
+    }
+
+    /// `ibv_destroy_qp`. As on a real fabric, a connected peer notices only when it next sends
+    /// (`RETRY_EXC_ERR` after its transport timeout).
+    pub fn destroy_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId) -> Result<(), Errno> {
+        self.own_qp(ctx, qp)?;
+        let Some(q) = self.qps.remove(&qp) else {
+            return Err(EINVAL);
+        };
+        self.by_qpn.remove(&q.qpn);
+        if let Some(p) = self.pds.get_mut(&q.pd) {
+            p.users = p.users.saturating_sub(1);
+        }
+        if let Some(s) = q.srq.and_then(|s| self.srqs.get_mut(&s)) {
+            s.users = s.users.saturating_sub(1);
+        }
+        for cq in [q.send_cq, q.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        let _ = now;
+        Ok(())
+    }
+
+    /// A context died with `qp` still connected: its RC peers move to ERR at once (the head
+    /// send fails with `RETRY_EXC_ERR`, everything else flushes), so a peer that only waits for
+    /// receives does not hang.
+    pub(super) fn fail_peers(&mut self, qp: QpId) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let (qpn, vnic) = (q.qpn, q.vnic);
+        let (lid, gid) = self
+            .vnics
+            .get(&vnic)
+            .map(|v| (v.lid, v.gid))
+            .unwrap_or_default();
+        let peers: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, p)| {
+                matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                    && p.attr.dest_qp_num == qpn
+                    && if p.attr.ah_attr.is_global {
+                        p.attr.ah_attr.grh.dgid == gid
+                    } else {
+                        p.attr.ah_attr.dlid == lid
+                    }
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for p in peers {
+            self.fail_qp(p, Some(WcStatus::RetryExcErr));
+        }
+    }
+
+    /// The QP's current state.
+    pub fn qp_state(&self, qp: QpId) -> Option<QpState> {
+        self.qps.get(&qp).map(|q| q.attr.qp_state)
+    }
+
+    /// All QPs (for the daemon's ring scan).
+    pub fn qps(&self) -> impl Iterator<Item = QpId> + '_ {
+        self.qps.keys().copied()
+    }
+
+    /// Number of QPs of a vRNIC.
+    pub fn qp_count(&self, vnic: VnicId) -> usize {
+        self.qps.values().filter(|q| q.vnic == vnic).count()
+    }
+
+    // ---- SRQs and address handles ----------------------------------------------------------
+
+    /// `ibv_create_srq`: returns the SRQ and its ring depth (`max_wr` rounded up to a power
+    /// of two). `limit` (0: disarmed) must be below `max_wr`.
+    pub fn create_srq(
+        &mut self,
+        ctx: CtxId,
+        pd: PdId,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<(SrqId, u32), Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > MAX_SGE || limit >= max_wr {
+            return Err(EINVAL);
+        }
+        if self.srqs.values().filter(|s| s.vnic == vnic).count() >= MAX_SRQ {
+            return Err(ENOMEM);
+        }
+        let id = SrqId(self.id());
+        let depth = max_wr.next_power_of_two();
+        self.srqs.insert(
+            id,
+            Srq {
+                vnic,
+                ctx,
+                pd,
+                rq: VecDeque::new(),
+                depth,
+                max_wr,
+                max_sge: max_sge.max(1),
+                retired: 0,
+                limit,
+                users: 0,
+                broken: false,
+                touched: false,
+            },
+        );
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        Ok((id, depth))
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event (`limit` below `max_wr`;
+    /// 0 disarms). Resizing (`IBV_SRQ_MAX_WR`) is not supported: the device does not report
+    /// `IBV_DEVICE_SRQ_RESIZE`, so it is `EINVAL`, as the kernel's verbs layer answers.
+    pub fn modify_srq(
+        &mut self,
+        ctx: CtxId,
+        srq: SrqId,
+        resize: bool,
+        limit: Option<u32>,
+    ) -> Result<(), Errno> {
+        let s = match self.srqs.get_mut(&srq) {
+            Some(s) if s.ctx == ctx => s,
+            _ => return Err(EINVAL),
+        };
+        if resize {
+            return Err(EINVAL);
+        }
+        if let Some(l) = limit {
+            if l >= s.max_wr {
+                return Err(EINVAL);
+            }
+            s.limit = l;
+            if l > 0 && (s.rq.len() as u32) < l {
+                // Already below: the event fires at once, as a device raises it on arming.
+                s.limit = 0;
+                self.events.push_back((ctx, Event::SrqLimit { srq }));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_srq`: `(max_wr, max_sge, srq_limit)`.
+    pub fn query_srq(&self, ctx: CtxId, srq: SrqId) -> Result<(u32, u32, u32), Errno> {
+        match self.srqs.get(&srq) {
+            Some(s) if s.ctx == ctx => Ok((s.max_wr, s.max_sge, s.limit)),
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_destroy_srq`: `EBUSY` while a QP uses it.
+    pub fn destroy_srq(&mut self, ctx: CtxId, srq: SrqId) -> Result<(), Errno> {
+        match self.srqs.get(&srq) {
+            Some(s) if s.ctx == ctx => {
+                if s.users > 0 {
+                    return Err(EBUSY);
+                }
+                let pd = s.pd;
+                self.srqs.remove(&srq);
+                if let Some(p) = self.pds.get_mut(&pd) {
+                    p.users = p.users.saturating_sub(1);
+                }
+                self.events
+                    .retain(|(_, e)| !matches!(e, Event::SrqLimit { srq: x } | Event::SrqError { srq: x } if *x == srq));
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// Receive WQEs the SRQ can take now.
+    pub fn srq_room(&self, srq: SrqId) -> u32 {
+        self.srqs
+            .get(&srq)
+            .filter(|s| !s.broken)
+            .map(|s| s.depth.saturating_sub(s.rq.len() as u32))
+            .unwrap_or(0)
+    }
+
+    /// SRQ receive WQEs retired so far (free running).
+    pub fn srq_retired(&self, srq: SrqId) -> u32 {
+        self.srqs.get(&srq).map(|s| s.retired).unwrap_or(0)
+    }
+
+    /// All SRQs (for the daemon's ring scan).
+    pub fn srq_ids(&self) -> impl Iterator<Item = SrqId> + '_ {
+        self.srqs.keys().copied()
+    }
+
+    /// A receive WQE from an SRQ's ring. One that does not parse, has more SGEs than the SRQ
+    /// allows, or exceeds the depth breaks the SRQ: it takes no more receives and its owner
+    /// gets `IBV_EVENT_SRQ_ERR` (the QPs on it see RNR, as with an empty queue).
+    pub fn handle_srq_wqe(&mut self, srq: SrqId, wqe: Result<RecvWqe, ParseError>) {
+        let Some(s) = self.srqs.get_mut(&srq) else {
+            return;
+        };
+        if s.broken {
+            return;
+        }
+        match wqe {
+            Ok(w) if (s.rq.len() as u32) < s.depth && w.sges.len() as u32 <= s.max_sge => {
+                s.rq.push_back(w);
+                self.wake_rnr(RecvQueue::Srq(srq));
+            }
+            w => {
+                tracing::debug!(
+                    srq = srq.0,
+                    ok = w.is_ok(),
+                    "SRQ receive refused; SRQ in error"
+                );
+                s.broken = true;
+                s.retired = s.retired.wrapping_add(1);
+                touch_srq(&mut self.touched_srqs, srq, s);
+                let ctx = s.ctx;
+                self.events.push_back((ctx, Event::SrqError { srq }));
+            }
+        }
+    }
+
+    /// `ibv_create_ah`: an address for UD sends from QPs of `pd`. Only port 1 and GID index 0
+    /// exist; the address need not name a vRNIC that exists now (datagrams to nowhere are
+    /// dropped).
+    pub fn create_ah(&mut self, ctx: CtxId, pd: PdId, attr: AhAttr) -> Result<AhId, Errno> {
+        let vnic = match self.pds.get(&pd) {
+            Some(p) if p.ctx == ctx => p.vnic,
+            _ => return Err(EINVAL),
+        };
+        if attr.port_num != 1 || (attr.is_global && attr.grh.sgid_index != 0) {
+            return Err(EINVAL);
+        }
+        let mine = self
+            .ahs
+            .values()
+            .filter(|a| self.pds.get(&a.pd).is_some_and(|p| p.vnic == vnic))
+            .count();
+        if mine >= MAX_AH {
+            return Err(ENOMEM);
+        }
+        let id = AhId(self.id());
+        self.ahs.insert(id, Ah { ctx, pd, attr });
+        if let Some(p) = self.pds.get_mut(&pd) {
+            p.users += 1;
+        }
+        Ok(id)
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&mut self, ctx: CtxId, ah: AhId) -> Result<(), Errno> {
+        match self.ahs.get(&ah) {
+            Some(a) if a.ctx == ctx => {
+                let pd = a.pd;
+                self.ahs.remove(&ah);
+                if let Some(p) = self.pds.get_mut(&pd) {
+                    p.users = p.users.saturating_sub(1);
+                }
+                Ok(())
+            }
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// `ibv_rereg_mr` without a new translation: moves the MR to `pd` and/or gives it new
+    /// `access` flags; keys stay. (A new address range is a new registration: the driver
+    /// registers it and deregisters the old one.)
+    pub fn rereg_mr(
+        &mut self,
+        ctx: CtxId,
+        mr: MrId,
+        pd: Option<PdId>,
+        acc: Option<u32>,
+    ) -> Result<(), Errno> {
+        let (old_pd, vnic) = match self.mrs.get(&mr) {
+            Some(m) if m.ctx == ctx => (m.pd, m.vnic),
+            _ => return Err(EINVAL),
+        };
+        if let Some(p) = pd {
+            match self.pds.get(&p) {
+                Some(x) if x.ctx == ctx && x.vnic == vnic => {}
+                _ => return Err(EINVAL),
+            }
+        }
+        if let Some(a) = acc {
+            if a & !access::SUPPORTED != 0 {
+                return Err(EOPNOTSUPP);
+            }
+            if a & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+                && a & access::LOCAL_WRITE == 0
+            {
+                return Err(EINVAL);
+            }
+        }
+        let Some(m) = self.mrs.get_mut(&mr) else {
+            return Err(EINVAL);
+        };
+        if let Some(a) = acc {
+            m.access = a;
+        }
+        if let Some(p) = pd {
+            m.pd = p;
+            if let Some(x) = self.pds.get_mut(&old_pd) {
+                x.users = x.users.saturating_sub(1);
+            }
+            if let Some(x) = self.pds.get_mut(&p) {
+                x.users += 1;
+            }
+        }
+        Ok(())
+    }
+}
