@@ -6,6 +6,7 @@
 
 use vrnic_shm::Mailbox;
 use vrnic_shm::Region;
+use vrnic_wire::frame::{Frame, FrameRepr, MAX_PAYLOAD, MIN_PMTU, peek_len};
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
 
 /// Copies `data` into a fixed-size slot (zero padded or truncated), as the daemon copies a ring
@@ -34,6 +35,40 @@ pub fn wqe_slots(data: &[u8]) {
         let mut again = [0u8; CQ_SLOT];
         c.encode(&mut again);
         assert_eq!(Cqe::parse(&again), Ok(c));
+    }
+}
+
+/// Peer-link frames as a daemon reads them from a TCP stream: any bytes are an error or a
+/// frame, the link header's length agrees with the frame, and a frame that parses emits back
+/// to exactly its bytes (decoding is strict: one encoding per value).
+pub fn frame(data: &[u8]) {
+    let peeked = peek_len(data);
+    let Ok(frame) = Frame::new_checked(data) else {
+        return;
+    };
+    assert_eq!(
+        peeked,
+        Ok(Some(data.len())),
+        "a checked frame's header names its length"
+    );
+    let Ok(repr) = FrameRepr::parse(&frame) else {
+        return;
+    };
+    assert_eq!(repr.check(), Ok(()));
+    assert_eq!(repr.buffer_len(), data.len());
+    let payload = repr.payload_range();
+    // Every byte but the payload comes from emit: start from bytes that match nothing.
+    let mut again = vec![0xa5; repr.buffer_len()];
+    again[payload.clone()].copy_from_slice(&data[payload]);
+    repr.emit(&mut Frame::new_unchecked(&mut again[..]));
+    assert_eq!(again, data, "{repr:?} re-emits to the same bytes");
+    if let FrameRepr::Segment { segment, .. } = repr {
+        let mut pmtu = MIN_PMTU;
+        while pmtu <= MAX_PAYLOAD {
+            let _ = segment.check_pmtu(pmtu);
+            pmtu *= 2;
+        }
+        let _ = segment.check_pmtu(data.len());
     }
 }
 

@@ -81,3 +81,8 @@ fn control_request() {
 fn mailbox() {
     replay("mailbox", 5_000, checks::mailbox);
 }
+
+#[test]
+fn frame() {
+    replay("frame", 50_000, checks::frame);
+}

@@ -10,6 +10,9 @@
 //! Numeric values of opcodes, statuses and flags are rdma-core's (`infiniband/verbs.h`), so the
 //! driver library can pass them through without tables.
 //!
+//! [`frame`] holds the other format: the frames daemons exchange over TCP peer links
+//! (InfiniBand transport headers behind a small link header), decoded as strictly.
+//!
 //! ```
 //! use vrnic_wire::{SendWqe, SendOpcode, Sge, SendFlags, SQ_SLOT};
 //! let wqe = SendWqe {
@@ -32,6 +35,8 @@
 #![warn(missing_docs)]
 
 use serde::{Deserialize, Serialize};
+
+pub mod frame;
 
 /// Size of one send-queue slot in bytes.
 pub const SQ_SLOT: usize = 512;

@@ -1,0 +1,674 @@
+//! Frames between daemons: the bytes one vrnic daemon sends another over a TCP peer link.
+//!
+//! A peer link is one TCP stream that many QPs share. It carries frames, each a small
+//! link header of vrnic's own followed by a body. The body of a *segment* frame is an
+//! InfiniBand transport packet (IB spec vol 1, ch. 9): the BTH, the extension headers its
+//! opcode names, the payload and its pad, with the spec's layouts and big-endian byte order,
+//! so that a RoCEv2 transport can reuse everything here but the link header. The body of a
+//! *control* frame belongs to the link-control protocol (hello, keepalive, vRNIC
+//! announcements) and is opaque to this module.
+//!
+//! # Link header
+//!
+//! ```text
+//!  0       1       2       3       4       5       6       7
+//! +-------+-------+-------+-------+-------+-------+-------+-------+
+//! | 0x76  | 0x52  |version| kind  | flags |  length (24 bits, BE) |
+//! +-------+-------+-------+-------+-------+-------+-------+-------+
+//! ```
+//!
+//! - magic: `"vR"` ([`MAGIC`]); version: [`VERSION`] (1).
+//! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce (control). Every other
+//!   value is refused.
+//! - flags: bit 0 ([`FLAG_GRH`]): a 40-byte GRH follows the link header (segments of UD
+//!   opcodes only). The other bits are reserved and must be zero.
+//! - length: bytes in the whole frame, these 8 included, from the smallest body the kind
+//!   allows up to [`MAX_FRAME`]. A reader takes 8 bytes, asks [`peek_len`], then reads the
+//!   rest of the frame.
+//!
+//! A segment frame is then `[GRH 40] BTH 12 | extension headers | payload | pad`:
+//!
+//! | header | bytes | fields (big-endian) |
+//! |---|---|---|
+//! | BTH | 12 | opcode, SE/M/PadCnt/TVer, P_Key, reserved 8 + DestQP 24, AckReq + reserved 7 + PSN 24 |
+//! | DETH | 8 | Q_Key 32, reserved 8 + SrcQP 24 |
+//! | RETH | 16 | VA 64, R_Key 32, DMA length 32 |
+//! | AETH | 4 | syndrome 8 (ACK / RNR NAK + timer / NAK code), MSN 24 |
+//! | AtomicETH | 28 | VA 64, R_Key 32, swap or add 64, compare 64 |
+//! | AtomicAckETH | 8 | original data 64 |
+//! | ImmDt, IETH | 4 | immediate data; R_Key to invalidate |
+//!
+//! The opcodes are the spec's numbers for RC (`0x00..=0x14`, `0x16`, `0x17`), UC
+//! (`0x20..=0x2b`) and UD (`0x64`, `0x65`); [`Opcode::ext_headers`] and
+//! [`Opcode::has_payload`] are the table of what follows each.
+//!
+//! Where the IB wire differs:
+//! - No LRH, no ICRC or VCRC: the link addresses hosts and TCP checks the bytes. DestQP is the
+//!   QP number on the receiving host, which names the destination vRNIC there.
+//! - The GRH is optional and flagged in the link header, as LRH's next-header field would,
+//!   and allowed on UD segments only; its PayLen counts the bytes after it in the frame.
+//! - Payload is padded to 4 bytes as IB does, and the pad bytes must be zero. A segment
+//!   carries at most [`MAX_PAYLOAD`] bytes (a link's path MTU may exceed IB's 4096 bytes, since
+//!   TCP segments anyway), a UD segment at most [`MAX_UD_PAYLOAD`].
+//! - BTH byte 4 (FECN/BECN in later specs) must be zero; there is no congestion marking.
+//!
+//! # Strictness
+//!
+//! Decoding accepts exactly the frames that [`FrameRepr::emit`] writes: a frame that parses
+//! emits back to the same bytes (the `frame` fuzz target asserts it). Anything else is a
+//! [`FrameError`]: a short or over-long buffer, a wrong magic or version, an unknown kind or
+//! opcode, a set reserved bit, an invalid P_Key, a pad count that does not match, a missing
+//! extension header, a payload where the opcode has none, a reserved AETH syndrome. The
+//! transport closes the peer link on any of them: a peer that sends a malformed frame is
+//! broken or hostile, and nothing after it in the stream can be trusted.
+//!
+//! Protocol errors inside well-formed frames (an unknown QP, a bad R_Key, a misaligned atomic,
+//! a payload that breaks the QP's path MTU, see [`SegmentRepr::check_pmtu`]) are the engine's
+//! to answer with a NAK; the link stays up.
+//!
+//! Nothing here panics on any input, allocates, or copies a payload: [`FrameRepr::parse`]
+//! gives the payload's range in the buffer, and the receiver copies it straight into
+//! destination memory. Emitting panics only on a representation that fails its `check`.
+//!
+//! # Example
+//!
+//! ```
+//! use vrnic_wire::frame::{Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
+//!
+//! let send = Opcode::new(Transport::Rc, Op::SendOnly).unwrap();
+//! let mut segment = SegmentRepr::new(send, 0x12, 7);
+//! segment.ack_req = true;
+//! segment.payload_len = 5;
+//! let repr = FrameRepr::Segment { grh: None, segment };
+//!
+//! let mut buf = vec![0u8; repr.buffer_len()];
+//! buf[repr.payload_range()].copy_from_slice(b"hello");
+//! repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
+//! assert_eq!(buf.len(), 8 + 12 + 5 + 3);
+//!
+//! let frame = Frame::new_checked(&buf[..]).unwrap();
+//! let parsed = FrameRepr::parse(&frame).unwrap();
+//! assert_eq!(parsed, repr);
+//! assert_eq!(&buf[parsed.payload_range()], b"hello");
+//! ```
+
+use std::ops::Range;
+
+mod header;
+mod opcode;
+mod segment;
+
+pub use header::{
+    Aeth, AtomicAckEth, AtomicEth, Deth, FLOW_LABEL_MASK, GRH_IPVER, GRH_NEXT_HEADER, GrhRepr,
+    NakCode, Reth, Syndrome,
+};
+pub use opcode::{ExtHeader, Op, Opcode, Position, Transport};
+pub use segment::{DEFAULT_PKEY, Packet, SegmentRepr};
+
+/// Bytes of the link header.
+pub const LINK_HEADER_LEN: usize = 8;
+/// The link header's first two bytes.
+pub const MAGIC: [u8; 2] = *b"vR";
+/// The link header version this module reads and writes.
+pub const VERSION: u8 = 1;
+/// Link flag: a GRH follows the link header.
+pub const FLAG_GRH: u8 = 0x01;
+
+/// Bytes of the global route header.
+pub const GRH_LEN: usize = 40;
+/// Bytes of the base transport header.
+pub const BTH_LEN: usize = 12;
+/// Bytes of the RDMA extended transport header.
+pub const RETH_LEN: usize = 16;
+/// Bytes of the ACK extended transport header.
+pub const AETH_LEN: usize = 4;
+/// Bytes of the atomic extended transport header.
+pub const ATOMIC_ETH_LEN: usize = 28;
+/// Bytes of the atomic acknowledge extended transport header.
+pub const ATOMIC_ACK_ETH_LEN: usize = 8;
+/// Bytes of the immediate data.
+pub const IMM_DT_LEN: usize = 4;
+/// Bytes of the datagram extended transport header.
+pub const DETH_LEN: usize = 8;
+/// Bytes of the invalidate extended transport header.
+pub const IETH_LEN: usize = 4;
+
+/// Most payload bytes in one segment (and the largest path MTU a link may use).
+pub const MAX_PAYLOAD: usize = 64 * 1024;
+/// Most payload bytes in one UD segment: the port's MTU, which bounds a UD message.
+pub const MAX_UD_PAYLOAD: usize = 4096;
+/// Smallest path MTU (IB's 256 bytes).
+pub const MIN_PMTU: usize = 256;
+/// QP numbers are 24 bits.
+pub const QPN_MASK: u32 = 0xff_ffff;
+/// PSNs are 24 bits.
+pub const PSN_MASK: u32 = 0xff_ffff;
+
+/// The longest BTH plus extension headers of any opcode (a CmpSwap's 40 bytes).
+pub const MAX_SEGMENT_HEADERS: usize = {
+    let mut max = 0;
+    let mut v = 0;
+    while v < 256 {
+        if let Some(o) = Opcode::from_u8(v as u8)
+            && o.header_len() > max
+        {
+            max = o.header_len();
+        }
+        v += 1;
+    }
+    max
+};
+/// Most bytes in one frame: link header, the longest headers and [`MAX_PAYLOAD`].
+pub const MAX_FRAME: usize = LINK_HEADER_LEN + MAX_SEGMENT_HEADERS + MAX_PAYLOAD;
+
+const _: () = assert!(MAX_SEGMENT_HEADERS == BTH_LEN + ATOMIC_ETH_LEN);
+const _: () = assert!(MAX_FRAME <= 0xff_ffff, "the length field has 24 bits");
+const UD_SEGMENT_MAX: usize = BTH_LEN + DETH_LEN + IMM_DT_LEN + MAX_UD_PAYLOAD;
+const _: () = assert!(
+    UD_SEGMENT_MAX <= u16::MAX as usize,
+    "GRH PayLen has 16 bits"
+);
+const _: () = assert!(LINK_HEADER_LEN + GRH_LEN + UD_SEGMENT_MAX <= MAX_FRAME);
+const _: () = assert!(MAX_PAYLOAD.is_multiple_of(4) && MAX_UD_PAYLOAD.is_multiple_of(4));
+
+/// Why bytes are not a frame (or a representation cannot become one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The buffer ends before a part that must be there.
+    #[error("truncated: {needed} bytes needed, {got} present")]
+    Truncated {
+        /// Bytes the part needs.
+        needed: usize,
+        /// Bytes the buffer has.
+        got: usize,
+    },
+    /// The link header does not start with [`MAGIC`].
+    #[error("bad magic {0:02x?}")]
+    Magic([u8; 2]),
+    /// A link header version other than [`VERSION`].
+    #[error("unsupported link version {0}")]
+    Version(u8),
+    /// A frame kind that is not defined.
+    #[error("unknown frame kind {0:#04x}")]
+    Kind(u8),
+    /// A reserved bit or byte is set in the named header.
+    #[error("reserved bits set in {0}")]
+    Reserved(&'static str),
+    /// The link header's length is below what its kind needs or above [`MAX_FRAME`].
+    #[error("frame length {0} out of bounds")]
+    Length(usize),
+    /// The buffer holds bytes past the frame's length.
+    #[error("{0} bytes past the end of the frame")]
+    Trailing(usize),
+    /// A GRH on a control frame or on a segment that is not UD.
+    #[error("a GRH on a frame that is not a UD segment")]
+    GrhNotAllowed,
+    /// A GRH field other than the constants or the length this module writes.
+    #[error("bad GRH {0}")]
+    Grh(&'static str),
+    /// A BTH opcode that is reserved, unimplemented, or not offered by its transport.
+    #[error("unknown opcode {0:#04x}")]
+    Opcode(u8),
+    /// A BTH transport version other than 0.
+    #[error("unsupported transport version {0}")]
+    TransportVersion(u8),
+    /// An invalid P_Key (0x0000 or 0x8000).
+    #[error("invalid P_Key {0:#06x}")]
+    PKey(u16),
+    /// The packet ends inside the extension headers its opcode names.
+    #[error("opcode {opcode:#04x} needs {needed} header bytes, {got} present")]
+    Headers {
+        /// The opcode byte.
+        opcode: u8,
+        /// BTH plus extension header bytes.
+        needed: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// Bytes after the headers of an opcode that carries no payload.
+    #[error("opcode {opcode:#04x} carries no payload but {len} bytes follow its headers")]
+    UnexpectedPayload {
+        /// The opcode byte.
+        opcode: u8,
+        /// Bytes after the headers.
+        len: usize,
+    },
+    /// The pad count does not fit the bytes after the headers (which are a multiple of 4).
+    #[error("pad count {pad} does not fit {len} bytes after the headers")]
+    Pad {
+        /// PadCnt.
+        pad: u8,
+        /// Bytes after the headers.
+        len: usize,
+    },
+    /// A pad byte is not zero.
+    #[error("nonzero pad bytes")]
+    PadBytes,
+    /// More payload than the transport allows.
+    #[error("payload of {len} bytes exceeds {max}")]
+    PayloadTooLong {
+        /// Payload bytes.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A reserved AETH syndrome.
+    #[error("reserved AETH syndrome {0:#04x}")]
+    Syndrome(u8),
+    /// A representation whose named part does not match its opcode or its field's range.
+    #[error("the {0} does not match the opcode or its range")]
+    Inconsistent(&'static str),
+    /// A path MTU that is not a power of two from [`MIN_PMTU`] to [`MAX_PAYLOAD`].
+    #[error("invalid path MTU {0}")]
+    BadPmtu(usize),
+    /// A payload size the IB segmentation rules forbid at this path MTU.
+    #[error("{len} payload bytes break the path MTU {pmtu} for opcode {opcode:#04x}")]
+    Pmtu {
+        /// The opcode byte.
+        opcode: u8,
+        /// Payload bytes.
+        len: usize,
+        /// The path MTU.
+        pmtu: usize,
+    },
+}
+
+/// The link-control frames. Their bodies are the link-control protocol's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ControlKind {
+    /// The first frame on a new link, each way.
+    Hello = 2,
+    /// Liveness while the link is otherwise idle.
+    Keepalive = 3,
+    /// vRNICs appearing on or leaving the sending host.
+    Announce = 4,
+}
+
+/// The link header's kind byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// An IB transport packet (kind 1).
+    Segment,
+    /// A link-control frame.
+    Control(ControlKind),
+}
+
+impl FrameKind {
+    /// The kind byte of a segment.
+    pub const SEGMENT: u8 = 1;
+
+    /// Decodes the kind byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            Self::SEGMENT => FrameKind::Segment,
+            2 => FrameKind::Control(ControlKind::Hello),
+            3 => FrameKind::Control(ControlKind::Keepalive),
+            4 => FrameKind::Control(ControlKind::Announce),
+            _ => return None,
+        })
+    }
+
+    /// The kind byte.
+    pub const fn to_u8(self) -> u8 {
+        match self {
+            FrameKind::Segment => Self::SEGMENT,
+            FrameKind::Control(c) => c as u8,
+        }
+    }
+}
+
+/// Validates a link header at the start of `buf` and returns the length of its frame:
+/// `Ok(None)` until [`LINK_HEADER_LEN`] bytes are there. A reader of the stream calls it on
+/// each new frame's first bytes; an error means the link is broken.
+pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
+    let Some(h) = buf.first_chunk::<LINK_HEADER_LEN>() else {
+        return Ok(None);
+    };
+    if h[..2] != MAGIC {
+        return Err(FrameError::Magic([h[0], h[1]]));
+    }
+    if h[2] != VERSION {
+        return Err(FrameError::Version(h[2]));
+    }
+    let kind = FrameKind::from_u8(h[3]).ok_or(FrameError::Kind(h[3]))?;
+    let flags = h[4];
+    if flags & !FLAG_GRH != 0 {
+        return Err(FrameError::Reserved("link flags"));
+    }
+    let grh = flags & FLAG_GRH != 0;
+    let min = match kind {
+        FrameKind::Segment if grh => LINK_HEADER_LEN + GRH_LEN + BTH_LEN,
+        FrameKind::Segment => LINK_HEADER_LEN + BTH_LEN,
+        FrameKind::Control(_) if grh => return Err(FrameError::GrhNotAllowed),
+        FrameKind::Control(_) => LINK_HEADER_LEN,
+    };
+    let len = be24(h, 5) as usize;
+    if len < min || len > MAX_FRAME {
+        return Err(FrameError::Length(len));
+    }
+    Ok(Some(len))
+}
+
+/// A read/write view of one whole frame: link header, then body.
+///
+/// After [`Frame::new_checked`] the link header is valid and the buffer is exactly the frame.
+/// On a view from [`Frame::new_unchecked`], the link header accessors panic on a buffer shorter
+/// than [`LINK_HEADER_LEN`]; the slice accessors never panic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Frame<T> {
+    /// Wraps a buffer without checking it.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Frame { buffer }
+    }
+
+    /// Wraps a buffer after [`Frame::check`].
+    pub fn new_checked(buffer: T) -> Result<Self, FrameError> {
+        let f = Self::new_unchecked(buffer);
+        f.check()?;
+        Ok(f)
+    }
+
+    /// Checks the link header ([`peek_len`]) and that the buffer holds exactly its frame. The
+    /// body is [`FrameRepr::parse`]'s to check.
+    pub fn check(&self) -> Result<(), FrameError> {
+        let b = self.buffer.as_ref();
+        let got = b.len();
+        let len = peek_len(b)?.ok_or(FrameError::Truncated {
+            needed: LINK_HEADER_LEN,
+            got,
+        })?;
+        if got < len {
+            return Err(FrameError::Truncated { needed: len, got });
+        }
+        if got > len {
+            return Err(FrameError::Trailing(got - len));
+        }
+        Ok(())
+    }
+
+    /// The buffer back.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The magic bytes.
+    pub fn magic(&self) -> [u8; 2] {
+        let b = self.buffer.as_ref();
+        [b[0], b[1]]
+    }
+
+    /// The version byte.
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[2]
+    }
+
+    /// The kind byte ([`FrameKind::from_u8`] names it).
+    pub fn kind(&self) -> u8 {
+        self.buffer.as_ref()[3]
+    }
+
+    /// The flags byte.
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[4]
+    }
+
+    /// The length field: bytes in the frame, link header included.
+    pub fn frame_len(&self) -> usize {
+        be24(self.buffer.as_ref(), 5) as usize
+    }
+
+    /// Whether [`FLAG_GRH`] is set.
+    pub fn has_grh(&self) -> bool {
+        self.buffer
+            .as_ref()
+            .get(4)
+            .is_some_and(|f| f & FLAG_GRH != 0)
+    }
+
+    /// Everything after the link header.
+    pub fn body(&self) -> &[u8] {
+        self.buffer.as_ref().get(LINK_HEADER_LEN..).unwrap_or(&[])
+    }
+
+    /// The GRH's bytes, if flagged and present.
+    pub fn grh(&self) -> Option<&[u8; GRH_LEN]> {
+        if self.has_grh() {
+            self.body().first_chunk()
+        } else {
+            None
+        }
+    }
+
+    /// The IB transport packet of a segment: the body after the GRH, if any.
+    pub fn segment(&self) -> &[u8] {
+        let skip = if self.has_grh() { GRH_LEN } else { 0 };
+        self.body().get(skip..).unwrap_or(&[])
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
+    /// Writes [`MAGIC`].
+    pub fn set_magic(&mut self) {
+        self.buffer.as_mut()[..2].copy_from_slice(&MAGIC);
+    }
+
+    /// Sets the version byte.
+    pub fn set_version(&mut self, v: u8) {
+        self.buffer.as_mut()[2] = v;
+    }
+
+    /// Sets the kind byte.
+    pub fn set_kind(&mut self, v: u8) {
+        self.buffer.as_mut()[3] = v;
+    }
+
+    /// Sets the flags byte.
+    pub fn set_flags(&mut self, v: u8) {
+        self.buffer.as_mut()[4] = v;
+    }
+
+    /// Sets the length field (24 bits; higher bits are cut).
+    pub fn set_frame_len(&mut self, len: usize) {
+        put24(self.buffer.as_mut(), 5, (len & 0xff_ffff) as u32);
+    }
+
+    /// Everything after the link header, writable.
+    pub fn body_mut(&mut self) -> &mut [u8] {
+        self.buffer
+            .as_mut()
+            .get_mut(LINK_HEADER_LEN..)
+            .unwrap_or(&mut [])
+    }
+
+    /// The GRH's bytes, writable, if flagged and present.
+    pub fn grh_mut(&mut self) -> Option<&mut [u8; GRH_LEN]> {
+        if self.has_grh() {
+            self.body_mut().first_chunk_mut()
+        } else {
+            None
+        }
+    }
+
+    /// The IB transport packet of a segment, writable.
+    pub fn segment_mut(&mut self) -> &mut [u8] {
+        let skip = if self.has_grh() { GRH_LEN } else { 0 };
+        self.body_mut().get_mut(skip..).unwrap_or(&mut [])
+    }
+}
+
+/// A control frame: its kind and how long its (opaque) body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ControlRepr {
+    /// Which control frame.
+    pub kind: ControlKind,
+    /// Bytes of the body.
+    pub body_len: usize,
+}
+
+/// One frame's header values; its payload (a segment's data, a control frame's body) stays in
+/// the buffer at [`FrameRepr::payload_range`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameRepr {
+    /// An IB transport packet, with a GRH if it is a UD one that carries it.
+    Segment {
+        /// The global route header, if flagged.
+        grh: Option<GrhRepr>,
+        /// The transport headers.
+        segment: SegmentRepr,
+    },
+    /// A link-control frame.
+    Control(ControlRepr),
+}
+
+impl FrameRepr {
+    /// Decodes a frame, strictly (see the module docs): the link header, then for a segment its
+    /// GRH and its packet ([`SegmentRepr::parse`]).
+    pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Self, FrameError> {
+        frame.check()?;
+        match FrameKind::from_u8(frame.kind()) {
+            None => return Err(FrameError::Kind(frame.kind())),
+            Some(FrameKind::Control(kind)) => {
+                return Ok(FrameRepr::Control(ControlRepr {
+                    kind,
+                    body_len: frame.body().len(),
+                }));
+            }
+            Some(FrameKind::Segment) => {}
+        }
+        let segment = SegmentRepr::parse(&Packet::new_unchecked(frame.segment()))?;
+        let grh = match frame.grh() {
+            None if frame.has_grh() => {
+                return Err(FrameError::Truncated {
+                    needed: LINK_HEADER_LEN + GRH_LEN,
+                    got: LINK_HEADER_LEN + frame.body().len(),
+                });
+            }
+            None => None,
+            Some(_) if segment.opcode.transport() != Transport::Ud => {
+                return Err(FrameError::GrhNotAllowed);
+            }
+            Some(g) => Some(GrhRepr::parse(g, frame.segment().len())?),
+        };
+        Ok(FrameRepr::Segment { grh, segment })
+    }
+
+    /// Whether the value can be emitted: a valid segment ([`SegmentRepr::check`]) with a GRH
+    /// only if UD, or a control body that fits in [`MAX_FRAME`].
+    pub fn check(&self) -> Result<(), FrameError> {
+        match self {
+            FrameRepr::Segment { grh, segment } => {
+                segment.check()?;
+                if grh.is_some() && segment.opcode.transport() != Transport::Ud {
+                    return Err(FrameError::GrhNotAllowed);
+                }
+                if grh.is_some_and(|g| g.flow_label > FLOW_LABEL_MASK) {
+                    return Err(FrameError::Inconsistent("flow label"));
+                }
+            }
+            FrameRepr::Control(c) => {
+                if c.body_len > MAX_FRAME - LINK_HEADER_LEN {
+                    return Err(FrameError::Length(LINK_HEADER_LEN + c.body_len));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes before the payload: link header, GRH, BTH and extension headers.
+    pub fn header_len(&self) -> usize {
+        LINK_HEADER_LEN
+            + match self {
+                FrameRepr::Segment { grh, segment } => {
+                    grh.map_or(0, |_| GRH_LEN) + segment.header_len()
+                }
+                FrameRepr::Control(_) => 0,
+            }
+    }
+
+    /// Bytes of the payload or control body.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            FrameRepr::Segment { segment, .. } => segment.payload_len,
+            FrameRepr::Control(c) => c.body_len,
+        }
+    }
+
+    /// Where the payload or control body lies in the frame.
+    pub fn payload_range(&self) -> Range<usize> {
+        self.header_len()..self.header_len() + self.payload_len()
+    }
+
+    /// Bytes of the whole frame.
+    pub fn buffer_len(&self) -> usize {
+        match self {
+            FrameRepr::Segment { grh, segment } => {
+                LINK_HEADER_LEN + grh.map_or(0, |_| GRH_LEN) + segment.buffer_len()
+            }
+            FrameRepr::Control(c) => LINK_HEADER_LEN + c.body_len,
+        }
+    }
+
+    /// Writes every byte of the frame but the payload (or control body) into a buffer of
+    /// exactly [`FrameRepr::buffer_len`] bytes.
+    ///
+    /// # Panics
+    ///
+    /// If [`FrameRepr::check`] fails or the buffer has another size: the caller builds both.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, frame: &mut Frame<T>) {
+        assert_eq!(self.check(), Ok(()), "emit of an inconsistent frame");
+        let len = self.buffer_len();
+        assert_eq!(
+            frame.buffer.as_ref().len(),
+            len,
+            "the frame buffer is buffer_len() bytes"
+        );
+        frame.set_magic();
+        frame.set_version(VERSION);
+        frame.set_frame_len(len);
+        match self {
+            FrameRepr::Segment { grh, segment } => {
+                frame.set_kind(FrameKind::SEGMENT);
+                frame.set_flags(if grh.is_some() { FLAG_GRH } else { 0 });
+                if let (Some(g), Some(dst)) = (grh, frame.grh_mut()) {
+                    *dst = g.to_bytes(segment.buffer_len());
+                }
+                segment.emit(&mut Packet::new_unchecked(frame.segment_mut()));
+            }
+            FrameRepr::Control(c) => {
+                frame.set_kind(FrameKind::Control(c.kind).to_u8());
+                frame.set_flags(0);
+            }
+        }
+    }
+}
+
+fn be16(b: &[u8], off: usize) -> u16 {
+    u16::from_be_bytes([b[off], b[off + 1]])
+}
+fn be24(b: &[u8], off: usize) -> u32 {
+    u32::from_be_bytes([0, b[off], b[off + 1], b[off + 2]])
+}
+fn be32(b: &[u8], off: usize) -> u32 {
+    u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+fn be64(b: &[u8], off: usize) -> u64 {
+    (u64::from(be32(b, off)) << 32) | u64::from(be32(b, off + 4))
+}
+fn put24(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 3].copy_from_slice(&v.to_be_bytes()[1..]);
+}
+fn put32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
+}
+fn put64(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_be_bytes());
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,391 @@
+//! BTH opcodes (IB spec vol 1, 9.2.1) and the opcode table: which extension headers
+//! follow the BTH, in which order, and whether a payload follows them.
+
+/// The transport service of an opcode: its top three bits.
+///
+/// Reliable datagram (`010`) and the other codes are not implemented and do not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Transport {
+    /// Reliable connected (`000`).
+    Rc = 0x00,
+    /// Unreliable connected (`001`).
+    Uc = 0x20,
+    /// Unreliable datagram (`011`).
+    Ud = 0x60,
+}
+
+impl Transport {
+    /// Decodes the top three bits of an opcode.
+    pub const fn from_opcode(v: u8) -> Option<Self> {
+        match v & 0xe0 {
+            0x00 => Some(Self::Rc),
+            0x20 => Some(Self::Uc),
+            0x60 => Some(Self::Ud),
+            _ => None,
+        }
+    }
+}
+
+/// The operation of an opcode: its low five bits, named as in the IB spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    /// `SEND First`
+    SendFirst = 0x00,
+    /// `SEND Middle`
+    SendMiddle = 0x01,
+    /// `SEND Last`
+    SendLast = 0x02,
+    /// `SEND Last with Immediate`
+    SendLastWithImm = 0x03,
+    /// `SEND Only`
+    SendOnly = 0x04,
+    /// `SEND Only with Immediate`
+    SendOnlyWithImm = 0x05,
+    /// `RDMA WRITE First`
+    RdmaWriteFirst = 0x06,
+    /// `RDMA WRITE Middle`
+    RdmaWriteMiddle = 0x07,
+    /// `RDMA WRITE Last`
+    RdmaWriteLast = 0x08,
+    /// `RDMA WRITE Last with Immediate`
+    RdmaWriteLastWithImm = 0x09,
+    /// `RDMA WRITE Only`
+    RdmaWriteOnly = 0x0a,
+    /// `RDMA WRITE Only with Immediate`
+    RdmaWriteOnlyWithImm = 0x0b,
+    /// `RDMA READ Request`
+    RdmaReadRequest = 0x0c,
+    /// `RDMA READ response First`
+    RdmaReadResponseFirst = 0x0d,
+    /// `RDMA READ response Middle`
+    RdmaReadResponseMiddle = 0x0e,
+    /// `RDMA READ response Last`
+    RdmaReadResponseLast = 0x0f,
+    /// `RDMA READ response Only`
+    RdmaReadResponseOnly = 0x10,
+    /// `Acknowledge`
+    Acknowledge = 0x11,
+    /// `ATOMIC Acknowledge`
+    AtomicAcknowledge = 0x12,
+    /// `CmpSwap`
+    CompareSwap = 0x13,
+    /// `FetchAdd`
+    FetchAdd = 0x14,
+    /// `SEND Last with Invalidate`
+    SendLastWithInvalidate = 0x16,
+    /// `SEND Only with Invalidate`
+    SendOnlyWithInvalidate = 0x17,
+}
+
+/// Where a packet sits in its message, which decides its payload size under a path MTU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Position {
+    /// The first packet of a message of several: exactly one PMTU of payload.
+    First,
+    /// A middle packet: exactly one PMTU.
+    Middle,
+    /// The last packet of a message of several: 1 to PMTU bytes.
+    Last,
+    /// The whole message in one packet: 0 to PMTU bytes (no payload for requests such as
+    /// READ or atomics, and for acknowledgements).
+    Only,
+}
+
+impl Op {
+    /// Decodes the low five bits of an opcode; `0x15` and `0x18..=0x1f` are reserved.
+    pub const fn from_bits(v: u8) -> Option<Self> {
+        use Op::*;
+        Some(match v & 0x1f {
+            0x00 => SendFirst,
+            0x01 => SendMiddle,
+            0x02 => SendLast,
+            0x03 => SendLastWithImm,
+            0x04 => SendOnly,
+            0x05 => SendOnlyWithImm,
+            0x06 => RdmaWriteFirst,
+            0x07 => RdmaWriteMiddle,
+            0x08 => RdmaWriteLast,
+            0x09 => RdmaWriteLastWithImm,
+            0x0a => RdmaWriteOnly,
+            0x0b => RdmaWriteOnlyWithImm,
+            0x0c => RdmaReadRequest,
+            0x0d => RdmaReadResponseFirst,
+            0x0e => RdmaReadResponseMiddle,
+            0x0f => RdmaReadResponseLast,
+            0x10 => RdmaReadResponseOnly,
+            0x11 => Acknowledge,
+            0x12 => AtomicAcknowledge,
+            0x13 => CompareSwap,
+            0x14 => FetchAdd,
+            0x16 => SendLastWithInvalidate,
+            0x17 => SendOnlyWithInvalidate,
+            _ => return None,
+        })
+    }
+
+    /// Whether the transport offers this operation: RC all of them, UC SEND and RDMA WRITE,
+    /// UD only `SEND Only` (with or without immediate).
+    pub const fn exists_on(self, transport: Transport) -> bool {
+        match transport {
+            Transport::Rc => true,
+            Transport::Uc => (self as u8) <= Op::RdmaWriteOnlyWithImm as u8,
+            Transport::Ud => matches!(self, Op::SendOnly | Op::SendOnlyWithImm),
+        }
+    }
+
+    /// Where a packet of this operation sits in its message.
+    pub const fn position(self) -> Position {
+        use Op::*;
+        match self {
+            SendFirst | RdmaWriteFirst | RdmaReadResponseFirst => Position::First,
+            SendMiddle | RdmaWriteMiddle | RdmaReadResponseMiddle => Position::Middle,
+            SendLast
+            | SendLastWithImm
+            | SendLastWithInvalidate
+            | RdmaWriteLast
+            | RdmaWriteLastWithImm
+            | RdmaReadResponseLast => Position::Last,
+            _ => Position::Only,
+        }
+    }
+
+    /// Whether a responder sends it (READ responses and acknowledgements) rather than a
+    /// requester.
+    pub const fn is_response(self) -> bool {
+        matches!(
+            self,
+            Op::RdmaReadResponseFirst
+                | Op::RdmaReadResponseMiddle
+                | Op::RdmaReadResponseLast
+                | Op::RdmaReadResponseOnly
+                | Op::Acknowledge
+                | Op::AtomicAcknowledge
+        )
+    }
+}
+
+/// An extension header that may follow the BTH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExtHeader {
+    /// Datagram extended transport header (UD): Q_Key, source QP.
+    Deth,
+    /// RDMA extended transport header: virtual address, R_Key, DMA length.
+    Reth,
+    /// ACK extended transport header: syndrome, MSN.
+    Aeth,
+    /// Atomic extended transport header: address, R_Key, swap/add and compare data.
+    AtomicEth,
+    /// Atomic acknowledge extended transport header: the original remote data.
+    AtomicAckEth,
+    /// Immediate data.
+    ImmDt,
+    /// Invalidate extended transport header: the R_Key to invalidate.
+    Ieth,
+}
+
+impl ExtHeader {
+    /// Its size in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            ExtHeader::Deth => super::DETH_LEN,
+            ExtHeader::Reth => super::RETH_LEN,
+            ExtHeader::Aeth => super::AETH_LEN,
+            ExtHeader::AtomicEth => super::ATOMIC_ETH_LEN,
+            ExtHeader::AtomicAckEth => super::ATOMIC_ACK_ETH_LEN,
+            ExtHeader::ImmDt => super::IMM_DT_LEN,
+            ExtHeader::Ieth => super::IETH_LEN,
+        }
+    }
+}
+
+/// A BTH opcode that exists: a transport and an operation it offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Opcode {
+    transport: Transport,
+    op: Op,
+}
+
+impl Opcode {
+    /// The opcode of `op` on `transport`, if the transport offers it.
+    pub const fn new(transport: Transport, op: Op) -> Option<Self> {
+        if op.exists_on(transport) {
+            Some(Opcode { transport, op })
+        } else {
+            None
+        }
+    }
+
+    /// Decodes a BTH opcode byte; reserved and unimplemented codes (RD, CNP, vendor) and
+    /// operations their transport lacks (a UC READ, a UD WRITE) are `None`.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match (Transport::from_opcode(v), Op::from_bits(v)) {
+            (Some(transport), Some(op)) => Self::new(transport, op),
+            _ => None,
+        }
+    }
+
+    /// The opcode byte.
+    pub const fn to_u8(self) -> u8 {
+        self.transport as u8 | self.op as u8
+    }
+
+    /// The transport service.
+    pub const fn transport(self) -> Transport {
+        self.transport
+    }
+
+    /// The operation.
+    pub const fn op(self) -> Op {
+        self.op
+    }
+
+    /// The opcode table: the extension headers that follow the BTH, in wire order.
+    pub const fn ext_headers(self) -> &'static [ExtHeader] {
+        use ExtHeader::*;
+        use Op::*;
+        match (self.transport, self.op) {
+            (Transport::Ud, SendOnly) => &[Deth],
+            (Transport::Ud, SendOnlyWithImm) => &[Deth, ImmDt],
+            (_, SendFirst | SendMiddle | SendLast | SendOnly) => &[],
+            (_, SendLastWithImm | SendOnlyWithImm) => &[ImmDt],
+            (_, RdmaWriteFirst | RdmaWriteOnly) => &[Reth],
+            (_, RdmaWriteMiddle | RdmaWriteLast) => &[],
+            (_, RdmaWriteLastWithImm) => &[ImmDt],
+            (_, RdmaWriteOnlyWithImm) => &[Reth, ImmDt],
+            (_, RdmaReadRequest) => &[Reth],
+            (_, RdmaReadResponseFirst | RdmaReadResponseLast | RdmaReadResponseOnly) => &[Aeth],
+            (_, RdmaReadResponseMiddle) => &[],
+            (_, Acknowledge) => &[Aeth],
+            (_, AtomicAcknowledge) => &[Aeth, AtomicAckEth],
+            (_, CompareSwap | FetchAdd) => &[AtomicEth],
+            (_, SendLastWithInvalidate | SendOnlyWithInvalidate) => &[Ieth],
+        }
+    }
+
+    /// The opcode table: whether a payload follows the extension headers. READ requests,
+    /// atomics and acknowledgements carry none.
+    pub const fn has_payload(self) -> bool {
+        !matches!(
+            self.op,
+            Op::RdmaReadRequest
+                | Op::Acknowledge
+                | Op::AtomicAcknowledge
+                | Op::CompareSwap
+                | Op::FetchAdd
+        )
+    }
+
+    /// Bytes of the BTH and the extension headers.
+    pub const fn header_len(self) -> usize {
+        let hs = self.ext_headers();
+        let mut len = super::BTH_LEN;
+        let mut i = 0;
+        while i < hs.len() {
+            len += hs[i].size();
+            i += 1;
+        }
+        len
+    }
+
+    /// Where extension header `h` starts, counted from the BTH's first byte; `None` if this
+    /// opcode has no such header.
+    pub fn ext_offset(self, h: ExtHeader) -> Option<usize> {
+        let mut off = super::BTH_LEN;
+        for &x in self.ext_headers() {
+            if x == h {
+                return Some(off);
+            }
+            off += x.size();
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcode_numbers_are_the_ib_specs() {
+        let named = [
+            (0x00, Transport::Rc, Op::SendFirst),
+            (0x04, Transport::Rc, Op::SendOnly),
+            (0x05, Transport::Rc, Op::SendOnlyWithImm),
+            (0x0a, Transport::Rc, Op::RdmaWriteOnly),
+            (0x0c, Transport::Rc, Op::RdmaReadRequest),
+            (0x10, Transport::Rc, Op::RdmaReadResponseOnly),
+            (0x11, Transport::Rc, Op::Acknowledge),
+            (0x12, Transport::Rc, Op::AtomicAcknowledge),
+            (0x13, Transport::Rc, Op::CompareSwap),
+            (0x14, Transport::Rc, Op::FetchAdd),
+            (0x16, Transport::Rc, Op::SendLastWithInvalidate),
+            (0x17, Transport::Rc, Op::SendOnlyWithInvalidate),
+            (0x20, Transport::Uc, Op::SendFirst),
+            (0x2b, Transport::Uc, Op::RdmaWriteOnlyWithImm),
+            (0x64, Transport::Ud, Op::SendOnly),
+            (0x65, Transport::Ud, Op::SendOnlyWithImm),
+        ];
+        for (byte, t, op) in named {
+            let o = Opcode::from_u8(byte).unwrap();
+            assert_eq!((o.transport(), o.op(), o.to_u8()), (t, op, byte));
+            assert_eq!(Opcode::new(t, op), Some(o));
+        }
+    }
+
+    #[test]
+    fn exactly_the_37_implemented_opcodes_decode_and_round_trip() {
+        let valid: Vec<u8> = (0..=255u8)
+            .filter(|&v| Opcode::from_u8(v).is_some())
+            .collect();
+        let expected: Vec<u8> = (0x00..=0x14)
+            .chain([0x16, 0x17])
+            .chain(0x20..=0x2b)
+            .chain([0x64, 0x65])
+            .collect();
+        assert_eq!(valid, expected);
+        for v in valid {
+            assert_eq!(Opcode::from_u8(v).unwrap().to_u8(), v);
+        }
+    }
+
+    #[test]
+    fn reserved_rd_and_missing_combinations_do_not_decode() {
+        // Reserved RC code, RD SEND Only, UC READ request, UC ACK, UD SEND First, UD WRITE,
+        // CNP (RoCE), vendor-defined.
+        for v in [
+            0x15, 0x18, 0x1f, 0x44, 0x2c, 0x31, 0x60, 0x6a, 0x81, 0xc0, 0xff,
+        ] {
+            assert_eq!(Opcode::from_u8(v), None, "{v:#04x}");
+        }
+        assert_eq!(Opcode::new(Transport::Uc, Op::FetchAdd), None);
+        assert_eq!(Opcode::new(Transport::Ud, Op::SendFirst), None);
+    }
+
+    #[test]
+    fn the_table_orders_headers_as_the_spec() {
+        let o = |v| Opcode::from_u8(v).unwrap();
+        use ExtHeader::*;
+        assert_eq!(o(0x0b).ext_headers(), &[Reth, ImmDt]);
+        assert_eq!(o(0x65).ext_headers(), &[Deth, ImmDt]);
+        assert_eq!(o(0x12).ext_headers(), &[Aeth, AtomicAckEth]);
+        assert_eq!(o(0x13).ext_headers(), &[AtomicEth]);
+        assert_eq!(o(0x17).ext_headers(), &[Ieth]);
+        assert_eq!(o(0x07).ext_headers(), &[]);
+        assert_eq!(o(0x0b).header_len(), 12 + 16 + 4);
+        assert_eq!(o(0x65).ext_offset(ImmDt), Some(12 + 8));
+        assert_eq!(o(0x65).ext_offset(Reth), None);
+        assert!(!o(0x0c).has_payload() && !o(0x11).has_payload() && !o(0x14).has_payload());
+        assert!(o(0x0e).has_payload() && o(0x64).has_payload());
+    }
+
+    #[test]
+    fn positions_and_responses() {
+        assert_eq!(Op::SendFirst.position(), Position::First);
+        assert_eq!(Op::RdmaReadResponseMiddle.position(), Position::Middle);
+        assert_eq!(Op::SendLastWithInvalidate.position(), Position::Last);
+        assert_eq!(Op::FetchAdd.position(), Position::Only);
+        assert!(Op::AtomicAcknowledge.is_response() && !Op::RdmaReadRequest.is_response());
+    }
+}
