@@ -12,6 +12,15 @@
 //! a real device (rxe) produces; an error completes its work request, flushes the rest with
 //! `WR_FLUSH_ERR`, moves the QP to ERR and raises [`Event::QpFatal`].
 //!
+//! Inside, the two ends of a message are apart, as on a fabric: the requester cuts a work
+//! request into request segments (IB transport semantics: opcode, destination QPN, PSN,
+//! RETH/AtomicETH/ImmDt/DETH, the payload as region runs rather than bytes), and sends each
+//! along the route its QP resolved at RTR (an address handle at creation); the responder checks
+//! the connection, the PSN (a duplicate is answered without effect, a gap is NAKed), its
+//! receive and its memory, places the payload, and answers ACK, RNR NAK, NAK, READ data or the
+//! atomic's original value, which the requester acts on. Same-daemon delivery is a call, and
+//! still one copy per byte.
+//!
 //! # What it is not
 //!
 //! Not a transport, a ring reader or a memory mapper. It reaches registered memory only
@@ -142,7 +151,7 @@ mod state;
 
 pub use engine::{
     CHUNK, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, MAX_SRQ,
-    PAGE, PASS_BYTES, PASS_WRS, QP_WRS, UD_MTU, VNIC_WRS,
+    PAGE, PASS_BYTES, PASS_WRS, QP_WRS, SEGMENT, Transmit, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.
@@ -184,7 +193,9 @@ id! {
     /// A shared receive queue.
     SrqId,
     /// An address handle (UD destinations).
-    AhId
+    AhId,
+    /// Another daemon (a host), as the transport numbers its peer links.
+    HostId
 }
 
 /// A byte location: offset `off` in the shared region of `vnic`.

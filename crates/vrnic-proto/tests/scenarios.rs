@@ -658,6 +658,98 @@ fn a_missing_peer_is_retry_exc_err_after_the_transport_timeout() {
     assert_eq!(c, vec![(1, WcStatus::RetryExcErr)]);
 }
 
+/// Takes `b` through RESET and back to RTR (a responder) expecting PSN `rq_psn` (`a` sends
+/// from PSN 0).
+fn reconnect_b_expecting(w: &mut World, rq_psn: u32) {
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..Default::default()
+    };
+    w.e.modify_qp(w.now, w.b.ctx, w.b.qp, qp_attr::STATE, &reset)
+        .unwrap();
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: access::REMOTE_WRITE,
+        ..Default::default()
+    };
+    w.e.modify_qp(
+        w.now,
+        w.b.ctx,
+        w.b.qp,
+        qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS,
+        &a,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = 5;
+    a.dest_qp_num = w.a.qpn;
+    a.rq_psn = rq_psn;
+    a.ah_attr = AhAttr {
+        dlid: w.a.lid,
+        port_num: 1,
+        ..Default::default()
+    };
+    let rtr = qp_attr::STATE
+        | qp_attr::AV
+        | qp_attr::PATH_MTU
+        | qp_attr::DEST_QPN
+        | qp_attr::RQ_PSN
+        | qp_attr::MAX_DEST_RD_ATOMIC
+        | qp_attr::MIN_RNR_TIMER;
+    w.e.modify_qp(w.now, w.b.ctx, w.b.qp, rtr, &a).unwrap();
+}
+
+#[test]
+fn a_psn_ahead_of_the_responder_is_nakked_and_ends_in_retry_exc_err() {
+    let mut w = World::new();
+    reconnect_b_expecting(&mut w, 0xff_fff0);
+    let dst = w.map(false, 0x9000, 4096, access::LOCAL_WRITE);
+    w.recv(false, 8, vec![sge(0x9000, 64, dst.keys.lkey)]);
+    // PSN 0 is 16 ahead of 0xfffff0 (the 24-bit space wraps): a sequence error.
+    w.send(true, wqe(1, SendOpcode::Send, vec![], 0, 0));
+    w.run();
+    assert!(w.cqes().is_empty(), "NAKed segments are retried first");
+    w.advance(Duration::from_secs(2));
+    let c: Vec<(CqId, u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(q, c)| (q, c.wr_id, c.status))
+        .collect();
+    assert_eq!(c, vec![(w.a.cq, 1, WcStatus::RetryExcErr)]);
+    assert_eq!(w.e.rq_retired(w.b.qp), 0, "the receive was never taken");
+}
+
+#[test]
+fn a_psn_behind_the_responder_is_a_duplicate_acked_without_effect() {
+    let mut w = World::new();
+    reconnect_b_expecting(&mut w, 0x10);
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(false, 0x9000, 4096, access::LOCAL_WRITE);
+    w.set(&src, 0x1000, b"hello");
+    w.recv(false, 8, vec![sge(0x9000, 64, dst.keys.lkey)]);
+    w.send(
+        true,
+        wqe(
+            1,
+            SendOpcode::Send,
+            vec![sge(0x1000, 5, src.keys.lkey)],
+            0,
+            0,
+        ),
+    );
+    w.run();
+    // As a responder answers a retransmission: ACKed again, nothing placed, nothing taken.
+    let c: Vec<(CqId, u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(q, c)| (q, c.wr_id, c.status))
+        .collect();
+    assert_eq!(c, vec![(w.a.cq, 1, WcStatus::Success)]);
+    assert_eq!(w.get(&dst, 0x9000, 5), vec![0; 5]);
+    assert_eq!(w.e.rq_retired(w.b.qp), 0);
+}
+
 #[test]
 fn a_dead_context_fails_its_peers_at_once() {
     let mut w = World::new();

@@ -5,12 +5,18 @@
 
 mod memory;
 mod queues;
+mod remote;
 mod requester;
 mod responder;
 mod sched;
+mod segment;
 mod verbs;
 
 use memory::{copy_runs, grh, scatter_bytes, translate};
+use remote::Flights;
+pub use remote::{SEGMENT, Transmit, TxPayload, WINDOW};
+use responder::Rx;
+use segment::Route;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -25,7 +31,7 @@ use vrnic_wire::{
 use crate::errno::*;
 use crate::state;
 use crate::{
-    AhId, CqId, CtxId, Errno, Event, Loc, Memory, MrId, MrKeys, PdId, QpId, SrqId, VnicId,
+    AhId, CqId, CtxId, Errno, Event, HostId, Loc, Memory, MrId, MrKeys, PdId, QpId, SrqId, VnicId,
 };
 
 /// Deepest work queue.
@@ -135,17 +141,22 @@ struct Ah {
     ctx: CtxId,
     pd: PdId,
     attr: AhAttr,
+    /// Where datagrams sent along it go, resolved when it was made.
+    route: Route,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
     None,
-    /// No receive at the responder: retry at `until`, `retries` timer expiries so far.
+    /// No receive at the responder: retry at `until`, `retries` timer expiries so far, the
+    /// responder's RNR `timer` code; a receive posted to `on` wakes it before.
     Rnr {
         until: Instant,
         retries: u8,
+        on: Option<RecvQueue>,
+        timer: u8,
     },
-    /// No responder: fail at `until`.
+    /// No answer (no responder, or it dropped the segment): fail at `until`.
     Retry {
         until: Instant,
     },
@@ -175,6 +186,28 @@ struct Qp {
     wait: Wait,
     /// The head WQE moved part of its message already.
     progress: Option<Progress>,
+    /// Where its segments go, resolved at RTR from its address.
+    route: Route,
+    /// Requester over a peer link: how many WQEs at the front of `sq` are sent wholly and
+    /// wait for their answer, and for each WQE sent (wholly or partly) its PSNs.
+    sq_sent: usize,
+    flights: Flights,
+    /// Requester over a peer link: its next WQE waits for those in flight to be answered.
+    stalled: bool,
+    /// Requester over a peer link: when the QP fails for want of any answer.
+    ack_until: Option<Instant>,
+    /// Responder over a peer link: the RDMA WRITE in progress (next VA, R_Key, bytes left).
+    write_at: Option<(u64, u32, u64)>,
+    /// Responder over a peer link: the PSN its next (coalesced) ACK acknowledges.
+    ack_due: Option<u32>,
+    /// Responder: the SEND message in progress.
+    rx: Option<Rx>,
+    /// Responder (UC): the message in progress lost a segment; drop the rest of it.
+    rx_lost: bool,
+    /// Responder: the DMA length of the RDMA WRITE in progress.
+    write_len: u64,
+    /// Responder: the PSN and answer of the last atomic (for a retransmitted request).
+    last_atomic: Option<(u32, u64)>,
     /// In its vRNIC's ready list.
     queued: bool,
     /// Blocked: off the ready lists until something wakes it.
@@ -195,22 +228,45 @@ impl Qp {
         if self.attr.qp_state != QpState::Rts || self.sq.is_empty() {
             return None;
         }
-        match self.wait {
+        let wait = match self.wait {
             Wait::Rnr { until, .. } | Wait::Retry { until } => Some(until),
             Wait::None => None,
+        };
+        match (wait, self.ack_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
+    }
+
+    /// Whether it has a WQE it may send now: one not yet sent (all of them, on a local route,
+    /// until retired), with room in its window and nothing before it to wait for.
+    fn has_unsent(&self) -> bool {
+        self.sq.len() > self.sq_sent
+            && !self.stalled
+            && self
+                .flights
+                .front()
+                .is_none_or(|f| (self.attr.sq_psn.wrapping_sub(f.first_psn) & 0xff_ffff) < WINDOW)
+    }
+
+    /// Forgets what is in flight over a peer link (its queue was flushed or reset).
+    fn clear_flights(&mut self) {
+        self.sq_sent = 0;
+        self.stalled = false;
+        self.flights.clear();
+        self.ack_until = None;
+        self.write_at = None;
+        self.ack_due = None;
     }
 }
 
 /// How far the head send WQE got, when a message moves over several [`Engine::process`] calls.
 #[derive(Debug, Clone, Copy)]
 struct Progress {
-    /// Bytes moved.
+    /// Bytes moved (acknowledged).
     done: u64,
-    /// To this responder ...
-    peer: QpId,
-    /// ... whose receive queue had retired this many (so the same receive is still the head).
-    peer_rq: u32,
+    /// The PSN of the message's first segment (where a retransmission starts).
+    psn: u32,
 }
 
 /// Outcome of trying the head send WQE.
@@ -219,6 +275,9 @@ enum Step {
     Done(u64),
     /// Moved this many bytes of a message that continues in a later step.
     Partial(u64),
+    /// Sent the last of its message over a peer link, this many bytes in this step: the next
+    /// WQE may go while it waits for its answer.
+    Sent(u64),
     /// Cannot progress now.
     Blocked,
 }
@@ -254,6 +313,22 @@ pub struct Engine {
     /// QPs and SRQs whose retired counters moved (see [`Engine::drain_retired`]).
     touched: Vec<QpId>,
     touched_srqs: Vec<SrqId>,
+    /// vRNICs by address, to resolve routes.
+    by_lid: HashMap<u16, VnicId>,
+    by_gid: HashMap<[u8; 16], VnicId>,
+    /// Scratch run lists, kept to spare an allocation per segment: the requester's payload,
+    /// a READ response, the requester's local buffer, the responder's destination.
+    scratch_src: Vec<(Loc, u64)>,
+    scratch_dst: Vec<(Loc, u64)>,
+    scratch_local: Vec<(Loc, u64)>,
+    scratch_place: Vec<(Loc, u64)>,
+    /// vRNICs behind peer links, by address.
+    remote_lids: HashMap<u16, HostId>,
+    remote_gids: HashMap<[u8; 16], HostId>,
+    /// Frames to send over peer links, in order.
+    outbox: VecDeque<Transmit>,
+    /// Responder QPs that owe a coalesced ACK.
+    acks_due: Vec<QpId>,
 }
 
 /// A receive queue: a QP's own, or an SRQ.
@@ -329,6 +404,16 @@ impl Engine {
             retry_waiters: Vec::new(),
             touched: Vec::new(),
             touched_srqs: Vec::new(),
+            by_lid: HashMap::new(),
+            by_gid: HashMap::new(),
+            scratch_src: Vec::new(),
+            scratch_dst: Vec::new(),
+            scratch_local: Vec::new(),
+            scratch_place: Vec::new(),
+            remote_lids: HashMap::new(),
+            remote_gids: HashMap::new(),
+            outbox: VecDeque::new(),
+            acks_due: Vec::new(),
         }
     }
 

@@ -180,6 +180,12 @@ impl Engine {
         };
         q.wait = Wait::None;
         q.progress = None;
+        q.clear_flights();
+        if let Some(rx) = q.rx.take() {
+            // The receive a message was landing in: taken from the queue already.
+            let c = cqe(rx.wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+            self.completions.push_back((q.recv_cq, c, false));
+        }
         while let Some(w) = q.sq.pop_front() {
             let status = match sq_last {
                 Some(s) if q.sq.is_empty() => s,

@@ -1,35 +1,40 @@
-//! The requester: the head send WQE of a QP executed against its responder, chunk by
-//! chunk, with RNR and retry waits.
+//! The requester: the head send WQE of a QP, checked against local memory, cut into request
+//! segments of at most [`CHUNK`] bytes, each handed along the QP's route to its responder;
+//! the answer completes the WQE, continues it, or makes it wait (RNR, a missing responder) or
+//! fail.
 
+use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_next};
 use super::*;
 
+/// What to do with the head WQE after a step.
+pub(super) enum Outcome {
+    /// Retire it with a completion of this byte length; the step moved `moved` bytes.
+    Complete { byte_len: u32, moved: u64 },
+    /// Fail the QP; the head completes with this status.
+    Fail(WcStatus),
+    /// Moved this many bytes of a message that continues in a later step.
+    Partial(u64),
+    /// Cannot progress now (waiting).
+    Blocked,
+}
+
 impl Engine {
-    /// Finds the responder of an RC QP: the QP its address and `dest_qp_num` name, if it is
-    /// ready to receive and connected back to us.
-    pub(super) fn responder(&self, qp: QpId) -> Option<QpId> {
-        let q = self.qps.get(&qp)?;
-        let ah = &q.attr.ah_attr;
-        let (&vid, _) = self.vnics.iter().find(|(_, v)| {
-            if ah.is_global {
-                v.gid == ah.grh.dgid
-            } else {
-                v.lid == ah.dlid
-            }
-        })?;
-        let &peer = self.by_qpn.get(&q.attr.dest_qp_num)?;
-        let p = self.qps.get(&peer)?;
-        let me = self.vnics.get(&q.vnic)?;
-        let back = if p.attr.ah_attr.is_global {
-            p.attr.ah_attr.grh.dgid == me.gid
+    /// The route to a destination address from this daemon: the vRNIC that answers its GID
+    /// (global) or LID.
+    pub(super) fn resolve(&self, ah: &AhAttr) -> Route {
+        let (local, remote) = if ah.is_global {
+            (
+                self.by_gid.get(&ah.grh.dgid),
+                self.remote_gids.get(&ah.grh.dgid),
+            )
         } else {
-            p.attr.ah_attr.dlid == me.lid
+            (self.by_lid.get(&ah.dlid), self.remote_lids.get(&ah.dlid))
         };
-        (p.vnic == vid
-            && p.ty == q.ty
-            && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-            && p.attr.dest_qp_num == q.qpn
-            && back)
-            .then_some(peer)
+        match (local, remote) {
+            (Some(&v), _) => Route::Local(v),
+            (None, Some(&h)) => Route::Remote(h),
+            (None, None) => Route::Nowhere,
+        }
     }
 
     /// Retires the head send WQE, with a completion if it is signaled.
@@ -51,146 +56,321 @@ impl Engine {
         }
     }
 
-    /// Records that the head WQE moved its first `done` bytes to `peer` and continues later.
-    pub(super) fn partial(&mut self, qp: QpId, peer: QpId, done: u64, n: u64) -> Step {
-        let peer_rq = self.recv_retired(peer);
-        if let Some(q) = self.qps.get_mut(&qp) {
-            q.wait = Wait::None;
-            q.progress = Some(Progress {
-                done,
-                peer,
-                peer_rq,
-            });
-        }
-        Step::Partial(n)
-    }
-
+    /// Tries the head send WQE of an RTS QP: one segment.
     pub(super) fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
-        // A waiting head costs nothing until its timer fires or its responder changes.
-        match q.wait {
-            Wait::Rnr { until, .. }
-                if now < until && self.responder(qp).is_some_and(|p| self.recv_empty(p)) =>
-            {
-                return Step::Blocked;
-            }
-            Wait::Retry { until } if now < until && self.responder(qp).is_none() => {
-                return Step::Blocked;
-            }
-            _ => {}
+        if let (Route::Remote(host), QpType::Rc | QpType::Uc) = (q.route, q.ty) {
+            return self.step_remote(now, qp, host);
         }
-        let wqe = match q.sq.front() {
-            Some(Ok(w)) => w.clone(),
-            Some(Err(_)) => {
+        let wqe = match q.sq.pop_front() {
+            Some(Ok(w)) => w,
+            Some(Err(e)) => {
+                q.sq.push_front(Err(e));
                 self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
                 return Step::Done(0);
             }
             None => return Step::Blocked,
         };
+        let outcome = self.step_wqe(now, qp, &wqe, mem);
+        // The WQE goes back to the head: completing or failing takes it from there.
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.sq.push_front(Ok(wqe));
+        }
+        match outcome {
+            Outcome::Complete { byte_len, moved } => {
+                self.complete_head(qp, byte_len);
+                Step::Done(moved)
+            }
+            Outcome::Fail(status) => {
+                self.fail_qp(qp, Some(status));
+                Step::Done(0)
+            }
+            Outcome::Partial(n) => Step::Partial(n),
+            Outcome::Blocked => Step::Blocked,
+        }
+    }
+
+    /// Local checks, then the next segment of `wqe` (taken off the head of `qp`'s queue).
+    fn step_wqe(&mut self, now: Instant, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Outcome {
+        let Some(q) = self.qps.get(&qp) else {
+            return Outcome::Blocked;
+        };
         let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
-        let uc = ty == QpType::Uc;
         let len = wqe.payload.len();
         if len > u64::from(MAX_MSG_SIZE) {
-            self.fail_qp(qp, Some(WcStatus::LocLenErr));
-            return Step::Done(0);
+            return Outcome::Fail(WcStatus::LocLenErr);
         }
         // Local side: where the payload comes from (or, for READ/atomics, goes to).
         let needs_write = matches!(
             wqe.opcode,
             SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
         );
-        if uc && needs_write {
+        if ty == QpType::Uc && needs_write {
             // UC has no responses: READ and atomics are invalid on it.
-            self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
-            return Step::Done(0);
+            return Outcome::Fail(WcStatus::LocQpOpErr);
         }
         match &wqe.payload {
-            SendPayload::Sges(sges) => {
-                if !self.check_sges(vnic, pd, sges, needs_write) {
-                    self.fail_qp(qp, Some(WcStatus::LocProtErr));
-                    return Step::Done(0);
-                }
+            SendPayload::Sges(sges) if !self.check_sges(vnic, pd, sges, needs_write) => {
+                return Outcome::Fail(WcStatus::LocProtErr);
             }
-            SendPayload::Inline(_) if needs_write => {
-                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
-                return Step::Done(0);
-            }
-            SendPayload::Inline(_) => {}
+            SendPayload::Inline(_) if needs_write => return Outcome::Fail(WcStatus::LocQpOpErr),
+            _ => {}
         }
         if ty == QpType::Ud {
-            return self.exec_ud(qp, &wqe, mem);
+            return self.step_ud(qp, wqe, mem);
         }
-        // Remote side.
-        let Some(peer) = self.responder(qp) else {
+        if needs_write && wqe.opcode != SendOpcode::RdmaRead && len != 8 {
+            // The local buffer must hold exactly the 8-byte original value.
+            return Outcome::Fail(WcStatus::LocLenErr);
+        }
+        self.step_connected(now, qp, wqe, mem)
+    }
+
+    /// The next segment of an RC or UC message.
+    fn step_connected(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        wqe: &SendWqe,
+        mem: &mut dyn Memory,
+    ) -> Outcome {
+        let Some(q) = self.qps.get(&qp) else {
+            return Outcome::Blocked;
+        };
+        let (vnic, uc, route) = (q.vnic, q.ty == QpType::Uc, q.route);
+        let len = wqe.payload.len();
+        let done = q.progress.map_or(0, |p| p.done);
+        let atomic = matches!(
+            wqe.opcode,
+            SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
+        );
+        let n = if atomic {
+            0
+        } else {
+            len.saturating_sub(done).min(CHUNK)
+        };
+        let op = match wqe.opcode {
+            SendOpcode::Send | SendOpcode::SendWithImm => Op::Send,
+            SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => Op::Write,
+            SendOpcode::RdmaRead => Op::Read,
+            SendOpcode::AtomicCmpAndSwp => Op::CmpSwap {
+                compare: wqe.compare_add,
+                swap: wqe.swap,
+            },
+            SendOpcode::AtomicFetchAndAdd => Op::FetchAdd {
+                add: wqe.compare_add,
+            },
+        };
+        // This segment's payload: the requester's bytes [done, done + n).
+        let mut src = std::mem::take(&mut self.scratch_src);
+        src.clear();
+        let payload = match (&wqe.payload, op) {
+            (SendPayload::Inline(data), Op::Send | Op::Write) => {
+                let (a, b) = (done as usize, done.saturating_add(n) as usize);
+                Payload::Bytes(data.get(a..b).unwrap_or_default())
+            }
+            (SendPayload::Sges(sges), Op::Send | Op::Write) => {
+                // Checked by `check_sges` in this step, so it cannot fail.
+                let _ = self.sge_runs(vnic, sges, done, n, &mut src);
+                Payload::Runs(&src)
+            }
+            _ => Payload::Empty,
+        };
+        let last = done + n >= len || atomic;
+        let req = Request {
+            op,
+            transport: if uc { QpType::Uc } else { QpType::Rc },
+            first: done == 0,
+            last,
+            src: Src::Local { vnic, qpn: q.qpn },
+            src_qpn: q.qpn,
+            slid: self.vnics.get(&vnic).map_or(0, |v| v.lid),
+            dst_qpn: q.attr.dest_qp_num,
+            psn: q.attr.sq_psn,
+            solicited: wqe.flags.contains(SendFlags::SOLICITED),
+            imm: matches!(
+                wqe.opcode,
+                SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm
+            )
+            .then_some(wqe.imm_data),
+            va: wqe.remote_addr.wrapping_add(done),
+            rkey: wqe.rkey,
+            len: if atomic { 8 } else { len - done },
+            chunk: n,
+            qkey: 0,
+            grh: None,
+            payload,
+        };
+        let mut back = std::mem::take(&mut self.scratch_dst);
+        back.clear();
+        let answer = self.deliver(route, &req, mem, &mut back);
+        let outcome = self.answered(now, qp, wqe, answer, done, n, &back, mem);
+        self.scratch_src = src;
+        self.scratch_dst = back;
+        outcome
+    }
+
+    /// Acts on the answer to a segment of `wqe` that moved bytes `[done, done + n)`.
+    #[allow(clippy::too_many_arguments)]
+    fn answered(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        wqe: &SendWqe,
+        answer: Option<(QpId, Response)>,
+        done: u64,
+        n: u64,
+        back: &[(Loc, u64)],
+        mem: &mut dyn Memory,
+    ) -> Outcome {
+        let len = wqe.payload.len();
+        let Some(q) = self.qps.get(&qp) else {
+            return Outcome::Blocked;
+        };
+        let (vnic, uc) = (q.vnic, q.ty == QpType::Uc);
+        let accepted = |e: &mut Engine| {
+            if let Some(q) = e.qps.get_mut(&qp) {
+                q.attr.sq_psn = psn_next(q.attr.sq_psn);
+                q.wait = Wait::None;
+            }
+        };
+        let Some((peer, response)) = answer else {
             if uc {
                 // Nobody acknowledges UC: the message is simply lost.
-                self.complete_head(qp, len as u32);
-                return Step::Done(len);
+                accepted(self);
+                return Outcome::Complete {
+                    byte_len: len as u32,
+                    moved: len,
+                };
             }
-            let Some(q) = self.qps.get_mut(&qp) else {
-                return Step::Blocked;
-            };
-            match q.wait {
-                Wait::Retry { until } if now >= until => {
-                    self.fail_qp(qp, Some(WcStatus::RetryExcErr));
-                    return Step::Done(0);
-                }
-                Wait::Retry { .. } => {}
-                _ => {
-                    let us = state::ack_timeout_us(q.attr.timeout)
-                        .saturating_mul(u64::from(q.attr.retry_cnt) + 1);
-                    let until = now + Duration::from_micros(us);
-                    q.wait = Wait::Retry { until };
-                    self.arm(qp, until);
-                }
-            }
-            return Step::Blocked;
+            return self.lost(now, qp);
         };
-        // Continue a message in progress if it still goes to the same receive; otherwise
-        // start over, as a retransmission would.
-        let peer_rq = self.recv_retired(peer);
-        let done = match self.qps.get_mut(&qp).and_then(|q| q.progress.take()) {
-            Some(p) if p.peer == peer && p.peer_rq == peer_rq && p.done < len => p.done,
-            _ => 0,
-        };
-        match wqe.opcode {
-            SendOpcode::Send | SendOpcode::SendWithImm => {
-                self.exec_send(now, qp, peer, &wqe, done, mem)
+        match response {
+            Response::Ack | Response::Unacknowledged => {
+                accepted(self);
+                if done + n < len {
+                    self.continue_at(qp, done + n);
+                    return Outcome::Partial(n);
+                }
+                Outcome::Complete {
+                    byte_len: len as u32,
+                    moved: n,
+                }
             }
-            SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => {
-                self.exec_write(now, qp, peer, &wqe, done, mem)
+            Response::ReadData => {
+                accepted(self);
+                if let SendPayload::Sges(sges) = &wqe.payload {
+                    let mut local = std::mem::take(&mut self.scratch_local);
+                    local.clear();
+                    // Checked by `check_sges` in this step, so it cannot fail.
+                    let _ = self.sge_runs(vnic, sges, done, n, &mut local);
+                    copy_runs(mem, back, &local, n);
+                    self.scratch_local = local;
+                }
+                if done + n < len {
+                    self.continue_at(qp, done + n);
+                    return Outcome::Partial(n);
+                }
+                Outcome::Complete {
+                    byte_len: len as u32,
+                    moved: n,
+                }
             }
-            SendOpcode::RdmaRead => self.exec_read(qp, peer, &wqe, done, mem),
-            SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd => {
-                self.exec_atomic(qp, peer, &wqe, mem)
+            Response::AtomicAck(old) => {
+                accepted(self);
+                if let SendPayload::Sges(sges) = &wqe.payload {
+                    let mut local = std::mem::take(&mut self.scratch_local);
+                    local.clear();
+                    let _ = self.sge_runs(vnic, sges, 0, 8, &mut local);
+                    scatter_bytes(mem, &old.to_le_bytes(), &local);
+                    self.scratch_local = local;
+                }
+                Outcome::Complete {
+                    byte_len: 8,
+                    moved: 8,
+                }
             }
+            Response::RnrNak { timer } => {
+                let on = match self.qps.get(&peer).and_then(|p| p.srq) {
+                    Some(s) => RecvQueue::Srq(s),
+                    None => RecvQueue::Qp(peer),
+                };
+                self.rnr(now, qp, timer, Some(on))
+            }
+            Response::Nak(Nak::Sequence) => {
+                // Go back to the message's first PSN and try again, as after a lost packet.
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && let Some(p) = q.progress.take()
+                {
+                    q.attr.sq_psn = p.psn;
+                }
+                self.lost(now, qp)
+            }
+            Response::Nak(Nak::InvalidRequest) => Outcome::Fail(WcStatus::RemInvReqErr),
+            Response::Nak(Nak::RemoteAccess) => Outcome::Fail(WcStatus::RemAccessErr),
+            Response::Nak(Nak::RemoteOperational) => Outcome::Fail(WcStatus::RemOpErr),
         }
     }
 
-    /// Handles "no receive posted" at the responder: RNR wait and retry accounting.
-    pub(super) fn rnr(&mut self, now: Instant, qp: QpId, peer: QpId) -> Step {
-        let timer = self
-            .qps
-            .get(&peer)
-            .map(|p| p.attr.min_rnr_timer)
-            .unwrap_or(0);
+    /// Records that the head WQE moved its first `done` bytes and continues later.
+    fn continue_at(&mut self, qp: QpId, done: u64) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            let psn = match q.progress {
+                Some(p) => p.psn,
+                // The PSN of the first segment, taken by the segment just accepted.
+                None => q.attr.sq_psn.wrapping_sub(1) & 0xff_ffff,
+            };
+            q.progress = Some(Progress { done, psn });
+        }
+    }
+
+    /// No answer (no responder, or it dropped the segment): wait for the transport timer,
+    /// then fail with `RETRY_EXC_ERR`. A QP that can answer (one reaching RTR) wakes it.
+    fn lost(&mut self, now: Instant, qp: QpId) -> Outcome {
         let Some(q) = self.qps.get_mut(&qp) else {
-            return Step::Blocked;
+            return Outcome::Blocked;
+        };
+        match q.wait {
+            Wait::Retry { until } if now >= until => return Outcome::Fail(WcStatus::RetryExcErr),
+            Wait::Retry { .. } => {}
+            _ => {
+                let us = state::ack_timeout_us(q.attr.timeout)
+                    .saturating_mul(u64::from(q.attr.retry_cnt) + 1);
+                let until = now + Duration::from_micros(us);
+                q.wait = Wait::Retry { until };
+                self.arm(qp, until);
+            }
+        }
+        Outcome::Blocked
+    }
+
+    /// An RNR NAK (no receive posted at the responder, whose timer code is `timer`): wait, and
+    /// count one retry each time the timer expires; a receive posted to `on` wakes it early.
+    pub(super) fn rnr(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        timer: u8,
+        on: Option<RecvQueue>,
+    ) -> Outcome {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return Outcome::Blocked;
         };
         let limit = q.attr.rnr_retry;
         let rearm = now + Duration::from_micros(state::rnr_timer_us(timer));
         match q.wait {
-            Wait::Rnr { until, retries } if now >= until => {
+            Wait::Rnr { until, retries, .. } if now >= until => {
                 let retries = retries.saturating_add(1);
                 if limit != 7 && retries > limit {
-                    self.fail_qp(qp, Some(WcStatus::RnrRetryExcErr));
-                    return Step::Done(0);
+                    return Outcome::Fail(WcStatus::RnrRetryExcErr);
                 }
                 q.wait = Wait::Rnr {
                     until: rearm,
                     retries,
+                    on,
+                    timer,
                 };
                 self.arm(qp, rearm);
             }
@@ -199,251 +379,52 @@ impl Engine {
                 q.wait = Wait::Rnr {
                     until: rearm,
                     retries: 0,
+                    on,
+                    timer,
                 };
                 self.arm(qp, rearm);
             }
         }
-        Step::Blocked
+        Outcome::Blocked
     }
 
-    /// Both QPs to ERR after a responder-detected error.
-    pub(super) fn fail_both(&mut self, qp: QpId, requester: WcStatus, peer: QpId) {
-        self.fail_qp(qp, Some(requester));
-        self.fail_qp(peer, None);
-    }
-
-    /// The region runs of the requester's payload bytes `[done, done + n)`.
-    pub(super) fn local_runs(&self, qp: QpId, wqe: &SendWqe, done: u64, n: u64) -> Vec<(Loc, u64)> {
-        let mut runs = Vec::new();
-        if let (SendPayload::Sges(sges), Some(q)) = (&wqe.payload, self.qps.get(&qp)) {
-            // Checked by `check_sges` in this same step, so it cannot fail.
-            let _ = self.sge_runs(q.vnic, sges, done, n, &mut runs);
-        }
-        runs
-    }
-
-    /// Moves payload bytes `[done, done + n)` of `wqe` into `dst`.
-    pub(super) fn gather(
-        &self,
-        qp: QpId,
-        wqe: &SendWqe,
-        done: u64,
-        n: u64,
-        dst: &[(Loc, u64)],
-        mem: &mut dyn Memory,
-    ) {
-        match &wqe.payload {
-            SendPayload::Inline(data) => {
-                let (a, b) = (done as usize, done.saturating_add(n) as usize);
-                if let Some(part) = data.get(a..b) {
-                    scatter_bytes(mem, part, dst);
-                }
-            }
-            SendPayload::Sges(_) => {
-                let src = self.local_runs(qp, wqe, done, n);
-                copy_runs(mem, &src, dst, n);
-            }
-        }
-    }
-
-    pub(super) fn exec_send(
+    /// Hands a segment along a route; `None` if it was lost (no responder took it). A READ
+    /// response leaves the responder's runs in `back`.
+    pub(super) fn deliver(
         &mut self,
-        now: Instant,
-        qp: QpId,
-        peer: QpId,
-        wqe: &SendWqe,
-        done: u64,
+        route: Route,
+        req: &Request,
         mem: &mut dyn Memory,
-    ) -> Step {
-        let len = wqe.payload.len();
-        let Some(p) = self.qps.get(&peer) else {
-            return Step::Blocked;
+        back: &mut Vec<(Loc, u64)>,
+    ) -> Option<(QpId, Response)> {
+        let Route::Local(vid) = route else {
+            return None;
         };
-        let uc = p.ty == QpType::Uc;
-        let Some(recv) = self.recv_head(peer) else {
-            if uc {
-                // No receive posted: a UC responder drops the message; the sender never knows.
-                self.complete_head(qp, len as u32);
-                return Step::Done(len);
-            }
-            return self.rnr(now, qp, peer);
-        };
-        let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
-        let prot_ok = self.check_sges(p.vnic, p.pd, &recv.sges, true);
-        let n = len.saturating_sub(done).min(CHUNK);
-        let mut dst = Vec::new();
-        if prot_ok && len <= capacity {
-            // Checked just above, so it cannot fail.
-            let _ = self.sge_runs(p.vnic, &recv.sges, done, n, &mut dst);
+        let &peer = self.by_qpn.get(&req.dst_qpn)?;
+        if self.qps.get(&peer)?.vnic != vid {
+            return None;
         }
-        if uc && (!prot_ok || len > capacity) {
-            // A UC responder that cannot take the message fails its receive and its QP; the
-            // sender is not told.
-            let status = if prot_ok {
-                WcStatus::LocLenErr
-            } else {
-                WcStatus::LocProtErr
-            };
-            self.take_recv(peer, status, 0, None);
-            self.fail_qp(peer, None);
-            self.complete_head(qp, len as u32);
-            return Step::Done(len);
-        }
-        if !prot_ok {
-            // The responder's own receive buffer is bad: its receive fails, the requester
-            // learns a remote operational error.
-            self.take_recv(peer, WcStatus::LocProtErr, 0, None);
-            self.fail_both(qp, WcStatus::RemOpErr, peer);
-            return Step::Done(0);
-        }
-        if len > capacity {
-            self.take_recv(peer, WcStatus::LocLenErr, 0, None);
-            self.fail_both(qp, WcStatus::RemInvReqErr, peer);
-            return Step::Done(0);
-        }
-        self.gather(qp, wqe, done, n, &dst, mem);
-        if done + n < len {
-            return self.partial(qp, peer, done + n, n);
-        }
-        let imm = (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data);
-        let (slid, qpn) = (
-            self.lid_of(qp),
-            self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0),
-        );
-        self.take_recv_ok(
-            peer,
-            WcOpcode::Recv,
-            len as u32,
-            imm,
-            qpn,
-            slid,
-            wqe.flags.contains(SendFlags::SOLICITED),
-            0,
-        );
-        self.complete_head(qp, len as u32);
-        Step::Done(n)
+        let r = self.handle_request(peer, req, mem, back)?;
+        Some((peer, r))
     }
 
-    pub(super) fn exec_write(
-        &mut self,
-        now: Instant,
-        qp: QpId,
-        peer: QpId,
-        wqe: &SendWqe,
-        done: u64,
-        mem: &mut dyn Memory,
-    ) -> Step {
-        let len = wqe.payload.len();
-        let with_imm = wqe.opcode == SendOpcode::RdmaWriteWithImm;
-        let uc = self.qps.get(&peer).is_some_and(|p| p.ty == QpType::Uc);
-        if with_imm && self.recv_empty(peer) {
-            if uc {
-                self.complete_head(qp, len as u32);
-                return Step::Done(len);
-            }
-            return self.rnr(now, qp, peer);
-        }
-        let n = len.saturating_sub(done).min(CHUNK);
-        // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
-        let dst = if len == 0 {
-            Some(Vec::new())
-        } else {
-            self.remote_mr(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_WRITE)
-                .and_then(|m| {
-                    let mut runs = Vec::new();
-                    translate(m, wqe.remote_addr.checked_add(done)?, n, &mut runs)?;
-                    Some(runs)
-                })
-        };
-        let Some(dst) = dst else {
-            if uc {
-                // A UC responder drops a write it may not perform; the sender is not told.
-                self.complete_head(qp, len as u32);
-                return Step::Done(len);
-            }
-            self.fail_both(qp, WcStatus::RemAccessErr, peer);
-            return Step::Done(0);
-        };
-        self.gather(qp, wqe, done, n, &dst, mem);
-        if done + n < len {
-            return self.partial(qp, peer, done + n, n);
-        }
-        if with_imm {
-            let (slid, qpn) = (
-                self.lid_of(qp),
-                self.qps.get(&qp).map(|q| q.qpn).unwrap_or(0),
-            );
-            self.take_recv_ok(
-                peer,
-                WcOpcode::RecvRdmaWithImm,
-                len as u32,
-                Some(wqe.imm_data),
-                qpn,
-                slid,
-                wqe.flags.contains(SendFlags::SOLICITED),
-                0,
-            );
-        }
-        self.complete_head(qp, len as u32);
-        Step::Done(n)
-    }
-
-    pub(super) fn exec_read(
-        &mut self,
-        qp: QpId,
-        peer: QpId,
-        wqe: &SendWqe,
-        done: u64,
-        mem: &mut dyn Memory,
-    ) -> Step {
-        let len = wqe.payload.len();
-        let n = len.saturating_sub(done).min(CHUNK);
-        let src = if len == 0 {
-            Some(Vec::new())
-        } else {
-            self.remote_mr(peer, wqe.remote_addr, len, wqe.rkey, access::REMOTE_READ)
-                .and_then(|m| {
-                    let mut runs = Vec::new();
-                    translate(m, wqe.remote_addr.checked_add(done)?, n, &mut runs)?;
-                    Some(runs)
-                })
-        };
-        let Some(src) = src else {
-            self.fail_both(qp, WcStatus::RemAccessErr, peer);
-            return Step::Done(0);
-        };
-        let local = self.local_runs(qp, wqe, done, n);
-        copy_runs(mem, &src, &local, n);
-        if done + n < len {
-            return self.partial(qp, peer, done + n, n);
-        }
-        self.complete_head(qp, len as u32);
-        Step::Done(n)
-    }
-
-    /// A UD send: to the QP the address handle and QP number name, if its Q_Key matches;
-    /// otherwise (or with no receive posted) the datagram is dropped and the sender never
-    /// knows. The receive gets a GRH in its first [`GRH_LEN`] bytes and the payload after it.
-    pub(super) fn exec_ud(&mut self, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Step {
+    /// A UD send: one segment to the QP the address handle and QP number name; nothing
+    /// answers, so it completes once handed on (a datagram nobody takes is dropped).
+    fn step_ud(&mut self, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Outcome {
         let len = wqe.payload.len();
         let Some(q) = self.qps.get(&qp) else {
-            return Step::Blocked;
+            return Outcome::Blocked;
         };
         let (pd, qpn, own_qkey, vnic) = (q.pd, q.qpn, q.attr.qkey, q.vnic);
         if !matches!(wqe.opcode, SendOpcode::Send | SendOpcode::SendWithImm) {
-            self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
-            return Step::Done(0);
+            return Outcome::Fail(WcStatus::LocQpOpErr);
         }
-        let ah = match self.ahs.get(&AhId(wqe.ud.ah)) {
-            Some(a) if a.pd == pd => a.attr,
-            _ => {
-                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
-                return Step::Done(0);
-            }
+        let (attr, route) = match self.ahs.get(&AhId(wqe.ud.ah)) {
+            Some(a) if a.pd == pd => (a.attr, a.route),
+            _ => return Outcome::Fail(WcStatus::LocQpOpErr),
         };
         if len > UD_MTU {
-            self.fail_qp(qp, Some(WcStatus::LocLenErr));
-            return Step::Done(0);
+            return Outcome::Fail(WcStatus::LocLenErr);
         }
         // A Q_Key with the high bit set means the sender's own (IB spec 10.2.4).
         let qkey = if wqe.ud.remote_qkey & 0x8000_0000 != 0 {
@@ -451,124 +432,56 @@ impl Engine {
         } else {
             wqe.ud.remote_qkey
         };
-        let dest = self
-            .vnics
-            .iter()
-            .find(|(_, v)| {
-                if ah.is_global {
-                    v.gid == ah.grh.dgid
-                } else {
-                    v.lid == ah.dlid
-                }
-            })
-            .map(|(&id, _)| id)
-            .and_then(|vid| {
-                let &d = self.by_qpn.get(&wqe.ud.remote_qpn)?;
-                let p = self.qps.get(&d)?;
-                (p.vnic == vid
-                    && p.ty == QpType::Ud
-                    && matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-                    && p.attr.qkey == qkey)
-                    .then_some(d)
-            });
-        let Some(peer) = dest else {
-            tracing::trace!(
-                qpn,
-                dqpn = wqe.ud.remote_qpn,
-                "UD datagram dropped: no such QP"
-            );
-            self.complete_head(qp, len as u32);
-            return Step::Done(len);
-        };
-        let Some(recv) = self.recv_head(peer) else {
-            self.complete_head(qp, len as u32);
-            return Step::Done(len);
-        };
-        let Some(p) = self.qps.get(&peer) else {
-            return Step::Blocked;
-        };
-        let (pvnic, ppd) = (p.vnic, p.pd);
-        let capacity: u64 = recv.sges.iter().map(|s| u64::from(s.length)).sum();
-        if !self.check_sges(pvnic, ppd, &recv.sges, true) {
-            self.take_recv(peer, WcStatus::LocProtErr, 0, None);
-            self.fail_qp(peer, None);
-            self.complete_head(qp, len as u32);
-            return Step::Done(len);
-        }
-        if len + GRH_LEN > capacity {
-            self.take_recv(peer, WcStatus::LocLenErr, 0, None);
-            self.complete_head(qp, len as u32);
-            return Step::Done(len);
-        }
-        let (mut grh_runs, mut data_runs) = (Vec::new(), Vec::new());
-        // Checked just above, so neither can fail.
-        let _ = self.sge_runs(pvnic, &recv.sges, 0, GRH_LEN, &mut grh_runs);
-        let _ = self.sge_runs(pvnic, &recv.sges, GRH_LEN, len, &mut data_runs);
-        let mut flags = 0;
-        if ah.is_global {
+        let grh = attr.is_global.then(|| {
             let sgid = self.vnics.get(&vnic).map(|v| v.gid).unwrap_or_default();
-            scatter_bytes(mem, &grh(&ah, sgid, len), &grh_runs);
-            flags = WC_GRH;
-        }
-        self.gather(qp, wqe, 0, len, &data_runs, mem);
-        let imm = (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data);
-        let slid = self.lid_of(qp);
-        self.take_recv_ok(
-            peer,
-            WcOpcode::Recv,
-            (len + GRH_LEN) as u32,
-            imm,
-            qpn,
-            slid,
-            wqe.flags.contains(SendFlags::SOLICITED),
-            flags,
-        );
-        self.complete_head(qp, len as u32);
-        Step::Done(len)
-    }
-
-    pub(super) fn exec_atomic(
-        &mut self,
-        qp: QpId,
-        peer: QpId,
-        wqe: &SendWqe,
-        mem: &mut dyn Memory,
-    ) -> Step {
-        if wqe.payload.len() != 8 {
-            // The local buffer must hold exactly the 8-byte original value.
-            self.fail_qp(qp, Some(WcStatus::LocLenErr));
-            return Step::Done(0);
-        }
-        if !wqe.remote_addr.is_multiple_of(8) {
-            self.fail_both(qp, WcStatus::RemInvReqErr, peer);
-            return Step::Done(0);
-        }
-        let dst = self
-            .remote_mr(peer, wqe.remote_addr, 8, wqe.rkey, access::REMOTE_ATOMIC)
-            .and_then(|m| {
-                let mut runs = Vec::new();
-                translate(m, wqe.remote_addr, 8, &mut runs)?;
-                Some(runs)
-            });
-        // An aligned 8-byte word never crosses a page, so it is one run.
-        let Some(&(at, _)) = dst.as_ref().and_then(|d| d.first()) else {
-            self.fail_both(qp, WcStatus::RemAccessErr, peer);
-            return Step::Done(0);
+            grh(&attr, sgid, len)
+        });
+        let mut src = std::mem::take(&mut self.scratch_src);
+        src.clear();
+        let payload = match &wqe.payload {
+            SendPayload::Inline(data) => Payload::Bytes(data),
+            SendPayload::Sges(sges) => {
+                let _ = self.sge_runs(vnic, sges, 0, len, &mut src);
+                Payload::Runs(&src)
+            }
         };
-        let mut old = [0u8; 8];
-        mem.read(at, &mut old);
-        let cur = u64::from_le_bytes(old);
-        let new = match wqe.opcode {
-            SendOpcode::AtomicCmpAndSwp if cur == wqe.compare_add => Some(wqe.swap),
-            SendOpcode::AtomicCmpAndSwp => None,
-            _ => Some(cur.wrapping_add(wqe.compare_add)),
+        let req = Request {
+            op: Op::Send,
+            transport: QpType::Ud,
+            first: true,
+            last: true,
+            src: Src::Local { vnic, qpn },
+            src_qpn: qpn,
+            slid: self.vnics.get(&vnic).map_or(0, |v| v.lid),
+            dst_qpn: wqe.ud.remote_qpn,
+            psn: 0,
+            solicited: wqe.flags.contains(SendFlags::SOLICITED),
+            imm: (wqe.opcode == SendOpcode::SendWithImm).then_some(wqe.imm_data),
+            va: 0,
+            rkey: 0,
+            len,
+            chunk: len,
+            qkey,
+            grh,
+            payload,
         };
-        if let Some(v) = new {
-            mem.write(at, &v.to_le_bytes());
+        if let Route::Remote(host) = route {
+            self.scratch_src = src;
+            self.transmit_datagram(host, qp, wqe, qkey, &attr);
+            return Outcome::Complete {
+                byte_len: len as u32,
+                moved: len,
+            };
         }
-        let local = self.local_runs(qp, wqe, 0, 8);
-        scatter_bytes(mem, &old, &local);
-        self.complete_head(qp, 8);
-        Step::Done(8)
+        let mut back = std::mem::take(&mut self.scratch_dst);
+        if self.deliver(route, &req, mem, &mut back).is_none() {
+            tracing::trace!(qpn, dqpn = req.dst_qpn, "UD datagram dropped: no such QP");
+        }
+        self.scratch_src = src;
+        self.scratch_dst = back;
+        Outcome::Complete {
+            byte_len: len as u32,
+            moved: len,
+        }
     }
 }

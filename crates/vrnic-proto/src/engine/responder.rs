@@ -1,9 +1,356 @@
-//! The responder's receive side: which receive a message lands in, taking it, and its
-//! completion.
+//! The responder: a request segment checked against the connection (state, QPN, route back,
+//! PSN) and against the responder's own memory (its receive, its MRs and rkeys), then
+//! executed — bytes placed, a receive taken and completed, READ data located, an atomic
+//! performed — and answered.
 
+use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_cmp, psn_next};
 use super::*;
 
+/// A SEND in progress at a responder: the receive it lands in (taken at its first segment,
+/// completed at its last) and the bytes placed so far.
+#[derive(Debug)]
+pub(super) struct Rx {
+    pub(super) wqe: RecvWqe,
+    pub(super) off: u64,
+}
+
 impl Engine {
+    /// A request segment for `peer` (on this daemon). `None`: dropped without an answer (the
+    /// QP is not connected to the requester, or not ready to receive), as a network drops an
+    /// invalid packet. A READ response leaves the runs to read in `back`.
+    pub(super) fn handle_request(
+        &mut self,
+        peer: QpId,
+        req: &Request,
+        mem: &mut dyn Memory,
+        back: &mut Vec<(Loc, u64)>,
+    ) -> Option<Response> {
+        let p = self.qps.get(&peer)?;
+        if p.ty != req.transport
+            || !matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            return None;
+        }
+        if req.transport == QpType::Ud {
+            return Some(self.handle_datagram(peer, req, mem));
+        }
+        let connected = match req.src {
+            Src::Local { vnic, qpn } => p.attr.dest_qp_num == qpn && p.route == Route::Local(vnic),
+            Src::Remote(host) => p.route == Route::Remote(host),
+        };
+        if !connected {
+            return None;
+        }
+        let uc = req.transport == QpType::Uc;
+        match psn_cmp(req.psn, p.attr.rq_psn) {
+            0 => {}
+            _ if uc => {
+                // UC: a gap loses the message in progress; a first segment starts anew.
+                if !req.first {
+                    if let Some(q) = self.qps.get_mut(&peer) {
+                        q.attr.rq_psn = psn_next(req.psn);
+                        q.rx_lost = true;
+                    }
+                    return Some(Response::Unacknowledged);
+                }
+            }
+            d if d > 0 => return Some(Response::Nak(Nak::Sequence)),
+            _ => return Some(self.duplicate(peer, req, back)),
+        }
+        let r = match req.op {
+            Op::Send => self.place_send(peer, req, mem),
+            Op::Write => self.place_write(peer, req, mem),
+            Op::Read => self.locate_read(peer, req, back),
+            Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
+        };
+        if let Some(q) = self.qps.get_mut(&peer)
+            && (uc
+                || matches!(
+                    r,
+                    Response::Ack | Response::ReadData | Response::AtomicAck(_)
+                ))
+        {
+            q.attr.rq_psn = psn_next(req.psn);
+            if let Response::AtomicAck(old) = r {
+                q.last_atomic = Some((req.psn, old));
+            }
+        }
+        Some(if uc { Response::Unacknowledged } else { r })
+    }
+
+    /// A segment whose PSN this responder has passed already (a retransmission): SEND and
+    /// WRITE are acknowledged again without effect, READ is read again, an atomic answers
+    /// the value it answered (IB spec 9.7.5.1.2).
+    fn duplicate(&mut self, peer: QpId, req: &Request, back: &mut Vec<(Loc, u64)>) -> Response {
+        match req.op {
+            Op::Send | Op::Write => Response::Ack,
+            Op::Read => self.locate_read(peer, req, back),
+            Op::CmpSwap { .. } | Op::FetchAdd { .. } => {
+                match self.qps.get(&peer).and_then(|p| p.last_atomic) {
+                    Some((psn, old)) if psn == req.psn => Response::AtomicAck(old),
+                    _ => Response::Nak(Nak::InvalidRequest),
+                }
+            }
+        }
+    }
+
+    /// A responder-detected error on an RC (or UC) QP: the QP moves to ERR (the requester
+    /// learns `nak`).
+    fn refuse(&mut self, peer: QpId, nak: Nak) -> Response {
+        self.fail_qp(peer, None);
+        Response::Nak(nak)
+    }
+
+    /// SEND: the payload into the receive of the message in progress, or, at its first
+    /// segment, the receive at the head of the QP's (or its SRQ's) queue.
+    fn place_send(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
+        let Some(p) = self.qps.get(&peer) else {
+            return Response::Nak(Nak::InvalidRequest);
+        };
+        let (pvnic, ppd, timer) = (p.vnic, p.pd, p.attr.min_rnr_timer);
+        let uc = p.ty == QpType::Uc;
+        if req.first {
+            if let Some(q) = self.qps.get_mut(&peer) {
+                q.rx_lost = false;
+                if let Some(rx) = q.rx.as_mut() {
+                    // The message starts over (a retransmission): same receive, from byte 0.
+                    rx.off = 0;
+                }
+            }
+            if self.qps.get(&peer).is_some_and(|q| q.rx.is_none()) {
+                let Some(head) = self.recv_head(peer) else {
+                    // UC: the message is dropped; RC: try again later.
+                    return if uc {
+                        Response::Unacknowledged
+                    } else {
+                        Response::RnrNak { timer }
+                    };
+                };
+                let prot_ok = self.check_sges(pvnic, ppd, &head.sges, true);
+                let Some(wqe) = self.pop_recv(peer) else {
+                    return Response::Nak(Nak::InvalidRequest);
+                };
+                if !prot_ok {
+                    // Its own receive buffer is bad: that receive fails, and the requester
+                    // learns a remote operational error.
+                    self.finish_recv(peer, wqe, WcStatus::LocProtErr, None, req);
+                    return self.refuse(peer, Nak::RemoteOperational);
+                }
+                if let Some(q) = self.qps.get_mut(&peer) {
+                    q.rx = Some(Rx { wqe, off: 0 });
+                }
+            }
+        }
+        let Some(q) = self.qps.get_mut(&peer) else {
+            return Response::Nak(Nak::InvalidRequest);
+        };
+        if q.rx_lost {
+            return Response::Unacknowledged;
+        }
+        let Some(rx) = q.rx.take() else {
+            // A middle or last segment with no message in progress.
+            return self.refuse(peer, Nak::InvalidRequest);
+        };
+        let capacity: u64 = rx.wqe.sges.iter().map(|s| u64::from(s.length)).sum();
+        let n = req.payload.len();
+        if rx.off.saturating_add(n) > capacity {
+            self.finish_recv(peer, rx.wqe, WcStatus::LocLenErr, None, req);
+            return self.refuse(peer, Nak::InvalidRequest);
+        }
+        let mut dst = std::mem::take(&mut self.scratch_place);
+        dst.clear();
+        // Checked when the receive was taken, so it cannot fail.
+        let _ = self.sge_runs(pvnic, &rx.wqe.sges, rx.off, n, &mut dst);
+        place(mem, req.payload, &dst);
+        self.scratch_place = dst;
+        let off = rx.off + n;
+        if req.last {
+            self.finish_recv(peer, rx.wqe, WcStatus::Success, Some(off), req);
+        } else if let Some(q) = self.qps.get_mut(&peer) {
+            q.rx = Some(Rx { wqe: rx.wqe, off });
+        }
+        Response::Ack
+    }
+
+    /// RDMA WRITE: the payload at `va` under `rkey`; WITH_IMM's last segment also takes a
+    /// receive (no receive: RNR).
+    fn place_write(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
+        let Some(p) = self.qps.get(&peer) else {
+            return Response::Nak(Nak::InvalidRequest);
+        };
+        let timer = p.attr.min_rnr_timer;
+        let uc = p.ty == QpType::Uc;
+        if req.last && req.imm.is_some() && self.recv_empty(peer) {
+            return if uc {
+                Response::Unacknowledged
+            } else {
+                Response::RnrNak { timer }
+            };
+        }
+        if req.first
+            && let Some(q) = self.qps.get_mut(&peer)
+        {
+            // The RETH's DMA length, which a receive it consumes reports.
+            q.write_len = req.len;
+        }
+        let n = req.payload.len();
+        let mut dst = std::mem::take(&mut self.scratch_place);
+        dst.clear();
+        // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
+        let ok = req.len == 0
+            || self
+                .remote_mr(peer, req.va, req.len, req.rkey, access::REMOTE_WRITE)
+                .and_then(|m| translate(m, req.va, n, &mut dst))
+                .is_some();
+        if ok {
+            place(mem, req.payload, &dst);
+        }
+        self.scratch_place = dst;
+        if !ok {
+            // UC drops a write it may not perform, and stays up; RC fails.
+            return if uc {
+                Response::Unacknowledged
+            } else {
+                self.refuse(peer, Nak::RemoteAccess)
+            };
+        }
+        if req.last
+            && req.imm.is_some()
+            && let Some(wqe) = self.pop_recv(peer)
+        {
+            let total = self.qps.get(&peer).map_or(0, |q| q.write_len);
+            self.finish_recv(peer, wqe, WcStatus::Success, Some(total), req);
+        }
+        Response::Ack
+    }
+
+    /// RDMA READ: the responder's runs of `[va, va + chunk)` into `back`.
+    fn locate_read(&mut self, peer: QpId, req: &Request, back: &mut Vec<(Loc, u64)>) -> Response {
+        back.clear();
+        if req.len == 0 {
+            return Response::ReadData;
+        }
+        let found = self
+            .remote_mr(peer, req.va, req.len, req.rkey, access::REMOTE_READ)
+            .and_then(|m| translate(m, req.va, req.chunk, back));
+        if found.is_none() {
+            back.clear();
+            return self.refuse(peer, Nak::RemoteAccess);
+        }
+        Response::ReadData
+    }
+
+    /// ATOMIC: compare-and-swap or fetch-and-add on the aligned 8 bytes at `va`.
+    fn perform_atomic(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
+        if !req.va.is_multiple_of(8) {
+            return self.refuse(peer, Nak::InvalidRequest);
+        }
+        let mut dst = std::mem::take(&mut self.scratch_place);
+        dst.clear();
+        let found = self
+            .remote_mr(peer, req.va, 8, req.rkey, access::REMOTE_ATOMIC)
+            .and_then(|m| translate(m, req.va, 8, &mut dst));
+        // An aligned 8-byte word never crosses a page, so it is one run.
+        let at = found.and_then(|()| dst.first().map(|&(at, _)| at));
+        self.scratch_place = dst;
+        let Some(at) = at else {
+            return self.refuse(peer, Nak::RemoteAccess);
+        };
+        let mut old = [0u8; 8];
+        mem.read(at, &mut old);
+        let cur = u64::from_le_bytes(old);
+        let new = match req.op {
+            Op::CmpSwap { compare, swap } => (cur == compare).then_some(swap),
+            Op::FetchAdd { add } => Some(cur.wrapping_add(add)),
+            _ => None,
+        };
+        if let Some(v) = new {
+            mem.write(at, &v.to_le_bytes());
+        }
+        Response::AtomicAck(cur)
+    }
+
+    /// A UD datagram: to a receive of this QP if the Q_Key matches; otherwise (or with no
+    /// receive posted) it is dropped. The receive gets the GRH (if any) in its first
+    /// [`GRH_LEN`] bytes and the payload after it.
+    fn handle_datagram(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
+        let Some(p) = self.qps.get(&peer) else {
+            return Response::Unacknowledged;
+        };
+        let (pvnic, ppd) = (p.vnic, p.pd);
+        if p.attr.qkey != req.qkey {
+            return Response::Unacknowledged;
+        }
+        let Some(head) = self.recv_head(peer) else {
+            return Response::Unacknowledged;
+        };
+        let capacity: u64 = head.sges.iter().map(|s| u64::from(s.length)).sum();
+        let prot_ok = self.check_sges(pvnic, ppd, &head.sges, true);
+        let len = req.payload.len();
+        let Some(wqe) = self.pop_recv(peer) else {
+            return Response::Unacknowledged;
+        };
+        if !prot_ok {
+            self.finish_recv(peer, wqe, WcStatus::LocProtErr, None, req);
+            self.fail_qp(peer, None);
+            return Response::Unacknowledged;
+        }
+        if len + GRH_LEN > capacity {
+            self.finish_recv(peer, wqe, WcStatus::LocLenErr, None, req);
+            return Response::Unacknowledged;
+        }
+        let mut dst = std::mem::take(&mut self.scratch_place);
+        dst.clear();
+        // Checked just above, so neither can fail.
+        if let Some(g) = &req.grh {
+            let _ = self.sge_runs(pvnic, &wqe.sges, 0, GRH_LEN, &mut dst);
+            scatter_bytes(mem, g, &dst);
+            dst.clear();
+        }
+        let _ = self.sge_runs(pvnic, &wqe.sges, GRH_LEN, len, &mut dst);
+        place(mem, req.payload, &dst);
+        self.scratch_place = dst;
+        self.finish_recv(peer, wqe, WcStatus::Success, Some(len + GRH_LEN), req);
+        Response::Unacknowledged
+    }
+
+    /// Completes a receive taken by a message from `req`'s requester: `byte_len` bytes on
+    /// success, with the immediate,
+    /// source and solicited flag of the message; an error completion otherwise.
+    fn finish_recv(
+        &mut self,
+        peer: QpId,
+        wqe: RecvWqe,
+        status: WcStatus,
+        byte_len: Option<u64>,
+        req: &Request,
+    ) {
+        let Some(p) = self.qps.get(&peer) else {
+            return;
+        };
+        let opcode = if req.op == Op::Write {
+            WcOpcode::RecvRdmaWithImm
+        } else {
+            WcOpcode::Recv
+        };
+        let mut c = cqe(wqe.wr_id, status, opcode, p.qpn);
+        let mut solicited = false;
+        if let Some(n) = byte_len {
+            c.byte_len = n as u32;
+            c.src_qp = req.src_qpn;
+            c.slid = req.slid;
+            if req.grh.is_some() {
+                c.wc_flags |= WC_GRH;
+            }
+            if let Some(i) = req.imm {
+                c.imm_data = i;
+                c.wc_flags |= WC_WITH_IMM;
+            }
+            solicited = req.solicited;
+        }
+        self.completions.push_back((p.recv_cq, c, solicited));
+    }
+
     /// The receive a message to `qp` would land in: the head of its SRQ or of its own queue.
     pub(super) fn recv_head(&self, qp: QpId) -> Option<&RecvWqe> {
         let q = self.qps.get(&qp)?;
@@ -15,15 +362,6 @@ impl Engine {
 
     pub(super) fn recv_empty(&self, qp: QpId) -> bool {
         self.recv_head(qp).is_none()
-    }
-
-    /// Receives retired so far from the queue `qp` receives from (its SRQ's or its own).
-    pub(super) fn recv_retired(&self, qp: QpId) -> u32 {
-        let Some(q) = self.qps.get(&qp) else { return 0 };
-        match q.srq {
-            Some(s) => self.srqs.get(&s).map(|s| s.retired).unwrap_or(0),
-            None => q.rq_retired,
-        }
     }
 
     /// Takes the receive a message to `qp` lands in. Taking from an SRQ below its armed limit
@@ -47,60 +385,13 @@ impl Engine {
         }
         Some(r)
     }
+}
 
-    pub(super) fn lid_of(&self, qp: QpId) -> u16 {
-        self.qps
-            .get(&qp)
-            .and_then(|q| self.vnics.get(&q.vnic))
-            .map(|v| v.lid)
-            .unwrap_or(0)
-    }
-
-    pub(super) fn take_recv(
-        &mut self,
-        peer: QpId,
-        status: WcStatus,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) {
-        let Some(r) = self.pop_recv(peer) else { return };
-        let Some(p) = self.qps.get(&peer) else {
-            return;
-        };
-        let mut c = cqe(r.wr_id, status, WcOpcode::Recv, p.qpn);
-        c.byte_len = byte_len;
-        if let Some(i) = imm {
-            c.imm_data = i;
-            c.wc_flags |= WC_WITH_IMM;
-        }
-        self.completions.push_back((p.recv_cq, c, false));
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn take_recv_ok(
-        &mut self,
-        peer: QpId,
-        opcode: WcOpcode,
-        byte_len: u32,
-        imm: Option<u32>,
-        src_qp: u32,
-        slid: u16,
-        solicited: bool,
-        wc_flags: u8,
-    ) {
-        let Some(r) = self.pop_recv(peer) else { return };
-        let Some(p) = self.qps.get(&peer) else {
-            return;
-        };
-        let mut c = cqe(r.wr_id, WcStatus::Success, opcode, p.qpn);
-        c.byte_len = byte_len;
-        c.src_qp = src_qp;
-        c.slid = slid;
-        c.wc_flags |= wc_flags;
-        if let Some(i) = imm {
-            c.imm_data = i;
-            c.wc_flags |= WC_WITH_IMM;
-        }
-        self.completions.push_back((p.recv_cq, c, solicited));
+/// Copies a segment's payload into the `dst` runs (one copy per byte).
+fn place(mem: &mut dyn Memory, payload: Payload, dst: &[(Loc, u64)]) {
+    match payload {
+        Payload::Empty => {}
+        Payload::Runs(src) => copy_runs(mem, src, dst, payload.len()),
+        Payload::Bytes(b) => scatter_bytes(mem, b, dst),
     }
 }

@@ -4,10 +4,9 @@
 use super::*;
 
 impl Engine {
-    // ---- execution -------------------------------------------------------------------------
-
-    /// Fires the timers that are due: a QP waiting for a missing responder fails with
-    /// `RETRY_EXC_ERR`; a QP waiting on RNR counts one retry (and fails with
+    /// Fires the timers that are due: each waiting QP whose timer expired is woken, and its
+    /// next step tries its segment again: a QP that still gets no answer fails with
+    /// `RETRY_EXC_ERR`; one that gets an RNR NAK again counts one retry (and fails with
     /// `RNR_RETRY_EXC_ERR` once they are used up). [`Engine::process`] fires them too, so a
     /// driver may call either or both. Costs the due timers only.
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -33,14 +32,38 @@ impl Engine {
                 Some(_) => {}
                 None => continue,
             }
-            match (q.wait, self.responder(qp)) {
-                (Wait::Retry { .. }, None) => self.fail_qp(qp, Some(WcStatus::RetryExcErr)),
-                (Wait::Rnr { .. }, Some(peer)) if self.recv_empty(peer) => {
-                    self.rnr(now, qp, peer);
-                }
-                // The situation changed: the next `process` retries at once.
-                _ => {}
+            // Over a peer link: no answer to what is in flight for the whole budget.
+            if q.ack_until.is_some_and(|t| t <= now) {
+                self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+                continue;
             }
+            // Each expiry is one more try: a QP that got no answer at all fails; one that got
+            // RNR NAKs counts a retry.
+            match q.wait {
+                Wait::Retry { .. } => {
+                    self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+                    continue;
+                }
+                Wait::Rnr {
+                    retries, on, timer, ..
+                } => {
+                    let retries = retries.saturating_add(1);
+                    if q.attr.rnr_retry != 7 && retries > q.attr.rnr_retry {
+                        self.fail_qp(qp, Some(WcStatus::RnrRetryExcErr));
+                        continue;
+                    }
+                    let until = now + Duration::from_micros(state::rnr_timer_us(timer));
+                    q.wait = Wait::Rnr {
+                        until,
+                        retries,
+                        on,
+                        timer,
+                    };
+                    self.arm(qp, until);
+                }
+                Wait::None => {}
+            }
+            // Its next step sends the segment again.
             self.unpark(qp);
         }
     }
@@ -99,11 +122,11 @@ impl Engine {
                 let (mut wrs, mut blocked) = (0usize, false);
                 while wrs < QP_WRS && v_wrs < VNIC_WRS && v_bytes < CHUNK {
                     let Some(q) = self.qps.get(&qp) else { break };
-                    if q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+                    if !q.has_unsent() || q.attr.qp_state != QpState::Rts {
                         break;
                     }
                     let (n, retired) = match self.step(now, qp, mem) {
-                        Step::Done(n) => (n, 1),
+                        Step::Done(n) | Step::Sent(n) => (n, 1),
                         Step::Partial(n) if n > 0 => (n, 0),
                         Step::Partial(_) | Step::Blocked => {
                             blocked = true;
@@ -141,7 +164,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.queued || q.parked || q.sq.is_empty() || q.attr.qp_state != QpState::Rts {
+        if q.queued || q.parked || !q.has_unsent() || q.attr.qp_state != QpState::Rts {
             return;
         }
         q.queued = true;
@@ -162,16 +185,9 @@ impl Engine {
         let Some(q) = self.qps.get(&qp) else { return };
         let wait = q.wait;
         match wait {
-            Wait::Rnr { .. } => {
-                let Some(peer) = self.responder(qp) else {
-                    self.wake(qp);
-                    return;
-                };
-                let key = match self.qps.get(&peer).and_then(|p| p.srq) {
-                    Some(s) => RecvQueue::Srq(s),
-                    None => RecvQueue::Qp(peer),
-                };
-                if let Some(q) = self.qps.get_mut(&qp)
+            Wait::Rnr { on, .. } => {
+                if let Some(key) = on
+                    && let Some(q) = self.qps.get_mut(&qp)
                     && !q.listed
                 {
                     q.listed = true;

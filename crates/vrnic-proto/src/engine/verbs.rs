@@ -8,6 +8,8 @@ impl Engine {
 
     /// Registers a vRNIC with its address.
     pub fn add_vnic(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16]) {
+        self.by_lid.insert(lid, vnic);
+        self.by_gid.insert(gid, vnic);
         self.vnics.insert(
             vnic,
             Vnic {
@@ -36,7 +38,14 @@ impl Engine {
         for c in ctxs {
             self.destroy_context(now, c);
         }
-        self.vnics.remove(&vnic);
+        if let Some(v) = self.vnics.remove(&vnic) {
+            if self.by_lid.get(&v.lid) == Some(&vnic) {
+                self.by_lid.remove(&v.lid);
+            }
+            if self.by_gid.get(&v.gid) == Some(&vnic) {
+                self.by_gid.remove(&v.gid);
+            }
+        }
     }
 
     /// Destroys everything `ctx` owns: its QPs (their peers see errors), SRQs, AHs, MRs, CQs
@@ -345,6 +354,17 @@ impl Engine {
                 rq_retired: 0,
                 wait: Wait::None,
                 progress: None,
+                route: Route::Nowhere,
+                sq_sent: 0,
+                stalled: false,
+                flights: Flights::new(),
+                ack_until: None,
+                write_at: None,
+                ack_due: None,
+                rx: None,
+                rx_lost: false,
+                write_len: 0,
+                last_atomic: None,
                 queued: false,
                 parked: false,
                 listed: false,
@@ -416,9 +436,16 @@ impl Engine {
         {
             return Err(EINVAL);
         }
+        // Where its segments go: resolved now, from the address it will have.
+        let route = match (next, mask & qp_attr::AV != 0) {
+            (QpState::Rtr | QpState::Rts | QpState::Sqd, true) => self.resolve(&attr.ah_attr),
+            (QpState::Rtr | QpState::Rts | QpState::Sqd, false) => self.resolve(&q.attr.ah_attr),
+            _ => Route::Nowhere,
+        };
         let Some(q) = self.qps.get_mut(&qp) else {
             return Err(EINVAL);
         };
+        q.route = route;
         let a = &mut q.attr;
         macro_rules! set {
             ($bit:ident => $($f:ident),+) => {
@@ -455,6 +482,10 @@ impl Engine {
                 q.rq.clear();
                 q.wait = Wait::None;
                 q.progress = None;
+                q.rx = None;
+                q.rx_lost = false;
+                q.clear_flights();
+                q.last_atomic = None;
                 q.attr = QpAttr {
                     cap: q.cap,
                     ..QpAttr::default()
@@ -518,22 +549,13 @@ impl Engine {
     pub(super) fn fail_peers(&mut self, qp: QpId) {
         let Some(q) = self.qps.get(&qp) else { return };
         let (qpn, vnic) = (q.qpn, q.vnic);
-        let (lid, gid) = self
-            .vnics
-            .get(&vnic)
-            .map(|v| (v.lid, v.gid))
-            .unwrap_or_default();
         let peers: Vec<QpId> = self
             .qps
             .iter()
             .filter(|(_, p)| {
                 matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
                     && p.attr.dest_qp_num == qpn
-                    && if p.attr.ah_attr.is_global {
-                        p.attr.ah_attr.grh.dgid == gid
-                    } else {
-                        p.attr.ah_attr.dlid == lid
-                    }
+                    && p.route == Route::Local(vnic)
             })
             .map(|(&id, _)| id)
             .collect();
@@ -732,7 +754,16 @@ impl Engine {
             return Err(ENOMEM);
         }
         let id = AhId(self.id());
-        self.ahs.insert(id, Ah { ctx, pd, attr });
+        let route = self.resolve(&attr);
+        self.ahs.insert(
+            id,
+            Ah {
+                ctx,
+                pd,
+                attr,
+                route,
+            },
+        );
         if let Some(p) = self.pds.get_mut(&pd) {
             p.users += 1;
         }

@@ -1,0 +1,949 @@
+//! The two ends of a message across a peer link: segments leave as frames
+//! ([`Engine::poll_transmit`]) and arrive as frames ([`Engine::handle_segment`]).
+//!
+//! A requester whose route is [`Route::Remote`] does not wait for each segment's answer: it
+//! sends the segments of its WQEs in order, up to [`WINDOW`] unanswered, and keeps each WQE
+//! (and its PSNs, a [`Flight`]) until the answer arrives: an ACK (cumulative, coalesced by the
+//! responder: one per QP per transmit round), the READ response with its data, or the atomic
+//! ACK with the original value. An RNR NAK or a PSN sequence NAK rewinds it to that PSN
+//! (go-back-N); another NAK fails the WQE it names; no answer at all for the QP's
+//! `timeout × (retry_cnt + 1)` fails it with `RETRY_EXC_ERR`. A link that comes back
+//! ([`Engine::handle_link_up`]) makes every QP over it send again from its oldest unanswered
+//! segment, and the responder answers what it had already executed as duplicates, so nothing
+//! is lost or done twice.
+//!
+//! Segments carry at most [`SEGMENT`] bytes, so a READ request asks for at most one frame of
+//! data and every request takes one PSN. The responder side turns a frame into the same
+//! [`Request`] a local requester hands over (the RDMA WRITE's RETH is only on its first
+//! segment: the responder keeps the cursor) and runs it through the same checks.
+
+use std::collections::VecDeque;
+
+use vrnic_wire::GlobalRoute;
+use vrnic_wire::frame::{
+    Aeth, AtomicAckEth, AtomicEth, Deth, Frame, FrameRepr, GrhRepr, NakCode, Op as WireOp, Opcode,
+    Reth, SegmentRepr, Syndrome, Transport,
+};
+
+use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_cmp, psn_next};
+use super::*;
+
+/// Most payload bytes in one segment over a peer link (one frame).
+pub const SEGMENT: u64 = vrnic_wire::frame::MAX_PAYLOAD as u64;
+/// Most unanswered segments one QP keeps in flight over a peer link.
+pub const WINDOW: u32 = 512;
+
+/// A frame to send: to `host`, these headers, this payload.
+#[derive(Debug)]
+pub struct Transmit {
+    /// The peer daemon.
+    pub host: HostId,
+    /// The GRH (UD segments sent along a global route).
+    pub grh: Option<GrhRepr>,
+    /// The transport headers.
+    pub segment: SegmentRepr,
+    /// The payload (`segment.payload_len` bytes).
+    pub payload: TxPayload,
+}
+
+impl Transmit {
+    /// The whole frame, appended to `out`: headers, then the payload copied out of registered
+    /// memory (the frame's one copy on this side). Returns `false`, appending nothing, if the
+    /// headers are inconsistent (a bug: the engine builds them).
+    pub fn encode(&self, mem: &mut dyn Memory, out: &mut Vec<u8>) -> bool {
+        let repr = FrameRepr::Segment {
+            grh: self.grh,
+            segment: self.segment,
+        };
+        if repr.check().is_err() {
+            return false;
+        }
+        let start = out.len();
+        out.resize(start + repr.buffer_len(), 0);
+        repr.emit(&mut Frame::new_unchecked(&mut out[start..]));
+        let range = repr.payload_range();
+        let body = &mut out[start + range.start..start + range.end];
+        match &self.payload {
+            TxPayload::Empty => {}
+            TxPayload::Bytes(b) => {
+                let n = b.len().min(body.len());
+                body[..n].copy_from_slice(&b[..n]);
+            }
+            TxPayload::Runs(runs) => {
+                let mut at = 0usize;
+                for &(loc, n) in runs {
+                    let n = usize::try_from(n)
+                        .unwrap_or(usize::MAX)
+                        .min(body.len() - at);
+                    mem.read(loc, &mut body[at..at + n]);
+                    at += n;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Where a transmitted segment's payload is.
+#[derive(Debug)]
+pub enum TxPayload {
+    /// None.
+    Empty,
+    /// In registered memory: copy these region runs out when writing the frame.
+    Runs(Vec<(Loc, u64)>),
+    /// Inline data of the work request.
+    Bytes(Vec<u8>),
+}
+
+/// A WQE sent, wholly or partly, over a peer link, at the same index of its QP's send queue.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Flight {
+    /// PSN of its first segment.
+    pub(super) first_psn: u32,
+    /// PSN after its last segment sent.
+    next_psn: u32,
+    /// Bytes sent (READ: asked for).
+    sent: u64,
+    /// All of it sent.
+    whole: bool,
+    /// Answered: ACKed (SEND, WRITE), or its data or value arrived (READ, atomics).
+    done: bool,
+    /// READ: bytes of response data placed.
+    got: u64,
+}
+
+impl Engine {
+    /// Makes a vRNIC behind a peer link known: routes to its LID and GID go there.
+    pub fn add_remote_vnic(&mut self, host: HostId, lid: u16, gid: [u8; 16]) {
+        self.remote_lids.insert(lid, host);
+        self.remote_gids.insert(gid, host);
+    }
+
+    /// Forgets a remote vRNIC (its daemon said it is gone). QPs already routed to it keep
+    /// their route and learn from silence.
+    pub fn remove_remote_vnic(&mut self, lid: u16, gid: [u8; 16]) {
+        self.remote_lids.remove(&lid);
+        self.remote_gids.remove(&gid);
+    }
+
+    /// The peer link to `host` broke (a malformed frame: the peer is broken or hostile): every
+    /// QP routed over it moves to ERR, its head WQE completing with `RETRY_EXC_ERR`.
+    pub fn fail_host(&mut self, now: Instant, host: HostId) {
+        let _ = now;
+        let qps: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                q.route == Route::Remote(host)
+                    && matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for qp in qps {
+            self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+        }
+    }
+
+    /// The next frame to send, if any: segments in the order they were made, then one
+    /// coalesced ACK per responder QP that owes one.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if let Some(t) = self.outbox.pop_front() {
+            return Some(t);
+        }
+        while let Some(qp) = self.acks_due.pop() {
+            let Some(q) = self.qps.get_mut(&qp) else {
+                continue;
+            };
+            let (Some(psn), Route::Remote(host)) = (q.ack_due.take(), q.route) else {
+                continue;
+            };
+            let seg = answer(q.attr.dest_qp_num, psn, Syndrome::Ack { credits: 31 });
+            return Some(Transmit {
+                host,
+                grh: None,
+                segment: seg,
+                payload: TxPayload::Empty,
+            });
+        }
+        None
+    }
+
+    /// A peer link (re)connected: every QP routed over it sends again from its oldest
+    /// unanswered segment.
+    pub fn handle_link_up(&mut self, host: HostId) {
+        let qps: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.route == Route::Remote(host) && !q.flights.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        for qp in qps {
+            let Some(q) = self.qps.get(&qp) else { continue };
+            if let Some(f) = q.flights.iter().find(|f| !f.done) {
+                let psn = f.first_psn;
+                self.rewind(qp, psn);
+            }
+        }
+    }
+
+    /// The next segment of the WQE after those sent, over a peer link. RC WQEs stay queued
+    /// until answered; UC ones complete when sent.
+    pub(super) fn step_remote(&mut self, now: Instant, qp: QpId, host: HostId) -> Step {
+        let Some(q) = self.qps.get(&qp) else {
+            return Step::Blocked;
+        };
+        let idx = q.sq_sent;
+        let (vnic, pd, uc) = (q.vnic, q.pd, q.ty == QpType::Uc);
+        let wqe = match q.sq.get(idx) {
+            Some(Ok(w)) => w.clone(),
+            Some(Err(_)) if idx == 0 => {
+                self.fail_qp(qp, Some(WcStatus::LocQpOpErr));
+                return Step::Done(0);
+            }
+            // Fails in its turn, when those before it are answered.
+            Some(Err(_)) => {
+                self.stall(qp);
+                return Step::Blocked;
+            }
+            None => return Step::Blocked,
+        };
+        let sent = q.flights.get(idx).map_or(0, |f| f.sent);
+        let len = wqe.payload.len();
+        if sent == 0 {
+            let needs_write = matches!(
+                wqe.opcode,
+                SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
+            );
+            let atomic = needs_write && wqe.opcode != SendOpcode::RdmaRead;
+            let local = match &wqe.payload {
+                _ if len > u64::from(MAX_MSG_SIZE) => Some(WcStatus::LocLenErr),
+                _ if uc && needs_write => Some(WcStatus::LocQpOpErr),
+                SendPayload::Sges(sges) if !self.check_sges(vnic, pd, sges, needs_write) => {
+                    Some(WcStatus::LocProtErr)
+                }
+                SendPayload::Inline(_) if needs_write => Some(WcStatus::LocQpOpErr),
+                _ if atomic && len != 8 => Some(WcStatus::LocLenErr),
+                _ => None,
+            };
+            if let Some(status) = local {
+                if idx > 0 {
+                    // In order: it fails when it is the head.
+                    self.stall(qp);
+                    return Step::Blocked;
+                }
+                self.fail_qp(qp, Some(status));
+                return Step::Done(0);
+            }
+        }
+        let Some(q) = self.qps.get(&qp) else {
+            return Step::Blocked;
+        };
+        let psn = q.attr.sq_psn;
+        let atomic = matches!(
+            wqe.opcode,
+            SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
+        );
+        let n = if atomic {
+            0
+        } else {
+            len.saturating_sub(sent).min(SEGMENT)
+        };
+        let (first, last) = (sent == 0, atomic || sent + n >= len);
+        let t = if uc { Transport::Uc } else { Transport::Rc };
+        let imm = matches!(
+            wqe.opcode,
+            SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm
+        );
+        let op = match wqe.opcode {
+            SendOpcode::Send | SendOpcode::SendWithImm => match (first, last) {
+                (true, true) if imm => WireOp::SendOnlyWithImm,
+                (true, true) => WireOp::SendOnly,
+                (true, false) => WireOp::SendFirst,
+                (false, false) => WireOp::SendMiddle,
+                (false, true) if imm => WireOp::SendLastWithImm,
+                (false, true) => WireOp::SendLast,
+            },
+            SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => match (first, last) {
+                (true, true) if imm => WireOp::RdmaWriteOnlyWithImm,
+                (true, true) => WireOp::RdmaWriteOnly,
+                (true, false) => WireOp::RdmaWriteFirst,
+                (false, false) => WireOp::RdmaWriteMiddle,
+                (false, true) if imm => WireOp::RdmaWriteLastWithImm,
+                (false, true) => WireOp::RdmaWriteLast,
+            },
+            SendOpcode::RdmaRead => WireOp::RdmaReadRequest,
+            SendOpcode::AtomicCmpAndSwp => WireOp::CompareSwap,
+            SendOpcode::AtomicFetchAndAdd => WireOp::FetchAdd,
+        };
+        let Some(opcode) = Opcode::new(t, op) else {
+            return Step::Blocked;
+        };
+        let mut seg = SegmentRepr::new(opcode, q.attr.dest_qp_num, psn);
+        seg.ack_req = last;
+        seg.solicited = last && wqe.flags.contains(SendFlags::SOLICITED);
+        let ext = opcode.ext_headers();
+        if ext.contains(&vrnic_wire::frame::ExtHeader::Reth) {
+            seg.reth = Some(Reth {
+                va: wqe.remote_addr.wrapping_add(sent),
+                rkey: wqe.rkey,
+                dma_len: if op == WireOp::RdmaReadRequest {
+                    n as u32
+                } else {
+                    len as u32
+                },
+            });
+        }
+        if ext.contains(&vrnic_wire::frame::ExtHeader::ImmDt) {
+            seg.imm = Some(wqe.imm_data);
+        }
+        if atomic {
+            seg.atomic = Some(AtomicEth {
+                va: wqe.remote_addr,
+                rkey: wqe.rkey,
+                swap_add: if op == WireOp::CompareSwap {
+                    wqe.swap
+                } else {
+                    wqe.compare_add
+                },
+                compare: if op == WireOp::CompareSwap {
+                    wqe.compare_add
+                } else {
+                    0
+                },
+            });
+        }
+        let payload = if opcode.has_payload() {
+            seg.payload_len = n as usize;
+            match &wqe.payload {
+                SendPayload::Inline(data) => TxPayload::Bytes(
+                    data.get(sent as usize..(sent + n) as usize)
+                        .unwrap_or_default()
+                        .to_vec(),
+                ),
+                SendPayload::Sges(sges) => {
+                    let mut runs = Vec::new();
+                    // Checked by `check_sges` at the first segment, so it cannot fail.
+                    let _ = self.sge_runs(vnic, sges, sent, n, &mut runs);
+                    TxPayload::Runs(runs)
+                }
+            }
+        } else {
+            TxPayload::Empty
+        };
+        self.outbox.push_back(Transmit {
+            host,
+            grh: None,
+            segment: seg,
+            payload,
+        });
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return Step::Blocked;
+        };
+        q.attr.sq_psn = psn_next(psn);
+        if uc {
+            if last {
+                q.flights.clear();
+                self.complete_head(qp, len as u32);
+                return Step::Done(n);
+            }
+            if let Some(f) = q.flights.get_mut(0) {
+                f.sent += n;
+            } else {
+                q.flights.push_back(Flight {
+                    first_psn: psn,
+                    next_psn: psn_next(psn),
+                    sent: n,
+                    whole: false,
+                    done: false,
+                    got: 0,
+                });
+            }
+            return Step::Partial(n);
+        }
+        match q.flights.get_mut(idx) {
+            Some(f) => {
+                f.sent += n;
+                f.next_psn = psn_next(psn);
+                f.whole = last;
+            }
+            None => q.flights.push_back(Flight {
+                first_psn: psn,
+                next_psn: psn_next(psn),
+                sent: n,
+                whole: last,
+                done: false,
+                got: 0,
+            }),
+        }
+        if q.ack_until.is_none() {
+            q.ack_until = Some(now + ack_budget(q));
+            let until = now + ack_budget(q);
+            self.arm(qp, until);
+        }
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return Step::Blocked;
+        };
+        if last {
+            q.sq_sent += 1;
+            return Step::Sent(n);
+        }
+        Step::Partial(n)
+    }
+
+    /// A UD datagram over a peer link: one frame, and the WQE completes.
+    pub(super) fn transmit_datagram(
+        &mut self,
+        host: HostId,
+        qp: QpId,
+        wqe: &SendWqe,
+        qkey: u32,
+        attr: &AhAttr,
+    ) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let (vnic, qpn) = (q.vnic, q.qpn);
+        let imm = wqe.opcode == SendOpcode::SendWithImm;
+        let op = if imm {
+            WireOp::SendOnlyWithImm
+        } else {
+            WireOp::SendOnly
+        };
+        let Some(opcode) = Opcode::new(Transport::Ud, op) else {
+            return;
+        };
+        let len = wqe.payload.len();
+        let mut seg = SegmentRepr::new(opcode, wqe.ud.remote_qpn, 0);
+        seg.deth = Some(Deth { qkey, src_qpn: qpn });
+        seg.imm = imm.then_some(wqe.imm_data);
+        seg.solicited = wqe.flags.contains(SendFlags::SOLICITED);
+        seg.payload_len = len as usize;
+        let grh = attr.is_global.then(|| GrhRepr {
+            traffic_class: attr.grh.traffic_class,
+            flow_label: attr.grh.flow_label & 0xf_ffff,
+            hop_limit: attr.grh.hop_limit,
+            sgid: self.vnics.get(&vnic).map(|v| v.gid).unwrap_or_default(),
+            dgid: attr.grh.dgid,
+        });
+        let payload = match &wqe.payload {
+            SendPayload::Inline(d) => TxPayload::Bytes(d.clone()),
+            SendPayload::Sges(sges) => {
+                let mut runs = Vec::new();
+                let _ = self.sge_runs(vnic, sges, 0, len, &mut runs);
+                TxPayload::Runs(runs)
+            }
+        };
+        self.outbox.push_back(Transmit {
+            host,
+            grh,
+            segment: seg,
+            payload,
+        });
+    }
+
+    /// A segment that arrived on the peer link of `host` (already decoded, strictly): a
+    /// request for one of our QPs as responder, or an answer for one as requester. A segment
+    /// for no QP, or for a QP not connected over that link, is dropped.
+    pub fn handle_segment(
+        &mut self,
+        now: Instant,
+        host: HostId,
+        grh: Option<&GrhRepr>,
+        seg: &SegmentRepr,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        let Some(&qp) = self.by_qpn.get(&seg.dest_qpn) else {
+            tracing::trace!(?host, qpn = seg.dest_qpn, "segment for no QP dropped");
+            return;
+        };
+        tracing::trace!(?host, qpn = seg.dest_qpn, psn = seg.psn, op = ?seg.opcode.op(), "segment");
+        match seg.opcode.op() {
+            WireOp::Acknowledge
+            | WireOp::AtomicAcknowledge
+            | WireOp::RdmaReadResponseFirst
+            | WireOp::RdmaReadResponseMiddle
+            | WireOp::RdmaReadResponseLast
+            | WireOp::RdmaReadResponseOnly => self.handle_answer(now, host, qp, seg, payload, mem),
+            _ => self.handle_remote_request(host, qp, grh, seg, payload, mem),
+        }
+    }
+
+    fn handle_remote_request(
+        &mut self,
+        host: HostId,
+        qp: QpId,
+        grh: Option<&GrhRepr>,
+        seg: &SegmentRepr,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let transport = match seg.opcode.transport() {
+            Transport::Rc => QpType::Rc,
+            Transport::Uc => QpType::Uc,
+            Transport::Ud => QpType::Ud,
+        };
+        use WireOp::*;
+        let wop = seg.opcode.op();
+        let (op, first, last) = match wop {
+            SendFirst => (Op::Send, true, false),
+            SendMiddle => (Op::Send, false, false),
+            SendLast | SendLastWithImm => (Op::Send, false, true),
+            SendOnly | SendOnlyWithImm => (Op::Send, true, true),
+            RdmaWriteFirst => (Op::Write, true, false),
+            RdmaWriteMiddle => (Op::Write, false, false),
+            RdmaWriteLast | RdmaWriteLastWithImm => (Op::Write, false, true),
+            RdmaWriteOnly | RdmaWriteOnlyWithImm => (Op::Write, true, true),
+            RdmaReadRequest => (Op::Read, true, true),
+            CompareSwap | FetchAdd => {
+                let a = seg.atomic.unwrap_or(AtomicEth {
+                    va: 0,
+                    rkey: 0,
+                    swap_add: 0,
+                    compare: 0,
+                });
+                let op = if wop == CompareSwap {
+                    Op::CmpSwap {
+                        compare: a.compare,
+                        swap: a.swap_add,
+                    }
+                } else {
+                    Op::FetchAdd { add: a.swap_add }
+                };
+                (op, true, true)
+            }
+            // SEND with Invalidate: no memory windows here; a requester never sends it.
+            _ => {
+                self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
+                return;
+            }
+        };
+        let n = payload.len() as u64;
+        // Where an RDMA WRITE's bytes go: its RETH on the first segment, the cursor after.
+        let (va, rkey, len) = match (op, seg.reth, seg.atomic) {
+            (_, Some(r), _) => (r.va, r.rkey, u64::from(r.dma_len)),
+            (Op::Write, None, _) => match q.write_at {
+                Some(at) => at,
+                None => {
+                    if transport == QpType::Rc {
+                        self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
+                    }
+                    return;
+                }
+            },
+            (_, None, Some(a)) => (a.va, a.rkey, 8),
+            _ => (0, 0, 0),
+        };
+        if op == Op::Read && len > SEGMENT {
+            self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
+            return;
+        }
+        let (src_qpn, slid) = match seg.deth {
+            Some(d) => (
+                d.src_qpn,
+                grh.and_then(|g| self.lid_of_remote_gid(&g.sgid))
+                    .unwrap_or(0),
+            ),
+            None => (q.attr.dest_qp_num, q.attr.ah_attr.dlid),
+        };
+        let grh_bytes = grh.map(|g| {
+            let ah = AhAttr {
+                is_global: true,
+                grh: GlobalRoute {
+                    dgid: g.dgid,
+                    flow_label: g.flow_label,
+                    sgid_index: 0,
+                    hop_limit: g.hop_limit,
+                    traffic_class: g.traffic_class,
+                },
+                ..Default::default()
+            };
+            super::grh(&ah, g.sgid, n)
+        });
+        let req = Request {
+            op,
+            transport,
+            first,
+            last,
+            src: Src::Remote(host),
+            src_qpn,
+            slid,
+            dst_qpn: seg.dest_qpn,
+            psn: seg.psn,
+            solicited: seg.solicited,
+            imm: seg.imm,
+            va,
+            rkey,
+            len,
+            chunk: if op == Op::Read { len } else { n },
+            qkey: seg.deth.map_or(0, |d| d.qkey),
+            grh: grh_bytes,
+            payload: Payload::Bytes(payload),
+        };
+        let mut back = std::mem::take(&mut self.scratch_dst);
+        back.clear();
+        let r = self.handle_request(qp, &req, mem, &mut back);
+        tracing::trace!(?r, "answer");
+        if r.is_some()
+            && op == Op::Write
+            && let Some(q) = self.qps.get_mut(&qp)
+        {
+            q.write_at = (!last).then_some((va.wrapping_add(n), rkey, len.saturating_sub(n)));
+        }
+        match r {
+            Some(Response::Ack) => {
+                if let Some(q) = self.qps.get_mut(&qp) {
+                    if q.ack_due.is_none() {
+                        self.acks_due.push(qp);
+                    }
+                    q.ack_due = Some(req.psn);
+                }
+            }
+            Some(Response::RnrNak { timer }) => {
+                self.answer_now(qp, req.psn, Syndrome::RnrNak { timer });
+            }
+            Some(Response::Nak(nak)) => {
+                let code = match nak {
+                    Nak::Sequence => NakCode::PsnSequenceError,
+                    Nak::InvalidRequest => NakCode::InvalidRequest,
+                    Nak::RemoteAccess => NakCode::RemoteAccessError,
+                    Nak::RemoteOperational => NakCode::RemoteOperationalError,
+                };
+                self.answer_now(qp, req.psn, Syndrome::Nak(code));
+            }
+            Some(Response::ReadData) => {
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && let Route::Remote(host) = q.route
+                    && let Some(opcode) = Opcode::new(Transport::Rc, WireOp::RdmaReadResponseOnly)
+                {
+                    q.ack_due = None;
+                    let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
+                    s.aeth = Some(Aeth {
+                        syndrome: Syndrome::Ack { credits: 31 },
+                        msn: 0,
+                    });
+                    s.payload_len = len as usize;
+                    self.outbox.push_back(Transmit {
+                        host,
+                        grh: None,
+                        segment: s,
+                        payload: TxPayload::Runs(back.clone()),
+                    });
+                }
+            }
+            Some(Response::AtomicAck(orig)) => {
+                if let Some(q) = self.qps.get_mut(&qp)
+                    && let Route::Remote(host) = q.route
+                    && let Some(opcode) = Opcode::new(Transport::Rc, WireOp::AtomicAcknowledge)
+                {
+                    q.ack_due = None;
+                    let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
+                    s.aeth = Some(Aeth {
+                        syndrome: Syndrome::Ack { credits: 31 },
+                        msn: 0,
+                    });
+                    s.atomic_ack = Some(AtomicAckEth { orig });
+                    self.outbox.push_back(Transmit {
+                        host,
+                        grh: None,
+                        segment: s,
+                        payload: TxPayload::Empty,
+                    });
+                }
+            }
+            Some(Response::Unacknowledged) | None => {}
+        }
+        self.scratch_dst = back;
+    }
+
+    /// Sends an ACK-opcode answer for `psn` at once (NAKs, RNR NAKs): it supersedes a
+    /// coalesced ACK still owed.
+    fn answer_now(&mut self, qp: QpId, psn: u32, syndrome: Syndrome) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        let Route::Remote(host) = q.route else { return };
+        if q.ty != QpType::Rc {
+            return;
+        }
+        q.ack_due = None;
+        self.outbox.push_back(Transmit {
+            host,
+            grh: None,
+            segment: answer(q.attr.dest_qp_num, psn, syndrome),
+            payload: TxPayload::Empty,
+        });
+    }
+
+    /// An answer for one of our requester QPs.
+    fn handle_answer(
+        &mut self,
+        now: Instant,
+        host: HostId,
+        qp: QpId,
+        seg: &SegmentRepr,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        if q.route != Route::Remote(host)
+            || q.ty != QpType::Rc
+            || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd)
+        {
+            return;
+        }
+        let psn = seg.psn;
+        let Some(i) = q
+            .flights
+            .iter()
+            .position(|f| psn_cmp(psn, f.first_psn) >= 0 && psn_cmp(psn, f.next_psn) < 0)
+        else {
+            // Nothing in flight has this PSN: a stale or duplicate answer. An ACK still
+            // acknowledges everything before it.
+            if seg.opcode.op() == WireOp::Acknowledge
+                && matches!(seg.aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }))
+            {
+                self.acked_through(now, qp, psn);
+            }
+            return;
+        };
+        match (seg.opcode.op(), seg.aeth.map(|a| a.syndrome)) {
+            (WireOp::Acknowledge, Some(Syndrome::Ack { .. })) => self.acked_through(now, qp, psn),
+            (WireOp::Acknowledge, Some(Syndrome::RnrNak { timer })) => {
+                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.rewind(qp, psn);
+                // Wait out the responder's timer; nothing here can wake it sooner.
+                match self.rnr(now, qp, timer, None) {
+                    super::requester::Outcome::Fail(status) => self.fail_qp(qp, Some(status)),
+                    _ => self.park(qp),
+                }
+            }
+            (WireOp::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
+                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.rewind(qp, psn);
+            }
+            (WireOp::Acknowledge, Some(Syndrome::Nak(code))) => {
+                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                // The WQE it names is the head now.
+                self.fail_qp(qp, Some(status));
+            }
+            (WireOp::RdmaReadResponseOnly, _) => {
+                // Before it, the WQE itself (counted from the head, which may move).
+                let first = self.qps.get(&qp).map_or(0, |q| q.flights[i].first_psn);
+                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                if let Some(i) = self.flight_of(qp, first) {
+                    self.place_read_response(qp, i, psn, payload, mem);
+                }
+                self.retire_answered(now, qp);
+            }
+            (WireOp::AtomicAcknowledge, _) => {
+                let first = self.qps.get(&qp).map_or(0, |q| q.flights[i].first_psn);
+                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                if let (Some(orig), Some(i)) =
+                    (seg.atomic_ack.map(|a| a.orig), self.flight_of(qp, first))
+                {
+                    self.place_atomic_answer(qp, i, orig, mem);
+                }
+                self.retire_answered(now, qp);
+            }
+            // Read responses in several frames are never asked for.
+            _ => {}
+        }
+    }
+
+    /// READ response data for the READ at flight `i`, segment `psn`.
+    fn place_read_response(
+        &mut self,
+        qp: QpId,
+        i: usize,
+        psn: u32,
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let (Some(f), Some(Ok(w))) = (q.flights.get(i).copied(), q.sq.get(i)) else {
+            return;
+        };
+        let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
+        let off = k * SEGMENT;
+        let len = w.payload.len();
+        let want = len.saturating_sub(off).min(SEGMENT);
+        if w.opcode != SendOpcode::RdmaRead || payload.len() as u64 != want {
+            return;
+        }
+        if let SendPayload::Sges(sges) = &w.payload {
+            let mut local = std::mem::take(&mut self.scratch_local);
+            local.clear();
+            let _ = self.sge_runs(q.vnic, sges, off, want, &mut local);
+            scatter_bytes(mem, payload, &local);
+            self.scratch_local = local;
+        }
+        if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {
+            f.got = f.got.max(off + want);
+            f.done = f.whole && f.got >= len;
+        }
+    }
+
+    /// The atomic at flight `i` answered `orig`.
+    fn place_atomic_answer(&mut self, qp: QpId, i: usize, orig: u64, mem: &mut dyn Memory) {
+        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(Ok(w)) = q.sq.get(i) else { return };
+        if let SendPayload::Sges(sges) = &w.payload {
+            let mut local = std::mem::take(&mut self.scratch_local);
+            local.clear();
+            let _ = self.sge_runs(q.vnic, sges, 0, 8, &mut local);
+            scatter_bytes(mem, &orig.to_le_bytes(), &local);
+            self.scratch_local = local;
+        }
+        if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {
+            f.done = true;
+        }
+    }
+
+    /// Everything up to `psn` is acknowledged: SENDs and WRITEs sent wholly by then are done.
+    fn acked_through(&mut self, now: Instant, qp: QpId, psn: u32) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        for (f, w) in q.flights.iter_mut().zip(q.sq.iter()) {
+            if psn_cmp(f.next_psn.wrapping_sub(1) & 0xff_ffff, psn) > 0 {
+                break;
+            }
+            let answered_by_data = matches!(
+                w,
+                Ok(w) if matches!(
+                    w.opcode,
+                    SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
+                )
+            );
+            if f.whole && !answered_by_data {
+                f.done = true;
+            }
+        }
+        self.retire_answered(now, qp);
+    }
+
+    /// Completes answered WQEs from the head, in order; the ACK timer restarts while some
+    /// remain unanswered.
+    fn retire_answered(&mut self, now: Instant, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.stalled = false;
+        }
+        loop {
+            let Some(q) = self.qps.get_mut(&qp) else {
+                return;
+            };
+            match q.flights.front() {
+                Some(f) if f.done => {}
+                _ => break,
+            }
+            q.flights.pop_front();
+            q.sq_sent = q.sq_sent.saturating_sub(1);
+            let len = match q.sq.front() {
+                Some(Ok(w)) => w.payload.len(),
+                _ => 0,
+            };
+            self.complete_head(qp, len as u32);
+        }
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if q.flights.is_empty() {
+            q.ack_until = None;
+        } else {
+            let until = now + ack_budget(q);
+            q.ack_until = Some(until);
+            self.arm(qp, until);
+        }
+        self.wake(qp);
+    }
+
+    /// Goes back to `psn`: the WQE it belongs to sends again from that segment on, and those
+    /// after it from their start.
+    fn rewind(&mut self, qp: QpId, psn: u32) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        let Some(i) = q
+            .flights
+            .iter()
+            .position(|f| psn_cmp(psn, f.first_psn) >= 0 && psn_cmp(psn, f.next_psn) < 0)
+        else {
+            return;
+        };
+        q.flights.truncate(i + 1);
+        let f = &mut q.flights[i];
+        let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
+        f.sent = k * SEGMENT;
+        f.got = f.got.min(f.sent);
+        f.next_psn = psn;
+        f.whole = false;
+        f.done = false;
+        if f.sent == 0 {
+            q.flights.truncate(i);
+        }
+        q.sq_sent = i;
+        q.attr.sq_psn = psn;
+        self.wake(qp);
+    }
+
+    /// The index of the flight whose first PSN is `first`.
+    fn flight_of(&self, qp: QpId, first: u32) -> Option<usize> {
+        self.qps
+            .get(&qp)?
+            .flights
+            .iter()
+            .position(|f| f.first_psn == first)
+    }
+
+    /// The next WQE cannot go before those in flight are answered: off the ready lists until
+    /// an answer comes (or the ACK timer fails the QP).
+    fn stall(&mut self, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.stalled = true;
+        }
+    }
+
+    /// The LID of a remote vRNIC with this GID, if known.
+    fn lid_of_remote_gid(&self, gid: &[u8; 16]) -> Option<u16> {
+        let host = self.remote_gids.get(gid)?;
+        self.remote_lids
+            .iter()
+            .find(|&(_, h)| h == host)
+            .map(|(&l, _)| l)
+    }
+
+    /// Work to send over a peer link is pending (frames or ACKs).
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.outbox.is_empty() || !self.acks_due.is_empty()
+    }
+}
+
+/// How long a requester waits for an answer before `RETRY_EXC_ERR`.
+fn ack_budget(q: &Qp) -> Duration {
+    Duration::from_micros(
+        state::ack_timeout_us(q.attr.timeout).saturating_mul(u64::from(q.attr.retry_cnt) + 1),
+    )
+}
+
+/// The RC ACK opcode (checked at compile time).
+const ACK: Opcode = match Opcode::new(Transport::Rc, WireOp::Acknowledge) {
+    Some(o) => o,
+    None => panic!("RC has ACKs"),
+};
+
+/// An ACK-opcode segment (ACK, RNR NAK, NAK) for `psn` to `dest_qpn`.
+fn answer(dest_qpn: u32, psn: u32, syndrome: Syndrome) -> SegmentRepr {
+    let mut s = SegmentRepr::new(ACK, dest_qpn, psn);
+    s.aeth = Some(Aeth { syndrome, msn: 0 });
+    s
+}
+
+/// `VecDeque` of flights, named for the QP struct.
+pub(super) type Flights = VecDeque<Flight>;

@@ -1,0 +1,203 @@
+//! The seam between the two ends of a message: what a requester sends (a request segment)
+//! and what its responder answers, in the terms of the InfiniBand transport, and the route
+//! that carries them.
+//!
+//! A [`Request`] is what one IB request packet carries, as values rather than bytes: the BTH
+//! (operation, first/last position in the message, destination QPN, PSN, solicited event),
+//! the RETH (virtual address, R_Key, length), the AtomicETH (compare and swap/add data), the
+//! ImmDt, and the DETH (Q_Key, source QPN) of a UD datagram. Its payload is memory, not a
+//! buffer: the requester's region runs or its inline bytes, so same-host delivery copies each
+//! byte once, straight from the requester's MR into the responder's. A [`Response`] is the
+//! AETH's answer: ACK, RNR NAK (with the responder's timer), NAK (sequence, invalid request,
+//! remote access, remote operational), a READ response (the responder's region runs) or an
+//! atomic ACK (the original value).
+//!
+//! A segment moves at most [`CHUNK`](super::CHUNK) bytes and takes one PSN. The requester
+//! resolves where a segment goes once, when the QP reaches RTR (or an address handle is
+//! made): a [`Route`].
+
+use vrnic_wire::QpType;
+
+use super::GRH_LEN;
+use crate::{HostId, Loc, VnicId};
+
+/// Where a QP's (or an address handle's) destination is, resolved from its LID or GID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Not resolved (before RTR), or no vRNIC here answers the address: segments are lost.
+    Nowhere,
+    /// A vRNIC on this daemon: segments are delivered by a call, payload copied once.
+    Local(VnicId),
+    /// A vRNIC behind another daemon: segments leave as frames on its peer link.
+    Remote(HostId),
+}
+
+/// Who sent a request segment, as the responder checks the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Src {
+    /// A QP of a vRNIC on this daemon.
+    Local {
+        /// Its vRNIC.
+        vnic: VnicId,
+        /// Its QPN.
+        qpn: u32,
+    },
+    /// A QP behind a peer link (RC/UC name no source QPN: the link and the destination QP's
+    /// connection say who it is, as the LRH's SLID does on a fabric).
+    Remote(HostId),
+}
+
+/// The operation a request segment asks of its responder (the BTH opcode's operation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    /// SEND: the payload lands in the responder's receive.
+    Send,
+    /// RDMA WRITE: the payload lands at `va` under `rkey`; with `imm`, the last segment also
+    /// consumes a receive.
+    Write,
+    /// RDMA READ request for `len` bytes at `va`.
+    Read,
+    /// ATOMIC compare and swap of the 8 bytes at `va`.
+    CmpSwap {
+        /// Compared with the current value.
+        compare: u64,
+        /// Stored if they are equal.
+        swap: u64,
+    },
+    /// ATOMIC fetch and add of the 8 bytes at `va`.
+    FetchAdd {
+        /// Added to the current value.
+        add: u64,
+    },
+}
+
+/// The payload of a request segment.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Payload<'a> {
+    /// None (READ requests, atomics, zero-length messages).
+    Empty,
+    /// The requester's region runs.
+    Runs(&'a [(Loc, u64)]),
+    /// Inline data carried in the work request itself.
+    Bytes(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// Its length in bytes.
+    pub(super) fn len(&self) -> u64 {
+        match self {
+            Payload::Empty => 0,
+            Payload::Runs(r) => r.iter().map(|&(_, n)| n).sum(),
+            Payload::Bytes(b) => b.len() as u64,
+        }
+    }
+}
+
+/// One request segment (an IB request packet's headers, its payload as memory).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Request<'a> {
+    /// What it asks.
+    pub(super) op: Op,
+    /// RC, UC or UD (the BTH opcode's transport bits).
+    pub(super) transport: QpType,
+    /// The first segment of its message (BTH opcode FIRST or ONLY).
+    pub(super) first: bool,
+    /// The last segment of its message (BTH opcode LAST or ONLY).
+    pub(super) last: bool,
+    /// Who sent it.
+    pub(super) src: Src,
+    /// The requester's QPN and LID, as a receive completion reports them.
+    pub(super) src_qpn: u32,
+    pub(super) slid: u16,
+    /// BTH destination QPN.
+    pub(super) dst_qpn: u32,
+    /// BTH PSN (24 bits; unused by UD).
+    pub(super) psn: u32,
+    /// BTH solicited event (meaningful on the last segment).
+    pub(super) solicited: bool,
+    /// ImmDt (meaningful on the last segment).
+    pub(super) imm: Option<u32>,
+    /// RETH/AtomicETH virtual address of this segment's first byte.
+    pub(super) va: u64,
+    /// RETH/AtomicETH R_Key.
+    pub(super) rkey: u32,
+    /// RETH DMA length as seen from this segment: the bytes from `va` to the end of the
+    /// message (WRITE, READ); 8 for atomics.
+    pub(super) len: u64,
+    /// The bytes this segment moves: its payload (SEND, WRITE), or what it asks for (READ).
+    pub(super) chunk: u64,
+    /// DETH Q_Key (UD).
+    pub(super) qkey: u32,
+    /// The GRH a UD receive gets in its first [`GRH_LEN`] bytes, if the datagram was sent
+    /// along a global route.
+    pub(super) grh: Option<[u8; GRH_LEN as usize]>,
+    /// The payload.
+    pub(super) payload: Payload<'a>,
+}
+
+/// Why a responder refused a request (the AETH NAK codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Nak {
+    /// PSN sequence error: the responder expected another PSN.
+    Sequence,
+    /// Invalid request (a message too long for its receive, a misaligned atomic, an
+    /// operation the QP does not support).
+    InvalidRequest,
+    /// Remote access error (R_Key, bounds, access rights).
+    RemoteAccess,
+    /// Remote operational error (the responder's own receive was bad).
+    RemoteOperational,
+}
+
+/// A responder's answer to a request segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Response {
+    /// Accepted (and for the last segment of a message, done).
+    Ack,
+    /// No receive posted; try again after the responder's RNR timer (its 5-bit code).
+    RnrNak {
+        /// The responder's `min_rnr_timer`.
+        timer: u8,
+    },
+    /// Refused.
+    Nak(Nak),
+    /// READ response: the bytes are at the responder's region runs handed back.
+    ReadData,
+    /// Atomic ACK with the original value.
+    AtomicAck(u64),
+    /// UC and UD: nothing is answered (whatever the responder did).
+    Unacknowledged,
+}
+
+/// Next PSN after `psn` (24 bits).
+pub(super) fn psn_next(psn: u32) -> u32 {
+    psn.wrapping_add(1) & 0xff_ffff
+}
+
+/// Where `psn` lies relative to the expected `epsn`: 0 equal, > 0 ahead, < 0 behind (the
+/// 24-bit space split in halves, IB spec 9.7.1).
+pub(super) fn psn_cmp(psn: u32, epsn: u32) -> i32 {
+    let d = psn.wrapping_sub(epsn) & 0xff_ffff;
+    if d == 0 {
+        0
+    } else if d < 0x80_0000 {
+        1
+    } else {
+        -1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psn_arithmetic_wraps_at_24_bits() {
+        assert_eq!(psn_next(0xff_ffff), 0);
+        assert_eq!(psn_cmp(5, 5), 0);
+        assert_eq!(psn_cmp(0, 0xff_ffff), 1);
+        assert_eq!(psn_cmp(0xff_ffff, 0), -1);
+        assert_eq!(psn_cmp(0x7f_ffff, 0), 1);
+        assert_eq!(psn_cmp(0x80_0000, 0), -1);
+    }
+}

@@ -1,0 +1,721 @@
+//! Two engines, as two daemons, joined by a link that carries real frames: every segment
+//! the requester emits is encoded (`Transmit::encode`), decoded strictly
+//! (`vrnic_wire::frame`), and handed to the other engine (`Engine::handle_segment`). Each
+//! test names the rule it checks and asserts bytes and completions. The link can be cut
+//! (frames dropped) and restored.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use vrnic_proto::{CtxId, Engine, HostId, Loc, Memory, MrKeys, PdId, QpId, VnicId};
+use vrnic_wire::frame::{Frame, FrameRepr};
+use vrnic_wire::{
+    AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
+    SendPayload, SendWqe, Sge, UdAddr, WC_GRH, WC_WITH_IMM, WcOpcode, WcStatus, access, qp_attr,
+};
+
+const REGION: usize = 8 << 20;
+
+struct VecMem(HashMap<VnicId, Vec<u8>>);
+
+impl Memory for VecMem {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+        let data = self.0[&src.vnic][src.off as usize..src.off as usize + len].to_vec();
+        self.write(dst, &data);
+    }
+    fn write(&mut self, dst: Loc, data: &[u8]) {
+        let r = self.0.get_mut(&dst.vnic).expect("vnic");
+        r[dst.off as usize..dst.off as usize + data.len()].copy_from_slice(data);
+    }
+    fn read(&mut self, src: Loc, out: &mut [u8]) {
+        out.copy_from_slice(&self.0[&src.vnic][src.off as usize..src.off as usize + out.len()]);
+    }
+}
+
+/// One daemon with one vRNIC and one QP.
+struct Host {
+    e: Engine,
+    mem: VecMem,
+    id: HostId,
+    vnic: VnicId,
+    ctx: CtxId,
+    pd: PdId,
+    qp: QpId,
+    qpn: u32,
+    lid: u16,
+    gid: [u8; 16],
+    next_page: u64,
+}
+
+fn host(id: u32, ty: QpType) -> Host {
+    let mut e = Engine::new(u64::from(id) * 77);
+    let vnic = VnicId(id);
+    let ctx = CtxId(id);
+    let (lid, gid) = (id as u16 * 10, [id as u8; 16]);
+    e.add_vnic(vnic, lid, gid);
+    let pd = e.alloc_pd(vnic, ctx).unwrap();
+    let cq = e.create_cq(vnic, ctx, 4096).unwrap();
+    let cap = QpCap {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    };
+    let (qp, qpn) = e.create_qp(ctx, pd, cq, cq, ty, cap, false).unwrap();
+    Host {
+        e,
+        mem: VecMem([(vnic, vec![0u8; REGION])].into_iter().collect()),
+        id: HostId(id),
+        vnic,
+        ctx,
+        pd,
+        qp,
+        qpn,
+        lid,
+        gid,
+        next_page: 1,
+    }
+}
+
+impl Host {
+    fn map(&mut self, addr: u64, len: u64, acc: u32) -> (MrKeys, Vec<u64>) {
+        let n = (addr + len).div_ceil(4096) - addr / 4096;
+        let base = self.next_page;
+        self.next_page += n + 1;
+        let pages: Vec<u64> = (0..n).rev().map(|i| (base + i) * 4096).collect();
+        let keys = self
+            .e
+            .reg_mr(self.ctx, self.pd, addr, len, addr, acc, pages.clone())
+            .unwrap();
+        (keys, pages)
+    }
+
+    fn loc(&self, m: &(MrKeys, Vec<u64>), base: u64, a: u64) -> usize {
+        let page = (a / 4096 - base / 4096) as usize;
+        (m.1[page] + a % 4096) as usize
+    }
+
+    fn set(&mut self, m: &(MrKeys, Vec<u64>), base: u64, a: u64, data: &[u8]) {
+        for (i, b) in data.iter().enumerate() {
+            let off = self.loc(m, base, a + i as u64);
+            self.mem.0.get_mut(&self.vnic).unwrap()[off] = *b;
+        }
+    }
+
+    fn get(&self, m: &(MrKeys, Vec<u64>), base: u64, a: u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| self.mem.0[&self.vnic][self.loc(m, base, a + i as u64)])
+            .collect()
+    }
+
+    fn connect(&mut self, now: Instant, peer_qpn: u32, peer_lid: u16, qp_access: u32) {
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: qp_access,
+            ..Default::default()
+        };
+        let init = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS;
+        self.e.modify_qp(now, self.ctx, self.qp, init, &a).unwrap();
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = 5;
+        a.dest_qp_num = peer_qpn;
+        a.rq_psn = 0x77;
+        a.min_rnr_timer = 1;
+        a.ah_attr = AhAttr {
+            dlid: peer_lid,
+            port_num: 1,
+            ..Default::default()
+        };
+        // UC has no responder resources, RNR timer or retries.
+        let uc = qp_access & access::REMOTE_READ == 0;
+        let mut rtr =
+            qp_attr::STATE | qp_attr::AV | qp_attr::PATH_MTU | qp_attr::DEST_QPN | qp_attr::RQ_PSN;
+        if !uc {
+            rtr |= qp_attr::MAX_DEST_RD_ATOMIC | qp_attr::MIN_RNR_TIMER;
+        }
+        self.e.modify_qp(now, self.ctx, self.qp, rtr, &a).unwrap();
+        a.qp_state = QpState::Rts;
+        a.sq_psn = 0x77;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        let mut rts = qp_attr::STATE | qp_attr::SQ_PSN;
+        if !uc {
+            rts |= qp_attr::TIMEOUT
+                | qp_attr::RETRY_CNT
+                | qp_attr::RNR_RETRY
+                | qp_attr::MAX_QP_RD_ATOMIC;
+        }
+        self.e.modify_qp(now, self.ctx, self.qp, rts, &a).unwrap();
+    }
+
+    fn post(&mut self, now: Instant, w: SendWqe) {
+        self.e.handle_send_wqe(now, self.qp, Ok(w));
+    }
+
+    fn recv(&mut self, now: Instant, wr_id: u64, sges: Vec<Sge>) {
+        self.e
+            .handle_recv_wqe(now, self.qp, Ok(RecvWqe { wr_id, sges }));
+    }
+
+    fn cqes(&mut self) -> Vec<Cqe> {
+        std::iter::from_fn(|| self.e.poll_completion().map(|(_, c, _)| c)).collect()
+    }
+}
+
+/// Two hosts and the link between them.
+struct Net {
+    a: Host,
+    b: Host,
+    now: Instant,
+    /// Frames are dropped while set.
+    cut: bool,
+    /// Frames delivered, a to b and b to a.
+    sent: [usize; 2],
+}
+
+impl Net {
+    fn new(ty: QpType) -> Net {
+        let mut a = host(1, ty);
+        let mut b = host(2, ty);
+        a.e.add_remote_vnic(b.id, b.lid, b.gid);
+        b.e.add_remote_vnic(a.id, a.lid, a.gid);
+        let now = Instant::now();
+        let all = match ty {
+            QpType::Uc => access::REMOTE_WRITE,
+            _ => access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC,
+        };
+        if ty != QpType::Ud {
+            let (bq, bl, aq, al) = (b.qpn, b.lid, a.qpn, a.lid);
+            a.connect(now, bq, bl, all);
+            b.connect(now, aq, al, all);
+        }
+        Net {
+            a,
+            b,
+            now,
+            cut: false,
+            sent: [0, 0],
+        }
+    }
+
+    /// Moves frames both ways and runs both engines until nothing moves.
+    fn run(&mut self) {
+        for _ in 0..100_000 {
+            let mut moved = false;
+            moved |= self.a.e.process(self.now, &mut self.a.mem);
+            moved |= self.b.e.process(self.now, &mut self.b.mem);
+            moved |= carry(
+                &mut self.a,
+                &mut self.b,
+                self.now,
+                self.cut,
+                &mut self.sent[0],
+            );
+            moved |= carry(
+                &mut self.b,
+                &mut self.a,
+                self.now,
+                self.cut,
+                &mut self.sent[1],
+            );
+            if !moved {
+                return;
+            }
+        }
+        panic!("the hosts never settle");
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.a.e.handle_timeout(self.now);
+        self.b.e.handle_timeout(self.now);
+        self.run();
+    }
+}
+
+/// Every frame `from` has to send, encoded, decoded and handed to `to`.
+fn carry(from: &mut Host, to: &mut Host, now: Instant, cut: bool, count: &mut usize) -> bool {
+    let mut moved = false;
+    let mut buf = Vec::new();
+    while let Some(t) = from.e.poll_transmit() {
+        moved = true;
+        assert_eq!(t.host, to.id, "addressed to the peer");
+        buf.clear();
+        assert!(t.encode(&mut from.mem, &mut buf), "a consistent frame");
+        if cut {
+            continue;
+        }
+        let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
+        let repr = FrameRepr::parse(&frame).expect("a valid frame");
+        let FrameRepr::Segment { grh, segment } = repr else {
+            panic!("a segment");
+        };
+        let payload = &buf[repr.payload_range()];
+        to.e.handle_segment(now, from.id, grh.as_ref(), &segment, payload, &mut to.mem);
+        *count += 1;
+    }
+    moved
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+fn sge(addr: u64, length: u32, lkey: u32) -> Sge {
+    Sge { addr, length, lkey }
+}
+
+fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u32) -> SendWqe {
+    SendWqe {
+        wr_id,
+        opcode,
+        flags: SendFlags::SIGNALED,
+        imm_data: 0xabcd_0123,
+        remote_addr,
+        rkey,
+        compare_add: 0,
+        swap: 0,
+        ud: Default::default(),
+        payload: SendPayload::Sges(sges),
+    }
+}
+
+/// Asserts two byte strings are equal, naming the first difference rather than printing them.
+#[track_caller]
+fn same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: byte {i} is {:#x}, not {:#x}", got[i], want[i]);
+    }
+}
+
+fn statuses(c: &[Cqe]) -> Vec<(u64, WcStatus)> {
+    c.iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
+#[test]
+fn rc_send_write_read_and_atomics_cross_the_link_byte_exact() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let big = (1 << 20) + 7;
+    let src = n.a.map(0x10_0000, 4 << 20, access::LOCAL_WRITE);
+    let dst = n.b.map(
+        0x80_0000,
+        4 << 20,
+        access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC,
+    );
+    let data = pattern(big, 5);
+    n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+    n.b.recv(now, 70, vec![sge(0x80_0000, big as u32 + 100, dst.0.lkey)]);
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, big as u32, src.0.lkey)],
+            0,
+            0,
+        ),
+    );
+    // A WRITE with immediate of 300 KiB to 2 MiB into the destination.
+    let w = pattern(300 << 10, 9);
+    n.a.set(&src, 0x10_0000, 0x30_0000, &w);
+    n.b.recv(now, 71, vec![]);
+    n.a.post(
+        now,
+        wqe(
+            2,
+            SendOpcode::RdmaWriteWithImm,
+            vec![sge(0x30_0000, 300 << 10, src.0.lkey)],
+            0xa0_0000,
+            dst.0.rkey,
+        ),
+    );
+    // A READ of 200 KiB back from there.
+    n.a.post(
+        now,
+        wqe(
+            3,
+            SendOpcode::RdmaRead,
+            vec![sge(0x40_0000, 200 << 10, src.0.lkey)],
+            0xa0_0000,
+            dst.0.rkey,
+        ),
+    );
+    // Fetch-and-add and compare-and-swap on a word there.
+    n.b.set(&dst, 0x80_0000, 0xb0_0000, &40u64.to_le_bytes());
+    let mut fa = wqe(
+        4,
+        SendOpcode::AtomicFetchAndAdd,
+        vec![sge(0x48_0000, 8, src.0.lkey)],
+        0xb0_0000,
+        dst.0.rkey,
+    );
+    fa.compare_add = 2;
+    n.a.post(now, fa);
+    let mut cs = wqe(
+        5,
+        SendOpcode::AtomicCmpAndSwp,
+        vec![sge(0x48_0008, 8, src.0.lkey)],
+        0xb0_0000,
+        dst.0.rkey,
+    );
+    cs.compare_add = 42;
+    cs.swap = 7;
+    n.a.post(now, cs);
+    n.run();
+
+    same(
+        &n.b.get(&dst, 0x80_0000, 0x80_0000, big),
+        &data,
+        "SEND bytes",
+    );
+    same(
+        &n.b.get(&dst, 0x80_0000, 0xa0_0000, 300 << 10),
+        &w,
+        "WRITE bytes",
+    );
+    same(
+        &n.a.get(&src, 0x10_0000, 0x40_0000, 200 << 10),
+        &w[..200 << 10],
+        "READ",
+    );
+    assert_eq!(
+        n.a.get(&src, 0x10_0000, 0x48_0000, 8),
+        40u64.to_le_bytes(),
+        "FA old"
+    );
+    assert_eq!(
+        n.a.get(&src, 0x10_0000, 0x48_0008, 8),
+        42u64.to_le_bytes(),
+        "CS old"
+    );
+    assert_eq!(
+        n.b.get(&dst, 0x80_0000, 0xb0_0000, 8),
+        7u64.to_le_bytes(),
+        "CS new"
+    );
+    let ca = n.a.cqes();
+    assert_eq!(
+        statuses(&ca),
+        (1..=5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>(),
+        "requester completions, in order"
+    );
+    assert_eq!(ca[0].byte_len, big as u32);
+    let cb = n.b.cqes();
+    assert_eq!(
+        statuses(&cb),
+        vec![(70, WcStatus::Success), (71, WcStatus::Success)]
+    );
+    assert_eq!((cb[0].opcode, cb[0].byte_len), (WcOpcode::Recv, big as u32));
+    assert_eq!((cb[0].src_qp, cb[0].slid), (n.a.qpn, n.a.lid));
+    assert_eq!(
+        (
+            cb[1].opcode,
+            cb[1].byte_len,
+            cb[1].imm_data,
+            cb[1].wc_flags & WC_WITH_IMM
+        ),
+        (
+            WcOpcode::RecvRdmaWithImm,
+            300 << 10,
+            0xabcd_0123,
+            WC_WITH_IMM
+        )
+    );
+}
+
+#[test]
+fn small_sends_pipeline_and_their_acks_coalesce() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 64 * 64, access::LOCAL_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, &pattern(64, 1));
+    for i in 0..64u64 {
+        n.b.recv(now, 100 + i, vec![sge(0x9000 + i * 64, 64, dst.0.lkey)]);
+        n.a.post(
+            now,
+            wqe(i, SendOpcode::Send, vec![sge(0x1000, 64, src.0.lkey)], 0, 0),
+        );
+    }
+    n.run();
+    assert_eq!(n.a.cqes().len(), 64);
+    assert_eq!(n.b.cqes().len(), 64);
+    for i in 0..64u64 {
+        same(
+            &n.b.get(&dst, 0x9000, 0x9000 + i * 64, 64),
+            &pattern(64, 1),
+            "bytes",
+        );
+    }
+    assert_eq!(n.sent[0], 64, "one frame per message");
+    assert!(
+        n.sent[1] < 16,
+        "ACKs coalesce: {} for 64 messages",
+        n.sent[1]
+    );
+}
+
+#[test]
+fn rnr_over_the_link_waits_for_the_responders_timer_then_lands() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 4096, access::LOCAL_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, b"late");
+    n.a.post(
+        now,
+        wqe(1, SendOpcode::Send, vec![sge(0x1000, 4, src.0.lkey)], 0, 0),
+    );
+    n.run();
+    assert!(n.a.cqes().is_empty(), "RNR NAK: the requester waits");
+    n.b.recv(now, 9, vec![sge(0x9000, 64, dst.0.lkey)]);
+    n.run();
+    assert!(n.a.cqes().is_empty(), "nothing sends before the RNR timer");
+    n.advance(Duration::from_millis(1));
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    assert_eq!(n.b.get(&dst, 0x9000, 0x9000, 4), b"late");
+    assert_eq!(statuses(&n.b.cqes()), vec![(9, WcStatus::Success)]);
+}
+
+#[test]
+fn a_bad_rkey_over_the_link_is_rem_access_err_and_changes_nothing() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst =
+        n.b.map(0x9000, 4096, access::LOCAL_WRITE | access::REMOTE_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, &[0x5a; 64]);
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 64, src.0.lkey)],
+            0x9000,
+            dst.0.rkey ^ 1,
+        ),
+    );
+    n.a.post(
+        now,
+        wqe(
+            2,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 64, src.0.lkey)],
+            0x9000,
+            dst.0.rkey,
+        ),
+    );
+    n.run();
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(n.b.get(&dst, 0x9000, 0x9000, 64), vec![0; 64]);
+    assert_eq!(n.a.e.qp_state(n.a.qp), Some(QpState::Err));
+    assert_eq!(n.b.e.qp_state(n.b.qp), Some(QpState::Err));
+}
+
+#[test]
+fn a_link_cut_shorter_than_the_retry_budget_loses_and_repeats_nothing() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x10_0000, 1 << 20, access::LOCAL_WRITE);
+    let dst = n.b.map(0x80_0000, 3 << 20, access::LOCAL_WRITE);
+    let data = pattern(700 << 10, 3);
+    n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+    for i in 0..3u64 {
+        n.b.recv(
+            now,
+            10 + i,
+            vec![sge(0x80_0000 + i * (700 << 10), 700 << 10, dst.0.lkey)],
+        );
+    }
+    // The first message goes through; the second is half sent when the link drops.
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, 700 << 10, src.0.lkey)],
+            0,
+            0,
+        ),
+    );
+    n.run();
+    n.cut = true;
+    n.a.post(
+        now,
+        wqe(
+            2,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, 700 << 10, src.0.lkey)],
+            0,
+            0,
+        ),
+    );
+    n.a.post(
+        now,
+        wqe(
+            3,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, 700 << 10, src.0.lkey)],
+            0,
+            0,
+        ),
+    );
+    n.run();
+    n.advance(Duration::from_millis(20));
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    n.cut = false;
+    n.a.e.handle_link_up(n.b.id);
+    n.b.e.handle_link_up(n.a.id);
+    n.run();
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        vec![(2, WcStatus::Success), (3, WcStatus::Success)]
+    );
+    assert_eq!(
+        statuses(&n.b.cqes()),
+        vec![
+            (10, WcStatus::Success),
+            (11, WcStatus::Success),
+            (12, WcStatus::Success)
+        ],
+        "each message landed once"
+    );
+    for i in 0..3u64 {
+        let at = 0x80_0000 + i * (700 << 10);
+        same(&n.b.get(&dst, 0x80_0000, at, 700 << 10), &data, "message");
+    }
+}
+
+#[test]
+fn a_peer_silent_past_the_retry_budget_is_retry_exc_err() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    n.cut = true;
+    n.a.post(now, wqe(1, SendOpcode::Send, vec![], 0, 0));
+    n.a.post(now, wqe(2, SendOpcode::Send, vec![], 0, 0));
+    n.run();
+    // timeout 14 (67 ms) x (retry_cnt 7 + 1) = 537 ms.
+    n.advance(Duration::from_millis(500));
+    assert!(n.a.cqes().is_empty(), "still within the budget");
+    n.advance(Duration::from_millis(100));
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+#[test]
+fn uc_over_the_link_completes_when_sent() {
+    let mut n = Net::new(QpType::Uc);
+    let now = n.now;
+    let src = n.a.map(0x10_0000, 1 << 20, access::LOCAL_WRITE);
+    let dst = n.b.map(0x80_0000, 1 << 20, access::LOCAL_WRITE);
+    let data = pattern(200 << 10, 8);
+    n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+    n.b.recv(now, 5, vec![sge(0x80_0000, 1 << 20, dst.0.lkey)]);
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, 200 << 10, src.0.lkey)],
+            0,
+            0,
+        ),
+    );
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    assert_eq!(statuses(&n.b.cqes()), vec![(5, WcStatus::Success)]);
+    same(
+        &n.b.get(&dst, 0x80_0000, 0x80_0000, 200 << 10),
+        &data,
+        "bytes",
+    );
+    assert_eq!(n.sent[1], 0, "nothing answers UC");
+}
+
+#[test]
+fn ud_over_the_link_carries_the_grh_and_obeys_the_qkey() {
+    let mut n = Net::new(QpType::Ud);
+    let now = n.now;
+    for h in [&mut n.a, &mut n.b] {
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: 0x1111,
+            ..Default::default()
+        };
+        let init = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::QKEY;
+        h.e.modify_qp(now, h.ctx, h.qp, init, &a).unwrap();
+        a.qp_state = QpState::Rtr;
+        h.e.modify_qp(now, h.ctx, h.qp, qp_attr::STATE, &a).unwrap();
+        a.qp_state = QpState::Rts;
+        h.e.modify_qp(now, h.ctx, h.qp, qp_attr::STATE | qp_attr::SQ_PSN, &a)
+            .unwrap();
+    }
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 8192, access::LOCAL_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, b"datagram");
+    let ah =
+        n.a.e
+            .create_ah(
+                n.a.ctx,
+                n.a.pd,
+                AhAttr {
+                    is_global: true,
+                    grh: GlobalRoute {
+                        dgid: n.b.gid,
+                        hop_limit: 9,
+                        ..Default::default()
+                    },
+                    dlid: n.b.lid,
+                    port_num: 1,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+    n.b.recv(now, 1, vec![sge(0x9000, 4096, dst.0.lkey)]);
+    n.b.recv(now, 2, vec![sge(0x9000 + 4096, 4096, dst.0.lkey)]);
+    for (wr_id, qkey) in [(1, 0x2222), (2, 0x1111)] {
+        let mut w = wqe(
+            wr_id,
+            SendOpcode::Send,
+            vec![sge(0x1000, 8, src.0.lkey)],
+            0,
+            0,
+        );
+        w.ud = UdAddr {
+            ah: ah.0,
+            remote_qpn: n.b.qpn,
+            remote_qkey: qkey,
+        };
+        n.a.post(now, w);
+    }
+    n.run();
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let cb = n.b.cqes();
+    assert_eq!(
+        statuses(&cb),
+        vec![(1, WcStatus::Success)],
+        "the wrong Q_Key is dropped"
+    );
+    assert_eq!((cb[0].byte_len, cb[0].src_qp), (48, n.a.qpn));
+    assert_eq!(cb[0].wc_flags & WC_GRH, WC_GRH);
+    let got = n.b.get(&dst, 0x9000, 0x9000, 48);
+    assert_eq!(&got[8..24], &n.a.gid, "GRH source GID");
+    assert_eq!(&got[24..40], &n.b.gid, "GRH destination GID");
+    assert_eq!(&got[40..48], b"datagram");
+}
