@@ -452,6 +452,27 @@ pub enum AdminRequest {
         /// Name.
         name: Option<String>,
     },
+    /// List the peer links to other hosts' daemons.
+    Peers,
+}
+
+/// One peer link in a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerSummary {
+    /// The peer daemon's address.
+    pub addr: String,
+    /// `up`, `connecting` or `down`.
+    pub state: String,
+    /// The last keepalive round trip, in microseconds.
+    pub rtt_us: Option<u64>,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Segments sent again (after a NAK, an RNR NAK or a link that came back).
+    pub retransmits: u64,
+    /// Times the link went down.
+    pub drops: u64,
 }
 
 /// One vRNIC in a listing.
@@ -485,6 +506,8 @@ pub enum AdminReply {
     List(Vec<VnicSummary>),
     /// The held or created vRNIC.
     Vnic(VnicSummary),
+    /// Peer links.
+    Peers(Vec<PeerSummary>),
 }
 
 /// Formats a GID the way `ibv_devinfo` does (`fe80:0000:...`).

@@ -18,4 +18,4 @@ pub mod heap;
 pub mod server;
 mod sys;
 
-pub use server::{Limits, ServeOptions, serve};
+pub use server::{Limits, PeerOptions, ServeOptions, serve};

@@ -719,3 +719,58 @@ fn ud_over_the_link_carries_the_grh_and_obeys_the_qkey() {
     assert_eq!(&got[24..40], &n.b.gid, "GRH destination GID");
     assert_eq!(&got[40..48], b"datagram");
 }
+
+#[test]
+fn pipelined_sends_past_the_posted_receives_wait_out_rnr_and_all_land_in_order() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 20 * 128, access::LOCAL_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, &pattern(128, 4));
+    for i in 0..10u64 {
+        n.b.recv(now, 100 + i, vec![sge(0x9000 + i * 128, 128, dst.0.lkey)]);
+    }
+    for i in 0..20u64 {
+        n.a.post(
+            now,
+            wqe(
+                i,
+                SendOpcode::Send,
+                vec![sge(0x1000, 128, src.0.lkey)],
+                0,
+                0,
+            ),
+        );
+    }
+    n.run();
+    assert_eq!(
+        n.a.cqes().len(),
+        10,
+        "the first ten are ACKed, the rest RNR NAKed"
+    );
+    assert_eq!(n.b.cqes().len(), 10);
+    for i in 10..20u64 {
+        n.b.recv(now, 100 + i, vec![sge(0x9000 + i * 128, 128, dst.0.lkey)]);
+    }
+    n.advance(Duration::from_millis(1));
+    n.advance(Duration::from_millis(1));
+    let ca = n.a.cqes();
+    assert_eq!(
+        statuses(&ca),
+        (10..20).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    let cb = n.b.cqes();
+    assert_eq!(
+        statuses(&cb),
+        (110..120)
+            .map(|i| (i, WcStatus::Success))
+            .collect::<Vec<_>>()
+    );
+    for i in 0..20u64 {
+        same(
+            &n.b.get(&dst, 0x9000, 0x9000 + i * 128, 128),
+            &pattern(128, 4),
+            "SEND",
+        );
+    }
+}

@@ -59,6 +59,12 @@ enum Cmd {
         /// the daemon).
         #[arg(long, default_value_t = 4096)]
         max_vrnics: u32,
+        /// This host's address for peer links to other hosts' daemons (ADDR:PORT).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Another host's daemon (its --listen address); repeat for each host.
+        #[arg(long = "peer")]
+        peers: Vec<std::net::SocketAddr>,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -80,6 +86,9 @@ enum Cmd {
     },
     /// List vRNICs.
     Ls,
+    /// List the peer links to other hosts' daemons (state, keepalive round trip, bytes,
+    /// segments sent again, times down).
+    Peers,
     /// Create a vRNIC that stays until `vrnic rm`.
     Create {
         /// Its name (also the device name apps see).
@@ -130,6 +139,8 @@ fn real_main() -> Result<()> {
             max_pd,
             max_srq,
             max_vrnics,
+            listen,
+            peers,
         } => vrnic_daemon::serve(vrnic_daemon::ServeOptions {
             state_dir,
             region_size: region_gib.max(1) << 30,
@@ -141,6 +152,7 @@ fn real_main() -> Result<()> {
                 max_srq,
             },
             max_vrnics,
+            peer: vrnic_daemon::PeerOptions { listen, peers },
         }),
         Cmd::Run {
             vrnic,
@@ -201,6 +213,29 @@ fn real_main() -> Result<()> {
                     gid_string(&v.gid),
                     v.qps,
                     v.users
+                );
+            }
+            Ok(())
+        }
+        Cmd::Peers => {
+            let mut c = AdminClient::connect(&state_dir)?;
+            let AdminReply::Peers(list) = c.call(&AdminRequest::Peers)? else {
+                bail!("unexpected reply")
+            };
+            println!(
+                "{:<22} {:<10} {:>9} {:>14} {:>14} {:>8} {:>5}",
+                "PEER", "STATE", "RTT_US", "BYTES_IN", "BYTES_OUT", "RESENT", "DROPS"
+            );
+            for p in list {
+                println!(
+                    "{:<22} {:<10} {:>9} {:>14} {:>14} {:>8} {:>5}",
+                    p.addr,
+                    p.state,
+                    p.rtt_us.map_or("-".to_string(), |r| r.to_string()),
+                    p.bytes_in,
+                    p.bytes_out,
+                    p.retransmits,
+                    p.drops
                 );
             }
             Ok(())

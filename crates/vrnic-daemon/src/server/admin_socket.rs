@@ -131,6 +131,12 @@ impl Server {
             AdminRequest::List => {
                 AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect())
             }
+            AdminRequest::Peers => AdminReply::Peers(
+                self.peers
+                    .as_ref()
+                    .map(|p| p.status(&self.engine))
+                    .unwrap_or_default(),
+            ),
             AdminRequest::Create { name } => match self.create_vnic(&name, true) {
                 Ok(v) => self
                     .summary(v)

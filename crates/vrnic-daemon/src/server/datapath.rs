@@ -4,7 +4,7 @@
 
 use super::*;
 
-pub(super) struct Mem<'a>(&'a BTreeMap<VnicId, Vnic>);
+pub(super) struct Mem<'a>(pub(super) &'a BTreeMap<VnicId, Vnic>);
 
 impl Memory for Mem<'_> {
     fn copy(&mut self, src: Loc, dst: Loc, len: usize) {

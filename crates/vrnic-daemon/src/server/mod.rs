@@ -42,7 +42,10 @@ mod control;
 mod datapath;
 mod events;
 mod pages;
+mod peers;
 mod registry;
+
+pub use peers::PeerOptions;
 
 use control::err;
 use pages::{alloc_bell, alloc_ring, free_bell, free_pages, free_ring, set_bell};
@@ -73,6 +76,8 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Most vRNICs at once.
     pub max_vrnics: u32,
+    /// Peer links to other hosts' daemons.
+    pub peer: PeerOptions,
 }
 
 /// The daemon's address space set aside for region mappings: `max_vrnics` regions of
@@ -112,6 +117,9 @@ enum Tok {
     VnicListener(VnicId),
     Client(CtxId),
     Admin(u64),
+    PeerListener,
+    Peer,
+    PeerPending,
 }
 
 struct Vnic {
@@ -251,6 +259,8 @@ pub struct Server {
     /// work than one pass takes (reused buffers: no allocation per pass).
     dirty: Vec<Bell>,
     carry: Vec<Bell>,
+    /// Links to the other hosts' daemons, if configured.
+    peers: Option<peers::Peers>,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -318,6 +328,14 @@ impl Server {
             .register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
         poll.registry()
             .register(&mut admin, ADMIN, Interest::READABLE)?;
+        let mut tokens = HashMap::new();
+        let mut next_token = 2;
+        let peers = peers::Peers::new(&opts.peer, &poll, |t| {
+            let tok = Token(next_token);
+            next_token += 1;
+            tokens.insert(tok, t);
+            tok
+        })?;
         info!(state_dir = %dir.display(), "vrnic daemon serving");
         Ok(Server {
             opts,
@@ -329,10 +347,10 @@ impl Server {
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
             cm: Cm::new(),
-            tokens: HashMap::new(),
+            tokens,
             admin,
             admins: HashMap::new(),
-            next_token: 2,
+            next_token,
             next_vnic: 1,
             next_ctx: 1,
             next_admin: 1,
@@ -345,6 +363,7 @@ impl Server {
             fault_epoch: vrnic_shm::fault::epoch(),
             dirty: Vec::new(),
             carry: Vec::new(),
+            peers,
         })
     }
 
@@ -422,12 +441,16 @@ impl Server {
                 last_work = Instant::now();
             }
             self.engine.handle_timeout(now);
+            if self.peer_pass(now) {
+                last_work = Instant::now();
+            }
             if self.cm.next_deadline().is_some_and(|t| now >= t) {
                 self.cm.expire(now);
                 self.flush_cm_notes();
                 self.flush_wakes();
             }
-            if self.engine_pass(now) {
+            let worked = self.engine_pass(now);
+            if self.flush_peers(now) || worked || self.peers_backlogged() {
                 last_work = Instant::now();
             } else {
                 std::thread::yield_now();
@@ -452,6 +475,11 @@ impl Server {
                 self.admin_ready(a);
                 false
             }
+            Some(Tok::PeerListener) => {
+                self.accept_peers();
+                true
+            }
+            Some(Tok::Peer | Tok::PeerPending) => true,
             None => false,
         }
     }

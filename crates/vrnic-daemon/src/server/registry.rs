@@ -61,7 +61,9 @@ impl Server {
         let id = VnicId(self.next_vnic);
         self.next_vnic += 1;
         let lid = self.free_lid().context("no free LID")?;
-        let guid_host: u64 = 0x0256_5200_0000_0000 | u64::from(id.0);
+        // Unique across the configured hosts: the host's index is in it.
+        let host = self.peers.as_ref().map_or(0, |p| p.index()) as u64;
+        let guid_host: u64 = 0x0256_5200_0000_0000 | (host << 24) | u64::from(id.0 & 0xff_ffff);
         let guid = guid_host.to_be();
         let mut gid = [0u8; 16];
         gid[0] = 0xfe;
@@ -103,6 +105,7 @@ impl Server {
             .registry()
             .register(&mut listener, token, Interest::READABLE)?;
         self.engine.add_vnic(id, lid, gid);
+        self.announce_vnic(true, lid, gid);
         info!(vnic = name, lid, "vRNIC created");
         self.vnics.insert(
             id,
@@ -128,8 +131,13 @@ impl Server {
         Ok(id)
     }
 
+    /// A LID no vRNIC here has, from this host's share of the range (all of it without
+    /// peers).
     pub(super) fn free_lid(&self) -> Option<u16> {
-        (1..0xbfff).find(|l| !self.vnics.values().any(|v| v.lid == *l))
+        let range = self.peers.as_ref().map_or(1..0xbfff, |p| p.lid_range());
+        range
+            .into_iter()
+            .find(|l| !self.vnics.values().any(|v| v.lid == *l))
     }
 
     pub(super) fn remove_vnic(&mut self, id: VnicId) {
@@ -150,6 +158,7 @@ impl Server {
             }
             drop(v.region);
             remove_vnic_dir(&v.dir, v.quota_mount);
+            self.announce_vnic(false, v.lid, v.gid);
             info!(vnic = v.name, "vRNIC removed");
         }
     }

@@ -194,6 +194,9 @@ struct Qp {
     flights: Flights,
     /// Requester over a peer link: its next WQE waits for those in flight to be answered.
     stalled: bool,
+    /// Requester over a peer link: the PSN an RNR NAK named; its wait ends when that PSN is
+    /// acknowledged.
+    rnr_psn: Option<u32>,
     /// Requester over a peer link: when the QP fails for want of any answer.
     ack_until: Option<Instant>,
     /// Responder over a peer link: the RDMA WRITE in progress (next VA, R_Key, bytes left).
@@ -204,6 +207,9 @@ struct Qp {
     rx: Option<Rx>,
     /// Responder (UC): the message in progress lost a segment; drop the rest of it.
     rx_lost: bool,
+    /// Responder: it NAKed a PSN sequence error or sent an RNR NAK, and drops what comes out
+    /// of sequence until the PSN it expects arrives.
+    nak_sent: bool,
     /// Responder: the DMA length of the RDMA WRITE in progress.
     write_len: u64,
     /// Responder: the PSN and answer of the last atomic (for a retransmitted request).
@@ -253,6 +259,7 @@ impl Qp {
     fn clear_flights(&mut self) {
         self.sq_sent = 0;
         self.stalled = false;
+        self.rnr_psn = None;
         self.flights.clear();
         self.ack_until = None;
         self.write_at = None;
@@ -329,6 +336,8 @@ pub struct Engine {
     outbox: VecDeque<Transmit>,
     /// Responder QPs that owe a coalesced ACK.
     acks_due: Vec<QpId>,
+    /// Segments sent again, by peer link.
+    resent: HashMap<HostId, u64>,
 }
 
 /// A receive queue: a QP's own, or an SRQ.
@@ -414,6 +423,7 @@ impl Engine {
             remote_gids: HashMap::new(),
             outbox: VecDeque::new(),
             acks_due: Vec::new(),
+            resent: HashMap::new(),
         }
     }
 

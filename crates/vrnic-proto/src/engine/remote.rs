@@ -178,6 +178,11 @@ impl Engine {
             .filter(|(_, q)| q.route == Route::Remote(host) && !q.flights.is_empty())
             .map(|(&id, _)| id)
             .collect();
+        tracing::debug!(
+            ?host,
+            qps = qps.len(),
+            "link up: sending again what is unanswered"
+        );
         for qp in qps {
             let Some(q) = self.qps.get(&qp) else { continue };
             if let Some(f) = q.flights.iter().find(|f| !f.done) {
@@ -602,6 +607,11 @@ impl Engine {
             Some(Response::RnrNak { timer }) => {
                 self.answer_now(qp, req.psn, Syndrome::RnrNak { timer });
             }
+            Some(Response::Nak(Nak::Sequence)) => {
+                // A sequence NAK names the PSN expected: everything before it arrived.
+                let epsn = self.qps.get(&qp).map_or(req.psn, |q| q.attr.rq_psn);
+                self.answer_now(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            }
             Some(Response::Nak(nak)) => {
                 let code = match nak {
                     Nak::Sequence => NakCode::PsnSequenceError,
@@ -693,6 +703,17 @@ impl Engine {
             return;
         }
         let psn = seg.psn;
+        tracing::trace!(
+            ?qp,
+            psn,
+            syndrome = ?seg.aeth.map(|a| a.syndrome),
+            flights = q.flights.len(),
+            sq_sent = q.sq_sent,
+            sq_psn = q.attr.sq_psn,
+            wait = ?q.wait,
+            parked = q.parked,
+            "answer"
+        );
         let Some(i) = q
             .flights
             .iter()
@@ -712,6 +733,9 @@ impl Engine {
             (WireOp::Acknowledge, Some(Syndrome::RnrNak { timer })) => {
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 self.rewind(qp, psn);
+                if let Some(q) = self.qps.get_mut(&qp) {
+                    q.rnr_psn = Some(psn);
+                }
                 // Wait out the responder's timer; nothing here can wake it sooner.
                 match self.rnr(now, qp, timer, None) {
                     super::requester::Outcome::Fail(status) => self.fail_qp(qp, Some(status)),
@@ -810,6 +834,11 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
+        if q.rnr_psn.is_some_and(|w| psn_cmp(psn, w) >= 0) {
+            // What the RNR NAK named got through: the wait is over.
+            q.rnr_psn = None;
+            q.wait = Wait::None;
+        }
         for (f, w) in q.flights.iter_mut().zip(q.sq.iter()) {
             if psn_cmp(f.next_psn.wrapping_sub(1) & 0xff_ffff, psn) > 0 {
                 break;
@@ -848,7 +877,12 @@ impl Engine {
                 Some(Ok(w)) => w.payload.len(),
                 _ => 0,
             };
+            // A WQE behind it may wait (RNR): retiring this one does not end that.
+            let wait = q.wait;
             self.complete_head(qp, len as u32);
+            if let Some(q) = self.qps.get_mut(&qp) {
+                q.wait = wait;
+            }
         }
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
@@ -888,6 +922,10 @@ impl Engine {
             q.flights.truncate(i);
         }
         q.sq_sent = i;
+        let again = u64::from(q.attr.sq_psn.wrapping_sub(psn) & 0xff_ffff);
+        if let Route::Remote(h) = q.route {
+            *self.resent.entry(h).or_default() += again;
+        }
         q.attr.sq_psn = psn;
         self.wake(qp);
     }
@@ -916,6 +954,12 @@ impl Engine {
             .iter()
             .find(|&(_, h)| h == host)
             .map(|(&l, _)| l)
+    }
+
+    /// Segments sent again over the link to `host` so far.
+    #[must_use]
+    pub fn retransmits(&self, host: HostId) -> u64 {
+        self.resent.get(&host).copied().unwrap_or(0)
     }
 
     /// Work to send over a peer link is pending (frames or ACKs).

@@ -43,7 +43,11 @@ impl Engine {
         }
         let uc = req.transport == QpType::Uc;
         match psn_cmp(req.psn, p.attr.rq_psn) {
-            0 => {}
+            0 => {
+                if let Some(q) = self.qps.get_mut(&peer) {
+                    q.nak_sent = false;
+                }
+            }
             _ if uc => {
                 // UC: a gap loses the message in progress; a first segment starts anew.
                 if !req.first {
@@ -54,7 +58,16 @@ impl Engine {
                     return Some(Response::Unacknowledged);
                 }
             }
-            d if d > 0 => return Some(Response::Nak(Nak::Sequence)),
+            // Ahead: NAKed once (with the PSN expected), then dropped until that PSN comes
+            // (IB spec 9.7.5.1.1), so a burst in flight behind a NAK costs one answer.
+            d if d > 0 => {
+                let q = self.qps.get_mut(&peer)?;
+                if q.nak_sent {
+                    return None;
+                }
+                q.nak_sent = true;
+                return Some(Response::Nak(Nak::Sequence));
+            }
             _ => return Some(self.duplicate(peer, req, back)),
         }
         let r = match req.op {
@@ -63,6 +76,10 @@ impl Engine {
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
         };
+        if let (Some(q), Response::RnrNak { .. }) = (self.qps.get_mut(&peer), r) {
+            // What follows it in flight is out of sequence until it comes again.
+            q.nak_sent = true;
+        }
         if let Some(q) = self.qps.get_mut(&peer)
             && (uc
                 || matches!(

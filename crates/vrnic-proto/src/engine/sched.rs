@@ -119,6 +119,10 @@ impl Engine {
                     continue;
                 };
                 q.queued = false;
+                if q.parked {
+                    // It began to wait after it was listed (an RNR NAK from a peer link).
+                    continue;
+                }
                 let (mut wrs, mut blocked) = (0usize, false);
                 while wrs < QP_WRS && v_wrs < VNIC_WRS && v_bytes < CHUNK {
                     let Some(q) = self.qps.get(&qp) else { break };

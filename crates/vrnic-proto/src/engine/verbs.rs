@@ -357,12 +357,14 @@ impl Engine {
                 route: Route::Nowhere,
                 sq_sent: 0,
                 stalled: false,
+                rnr_psn: None,
                 flights: Flights::new(),
                 ack_until: None,
                 write_at: None,
                 ack_due: None,
                 rx: None,
                 rx_lost: false,
+                nak_sent: false,
                 write_len: 0,
                 last_atomic: None,
                 queued: false,
@@ -484,6 +486,7 @@ impl Engine {
                 q.progress = None;
                 q.rx = None;
                 q.rx_lost = false;
+                q.nak_sent = false;
                 q.clear_flights();
                 q.last_atomic = None;
                 q.attr = QpAttr {

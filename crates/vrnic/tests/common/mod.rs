@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod docker;
+pub mod hosts;
 pub mod vm;
 
 use std::io::Read;
@@ -234,6 +235,10 @@ pub fn output(cmd: Command, name: &str, limit: Duration) -> Output {
 pub struct Daemon {
     /// The state dir (`--state-dir`).
     pub dir: PathBuf,
+    /// The network namespace it runs in (its commands run there too), if not the test's.
+    pub netns: Option<String>,
+    /// Its `vrnic serve` options, to start it again.
+    serve_args: Vec<String>,
     proc: Option<Proc>,
 }
 
@@ -247,6 +252,12 @@ impl Daemon {
 
     /// [`Daemon::start`] with more `vrnic serve` options (limits, region size).
     pub fn start_with(serve_args: &[&str]) -> Daemon {
+        Daemon::start_in(None, serve_args)
+    }
+
+    /// [`Daemon::start_with`] inside network namespace `netns` (`/run/netns/NAME`, entered
+    /// with `nsenter --net` only, so mounts stay shared with the test).
+    pub fn start_in(netns: Option<&str>, serve_args: &[&str]) -> Daemon {
         let dir = std::env::temp_dir().join(format!(
             "vrnic-test-{}-{}",
             std::process::id(),
@@ -254,20 +265,34 @@ impl Daemon {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the state dir");
-        let mut cmd = Command::new(vrnic_bin());
+        let mut d = Daemon {
+            proc: None,
+            dir,
+            netns: netns.map(str::to_string),
+            serve_args: serve_args.iter().map(|s| s.to_string()).collect(),
+        };
+        d.restart();
+        d
+    }
+
+    /// Starts the daemon (again, after a kill) on its state dir, and waits (at most
+    /// [`DAEMON_START`]) until its socket exists.
+    pub fn restart(&mut self) {
+        assert!(self.proc.is_none(), "the daemon still runs");
+        let mut cmd = self.command();
         cmd.arg("serve")
             .arg("--state-dir")
-            .arg(&dir)
-            .args(serve_args);
+            .arg(&self.dir)
+            .args(&self.serve_args);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        // From here on, a panic drops `d`, which stops the daemon and removes the dir.
-        let mut d = Daemon {
-            proc: Some(Proc::spawn(cmd, "vrnic serve")),
-            dir,
-        };
-        let sock = d.dir.join("vrnic.sock");
+        // A killed daemon left its socket: wait for the new one's.
+        let sock = self.dir.join("vrnic.sock");
+        let _ = std::fs::remove_file(&sock);
+        // From here on, a panic drops the daemon, which stops it and removes the dir.
+        self.proc = Some(Proc::spawn(cmd, "vrnic serve"));
+        let d = self;
         let start = Instant::now();
         while !sock.exists() {
             let p = d.proc.as_mut().expect("just spawned");
@@ -287,12 +312,31 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        d
+    }
+
+    /// `vrnic` (in the daemon's network namespace, if it has one).
+    fn command(&self) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(vrnic_bin());
+                c
+            }
+            None => Command::new(vrnic_bin()),
+        }
+    }
+
+    /// SIGKILLs the daemon (its state dir stays, as a crash leaves it) and returns what it
+    /// printed.
+    pub fn kill(&mut self) -> Output {
+        let mut p = self.proc.take().expect("daemon running");
+        p.signal(libc::SIGKILL);
+        p.wait(DAEMON_STOP)
     }
 
     /// A `vrnic --state-dir DIR` command on this daemon.
     pub fn cli(&self) -> Command {
-        let mut c = Command::new(vrnic_bin());
+        let mut c = self.command();
         c.arg("--state-dir").arg(&self.dir);
         c
     }
@@ -446,12 +490,30 @@ fn refused(out: &Output) -> bool {
 /// ("Couldn't connect", or an rdma_cm reject for no listener; for at most 10 s). Everything is bounded by `limit`: what still runs then is
 /// killed and reported as `timed_out`. Never panics on the programs' account.
 pub fn run_pair(d: &Daemon, server_args: &[&str], client_args: &[&str], limit: Duration) -> Pair {
+    run_pair_on(d, d, server_args, client_args, limit)
+}
+
+/// [`run_pair`] with the server on one daemon's fresh vRNIC and the client on another's (on
+/// another host: another network namespace).
+pub fn run_pair_on(
+    on_server: &Daemon,
+    on_client: &Daemon,
+    server_args: &[&str],
+    client_args: &[&str],
+    limit: Duration,
+) -> Pair {
     let start = Instant::now();
     let left = || limit.saturating_sub(start.elapsed());
     let connect_window = limit.min(Duration::from_secs(10));
-    let mut server = Proc::spawn(d.run(server_args), &format!("server {}", server_args[0]));
+    let mut server = Proc::spawn(
+        on_server.run(server_args),
+        &format!("server {}", server_args[0]),
+    );
     let client = loop {
-        let c = Proc::spawn(d.run(client_args), &format!("client {}", client_args[0]));
+        let c = Proc::spawn(
+            on_client.run(client_args),
+            &format!("client {}", client_args[0]),
+        );
         let out = c.wait_bounded(left());
         if refused(&out) && start.elapsed() < connect_window && !server.exited() {
             std::thread::sleep(Duration::from_millis(50));

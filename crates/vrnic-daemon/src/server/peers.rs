@@ -1,0 +1,772 @@
+//! Peer links: one TCP connection to each other daemon of the configured hosts, carrying the
+//! engine's segments as frames (`vrnic_wire::frame`) for every QP between the two hosts, and
+//! a little link control: hello, vRNIC announcements, keepalives.
+//!
+//! The hosts are this daemon's `--listen` address and its `--peer` addresses, sorted: every
+//! daemon of a correctly configured set sees the same list, and a host's place in it is its
+//! [`HostId`], which also gives it a LID range and GUIDs of its own (so LIDs and GIDs are
+//! unique across the hosts with no numbering by the user). The daemon earlier in the list
+//! dials the later one; each side sends a hello (protocol version, its index, the number of
+//! hosts) and, once it has the other's, the list of its vRNICs (LID, GID), then every vRNIC
+//! created or removed. Keepalives every [`KEEPALIVE`]; a link silent for [`DEAD_AFTER`] is
+//! closed and dialed again, and the QPs over it send again from their oldest unanswered
+//! segment when it is back (the engine's retry budget decides how long they wait).
+//!
+//! Everything read from a link is hostile: frames are decoded strictly, and a malformed frame
+//! or a control frame out of place closes the link and fails the QPs routed over it; nothing
+//! else is touched. Reads are bounded per pass, so a flooding peer costs its own link's share.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Token};
+use tracing::{debug, info, warn};
+use vrnic_api::PeerSummary;
+use vrnic_proto::HostId;
+use vrnic_wire::frame::{
+    ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME, peek_len,
+};
+
+use super::datapath::Mem;
+use super::{Server, Tok};
+
+/// How often a link that sent nothing else sends a keepalive.
+const KEEPALIVE: Duration = Duration::from_millis(200);
+/// A link that received nothing for this long is closed and dialed again.
+const DEAD_AFTER: Duration = Duration::from_secs(2);
+/// How soon a failed dial is tried again.
+const REDIAL: Duration = Duration::from_millis(100);
+/// Most bytes read from one link in one pass.
+const READ_BUDGET: usize = 4 << 20;
+/// The link-control protocol's version (in the hello).
+const PROTOCOL: u8 = 1;
+/// One vRNIC announcement: op (1 add, 2 remove), LID, GID.
+const ANNOUNCE_ENTRY: usize = 19;
+
+/// Where the daemon listens and which hosts it links to (`vrnic serve --listen/--peer`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerOptions {
+    /// This host's address for peer links.
+    pub listen: Option<SocketAddr>,
+    /// The other hosts' addresses.
+    pub peers: Vec<SocketAddr>,
+}
+
+impl PeerOptions {
+    /// The sorted host list and this host's index in it; `None` without peers.
+    pub fn hosts(&self) -> Option<(Vec<SocketAddr>, usize)> {
+        let listen = self.listen?;
+        let mut hosts = self.peers.clone();
+        hosts.push(listen);
+        hosts.sort();
+        hosts.dedup();
+        let me = hosts.iter().position(|h| *h == listen)?;
+        (hosts.len() > 1).then_some((hosts, me))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// No connection: dial at (or wait for the peer's dial).
+    Down { redial: Instant },
+    /// Connected, our hello sent, theirs not yet received.
+    Hello,
+    /// Hellos exchanged.
+    Up,
+}
+
+struct Link {
+    host: HostId,
+    addr: SocketAddr,
+    /// Whether we dial it (it is later in the host list).
+    dials: bool,
+    stream: Option<TcpStream>,
+    token: Token,
+    state: State,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    last_rx: Instant,
+    last_tx: Instant,
+    last_ping: Instant,
+    bytes_in: u64,
+    bytes_out: u64,
+    /// Times it went down.
+    drops: u64,
+    /// The last keepalive round trip.
+    rtt: Option<Duration>,
+}
+
+/// A connection accepted before its hello said who it is.
+struct Pending {
+    stream: TcpStream,
+    inbuf: Vec<u8>,
+    since: Instant,
+}
+
+/// The peer links of a daemon configured with peers.
+pub(super) struct Peers {
+    me: usize,
+    hosts: Vec<SocketAddr>,
+    listener: TcpListener,
+    links: Vec<Option<Link>>,
+    pending: HashMap<Token, Pending>,
+    /// Keepalive timestamps count from here.
+    epoch: Instant,
+}
+
+impl Peers {
+    /// Binds the listening socket; links start down and are dialed by [`Server::peer_pass`].
+    pub(super) fn new(
+        opts: &PeerOptions,
+        poll: &mio::Poll,
+        mut token: impl FnMut(Tok) -> Token,
+    ) -> anyhow::Result<Option<Peers>> {
+        let Some((hosts, me)) = opts.hosts() else {
+            if !opts.peers.is_empty() {
+                anyhow::bail!("--peer needs --listen (this host's address for peer links)");
+            }
+            return Ok(None);
+        };
+        let listen = hosts[me];
+        let mut listener = TcpListener::bind(listen)
+            .map_err(|e| anyhow::anyhow!("listen for peers on {listen}: {e}"))?;
+        let listener_token = token(Tok::PeerListener);
+        poll.registry()
+            .register(&mut listener, listener_token, Interest::READABLE)?;
+        let now = Instant::now();
+        let links = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| {
+                (i != me).then(|| Link {
+                    host: HostId(i as u32),
+                    addr,
+                    dials: i > me,
+                    stream: None,
+                    token: token(Tok::Peer),
+                    state: State::Down { redial: now },
+                    inbuf: Vec::new(),
+                    out: Vec::new(),
+                    last_rx: now,
+                    last_tx: now,
+                    last_ping: now,
+                    bytes_in: 0,
+                    bytes_out: 0,
+                    drops: 0,
+                    rtt: None,
+                })
+            })
+            .collect();
+        info!(%listen, hosts = hosts.len(), index = me, "peer links configured");
+        Ok(Some(Peers {
+            me,
+            hosts,
+            listener,
+            links,
+            pending: HashMap::new(),
+            epoch: now,
+        }))
+    }
+
+    /// This host's index in the host list.
+    pub(super) fn index(&self) -> usize {
+        self.me
+    }
+
+    /// The LIDs this host gives out: its share of the unicast range.
+    pub(super) fn lid_range(&self) -> std::ops::Range<u16> {
+        let span = 0xbffe / self.hosts.len() as u32;
+        let base = 1 + self.me as u32 * span;
+        base as u16..(base + span) as u16
+    }
+
+    /// The links, for `vrnic peers`.
+    pub(super) fn status(&self, engine: &vrnic_proto::Engine) -> Vec<PeerSummary> {
+        self.links
+            .iter()
+            .flatten()
+            .map(|l| PeerSummary {
+                addr: l.addr.to_string(),
+                state: match l.state {
+                    State::Up => "up",
+                    State::Hello => "connecting",
+                    State::Down { .. } => "down",
+                }
+                .to_string(),
+                rtt_us: l.rtt.map(|d| d.as_micros() as u64),
+                bytes_in: l.bytes_in,
+                bytes_out: l.bytes_out,
+                retransmits: engine.retransmits(l.host),
+                drops: l.drops,
+            })
+            .collect()
+    }
+}
+
+/// A control frame of `kind` with `body`, appended to `out`.
+fn control(out: &mut Vec<u8>, kind: ControlKind, body: &[u8]) {
+    let repr = FrameRepr::Control(ControlRepr {
+        kind,
+        body_len: body.len(),
+    });
+    let start = out.len();
+    out.resize(start + repr.buffer_len(), 0);
+    repr.emit(&mut Frame::new_unchecked(&mut out[start..]));
+    out[start + LINK_HEADER_LEN..].copy_from_slice(body);
+}
+
+/// Why a link is closed.
+#[derive(Debug)]
+enum Close {
+    /// The peer closed it, or the socket failed.
+    Gone(String),
+    /// The peer broke the protocol (a malformed frame, a control frame out of place).
+    Broken(String),
+}
+
+impl Server {
+    /// Sends our hello on a fresh connection.
+    fn hello(&self, out: &mut Vec<u8>) {
+        let Some(p) = &self.peers else { return };
+        let mut body = [0u8; 5];
+        body[0] = PROTOCOL;
+        body[1..3].copy_from_slice(&(p.me as u16).to_be_bytes());
+        body[3..5].copy_from_slice(&(p.hosts.len() as u16).to_be_bytes());
+        control(out, ControlKind::Hello, &body);
+    }
+
+    /// Appends announcements of every local vRNIC (op 1) to `out`.
+    fn announce_all(&self, out: &mut Vec<u8>) {
+        let entries: Vec<(u8, u16, [u8; 16])> =
+            self.vnics.values().map(|v| (1, v.lid, v.gid)).collect();
+        announce(out, &entries);
+    }
+
+    /// Tells every up link that a vRNIC was created (`add`) or removed.
+    pub(super) fn announce_vnic(&mut self, add: bool, lid: u16, gid: [u8; 16]) {
+        let Some(p) = &mut self.peers else { return };
+        for l in p.links.iter_mut().flatten() {
+            if l.state == State::Up {
+                announce(&mut l.out, &[(if add { 1 } else { 2 }, lid, gid)]);
+            }
+        }
+    }
+
+    /// Accepts connections from peers (they say who they are in their hello).
+    pub(super) fn accept_peers(&mut self) {
+        let Some(p) = &mut self.peers else { return };
+        loop {
+            match p.listener.accept() {
+                Ok((mut stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    let token = mio::Token(self.next_token);
+                    self.next_token += 1;
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, token, Interest::READABLE)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    self.tokens.insert(token, Tok::PeerPending);
+                    debug!(%addr, "peer connection accepted");
+                    p.pending.insert(
+                        token,
+                        Pending {
+                            stream,
+                            inbuf: Vec::new(),
+                            since: Instant::now(),
+                        },
+                    );
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    warn!("accept a peer: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One pass over the peer links: dial what is due, take hellos on accepted connections,
+    /// read every link (frames to the engine), keepalives, dead links. Returns whether any
+    /// frame arrived.
+    pub(super) fn peer_pass(&mut self, now: Instant) -> bool {
+        if self.peers.is_none() {
+            return false;
+        }
+        self.dial_due(now);
+        self.serve_pending(now);
+        let mut moved = false;
+        let n = self.peers.as_ref().map_or(0, |p| p.links.len());
+        for i in 0..n {
+            match self.read_link(now, i) {
+                Ok(m) => moved |= m,
+                Err(why) => self.close_link(now, i, why),
+            }
+            self.keepalive(now, i);
+        }
+        moved
+    }
+
+    fn dial_due(&mut self, now: Instant) {
+        // Our hello goes first on every new connection.
+        let mut hello = Vec::new();
+        self.hello(&mut hello);
+        let Some(p) = &mut self.peers else { return };
+        for l in p.links.iter_mut().flatten() {
+            let State::Down { redial } = l.state else {
+                continue;
+            };
+            if !l.dials || now < redial {
+                continue;
+            }
+            match TcpStream::connect(l.addr) {
+                Ok(mut s) => {
+                    let _ = s.set_nodelay(true);
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut s, l.token, Interest::READABLE | Interest::WRITABLE)
+                        .is_err()
+                    {
+                        l.state = State::Down {
+                            redial: now + REDIAL,
+                        };
+                        continue;
+                    }
+                    l.stream = Some(s);
+                    l.state = State::Hello;
+                    l.inbuf.clear();
+                    l.out.clear();
+                    l.out.extend_from_slice(&hello);
+                    l.last_rx = now;
+                    l.last_tx = now;
+                }
+                Err(e) => {
+                    debug!(addr = %l.addr, "dial peer: {e}");
+                    l.state = State::Down {
+                        redial: now + REDIAL,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Reads hellos on accepted connections; a valid one makes the connection its host's link.
+    fn serve_pending(&mut self, now: Instant) {
+        let Some(p) = &mut self.peers else { return };
+        let tokens: Vec<Token> = p.pending.keys().copied().collect();
+        for t in tokens {
+            let Some(p) = &mut self.peers else { return };
+            let Some(pd) = p.pending.get_mut(&t) else {
+                continue;
+            };
+            let mut buf = [0u8; 64];
+            let mut gone = false;
+            loop {
+                match pd.stream.read(&mut buf) {
+                    Ok(0) => {
+                        gone = true;
+                        break;
+                    }
+                    Ok(n) => pd.inbuf.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        gone = true;
+                        break;
+                    }
+                }
+                if pd.inbuf.len() > 64 {
+                    break;
+                }
+            }
+            let hello = parse_hello(&pd.inbuf);
+            let stale = now.duration_since(pd.since) > DEAD_AFTER;
+            match hello {
+                Ok(None) if !gone && !stale => continue,
+                Ok(Some((idx, count, used)))
+                    if count as usize == p.hosts.len()
+                        && (idx as usize) < p.me
+                        && p.links.get(idx as usize).is_some_and(Option::is_some) =>
+                {
+                    let Some(mut pd) = p.pending.remove(&t) else {
+                        continue;
+                    };
+                    self.tokens.remove(&t);
+                    let _ = self.poll.registry().deregister(&mut pd.stream);
+                    self.install(now, idx as usize, pd.stream, pd.inbuf.split_off(used));
+                }
+                other => {
+                    if let Ok(Some((idx, count, _))) = other {
+                        warn!(
+                            idx,
+                            count,
+                            hosts = p.hosts.len(),
+                            "a peer's hello does not match this host list: closed"
+                        );
+                    }
+                    if let Some(mut pd) = p.pending.remove(&t) {
+                        let _ = self.poll.registry().deregister(&mut pd.stream);
+                    }
+                    self.tokens.remove(&t);
+                }
+            }
+        }
+    }
+
+    /// Makes an accepted connection the link to host `i` (replacing an older one), answers
+    /// its hello, and announces our vRNICs.
+    fn install(&mut self, now: Instant, i: usize, mut stream: TcpStream, rest: Vec<u8>) {
+        let mut out = Vec::new();
+        self.hello(&mut out);
+        self.announce_all(&mut out);
+        let Some(p) = &mut self.peers else { return };
+        let Some(Some(l)) = p.links.get_mut(i) else {
+            return;
+        };
+        if let Some(mut old) = l.stream.take() {
+            let _ = self.poll.registry().deregister(&mut old);
+            l.drops += 1;
+        }
+        if self
+            .poll
+            .registry()
+            .register(
+                &mut stream,
+                l.token,
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .is_err()
+        {
+            return;
+        }
+        l.stream = Some(stream);
+        l.state = State::Up;
+        l.inbuf = rest;
+        l.out = out;
+        l.last_rx = now;
+        l.last_tx = now;
+        let host = l.host;
+        info!(peer = %l.addr, "peer link up");
+        self.engine.handle_link_up(host);
+    }
+
+    /// Reads what link `i` has (bounded), and hands every whole frame on.
+    fn read_link(&mut self, now: Instant, i: usize) -> Result<bool, Close> {
+        let Some(p) = &mut self.peers else {
+            return Ok(false);
+        };
+        let Some(Some(l)) = p.links.get_mut(i) else {
+            return Ok(false);
+        };
+        let Some(stream) = l.stream.as_mut() else {
+            return Ok(false);
+        };
+        let mut read = 0usize;
+        let mut moved = false;
+        loop {
+            if l.inbuf.capacity() - l.inbuf.len() < MAX_FRAME {
+                l.inbuf.reserve(MAX_FRAME);
+            }
+            let at = l.inbuf.len();
+            let cap = l.inbuf.capacity();
+            l.inbuf.resize(cap, 0);
+            let r = stream.read(&mut l.inbuf[at..]);
+            match r {
+                Ok(0) => {
+                    l.inbuf.truncate(at);
+                    return Err(Close::Gone("closed by the peer".into()));
+                }
+                Ok(n) => {
+                    l.inbuf.truncate(at + n);
+                    l.bytes_in += n as u64;
+                    l.last_rx = now;
+                    read += n;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    l.inbuf.truncate(at);
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {
+                    l.inbuf.truncate(at);
+                }
+                Err(e) => {
+                    l.inbuf.truncate(at);
+                    return Err(Close::Gone(e.to_string()));
+                }
+            }
+            if read >= READ_BUDGET {
+                break;
+            }
+        }
+        // Whole frames, in order.
+        let mut inbuf = std::mem::take(&mut l.inbuf);
+        let (host, state) = (l.host, l.state);
+        let mut used = 0usize;
+        let mut state_now = state;
+        let result = loop {
+            let buf = &inbuf[used..];
+            let len = match peek_len(buf) {
+                Ok(Some(len)) if buf.len() >= len => len,
+                Ok(_) => break Ok(()),
+                Err(e) => break Err(Close::Broken(format!("malformed frame: {e}"))),
+            };
+            let frame = &buf[..len];
+            match self.handle_frame(now, host, state_now, frame) {
+                Ok(s) => state_now = s,
+                Err(e) => break Err(e),
+            }
+            used += len;
+            moved = true;
+        };
+        inbuf.drain(..used);
+        if let Some(Some(l)) = self.peers.as_mut().and_then(|p| p.links.get_mut(i)) {
+            l.inbuf = inbuf;
+            if l.state != state_now {
+                l.state = state_now;
+            }
+        }
+        result.map(|()| moved)
+    }
+
+    /// One whole frame from `host`'s link in state `state`; returns the link's next state.
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        host: HostId,
+        state: State,
+        bytes: &[u8],
+    ) -> Result<State, Close> {
+        let frame = Frame::new_checked(bytes)
+            .map_err(|e| Close::Broken(format!("malformed frame: {e}")))?;
+        let repr =
+            FrameRepr::parse(&frame).map_err(|e| Close::Broken(format!("malformed frame: {e}")))?;
+        let body = &bytes[repr.payload_range()];
+        match (state, repr) {
+            (State::Hello, FrameRepr::Control(c)) if c.kind == ControlKind::Hello => {
+                match parse_hello(bytes) {
+                    Ok(Some((idx, count, _)))
+                        if idx == host.0 as u16
+                            && self
+                                .peers
+                                .as_ref()
+                                .is_some_and(|p| p.hosts.len() == count as usize) =>
+                    {
+                        let mut out = Vec::new();
+                        self.announce_all(&mut out);
+                        if let Some(Some(l)) = self
+                            .peers
+                            .as_mut()
+                            .and_then(|p| p.links.get_mut(host.0 as usize))
+                        {
+                            l.out.extend_from_slice(&out);
+                            info!(peer = %l.addr, "peer link up");
+                        }
+                        self.engine.handle_link_up(host);
+                        Ok(State::Up)
+                    }
+                    _ => Err(Close::Broken("a hello from the wrong host".into())),
+                }
+            }
+            (State::Up, FrameRepr::Segment { grh, segment }) => {
+                let mut mem = Mem(&self.vnics);
+                self.engine
+                    .handle_segment(now, host, grh.as_ref(), &segment, body, &mut mem);
+                Ok(State::Up)
+            }
+            (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Announce => {
+                if !body.len().is_multiple_of(ANNOUNCE_ENTRY) {
+                    return Err(Close::Broken("a malformed announcement".into()));
+                }
+                for e in body.chunks_exact(ANNOUNCE_ENTRY) {
+                    let lid = u16::from_be_bytes([e[1], e[2]]);
+                    let mut gid = [0u8; 16];
+                    gid.copy_from_slice(&e[3..19]);
+                    match e[0] {
+                        1 => self.engine.add_remote_vnic(host, lid, gid),
+                        2 => self.engine.remove_remote_vnic(lid, gid),
+                        _ => return Err(Close::Broken("a malformed announcement".into())),
+                    }
+                }
+                Ok(State::Up)
+            }
+            (_, FrameRepr::Control(c)) if c.kind == ControlKind::Keepalive => {
+                // A ping (0) is answered with a pong (1) carrying its timestamp; a pong
+                // gives the round trip.
+                if body.len() != 9 || body[0] > 1 {
+                    return Err(Close::Broken("a malformed keepalive".into()));
+                }
+                if let Some(p) = &mut self.peers
+                    && let Some(Some(l)) = p.links.get_mut(host.0 as usize)
+                {
+                    if body[0] == 0 {
+                        let mut pong = [0u8; 9];
+                        pong[0] = 1;
+                        pong[1..].copy_from_slice(&body[1..]);
+                        control(&mut l.out, ControlKind::Keepalive, &pong);
+                    } else {
+                        let mut t = [0u8; 8];
+                        t.copy_from_slice(&body[1..]);
+                        let sent = Duration::from_nanos(u64::from_be_bytes(t));
+                        let at = now.duration_since(p.epoch);
+                        l.rtt = at.checked_sub(sent);
+                    }
+                }
+                Ok(state)
+            }
+            _ => Err(Close::Broken("a frame out of place".into())),
+        }
+    }
+
+    /// Sends a keepalive on a quiet link; closes one silent past [`DEAD_AFTER`].
+    fn keepalive(&mut self, now: Instant, i: usize) {
+        let Some(p) = &mut self.peers else { return };
+        let Some(Some(l)) = p.links.get_mut(i) else {
+            return;
+        };
+        if l.stream.is_none() {
+            return;
+        }
+        if now.duration_since(l.last_rx) > DEAD_AFTER {
+            self.close_link(now, i, Close::Gone("silent".into()));
+            return;
+        }
+        if l.state == State::Up && now.duration_since(l.last_ping) > KEEPALIVE {
+            let mut ping = [0u8; 9];
+            let t = now.duration_since(p.epoch).as_nanos() as u64;
+            ping[1..].copy_from_slice(&t.to_be_bytes());
+            control(&mut l.out, ControlKind::Keepalive, &ping);
+            l.last_ping = now;
+        }
+    }
+
+    /// Closes link `i`: dialed again later (if we dial it). A broken peer also fails the
+    /// QPs routed over it.
+    fn close_link(&mut self, now: Instant, i: usize, why: Close) {
+        let Some(p) = &mut self.peers else { return };
+        let Some(Some(l)) = p.links.get_mut(i) else {
+            return;
+        };
+        if let Some(mut s) = l.stream.take() {
+            let _ = self.poll.registry().deregister(&mut s);
+        }
+        l.state = State::Down {
+            redial: now + REDIAL,
+        };
+        l.inbuf.clear();
+        l.out.clear();
+        l.drops += 1;
+        let host = l.host;
+        match why {
+            Close::Gone(why) => info!(peer = %l.addr, "peer link down: {why}"),
+            Close::Broken(why) => {
+                warn!(peer = %l.addr, "peer link closed: {why}; its QPs fail");
+                self.engine.fail_host(now, host);
+            }
+        }
+    }
+
+    /// Frames the engine produced, onto their links (dropped when a link is down: the
+    /// requester sends them again when it is back), then writes what each link can take.
+    /// Returns whether anything was sent.
+    pub(super) fn flush_peers(&mut self, now: Instant) -> bool {
+        let Some(p) = &mut self.peers else {
+            // No links: a transmit (a route to an announced host cannot exist) is dropped.
+            while self.engine.poll_transmit().is_some() {}
+            return false;
+        };
+        let mem = &mut Mem(&self.vnics);
+        while let Some(t) = self.engine.poll_transmit() {
+            if let Some(Some(l)) = p.links.get_mut(t.host.0 as usize)
+                && l.state == State::Up
+                && !t.encode(mem, &mut l.out)
+            {
+                warn!("an inconsistent frame was not sent");
+            }
+        }
+        let mut sent = false;
+        let mut failed = Vec::new();
+        for (i, l) in p.links.iter_mut().enumerate() {
+            let Some(l) = l else { continue };
+            let Some(s) = l.stream.as_mut() else {
+                continue;
+            };
+            let mut at = 0usize;
+            while at < l.out.len() {
+                match s.write(&l.out[at..]) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        at += n;
+                        l.bytes_out += n as u64;
+                        l.last_tx = now;
+                        sent = true;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        failed.push((i, e.to_string()));
+                        break;
+                    }
+                }
+            }
+            l.out.drain(..at);
+        }
+        for (i, why) in failed {
+            self.close_link(now, i, Close::Gone(why));
+        }
+        sent
+    }
+
+    /// Whether a link has bytes it could not write yet (the loop keeps spinning for them).
+    pub(super) fn peers_backlogged(&self) -> bool {
+        self.peers
+            .as_ref()
+            .is_some_and(|p| p.links.iter().flatten().any(|l| !l.out.is_empty()))
+    }
+}
+
+/// `Ok(Some((index, hosts, bytes used)))` if `buf` starts with a whole hello frame,
+/// `Ok(None)` if it may still become one, `Err` if it cannot.
+fn parse_hello(buf: &[u8]) -> Result<Option<(u16, u16, usize)>, ()> {
+    let len = match peek_len(buf) {
+        Ok(Some(len)) if buf.len() >= len => len,
+        Ok(_) => return Ok(None),
+        Err(_) => return Err(()),
+    };
+    let frame = Frame::new_checked(&buf[..len]).map_err(|_| ())?;
+    match FrameRepr::parse(&frame).map_err(|_| ())? {
+        FrameRepr::Control(c) if c.kind == ControlKind::Hello && c.body_len == 5 => {
+            let b = &buf[LINK_HEADER_LEN..len];
+            if b[0] != PROTOCOL {
+                return Err(());
+            }
+            Ok(Some((
+                u16::from_be_bytes([b[1], b[2]]),
+                u16::from_be_bytes([b[3], b[4]]),
+                len,
+            )))
+        }
+        _ => Err(()),
+    }
+}
+
+/// Appends announcement frames for `entries` (op, LID, GID).
+fn announce(out: &mut Vec<u8>, entries: &[(u8, u16, [u8; 16])]) {
+    let per_frame = (vrnic_wire::frame::MAX_PAYLOAD / ANNOUNCE_ENTRY).max(1);
+    for chunk in entries.chunks(per_frame) {
+        let mut body = Vec::with_capacity(chunk.len() * ANNOUNCE_ENTRY);
+        for (op, lid, gid) in chunk {
+            body.push(*op);
+            body.extend_from_slice(&lid.to_be_bytes());
+            body.extend_from_slice(gid);
+        }
+        control(out, ControlKind::Announce, &body);
+    }
+}

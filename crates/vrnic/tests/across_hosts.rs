@@ -1,0 +1,283 @@
+//! One virtual RDMA network across hosts: unmodified `ibverbs-utils` and perftest between
+//! vRNICs of daemons on different hosts, simulated by network namespaces on a bridge (created
+//! by each test, removed on drop). The daemons talk over their peer links (`vrnic serve
+//! --listen --peer`); the apps exchange their addresses over TCP between the namespaces, as
+//! they would between machines. Faults: a daemon killed mid-transfer, a link cut and
+//! restored, a peer that sends garbage.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::hosts::{Hosts, PEER_PORT};
+use common::{Proc, port, require, run_pair_on};
+
+const LINKS_UP: Duration = Duration::from_secs(20);
+const PAIR: Duration = Duration::from_secs(120);
+
+/// `prog args... -p PORT` as a server on host 0's daemon, and as a client of host 0's address
+/// on host 1's daemon; both must exit 0.
+fn across(prog: &str, args: &[&str]) {
+    require(prog);
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let mut server = vec![prog, "-p", &p];
+    server.extend_from_slice(args);
+    let mut client = server.clone();
+    let addr = hosts.addr(0);
+    client.push(&addr);
+    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
+    pair.assert_ok();
+    for (side, out) in [("server", &pair.server), ("client", &pair.client)] {
+        assert!(
+            !out.stdout.contains("invalid data") && !out.stderr.contains("invalid data"),
+            "{side} saw corrupted data\n{pair}"
+        );
+    }
+}
+
+#[test]
+fn rc_pingpong_across_hosts() {
+    across("ibv_rc_pingpong", &["-n", "200"]);
+}
+
+#[test]
+fn rc_pingpong_across_hosts_in_event_mode() {
+    across("ibv_rc_pingpong", &["-n", "200", "-e"]);
+}
+
+#[test]
+fn rc_pingpong_across_hosts_by_gid() {
+    across("ibv_rc_pingpong", &["-n", "200", "-g", "0"]);
+}
+
+#[test]
+fn rc_pingpong_across_hosts_with_1mib_messages() {
+    across("ibv_rc_pingpong", &["-n", "20", "-c", "-s", "1048576"]);
+}
+
+#[test]
+fn uc_pingpong_across_hosts() {
+    across("ibv_uc_pingpong", &["-n", "200"]);
+}
+
+#[test]
+fn ud_pingpong_across_hosts() {
+    across("ibv_ud_pingpong", &["-n", "200"]);
+}
+
+#[test]
+fn srq_pingpong_across_hosts() {
+    across("ibv_srq_pingpong", &["-n", "100"]);
+}
+
+#[test]
+fn perftest_write_read_send_atomic_bw_across_hosts() {
+    for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw"] {
+        across(prog, &["-n", "200"]);
+    }
+}
+
+#[test]
+fn perftest_latency_across_hosts() {
+    for prog in [
+        "ib_write_lat",
+        "ib_read_lat",
+        "ib_send_lat",
+        "ib_atomic_lat",
+    ] {
+        across(prog, &["-n", "200"]);
+    }
+}
+
+#[test]
+fn perftest_bw_sweeps_across_hosts() {
+    for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
+        across(prog, &["-a", "-n", "20"]);
+    }
+}
+
+/// The survivor's app fails with a transport error within its retry budget when the other
+/// host's daemon is SIGKILLed mid-transfer, nothing hangs, and a restarted daemon serves a new
+/// pair across the hosts.
+#[test]
+fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_again() {
+    require("ib_write_bw");
+    let hosts = Hosts::new(2);
+    let mut ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let addr = hosts.addr(0);
+    // A long transfer: killed long before it ends.
+    let server = Proc::spawn(
+        ds[0].run(&["ib_write_bw", "-p", &p, "-D", "30"]),
+        "server ib_write_bw",
+    );
+    let start = Instant::now();
+    let client = loop {
+        let c = Proc::spawn(
+            ds[1].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr]),
+            "client ib_write_bw",
+        );
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut c = c;
+        if !c.exited() {
+            break c;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "client never started"
+        );
+    };
+    let killed = ds[0].kill();
+    let _ = killed;
+    // ib_write_bw's QPs use timeout 14 and retry_cnt 7: about 0.54 s of budget.
+    let out = client.wait_bounded(Duration::from_secs(30));
+    assert!(!out.timed_out, "the survivor hung\n{}", out.text());
+    assert!(
+        !out.ok(),
+        "the survivor's transfer cannot have finished\n{}",
+        out.text()
+    );
+    drop(server);
+    ds[0].restart();
+    ds[0].wait_peers_up(LINKS_UP);
+    ds[1].wait_peers_up(LINKS_UP);
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "50"];
+    let mut client = server.to_vec();
+    client.push(&addr);
+    run_pair_on(&ds[0], &ds[1], &server, &client, PAIR).assert_ok();
+}
+
+/// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
+/// every byte is right (`-c` checks them). TCP carries the link across so short a cut.
+#[test]
+fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
+    require("ibv_rc_pingpong");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let addr = hosts.addr(0);
+    let server = [
+        "ibv_rc_pingpong",
+        "-p",
+        &p,
+        "-c",
+        "-s",
+        "65536",
+        "-n",
+        "20000",
+    ];
+    let mut client = server.to_vec();
+    client.push(&addr);
+    let server_proc = Proc::spawn(ds[0].run(&server), "server");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut client_proc = Proc::spawn(ds[1].run(&client), "client");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        !client_proc.exited(),
+        "the transfer must still run when the link is cut"
+    );
+    // ibv_rc_pingpong: timeout 14, retry_cnt 7 (about 0.54 s); 200 ms of silence is within.
+    hosts.set_link(1, false);
+    std::thread::sleep(Duration::from_millis(200));
+    hosts.set_link(1, true);
+    let c = client_proc.wait_bounded(PAIR);
+    let s = server_proc.wait_bounded(Duration::from_secs(30));
+    assert!(
+        c.ok()
+            && s.ok()
+            && !c.text().contains("invalid data")
+            && !s.text().contains("invalid data"),
+        "client:\n{}\nserver:\n{}",
+        c.text(),
+        s.text()
+    );
+}
+
+/// A link down long enough for the daemons to give up on its connection (past the keepalive
+/// deadline) but within the QPs' retry budget: they dial again, and every QP over it sends
+/// again from its oldest unanswered segment; the transfer completes.
+#[test]
+fn a_link_that_drops_and_reconnects_within_the_retry_budget_resends_and_finishes() {
+    require("ib_write_bw");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let addr = hosts.addr(0);
+    // -u 20: a 4.3 s transport timer, 8 tries: a 34 s budget.
+    let server = [
+        "ib_write_bw",
+        "-p",
+        &p,
+        "-u",
+        "20",
+        "-s",
+        "65536",
+        "-n",
+        "200000",
+    ];
+    let mut client = server.to_vec();
+    client.push(&addr);
+    let server_proc = Proc::spawn(ds[0].run(&server), "server");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut client_proc = Proc::spawn(ds[1].run(&client), "client");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        !client_proc.exited(),
+        "the transfer must still run when the link is cut"
+    );
+    hosts.set_link(1, false);
+    std::thread::sleep(Duration::from_millis(3000));
+    hosts.set_link(1, true);
+    let c = client_proc.wait_bounded(PAIR);
+    let s = server_proc.wait_bounded(Duration::from_secs(30));
+    assert!(
+        c.ok() && s.ok(),
+        "client:\n{}\nserver:\n{}",
+        c.text(),
+        s.text()
+    );
+    let peers = ds[1].cli_output(&["peers"]).stdout;
+    let line = peers.lines().nth(1).unwrap_or_default().to_string();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert!(
+        cols.len() == 7 && cols[6].parse::<u64>().unwrap_or(0) >= 1,
+        "the link went down and came back\n{peers}"
+    );
+}
+
+/// A peer that sends garbage on the peer port loses its connection and nothing else: the
+/// daemon lives and a pair across the hosts still passes.
+#[test]
+fn garbage_on_the_peer_port_closes_only_that_connection() {
+    require("ibv_rc_pingpong");
+    let hosts = Hosts::new(2);
+    let mut ds = hosts.daemons(LINKS_UP);
+    // From host 1's namespace, as a hostile peer would: zeros (a bad magic), a well-formed
+    // hello claiming to be host 0 itself, a frame header announcing 16 MiB.
+    for payload in [
+        r"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+        r"vR\x01\x02\x00\x00\x00\x0d\x01\x00\x00\x00\x02",
+        r"vR\x01\x01\x00\xff\xff\xff",
+    ] {
+        let script = format!(
+            "exec 3<>/dev/tcp/{}/{PEER_PORT} && printf '{payload}' >&3 && sleep 0.2",
+            hosts.addr(0)
+        );
+        let mut c = std::process::Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", hosts.names[1]))
+            .args(["bash", "-c", &script]);
+        let out = Proc::spawn(c, "garbage").wait(Duration::from_secs(20));
+        assert!(out.ok(), "{}", out.text());
+    }
+    assert!(ds[0].alive() && ds[1].alive(), "a daemon died");
+    ds[0].wait_peers_up(LINKS_UP);
+    let p = port().to_string();
+    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "50"];
+    let mut client = server.to_vec();
+    let a0 = hosts.addr(0);
+    client.push(&a0);
+    run_pair_on(&ds[0], &ds[1], &server, &client, PAIR).assert_ok();
+}

@@ -1,0 +1,142 @@
+//! Hosts for across-host tests: network namespaces, each with one address on a bridge that
+//! lives in a namespace of its own (the "switch"), a daemon per host with peer links to the
+//! others. Everything is created by the test under unique names and removed on drop; no
+//! address outside these namespaces is used.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::{CLI, Daemon, Proc};
+
+/// The port daemons listen on for peer links (inside their own namespaces).
+pub const PEER_PORT: u16 = 7700;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Hosts joined by a switch; removed (namespaces, links) on drop.
+pub struct Hosts {
+    /// Each host's network namespace.
+    pub names: Vec<String>,
+    switch: String,
+}
+
+/// Runs `ip args...`, panicking with its output if it fails.
+fn ip(args: &[&str]) {
+    let mut c = Command::new("ip");
+    c.args(args);
+    let out = Proc::spawn(c, "ip").wait(CLI);
+    assert!(out.ok(), "ip {} failed\n{}", args.join(" "), out.text());
+}
+
+impl Hosts {
+    /// `n` hosts, host `i` at 10.77.0.(i+1)/24. Needs root.
+    pub fn new(n: usize) -> Hosts {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(
+            root,
+            "across-host tests need root (network namespaces); scripts/test runs as root"
+        );
+        let tag = format!(
+            "vr{}x{}",
+            std::process::id() % 100_000,
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let switch = format!("{tag}sw");
+        let mut h = Hosts {
+            names: Vec::new(),
+            switch: switch.clone(),
+        };
+        ip(&["netns", "add", &switch]);
+        ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &switch, "link", "set", "br0", "up"]);
+        for i in 0..n {
+            let name = format!("{tag}h{i}");
+            ip(&["netns", "add", &name]);
+            h.names.push(name.clone());
+            let port = format!("p{i}");
+            ip(&[
+                "-n", &name, "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns",
+                &switch,
+            ]);
+            ip(&["-n", &switch, "link", "set", &port, "master", "br0", "up"]);
+            let addr = format!("{}/24", h.addr(i));
+            ip(&["-n", &name, "addr", "add", &addr, "dev", "eth0"]);
+            ip(&["-n", &name, "link", "set", "eth0", "up"]);
+            ip(&["-n", &name, "link", "set", "lo", "up"]);
+        }
+        h
+    }
+
+    /// Host `i`'s address.
+    pub fn addr(&self, i: usize) -> String {
+        format!("10.77.0.{}", i + 1)
+    }
+
+    /// Host `i`'s link to the switch goes down (`up` false) or comes back.
+    pub fn set_link(&self, i: usize, up: bool) {
+        ip(&[
+            "-n",
+            &self.names[i],
+            "link",
+            "set",
+            "eth0",
+            if up { "up" } else { "down" },
+        ]);
+    }
+
+    /// A daemon on host `i` with peer links to every other host.
+    pub fn daemon(&self, i: usize) -> Daemon {
+        let listen = format!("{}:{PEER_PORT}", self.addr(i));
+        let mut args = vec!["--listen".to_string(), listen];
+        for j in 0..self.names.len() {
+            if j != i {
+                args.push("--peer".into());
+                args.push(format!("{}:{PEER_PORT}", self.addr(j)));
+            }
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Daemon::start_in(Some(&self.names[i]), &refs)
+    }
+
+    /// Daemons on every host, each waiting (at most `limit`) until `vrnic peers` shows all
+    /// its links up.
+    pub fn daemons(&self, limit: Duration) -> Vec<Daemon> {
+        let ds: Vec<Daemon> = (0..self.names.len()).map(|i| self.daemon(i)).collect();
+        for d in &ds {
+            d.wait_peers_up(limit);
+        }
+        ds
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for n in self.names.iter().chain(std::iter::once(&self.switch)) {
+            let mut c = Command::new("ip");
+            c.args(["netns", "del", n]);
+            let _ = Proc::spawn(c, "ip netns del").wait_timeout(CLI);
+        }
+    }
+}
+
+impl Daemon {
+    /// Waits until every peer link of this daemon is up (`vrnic peers`).
+    pub fn wait_peers_up(&self, limit: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            let out = self.cli_output(&["peers"]);
+            let lines: Vec<&str> = out.stdout.lines().skip(1).collect();
+            if out.ok() && !lines.is_empty() && lines.iter().all(|l| l.contains(" up ")) {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "peer links not up within {limit:?}\n{}",
+                out.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
