@@ -6,7 +6,8 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | reg_contents | isolation | limits | reg_limit (these two on a daemon with small limits)
+ *       unsignaled | ex | reg_contents | isolation | dev_limits | limits | reg_limit (these two on a
+ *       daemon with small limits)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
  * is bounded, so a lost completion or event fails instead of hanging.
@@ -1080,6 +1081,157 @@ static void case_reg_contents(void)
 	ok("written pages keep their bytes, untouched and read-only pages read zero, over 3 reuse rounds");
 }
 
+/* Every create_* and modify_* attribute past what ibv_query_device (and ibv_query_port)
+ * report is refused with EINVAL, and exactly the limit is accepted. */
+#define EXPECT_NULL_EINVAL(call, what)                                   \
+	do {                                                             \
+		errno = 0;                                               \
+		void *p_ = (void *)(call);                               \
+		if (p_ || errno != EINVAL)                               \
+			fail("%s: %s (errno %d)", what, p_ ? "accepted" : "wrong errno", errno); \
+		ok("%s: EINVAL", what);                                  \
+	} while (0)
+#define EXPECT_RC_EINVAL(call, what)                                     \
+	do {                                                             \
+		int rc_ = (call);                                        \
+		if (rc_ != EINVAL)                                       \
+			fail("%s: returned %d, expected EINVAL", what, rc_); \
+		ok("%s: EINVAL", what);                                  \
+	} while (0)
+
+static void case_dev_limits(void)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da))
+		fail("query_device");
+	/* CQs: depth and completion vector. */
+	EXPECT_NULL_EINVAL(ibv_create_cq(ctx, da.max_cqe + 1, NULL, NULL, 0), "create_cq cqe max_cqe+1");
+	EXPECT_NULL_EINVAL(ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors),
+			   "create_cq comp_vector num_comp_vectors");
+	EXPECT_NULL_EINVAL(ibv_create_cq(ctx, 16, NULL, NULL, -1), "create_cq comp_vector -1");
+	struct ibv_cq_init_attr_ex ce = { .cqe = da.max_cqe + 1, .wc_flags = IBV_WC_STANDARD_FLAGS };
+	EXPECT_NULL_EINVAL(ibv_create_cq_ex(ctx, &ce), "create_cq_ex cqe max_cqe+1");
+	ce.cqe = 16;
+	ce.comp_vector = ctx->num_comp_vectors;
+	EXPECT_NULL_EINVAL(ibv_create_cq_ex(ctx, &ce), "create_cq_ex comp_vector num_comp_vectors");
+	struct ibv_cq *big = ibv_create_cq(ctx, da.max_cqe, NULL, NULL, ctx->num_comp_vectors - 1);
+	if (!big || big->cqe < da.max_cqe)
+		fail("create_cq at max_cqe with the last comp_vector");
+	ibv_destroy_cq(big);
+	ok("create_cq at max_cqe (%d) and comp_vector %d: accepted", da.max_cqe, ctx->num_comp_vectors - 1);
+
+	/* QPs: every capability, through create_qp and create_qp_ex. */
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp_init_attr base = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+					 .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+						  .max_recv_sge = 1 } };
+	struct { const char *what; struct ibv_qp_init_attr ia; } over[] = {
+		{ "create_qp max_send_wr max_qp_wr+1", base },
+		{ "create_qp max_recv_wr max_qp_wr+1", base },
+		{ "create_qp max_send_sge max_sge+1", base },
+		{ "create_qp max_recv_sge max_sge+1", base },
+		{ "create_qp max_inline_data over the device's", base },
+	};
+	over[0].ia.cap.max_send_wr = da.max_qp_wr + 1;
+	over[1].ia.cap.max_recv_wr = da.max_qp_wr + 1;
+	over[2].ia.cap.max_send_sge = da.max_sge + 1;
+	over[3].ia.cap.max_recv_sge = da.max_sge + 1;
+	over[4].ia.cap.max_inline_data = 1 << 20;
+	for (unsigned i = 0; i < sizeof over / sizeof over[0]; i++) {
+		EXPECT_NULL_EINVAL(ibv_create_qp(pd, &over[i].ia), over[i].what);
+		struct ibv_qp_init_attr_ex ix = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+						  .cap = over[i].ia.cap, .comp_mask = IBV_QP_INIT_ATTR_PD, .pd = pd };
+		char what[128];
+		snprintf(what, sizeof what, "%s (create_qp_ex)", over[i].what);
+		EXPECT_NULL_EINVAL(ibv_create_qp_ex(ctx, &ix), what);
+	}
+	struct ibv_qp_init_attr at = base;
+	at.cap = (struct ibv_qp_cap){ .max_send_wr = da.max_qp_wr, .max_recv_wr = da.max_qp_wr,
+				      .max_send_sge = da.max_sge, .max_recv_sge = da.max_sge };
+	struct ibv_qp *qp = ibv_create_qp(pd, &at);
+	if (!qp)
+		fail("create_qp at max_qp_wr and max_sge");
+	ibv_destroy_qp(qp);
+	ok("create_qp at max_qp_wr (%d) and max_sge (%d): accepted", da.max_qp_wr, da.max_sge);
+
+	/* modify_qp: read/atomic depths against max_qp_init_rd_atom / max_qp_rd_atom, the port
+	 * against phys_port_cnt, P_Key index against pkey_tbl_len, the MTU against the port's. */
+	qp = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = da.phys_port_cnt + 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						      IBV_QP_ACCESS_FLAGS),
+			 "modify_qp port phys_port_cnt+1");
+	a.port_num = 1;
+	a.pkey_index = da.max_pkeys;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						      IBV_QP_ACCESS_FLAGS),
+			 "modify_qp pkey_index max_pkeys");
+	a.pkey_index = 0;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("modify INIT");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = qp->qp_num,
+				  .max_dest_rd_atomic = da.max_qp_rd_atom + 1, .min_rnr_timer = 12,
+				  .ah_attr = { .dlid = lid, .port_num = 1 } };
+	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rtr), "modify_qp max_dest_rd_atomic max_qp_rd_atom+1");
+	a.max_dest_rd_atomic = da.max_qp_rd_atom;
+	a.path_mtu = IBV_MTU_4096 + 1;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rtr), "modify_qp path_mtu over the port's");
+	a.path_mtu = IBV_MTU_4096;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.sgid_index = 1;
+	a.ah_attr.grh.dgid = gid;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rtr), "modify_qp sgid_index gid_tbl_len");
+	a.ah_attr.is_global = 0;
+	if (ibv_modify_qp(qp, &a, rtr))
+		fail("modify RTR at max_qp_rd_atom");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+				  .max_rd_atomic = da.max_qp_init_rd_atom + 1 };
+	int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+		  IBV_QP_MAX_QP_RD_ATOMIC;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rts), "modify_qp max_rd_atomic max_qp_init_rd_atom+1");
+	a.max_rd_atomic = da.max_qp_init_rd_atom;
+	if (ibv_modify_qp(qp, &a, rts))
+		fail("modify RTS at max_qp_init_rd_atom");
+	ok("modify_qp at max_qp_rd_atom (%d) and max_qp_init_rd_atom (%d): accepted", da.max_qp_rd_atom,
+	   da.max_qp_init_rd_atom);
+
+	/* SRQs: depth, SGEs, limit; through create_srq and create_srq_ex. */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = da.max_srq_wr + 1, .max_sge = 1 } };
+	EXPECT_NULL_EINVAL(ibv_create_srq(pd, &si), "create_srq max_wr max_srq_wr+1");
+	si.attr = (struct ibv_srq_attr){ .max_wr = 4, .max_sge = da.max_srq_sge + 1 };
+	EXPECT_NULL_EINVAL(ibv_create_srq(pd, &si), "create_srq max_sge max_srq_sge+1");
+	si.attr = (struct ibv_srq_attr){ .max_wr = 4, .max_sge = 1, .srq_limit = 5 };
+	EXPECT_NULL_EINVAL(ibv_create_srq(pd, &si), "create_srq srq_limit over max_wr");
+	struct ibv_srq_init_attr_ex sx = { .attr = { .max_wr = da.max_srq_wr + 1, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD,
+					   .srq_type = IBV_SRQT_BASIC, .pd = pd };
+	EXPECT_NULL_EINVAL(ibv_create_srq_ex(ctx, &sx), "create_srq_ex max_wr max_srq_wr+1");
+	sx.attr = (struct ibv_srq_attr){ .max_wr = 4, .max_sge = da.max_srq_sge + 1 };
+	EXPECT_NULL_EINVAL(ibv_create_srq_ex(ctx, &sx), "create_srq_ex max_sge max_srq_sge+1");
+	si.attr = (struct ibv_srq_attr){ .max_wr = da.max_srq_wr, .max_sge = da.max_srq_sge };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq at max_srq_wr and max_srq_sge");
+	ibv_destroy_srq(srq);
+	ok("create_srq at max_srq_wr (%d) and max_srq_sge (%d): accepted", da.max_srq_wr, da.max_srq_sge);
+	si.attr = (struct ibv_srq_attr){ .max_wr = 8, .max_sge = 1 };
+	srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq");
+	struct ibv_srq_attr sa = { .srq_limit = si.attr.max_wr + 1 };
+	EXPECT_RC_EINVAL(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), "modify_srq srq_limit over max_wr");
+
+	/* Address handles: port and GID index. */
+	struct ibv_ah_attr ah = { .dlid = lid, .port_num = da.phys_port_cnt + 1 };
+	EXPECT_NULL_EINVAL(ibv_create_ah(pd, &ah), "create_ah port phys_port_cnt+1");
+	ah = (struct ibv_ah_attr){ .dlid = lid, .port_num = 1, .is_global = 1,
+				   .grh = { .dgid = gid, .sgid_index = 1, .hop_limit = 1 } };
+	EXPECT_NULL_EINVAL(ibv_create_ah(pd, &ah), "create_ah sgid_index gid_tbl_len");
+}
+
 /* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
 static void case_limits(void)
 {
@@ -1172,6 +1324,8 @@ int main(int argc, char **argv)
 		case_isolation();
 	else if (!strcmp(c, "limits"))
 		case_limits();
+	else if (!strcmp(c, "dev_limits"))
+		case_dev_limits();
 	else if (!strcmp(c, "reg_limit"))
 		case_reg_limit();
 	else

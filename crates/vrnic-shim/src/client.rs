@@ -674,6 +674,40 @@ impl CompQueue {
         None
     }
 
+    /// Removes the completions of QP number `qpn` from the ring, keeping the others in their
+    /// order, and returns how many went: a QP moved to RESET or destroyed leaves nothing behind
+    /// (mlx5's provider does the same in `__mlx5_cq_clean`).
+    ///
+    /// Only the slots between the consumer index and a snapshot of the producer index are
+    /// touched: the daemon writes no slot there until the consumer index passes it. The walk
+    /// goes from the newest completion back to the oldest, moving each kept one up over the
+    /// removed ones, then advances the consumer index past the gap; completions the daemon
+    /// adds meanwhile land after the snapshot and are not moved.
+    pub fn clean(&mut self, region: &Region, qpn: u32) -> u32 {
+        let prod = self.ring.prod(region).load(Ordering::Acquire);
+        let pending = prod.wrapping_sub(self.cons);
+        if pending == 0 || pending > self.ring.depth() {
+            return 0;
+        }
+        let mut raw = [0u8; CQ_SLOT];
+        let mut removed = 0u32;
+        let mut i = prod;
+        while i != self.cons {
+            i = i.wrapping_sub(1);
+            self.ring.read_slot(region, i, &mut raw);
+            if Cqe::parse(&raw).is_ok_and(|c| c.qp_num == qpn) {
+                removed += 1;
+            } else if removed > 0 {
+                self.ring.write_slot(region, i.wrapping_add(removed), &raw);
+            }
+        }
+        if removed > 0 {
+            self.cons = self.cons.wrapping_add(removed);
+            self.publish(region);
+        }
+        removed
+    }
+
     /// Retires the completion [`peek`](Self::peek) returned; the daemon may reuse its slot
     /// after the next [`publish`](Self::publish).
     pub fn consume(&mut self) {

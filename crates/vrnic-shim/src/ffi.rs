@@ -1411,13 +1411,16 @@ pub extern "C" fn vrnic_ibv_modify_qp(
                     // SAFETY: `state` is a plain field apps read; we own the QP struct.
                     unsafe { (*qp).state = a.qp_state };
                     if a.qp_state == IBV_QPS_RESET {
-                        // The engine forgot the queues: start the rings afresh.
+                        // The daemon dropped what the rings held and published their consumer
+                        // indices before it answered: start the rings afresh from there.
                         if let (Ok(mut sq), Ok(mut rq)) = (v.sq.lock(), v.rq.lock()) {
                             sq.prod = sq.ring.cons(&conn.region).load(Ordering::Acquire);
                             rq.prod = rq.ring.cons(&conn.region).load(Ordering::Acquire);
                             sq.publish(&conn.region);
                             rq.publish(&conn.region);
                         }
+                        // SAFETY: qp is ours and live.
+                        clean_cqs(unsafe { &*qp }, conn);
                     }
                 }
                 0
@@ -1425,6 +1428,28 @@ pub extern "C" fn vrnic_ibv_modify_qp(
             Err(e) => e,
         }
     })
+}
+
+/// Removes `qp`'s completions from its CQs, once the daemon has answered its move to RESET
+/// or its destruction (by then every completion the QP will ever have is in the rings). A real
+/// device's provider does the same (mlx5: `mlx5_cq_clean` on RESET and on destroy), so a QP
+/// reused after RESET never shows completions of its previous life.
+fn clean_cqs(qp: &ibv_qp, conn: &Conn) {
+    let cqs = if qp.recv_cq == qp.send_cq {
+        [qp.send_cq, null_mut()]
+    } else {
+        [qp.send_cq, qp.recv_cq]
+    };
+    for cq in cqs.into_iter().filter(|c| !c.is_null()) {
+        // SAFETY: a QP's CQs are ours and outlive it (destroy_cq refuses while a QP uses one).
+        let v = unsafe { &*cq.cast::<VCq>() };
+        if let Ok(mut q) = v.q.lock() {
+            let n = q.clean(&conn.region, qp.qp_num);
+            if n > 0 {
+                vlog!("QP {}: {n} completions removed from its CQ", qp.qp_num);
+            }
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -1489,6 +1514,7 @@ pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Err(e) = c.conn.call(&Request::DestroyQp { qp: h }) {
             return e;
         }
+        clean_cqs(qpr, &c.conn);
         if let Ok(mut m) = c.qps.lock() {
             m.remove(&h);
         }

@@ -67,6 +67,11 @@ fn overlapping_registrations_and_deregistration() {
 }
 
 #[test]
+fn rereg_pd_and_translation_then_a_qp_pair_brought_up_again_carries_exact_bytes() {
+    check("rereg");
+}
+
+#[test]
 fn a_killed_daemon_raises_device_fatal_and_calls_fail_cleanly() {
     let bin = verbs_check().to_str().expect("utf-8 path").to_string();
     let mut d = Daemon::start();
