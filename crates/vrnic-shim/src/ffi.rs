@@ -27,6 +27,7 @@ use vrnic_wire::{
 
 use crate::abi::*;
 use crate::client::{self, Channel, CompQueue, Conn, Device, WorkQueue, vlog};
+use crate::limits;
 use crate::sys::{self, set_errno};
 
 /// Runs `f`, turning a panic into `fail` (a panic must never unwind into C).
@@ -267,7 +268,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
         vctx.context.async_fd = conn.async_q.efd.fd();
-        vctx.context.num_comp_vectors = 1;
+        vctx.context.num_comp_vectors = limits::COMP_VECTORS;
         vctx.context.abi_compat = usize::MAX as *mut c_void;
         let ops = &mut vctx.context.ops;
         ops.poll_cq = Some(vrnic_poll_cq);
@@ -337,18 +338,18 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.max_cqe = i.max_cqe as c_int;
     a.max_mr = i.max_mr as c_int;
     a.max_pd = i.max_pd as c_int;
-    a.max_qp_rd_atom = 16;
+    a.max_qp_rd_atom = c_int::from(limits::MAX_RD_ATOM);
     a.max_ee_rd_atom = 0;
-    a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(16);
-    a.max_qp_init_rd_atom = 16;
+    a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(c_int::from(limits::MAX_RD_ATOM));
+    a.max_qp_init_rd_atom = c_int::from(limits::MAX_RD_ATOM);
     a.atomic_cap = IBV_ATOMIC_HCA;
     a.max_srq = i.max_qp as c_int;
     a.max_srq_wr = i.max_qp_wr as c_int;
     a.max_srq_sge = MAX_SGE as c_int;
     a.max_ah = 65536;
-    a.max_pkeys = 1;
+    a.max_pkeys = limits::PKEYS;
     a.local_ca_ack_delay = 15;
-    a.phys_port_cnt = 1;
+    a.phys_port_cnt = limits::PORTS;
     a
 }
 
@@ -404,10 +405,10 @@ fn port_attr(conn: &Conn) -> ibv_port_attr {
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
-    p.gid_tbl_len = 1;
+    p.gid_tbl_len = c_int::from(limits::GIDS);
     p.port_cap_flags = 0;
     p.max_msg_sz = vrnic_wire::MAX_MSG_SIZE;
-    p.pkey_tbl_len = 1;
+    p.pkey_tbl_len = limits::PKEYS;
     p.lid = conn.info.lid;
     p.sm_lid = conn.info.lid;
     p.max_vl_num = 1;
@@ -940,14 +941,17 @@ pub extern "C" fn vrnic_ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard(null_err(libc::EIO), || {
-        if ctx.is_null() || cqe <= 0 {
+        if ctx.is_null() {
             return null_err(libc::EINVAL);
         }
         // SAFETY: ctx is ours.
         let c = unsafe { context(ctx) };
+        if let Err(e) = limits::check_cq(&c.conn.info, cqe.into(), comp_vector.into()) {
+            return null_err(e);
+        }
         let (h, ring_off, depth) = match c.conn.call(&Request::CreateCq { cqe: cqe as u32 }) {
             Ok(Reply::Cq { cq, ring, depth }) => (cq, ring, depth),
             Ok(_) => return null_err(libc::EPROTO),
@@ -1182,6 +1186,10 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         };
         // SAFETY: pd is ours and live.
         let pdr = unsafe { &*pd };
+        // SAFETY: the PD's context outlives it.
+        if let Err(e) = limits::check_qp_cap(&unsafe { context(pdr.context) }.conn.info, &cap) {
+            return null_err(e);
+        }
         // SAFETY: the CQs named in the app's init attributes are ours and live.
         let scq = unsafe { &*ia.send_cq }.handle;
         // SAFETY: as above.
@@ -1397,6 +1405,9 @@ pub extern "C" fn vrnic_ibv_modify_qp(
         };
         if mask & vrnic_wire::qp_attr::STATE == 0 {
             qa.qp_state = state_from_c(v.state.load(Ordering::Acquire)).unwrap_or_default();
+        }
+        if let Err(e) = limits::check_qp_attr(mask, &qa) {
+            return e;
         }
         // SAFETY: the QP's context outlives it.
         let conn = &unsafe { context(v.qp.qp_base.context) }.conn;

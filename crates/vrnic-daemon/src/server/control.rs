@@ -25,6 +25,21 @@ pub(super) const MAX_QP_WR: u32 = 16384;
 
 pub(super) const MAX_CQE: u32 = 65536;
 
+/// The address vectors of a `ModifyQp` against the port (the engine checks the rest of the
+/// attributes against the device's limits): one port, one GID, one P_Key.
+fn check_paths(mask: u32, a: &vrnic_wire::QpAttr) -> Result<(), i32> {
+    use vrnic_wire::qp_attr;
+    let av_bad =
+        |av: &vrnic_wire::AhAttr| av.port_num > 1 || (av.is_global && av.grh.sgid_index != 0);
+    if (mask & qp_attr::AV != 0 && av_bad(&a.ah_attr))
+        || (mask & qp_attr::ALT_PATH != 0
+            && (av_bad(&a.alt_ah_attr) || a.alt_port_num > 1 || a.alt_pkey_index != 0))
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
 impl Server {
     pub(super) fn serve_mailbox(&mut self, id: CtxId) {
         for _ in 0..CTRL_BUDGET {
@@ -163,6 +178,9 @@ impl Server {
                 sq_sig_all,
             ),
             Request::ModifyQp { qp, mask, attr } => {
+                if let Err(e) = check_paths(mask, &attr) {
+                    return err(e, "modify_qp: address vector past the port's limits");
+                }
                 match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
                     Ok(()) => {
                         if mask & vrnic_wire::qp_attr::STATE != 0
