@@ -6,7 +6,7 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | reg_contents | isolation | dev_limits | limits | reg_limit (these two on a
+ *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | limits | reg_limit (these two on a
  *       daemon with small limits)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
@@ -1232,6 +1232,126 @@ static void case_dev_limits(void)
 	EXPECT_NULL_EINVAL(ibv_create_ah(pd, &ah), "create_ah sgid_index gid_tbl_len");
 }
 
+/* A full queue accepts no more: receives past max_recv_wr (plain and extended QPs), receives
+ * past an SRQ's max_wr and sends past max_send_wr fail with ENOMEM, bad_wr names the first WR
+ * not posted, and none of the excess is posted (the receiver consumes exactly the receives that
+ * fit; one more send finds no receive: RNR). Depths that are not powers of two, so a ring
+ * rounded up cannot hide the limit. */
+#define QF_DEPTH 10
+static struct ibv_recv_wr qf_wrs[QF_DEPTH + 4];
+static struct ibv_sge qf_sge;
+
+/* Posts `n` receives as one chain starting at wr_id `first`; returns the error and bad_wr. */
+static int qf_post(struct ibv_qp *qp, struct ibv_srq *srq, uint64_t first, int n, struct ibv_recv_wr **bad)
+{
+	for (int i = 0; i < n; i++)
+		qf_wrs[i] = (struct ibv_recv_wr){ .wr_id = first + i, .sg_list = &qf_sge, .num_sge = 1,
+						  .next = i + 1 < n ? &qf_wrs[i + 1] : NULL };
+	*bad = NULL;
+	return srq ? ibv_post_srq_recv(srq, qf_wrs, bad) : ibv_post_recv(qp, qf_wrs, bad);
+}
+
+/* Receiver `rx` (or its SRQ) holds `cap` receives; `tx` sends cap messages, then one more. */
+static void qf_check(const char *what, struct ibv_qp *rx, struct ibv_srq *srq, uint32_t cap,
+		     struct ibv_cq *rcq, struct ibv_cq *scq, struct ibv_qp *tx, struct ibv_mr *mr, void *buf)
+{
+	struct ibv_recv_wr *bad;
+	int rc = qf_post(rx, srq, 1, cap - 2, &bad);
+	if (rc)
+		fail("%s: posting %u receives: %d", what, cap - 2, rc);
+	rc = qf_post(rx, srq, cap - 1, 5, &bad);
+	if (rc != ENOMEM || bad != &qf_wrs[2])
+		fail("%s: a chain of 5 with room for 2: returned %d, bad_wr %s", what, rc,
+		     bad == &qf_wrs[2] ? "the third" : "wrong");
+	ok("%s: past %u receives ENOMEM, bad_wr the first not posted", what, cap);
+	rc = qf_post(rx, srq, 100, 1, &bad);
+	if (rc != ENOMEM || bad != &qf_wrs[0])
+		fail("%s: one more on a full queue: returned %d", what, rc);
+	for (uint32_t i = 0; i < cap; i++)
+		if (post(tx, 1000 + i, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("%s: post_send", what);
+	for (uint32_t i = 0; i < cap; i++) {
+		struct ibv_wc wc = poll1(rcq);
+		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 1 + i)
+			fail("%s: receive %u: wr %lu %s", what, i, (unsigned long)wc.wr_id,
+			     ibv_wc_status_str(wc.status));
+		wc = poll1(scq);
+		if (wc.status != IBV_WC_SUCCESS)
+			fail("%s: send %u: %s", what, i, ibv_wc_status_str(wc.status));
+	}
+	if (post(tx, 2000, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("%s: post_send", what);
+	expect(scq, 2000, IBV_WC_RNR_RETRY_EXC_ERR, "one more send finds no receive");
+	ok("%s: exactly the %u receives that fit were posted", what, cap);
+}
+
+static void case_queue_full(void)
+{
+	static uint8_t buf[4096];
+	struct ibv_mr *mr = reg(buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	qf_sge = (struct ibv_sge){ .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
+	struct ibv_qp_cap cap = { .max_send_wr = QF_DEPTH, .max_recv_wr = QF_DEPTH, .max_send_sge = 1,
+				  .max_recv_sge = 1 };
+	for (int ex = 0; ex < 2; ex++) {
+		struct ibv_cq *rcq = cq_new(64), *scq = cq_new(64);
+		struct ibv_qp_init_attr ia = { .send_cq = rcq, .recv_cq = rcq, .qp_type = IBV_QPT_RC, .cap = cap };
+		struct ibv_qp *rx;
+		if (ex) {
+			struct ibv_qp_init_attr_ex ix = { .send_cq = rcq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
+							  .cap = cap, .pd = pd,
+							  .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+							  .send_ops_flags = IBV_QP_EX_WITH_SEND };
+			rx = ibv_create_qp_ex(ctx, &ix);
+			ia.cap = ix.cap;
+		} else {
+			rx = ibv_create_qp(pd, &ia);
+		}
+		if (!rx)
+			fail("create_qp");
+		struct ibv_qp_init_attr ta = { .send_cq = scq, .recv_cq = scq, .qp_type = IBV_QPT_RC, .cap = cap };
+		struct ibv_qp *tx = ibv_create_qp(pd, &ta);
+		if (!tx)
+			fail("create_qp");
+		rc_connect(rx, tx->qp_num, 1, 1, 14, 7);
+		rc_connect(tx, rx->qp_num, 1, 1, 14, 7);
+		qf_check(ex ? "extended QP" : "QP", rx, NULL, ia.cap.max_recv_wr, rcq, scq, tx, mr, buf);
+	}
+	/* An SRQ. */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = QF_DEPTH, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq");
+	struct ibv_cq *rcq = cq_new(64), *scq = cq_new(64);
+	struct ibv_qp_init_attr ia = { .send_cq = rcq, .recv_cq = rcq, .srq = srq, .qp_type = IBV_QPT_RC, .cap = cap };
+	struct ibv_qp *rx = ibv_create_qp(pd, &ia);
+	struct ibv_qp_init_attr ta = { .send_cq = scq, .recv_cq = scq, .qp_type = IBV_QPT_RC, .cap = cap };
+	struct ibv_qp *tx = ibv_create_qp(pd, &ta);
+	if (!rx || !tx)
+		fail("create_qp");
+	rc_connect(rx, tx->qp_num, 1, 1, 14, 7);
+	rc_connect(tx, rx->qp_num, 1, 1, 14, 7);
+	qf_check("SRQ", rx, srq, si.attr.max_wr, rcq, scq, tx, mr, buf);
+
+	/* Sends: the first waits for a receive (RNR, retried forever), the others queue behind it
+	 * until max_send_wr are outstanding; one more is ENOMEM. */
+	struct ibv_cq *c1 = cq_new(64);
+	struct ibv_qp_init_attr sa = { .send_cq = c1, .recv_cq = c1, .qp_type = IBV_QPT_RC, .cap = cap };
+	struct ibv_qp *a = ibv_create_qp(pd, &sa), *b = ibv_create_qp(pd, &sa);
+	if (!a || !b)
+		fail("create_qp");
+	rc_connect(a, b->qp_num, 1, 7, 14, 7);
+	rc_connect(b, a->qp_num, 1, 7, 14, 7);
+	for (uint32_t i = 0; i < sa.cap.max_send_wr; i++)
+		if (post(a, 3000 + i, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("post_send %u of %u", i, sa.cap.max_send_wr);
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 4000, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND }, *sbad = NULL;
+	int rc = ibv_post_send(a, &w, &sbad);
+	if (rc != ENOMEM || sbad != &w)
+		fail("send past max_send_wr (%u): returned %d", sa.cap.max_send_wr, rc);
+	ok("send past max_send_wr (%u): ENOMEM, bad_wr set", sa.cap.max_send_wr);
+}
+
 /* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
 static void case_limits(void)
 {
@@ -1326,6 +1446,8 @@ int main(int argc, char **argv)
 		case_limits();
 	else if (!strcmp(c, "dev_limits"))
 		case_dev_limits();
+	else if (!strcmp(c, "queue_full"))
+		case_queue_full();
 	else if (!strcmp(c, "reg_limit"))
 		case_reg_limit();
 	else

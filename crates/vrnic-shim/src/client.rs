@@ -577,24 +577,30 @@ pub struct WorkQueue {
     pub prod: u32,
     /// Its doorbell index: rung after each publish, so the daemon looks at this ring.
     bell: u32,
+    /// Most work requests outstanding: the `max_send_wr`/`max_recv_wr`/`max_wr` the app was
+    /// told at creation (the ring itself may be deeper: its depth is a power of two).
+    limit: u32,
 }
 
 impl WorkQueue {
-    /// A queue over `ring`, announced by doorbell `bell`.
-    pub fn new(ring: Ring, bell: u32) -> WorkQueue {
+    /// A queue over `ring`, announced by doorbell `bell`, holding at most `limit` work
+    /// requests at a time (at least 1, at most the ring's depth).
+    pub fn new(ring: Ring, bell: u32, limit: u32) -> WorkQueue {
+        let limit = limit.clamp(1, ring.depth());
         WorkQueue {
             ring,
             prod: 0,
             bell,
+            limit,
         }
     }
 
-    /// Free slots (the daemon's retired index is the consumer).
+    /// How many more work requests may be posted: the limit less those outstanding (posted
+    /// and not yet retired by the daemon, whose retired index is the consumer). Posting past
+    /// it is `ENOMEM`, as on a device whose queue is full.
     pub fn room(&self, region: &Region) -> u32 {
         let cons = self.ring.cons(region).load(Ordering::Acquire);
-        self.ring
-            .depth()
-            .saturating_sub(self.prod.wrapping_sub(cons))
+        self.limit.saturating_sub(self.prod.wrapping_sub(cons))
     }
 
     /// Writes a send WQE into the next slot (not yet published).

@@ -1249,8 +1249,8 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         qpx.qp_base = qp;
         let v = Box::new(VQp {
             qp: qpx,
-            sq: Mutex::new(WorkQueue::new(sq, bell)),
-            rq: Mutex::new(WorkQueue::new(rq, bell)),
+            sq: Mutex::new(WorkQueue::new(sq, bell, cap.max_send_wr)),
+            rq: Mutex::new(WorkQueue::new(rq, bell, cap.max_recv_wr)),
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
             state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),

@@ -70,7 +70,7 @@ fn create(
     s.handle = h;
     let p = Box::into_raw(Box::new(VSrq {
         srq: s,
-        rq: Mutex::new(WorkQueue::new(ring, bell)),
+        rq: Mutex::new(WorkQueue::new(ring, bell, attr.max_wr)),
         max_sge: attr.max_sge,
     }));
     if let Ok(mut m) = c.srqs.lock() {

@@ -113,6 +113,22 @@ fn every_create_and_modify_attribute_past_the_reported_limits_is_einval() {
 }
 
 #[test]
+fn a_full_queue_refuses_more_with_enomem_and_posts_none_of_the_excess() {
+    case(
+        "queue_full",
+        &[
+            "QP: past 10 receives ENOMEM, bad_wr the first not posted",
+            "QP: exactly the 10 receives that fit were posted",
+            "extended QP: past 10 receives ENOMEM",
+            "extended QP: exactly the 10 receives that fit were posted",
+            "SRQ: past 10 receives ENOMEM",
+            "SRQ: exactly the 10 receives that fit were posted",
+            "send past max_send_wr (10): ENOMEM, bad_wr set",
+        ],
+    );
+}
+
+#[test]
 fn rnr_retries_exhaust_or_wait_forever() {
     case(
         "rnr",
