@@ -6,7 +6,8 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | limits | reg_limit (these two on a
+ *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | fork |
+ *       limits | reg_limit (these two on a
  *       daemon with small limits)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1352,6 +1354,72 @@ static void case_queue_full(void)
 	ok("send past max_send_wr (%u): ENOMEM, bad_wr set", sa.cap.max_send_wr);
 }
 
+/* fork(): registered memory is region pages mapped MAP_SHARED over the app's buffer, so a
+ * fork never moves the parent's pages (no copy on write to miss): ibv_is_fork_initialized
+ * answers IBV_FORK_UNNEEDED, ibv_fork_init succeeds and changes nothing, and after a fork the
+ * parent's registrations keep working both ways: bytes the parent writes after the fork are
+ * what a send carries, and bytes an RDMA WRITE puts there are what the parent reads. The child
+ * shares the registered pages (documented): what it writes there, the parent sees. */
+static void case_fork(void)
+{
+	if (ibv_is_fork_initialized() != IBV_FORK_UNNEEDED)
+		fail("ibv_is_fork_initialized: %d, expected IBV_FORK_UNNEEDED", ibv_is_fork_initialized());
+	ok("ibv_is_fork_initialized: IBV_FORK_UNNEEDED");
+	if (ibv_fork_init())
+		fail("ibv_fork_init");
+	if (ibv_is_fork_initialized() != IBV_FORK_UNNEEDED)
+		fail("after ibv_fork_init: %d", ibv_is_fork_initialized());
+	ok("ibv_fork_init: 0, still IBV_FORK_UNNEEDED");
+	enum { N = 3 * 4096 + 100 };
+	uint8_t *a = malloc(N), *b = malloc(N), *c = malloc(4096);
+	memset(a, 1, N);
+	memset(b, 2, N);
+	memset(c, 3, 4096);
+	struct ibv_mr *ma = reg(a, N, ALL_ACCESS), *mb = reg(b, N, ALL_ACCESS);
+	reg(c, 4096, ALL_ACCESS);
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *qa = qp_new(cq, IBV_QPT_RC, NULL, 0), *qb = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(qa, qb->qp_num, 1, 7, 14, 7);
+	rc_connect(qb, qa->qp_num, 1, 7, 14, 7);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		fail("fork");
+	if (pid == 0) {
+		/* The child sees the registered bytes and shares the pages. */
+		int bad = a[0] != 1 || a[N - 1] != 1;
+		memset(c, 0x5a, 4096);
+		exit(bad);
+	}
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st))
+		fail("child: status %#x", st);
+	if (c[0] != 0x5a || c[4095] != 0x5a)
+		fail("the child's write to a registered page is not shared");
+	ok("the child shares the registered pages");
+	for (int i = 0; i < N; i++)
+		a[i] = (uint8_t)(i * 13 + 7);
+	recv_on(qb, 10, b, N, mb->lkey);
+	if (post(qa, 11, IBV_WR_SEND, a, N, ma->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post_send");
+	struct ibv_wc w1 = poll1(cq), w2 = poll1(cq);
+	if (w1.status || w2.status)
+		fail("send after fork: %s / %s", ibv_wc_status_str(w1.status), ibv_wc_status_str(w2.status));
+	for (int i = 0; i < N; i++)
+		if (b[i] != (uint8_t)(i * 13 + 7))
+			fail("after fork, byte %d the send carried is %#x: not what the parent wrote", i, b[i]);
+	ok("after fork, a send carries what the parent wrote after the fork");
+	for (int i = 0; i < N; i++)
+		b[i] = (uint8_t)(i * 5 + 1);
+	if (post(qb, 12, IBV_WR_RDMA_WRITE, b, N, mb->lkey, (uintptr_t)a, ma->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post write");
+	expect(cq, 12, IBV_WC_SUCCESS, "RDMA WRITE into the parent's buffer after fork");
+	for (int i = 0; i < N; i++)
+		if (a[i] != (uint8_t)(i * 5 + 1))
+			fail("after fork, byte %d an RDMA WRITE put in the parent's buffer reads %#x", i, a[i]);
+	ok("after fork, the parent reads what an RDMA WRITE put in its buffer");
+}
+
 /* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
 static void case_limits(void)
 {
@@ -1448,6 +1516,8 @@ int main(int argc, char **argv)
 		case_dev_limits();
 	else if (!strcmp(c, "queue_full"))
 		case_queue_full();
+	else if (!strcmp(c, "fork"))
+		case_fork();
 	else if (!strcmp(c, "reg_limit"))
 		case_reg_limit();
 	else

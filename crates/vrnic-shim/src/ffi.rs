@@ -1825,11 +1825,27 @@ pub extern "C" fn vrnic_ibv_ack_async_event(_ev: *mut ibv_async_event) {}
 
 // ---- calls this device does not support ------------------------------------------------------
 
+/// `enum ibv_fork_status`: `IBV_FORK_UNNEEDED`.
+const IBV_FORK_UNNEEDED: c_int = 2;
+
+/// `ibv_fork_init`: nothing to set up, as [`vrnic_ibv_is_fork_initialized`] says. rdma-core's
+/// `ibv_fork_init` returns 0 at once when fork support is unneeded too.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_fork_init() -> c_int {
-    // Registered memory is MAP_SHARED region memory: a child shares it instead of copying on
-    // write (docs/verbs.md). There is nothing to set up.
     0
+}
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED`, always. What `ibv_fork_init` guards against
+/// on a real device is copy on write: after a fork the parent's next write to a registered
+/// page gives the parent a new page, while the device keeps reading and writing the old one.
+/// Here registered memory is region pages mapped `MAP_SHARED` over the app's buffer; a fork
+/// neither copies nor moves them, so the parent's registrations keep working with no setup
+/// (the engine reaches the very pages the parent uses). The child shares those pages with the
+/// parent (not a copy, as on a kernel with copy-on-fork; not a hole, as after `ibv_fork_init`
+/// with `MADV_DONTFORK`): docs/verbs.md says so.
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_is_fork_initialized() -> c_int {
+    IBV_FORK_UNNEEDED
 }
 
 macro_rules! unsupported_ptr {

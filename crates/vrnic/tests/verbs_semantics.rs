@@ -129,6 +129,20 @@ fn a_full_queue_refuses_more_with_enomem_and_posts_none_of_the_excess() {
 }
 
 #[test]
+fn fork_support_is_unneeded_and_registrations_work_after_a_fork() {
+    case(
+        "fork",
+        &[
+            "ibv_is_fork_initialized: IBV_FORK_UNNEEDED",
+            "ibv_fork_init: 0, still IBV_FORK_UNNEEDED",
+            "the child shares the registered pages",
+            "after fork, a send carries what the parent wrote after the fork",
+            "after fork, the parent reads what an RDMA WRITE put in its buffer",
+        ],
+    );
+}
+
+#[test]
 fn rnr_retries_exhaust_or_wait_forever() {
     case(
         "rnr",
