@@ -195,10 +195,18 @@ pub struct Conn {
     pub info: DeviceInfo,
     dead: AtomicBool,
     stop: AtomicBool,
-    watches: Mutex<HashMap<usize, Watch>>,
+    /// The armed CQs' watches: `[0]` the opener's, `[1]` a forked child's (a map of its own,
+    /// since the parent's notifier may hold `[0]`'s lock at the instant of the fork, and the
+    /// child's copy of a held lock would never be released).
+    watches: [Mutex<HashMap<usize, Watch>>; 2],
     /// Async events.
     pub async_q: AsyncQueue,
     notifier: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The process that opened the context (its notifier thread is the one in `notifier`).
+    opener: u32,
+    /// The process whose notifier thread serves this copy of the context: after a `fork`, the
+    /// child's copy still names the parent until [`Conn::ensure_notifier`] starts one of its own.
+    notifier_pid: std::sync::atomic::AtomicU32,
 }
 
 impl Conn {
@@ -244,12 +252,14 @@ impl Conn {
             },
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            watches: Mutex::new(HashMap::new()),
+            watches: [Mutex::new(HashMap::new()), Mutex::new(HashMap::new())],
             async_q: AsyncQueue {
                 efd,
                 queue: Mutex::new(VecDeque::new()),
             },
             notifier: Mutex::new(None),
+            opener: std::process::id(),
+            notifier_pid: std::sync::atomic::AtomicU32::new(std::process::id()),
         };
         match conn.call(&Request::QueryDevice) {
             Ok(Reply::Device(info)) => conn.info = info,
@@ -266,6 +276,46 @@ impl Conn {
             *n = Some(handle);
         }
         Ok(conn)
+    }
+
+    /// The watches of this process (see `watches`).
+    fn watch_map(&self) -> &Mutex<HashMap<usize, Watch>> {
+        &self.watches[usize::from(self.inherited())]
+    }
+
+    /// Whether this is a forked child's copy of a context its parent opened. Such a child may
+    /// use the context (as a child may use a device context inherited through `fork`); it
+    /// shares the parent's control mailbox and socket, so the two must not make control calls
+    /// at the same time, and closing it leaves the parent's context alone.
+    pub fn inherited(&self) -> bool {
+        self.opener != std::process::id()
+    }
+
+    /// Makes sure a notifier thread runs in this process. `fork` leaves the opener's notifier
+    /// behind: in a child the completion channels of CQs it creates would never become
+    /// readable (a lost wake-up: an event-mode wait hangs). The child gets a notifier of its
+    /// own, which polls the notification words (every [`GUEST_POLL`], as a VM guest's does:
+    /// the daemon's wake-up bytes go to the socket the parent's notifier reads). It serves the
+    /// CQs the child creates (in a watch map of its own); those created before the fork stay the
+    /// parent's.
+    pub fn ensure_notifier(self: &Arc<Self>) {
+        let me = std::process::id();
+        let cur = self.notifier_pid.load(Ordering::Acquire);
+        if cur == me
+            || self
+                .notifier_pid
+                .compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("vrnic-notify".into())
+            .spawn(move || forked_notifier(weak));
+        if spawned.is_err() {
+            vlog!("cannot start a notifier thread in the forked child; events will not come");
+        }
     }
 
     /// The fd exposed as `context->cmd_fd`: the socket, or (region-only) the async-event fd.
@@ -344,7 +394,7 @@ impl Conn {
     /// Starts forwarding `ring`'s notifications (CQ `cq`, an `ibv_cq` address) to `channel`.
     pub fn watch(&self, cq: usize, ring: Ring, channel: Arc<Channel>) {
         let seen = ring.notify(&self.region).load(Ordering::Acquire);
-        if let Ok(mut w) = self.watches.lock() {
+        if let Ok(mut w) = self.watch_map().lock() {
             w.insert(
                 cq,
                 Watch {
@@ -358,7 +408,7 @@ impl Conn {
 
     /// Stops forwarding for `cq`.
     pub fn unwatch(&self, cq: usize) {
-        if let Ok(mut w) = self.watches.lock() {
+        if let Ok(mut w) = self.watch_map().lock() {
             w.remove(&cq);
         }
     }
@@ -367,6 +417,17 @@ impl Conn {
     /// `Detach`) and reclaims everything of this context.
     pub fn close(&self) {
         self.stop.store(true, Ordering::Release);
+        if self.inherited() {
+            // A forked child's copy: the context stays the parent's (no shutdown of the shared
+            // socket, no leaving the shared mailbox), and the parent's notifier thread does not
+            // exist here to be joined; the child's own notifier sees `stop` and ends.
+            if let Ok(mut n) = self.notifier.lock()
+                && let Some(h) = n.take()
+            {
+                std::mem::forget(h);
+            }
+            return;
+        }
         if let Some(s) = &self.stream {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -384,6 +445,12 @@ impl Conn {
     /// Forwards pending notifications: async events, connection-manager events and
     /// armed-CQ events.
     fn forward(&self) {
+        self.forward_events();
+        self.forward_cqs();
+    }
+
+    /// Forwards the async and connection-manager events of the mailbox's event ring.
+    fn forward_events(&self) {
         while let Some((kind, handle)) = self.mailbox.pop_event(&self.region) {
             if kind == event::CM {
                 if let Some(sink) = CM_SINK.get() {
@@ -396,7 +463,11 @@ impl Conn {
             }
             self.async_q.efd.signal();
         }
-        let Ok(mut watches) = self.watches.lock() else {
+    }
+
+    /// Forwards the events of armed CQs to their completion channels.
+    fn forward_cqs(&self) {
+        let Ok(mut watches) = self.watch_map().lock() else {
             return;
         };
         for (&cq, w) in watches.iter_mut() {
@@ -511,6 +582,27 @@ fn guest_notifier(conn: std::sync::Weak<Conn>) {
             return;
         }
         c.forward();
+    }
+}
+
+/// The notifier of a forked child using a context its parent opened: every [`GUEST_POLL`] it
+/// forwards what the notification words say (the parent's notifier reads the socket's wake-up
+/// bytes, so the child does not rely on them).
+fn forked_notifier(conn: std::sync::Weak<Conn>) {
+    loop {
+        std::thread::sleep(GUEST_POLL);
+        let Some(c) = conn.upgrade() else { return };
+        if c.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // The mailbox's event ring (async and CM events) stays the parent's to read: both
+        // popping it would split its events between them.
+        if !c.daemon_alive() {
+            c.forward_cqs();
+            c.daemon_died();
+            return;
+        }
+        c.forward_cqs();
     }
 }
 

@@ -299,13 +299,19 @@ pub extern "C" fn vrnic_ibv_close_device(ctx: *mut ibv_context) -> c_int {
         if ctx.is_null() {
             return minus_one(libc::EINVAL);
         }
-        // Registered buffers go back to private memory (with their bytes) first.
+        // Registered buffers go back to private memory (with their bytes) first; unless this
+        // is a forked child's copy of its parent's context, whose registrations stay the
+        // parent's (the child only lets go of its copy, as closing an inherited fd does).
         // SAFETY: ctx is a live context of ours.
-        let live: Vec<usize> = unsafe { context(ctx) }
-            .mrs
-            .lock()
-            .map(|m| m.iter().copied().collect())
-            .unwrap_or_default();
+        let c = unsafe { context(ctx) };
+        let live: Vec<usize> = if c.conn.inherited() {
+            Vec::new()
+        } else {
+            c.mrs
+                .lock()
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default()
+        };
         for mr in live {
             vrnic_ibv_dereg_mr(mr as *mut ibv_mr);
         }
@@ -990,6 +996,7 @@ pub extern "C" fn vrnic_ibv_create_cq(
         });
         let p = Box::into_raw(v);
         if let Some(chan) = chan {
+            c.conn.ensure_notifier();
             c.conn.watch(p as usize, ring, chan);
         }
         if let Ok(mut m) = c.cqs.lock() {
@@ -1118,6 +1125,7 @@ pub extern "C" fn vrnic_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
         if let Ok(mut q) = v.q.lock() {
             q.arm(&conn.region, solicited_only != 0);
         }
+        conn.ensure_notifier();
         0
     })
 }
