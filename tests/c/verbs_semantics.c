@@ -6,7 +6,7 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | fork |
+ *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | fork | event_stress |
  *       limits | reg_limit (these two on a
  *       daemon with small limits)
  *
@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1420,6 +1421,159 @@ static void case_fork(void)
 	ok("after fork, the parent reads what an RDMA WRITE put in its buffer");
 }
 
+/* Event mode under stress: two threads post signaled RDMA WRITEs, each on its own QP, while
+ * a third arms the shared send CQ, waits on its completion channel, gets and acks each event
+ * and polls. 100000 completions: every one arrives, once, in each QP's order, and no wait is
+ * left hanging (each is bounded). */
+#define ES_TOTAL 100000
+#define ES_DEPTH 64
+static struct {
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	uint8_t *buf;
+	uint64_t raddr;
+	uint32_t rkey;
+	volatile uint64_t done; /* completions the waiter saw (written by it only) */
+	uint64_t posted;
+} es[2];
+static volatile int es_failed;
+static volatile uint64_t es_total;
+
+/* Bounds the blocking waits: no progress for 10 s fails the case. */
+static void *es_watchdog(void *arg)
+{
+	(void)arg;
+	uint64_t last = 0;
+	double since = now();
+	while (__atomic_load_n(&es_total, __ATOMIC_ACQUIRE) < ES_TOTAL) {
+		usleep(100000);
+		uint64_t t = __atomic_load_n(&es_total, __ATOMIC_ACQUIRE);
+		if (t != last) {
+			last = t;
+			since = now();
+		} else if (now() - since > 10) {
+			printf("FAIL a wait left hanging: no completion in 10 s with %lu of %d done\n",
+			       (unsigned long)t, ES_TOTAL);
+			fflush(stdout);
+			_exit(1);
+		}
+	}
+	return NULL;
+}
+
+static void *es_poster(void *arg)
+{
+	int k = (int)(intptr_t)arg;
+	double deadline = now() + 120;
+	while (es[k].posted < ES_TOTAL / 2 && !es_failed) {
+		if (es[k].posted - __atomic_load_n(&es[k].done, __ATOMIC_ACQUIRE) >= ES_DEPTH) {
+			if (now() > deadline) {
+				es_failed = 1;
+				break;
+			}
+			sched_yield();
+			continue;
+		}
+		if (post(es[k].qp, (uint64_t)k << 32 | es[k].posted, IBV_WR_RDMA_WRITE, es[k].buf, 8,
+			 es[k].mr->lkey, es[k].raddr, es[k].rkey, 0, 0, IBV_SEND_SIGNALED)) {
+			es_failed = 2;
+			break;
+		}
+		es[k].posted++;
+	}
+	return NULL;
+}
+
+static void case_event_stress(void)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		fail("create_comp_channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 4 * ES_DEPTH, NULL, ch, 0);
+	struct ibv_cq *other = cq_new(16);
+	if (!cq)
+		fail("create_cq");
+	static uint8_t target[4096];
+	struct ibv_mr *tmr = reg(target, sizeof target, ALL_ACCESS);
+	for (int k = 0; k < 2; k++) {
+		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = other, .qp_type = IBV_QPT_RC,
+					       .cap = { .max_send_wr = ES_DEPTH, .max_recv_wr = 1,
+							.max_send_sge = 1, .max_recv_sge = 1 } };
+		es[k].qp = ibv_create_qp(pd, &ia);
+		struct ibv_qp *peer = qp_new(other, IBV_QPT_RC, NULL, 0);
+		if (!es[k].qp)
+			fail("create_qp");
+		rc_connect(es[k].qp, peer->qp_num, 1, 7, 14, 7);
+		rc_connect(peer, es[k].qp->qp_num, 1, 7, 14, 7);
+		es[k].buf = malloc(64);
+		es[k].mr = reg(es[k].buf, 64, IBV_ACCESS_LOCAL_WRITE);
+		es[k].raddr = (uintptr_t)target + 64 * k;
+		es[k].rkey = tmr->rkey;
+	}
+	pthread_t t[2], dog;
+	if (pthread_create(&dog, NULL, es_watchdog, NULL))
+		fail("pthread_create");
+	for (int k = 0; k < 2; k++)
+		if (pthread_create(&t[k], NULL, es_poster, (void *)(intptr_t)k))
+			fail("pthread_create");
+	uint64_t total = 0, events = 0, waits = 0;
+	struct ibv_wc wc[32];
+	while (total < ES_TOTAL && !es_failed) {
+		int n = ibv_poll_cq(cq, 32, wc);
+		if (n < 0)
+			fail("poll_cq");
+		if (n == 0) {
+			if (ibv_req_notify_cq(cq, 0))
+				fail("req_notify_cq");
+			n = ibv_poll_cq(cq, 32, wc);
+			if (n < 0)
+				fail("poll_cq");
+		}
+		if (n == 0) {
+			struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+			/* Every other wait blocks in ibv_get_cq_event itself (bounded by the watchdog). */
+			if (waits++ % 2 == 0 && poll(&p, 1, 10000) != 1)
+				fail("a wait left hanging: no event in 10 s with %lu of %d completions, posted %lu+%lu",
+				     (unsigned long)total, ES_TOTAL, (unsigned long)es[0].posted,
+				     (unsigned long)es[1].posted);
+			struct ibv_cq *ev;
+			void *ectx;
+			if (ibv_get_cq_event(ch, &ev, &ectx) || ev != cq)
+				fail("get_cq_event");
+			ibv_ack_cq_events(cq, 1);
+			events++;
+			continue;
+		}
+		for (int i = 0; i < n; i++) {
+			int k = (int)(wc[i].wr_id >> 32);
+			uint64_t seq = wc[i].wr_id & 0xffffffffu;
+			if (wc[i].status != IBV_WC_SUCCESS || (k != 0 && k != 1))
+				fail("completion %lu: %s", (unsigned long)wc[i].wr_id, ibv_wc_status_str(wc[i].status));
+			if (seq != es[k].done)
+				fail("QP %d: completion %lu where %lu was due (lost or repeated)", k,
+				     (unsigned long)seq, (unsigned long)es[k].done);
+			__atomic_store_n(&es[k].done, seq + 1, __ATOMIC_RELEASE);
+		}
+		total += n;
+		__atomic_store_n(&es_total, total, __ATOMIC_RELEASE);
+	}
+	for (int k = 0; k < 2; k++)
+		pthread_join(t[k], NULL);
+	pthread_join(dog, NULL);
+	if (es_failed)
+		fail("a posting thread failed (%d)", es_failed);
+	struct ibv_wc extra;
+	if (ibv_poll_cq(cq, 1, &extra) != 0)
+		fail("an extra completion");
+	ok("%d completions from two posting threads, each once and in order, %lu waits, %lu events",
+	   ES_TOTAL, (unsigned long)waits, (unsigned long)events);
+	for (int k = 0; k < 2; k++)
+		ibv_destroy_qp(es[k].qp);
+	if (ibv_destroy_cq(cq) || ibv_destroy_comp_channel(ch))
+		fail("destroy the CQ and its channel");
+	ok("no event left pending: the CQ and its channel destroyed");
+}
+
 /* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
 static void case_limits(void)
 {
@@ -1518,6 +1672,8 @@ int main(int argc, char **argv)
 		case_queue_full();
 	else if (!strcmp(c, "fork"))
 		case_fork();
+	else if (!strcmp(c, "event_stress"))
+		case_event_stress();
 	else if (!strcmp(c, "reg_limit"))
 		case_reg_limit();
 	else

@@ -143,6 +143,17 @@ fn fork_support_is_unneeded_and_registrations_work_after_a_fork() {
 }
 
 #[test]
+fn event_mode_under_two_posting_threads_loses_no_completion_and_leaves_no_wait_hanging() {
+    case(
+        "event_stress",
+        &[
+            "100000 completions from two posting threads, each once and in order",
+            "no event left pending",
+        ],
+    );
+}
+
+#[test]
 fn rnr_retries_exhaust_or_wait_forever() {
     case(
         "rnr",
