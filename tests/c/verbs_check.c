@@ -7,7 +7,7 @@
  *   verbs_check server PORT MODE
  *   verbs_check client HOST PORT MODE
  *
- *   verbs_check solo devfatal
+ *   verbs_check solo devfatal [READY_FILE]
  *
  * MODE: data | badrkey | pastend | noaccess | badlkey | flush | overlap | rereg
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every
@@ -575,7 +575,7 @@ static void server_rereg(struct side *s)
 
 /* The daemon dies under an open device: the app gets IBV_EVENT_DEVICE_FATAL on its async fd
  * and later calls fail cleanly instead of hanging. */
-static int solo_devfatal(void)
+static int solo_devfatal(const char *ready_file)
 {
 	int n;
 	struct ibv_device **list = ibv_get_device_list(&n);
@@ -586,6 +586,12 @@ static int solo_devfatal(void)
 		fail("open/alloc_pd");
 	printf("READY\n");
 	fflush(stdout);
+	/* The test waits for this file (stdout reaches it only when the program ends). */
+	if (ready_file) {
+		FILE *f = fopen(ready_file, "w");
+		if (!f || fputs("READY\n", f) < 0 || fclose(f))
+			fail("write %s", ready_file);
+	}
 	struct ibv_async_event ev;
 	/* The port-up event of the attach may come first. */
 	do {
@@ -607,8 +613,8 @@ static int solo_devfatal(void)
 int main(int argc, char **argv)
 {
 	struct side s = { 0 };
-	if (argc == 3 && !strcmp(argv[1], "solo") && !strcmp(argv[2], "devfatal"))
-		return solo_devfatal();
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "solo") && !strcmp(argv[2], "devfatal"))
+		return solo_devfatal(argc == 4 ? argv[3] : NULL);
 	int server = argc == 4 && !strcmp(argv[1], "server");
 	if (!server && !(argc == 5 && !strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: verbs_check server PORT MODE | client HOST PORT MODE\n");

@@ -237,8 +237,10 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
         x ^= x << 17;
         x
     };
+    let mut scribbled = Vec::new();
     for _ in 0..4 {
-        let (_, sq, rq) = rc_qp(&mut h);
+        let (qp, sq, rq) = rc_qp(&mut h);
+        scribbled.push(qp);
         for ring in [&sq, &rq] {
             let mut slot = vec![0u8; SQ_SLOT.max(RQ_SLOT)];
             for i in 0..ring.depth() {
@@ -263,23 +265,48 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
         }
         h.kick();
     }
+    // In INIT, with a ring full of send WQEs (parsed or not) and a consumer index scribbled
+    // over, each QP fails: none runs what it holds.
+    for qp in scribbled {
+        wait_state(&mut h, qp, QpState::Err);
+    }
 
     // A shared receive queue whose ring holds garbage: the SRQ goes to error, alone.
     let Reply::Handle(pd) = h.call(&Request::AllocPd) else {
         panic!("pd")
     };
-    let Reply::Srq { ring, depth, .. } = h.call(&Request::CreateSrq {
+    let Reply::Srq {
+        srq, ring, depth, ..
+    } = h.call(&Request::CreateSrq {
         pd,
         max_wr: 4,
         max_sge: 1,
         limit: 0,
-    }) else {
+    })
+    else {
         panic!("srq")
     };
     let srq_ring = Ring::new(&h.region, ring, depth, RQ_SLOT).unwrap();
     srq_ring.write_slot(&h.region, 0, &[0xee; RQ_SLOT]);
     srq_ring.prod(&h.region).store(1, Ordering::Release);
     h.kick();
+    // Its owner hears of it: an SRQ_ERR event naming it (the QP_FATAL events of the QPs
+    // above come first).
+    let start = std::time::Instant::now();
+    loop {
+        match h.mailbox.pop_event(&h.region) {
+            Some((vrnic_api::event::SRQ_ERR, s)) if s == srq => break,
+            Some(_) => continue,
+            None => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "no SRQ_ERR event for the SRQ with a garbage slot"
+                );
+                h.kick();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
 
     // A fresh QP of the same client is still fine: the errors stayed on their QPs.
     let (qp3, _, _) = rc_qp(&mut h);

@@ -111,13 +111,21 @@ fn a_forked_server_runs_fifty_phases_its_children_using_the_parents_context_and_
 fn a_killed_daemon_raises_device_fatal_and_calls_fail_cleanly() {
     let bin = verbs_check().to_str().expect("utf-8 path").to_string();
     let mut d = Daemon::start();
-    let app = common::Proc::spawn(d.run(&[&bin, "solo", "devfatal"]), "devfatal");
-    // The app has opened its device once the daemon lists a vRNIC for it.
-    d.wait_ls(common::CLI, "the app's vRNIC listed", |ls| {
-        ls.lines().count() > 1
-    });
-    // `vrnic run` holds the vRNIC before the app starts: give it time to open the device.
-    std::thread::sleep(Duration::from_secs(1));
+    let ready = d.dir.with_extension("ready");
+    let _ = std::fs::remove_file(&ready);
+    let ready_arg = ready.to_str().expect("utf-8 path").to_string();
+    let mut app = common::Proc::spawn(d.run(&[&bin, "solo", "devfatal", &ready_arg]), "devfatal");
+    // The app has opened its device and allocated a PD once it wrote READY.
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&ready).is_ok_and(|r| r.contains("READY")) {
+        assert!(!app.exited(), "the app ended before it was READY");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the app did not open its device within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_file(&ready);
     common::kill_group(d.pid(), libc::SIGKILL);
     let out = app.wait(Duration::from_secs(20));
     assert!(
