@@ -851,3 +851,65 @@ impl CompQueue {
         fence(Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vrnic_shm::layout;
+    use vrnic_wire::{WcOpcode, WcStatus};
+
+    fn cqe(wr_id: u64, qp_num: u32) -> [u8; CQ_SLOT] {
+        let mut raw = [0u8; CQ_SLOT];
+        Cqe {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            wc_flags: 0,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num,
+            src_qp: 0,
+            slid: 0,
+            sl: 0,
+            vendor_err: 0,
+            timestamp_ns: 0,
+        }
+        .encode(&mut raw);
+        raw
+    }
+
+    /// `clean` removes one QP's completions and keeps the others in order, across the end of
+    /// the ring, and frees exactly the removed slots for the daemon.
+    #[test]
+    fn clean_removes_one_qps_completions_and_keeps_the_rest_in_order() {
+        let p = std::env::temp_dir().join(format!("vrnic-clean-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let ring = Ring::new(&r, layout::HEAP_OFF, 8, CQ_SLOT).unwrap();
+        ring.reset(&r);
+        // Six completions from index 5 on (they wrap past slot 7), QP 1's among QP 2's and 3's.
+        let start = 5u32;
+        let qps = [1, 2, 1, 3, 1, 2];
+        for (k, &qp) in qps.iter().enumerate() {
+            let i = start + k as u32;
+            ring.write_slot(&r, i, &cqe(u64::from(i), qp));
+        }
+        ring.prod(&r)
+            .store(start + qps.len() as u32, Ordering::Release);
+        ring.cons(&r).store(start, Ordering::Release);
+        let mut q = CompQueue {
+            ring,
+            cons: start,
+            empty: 0,
+            solicited_only: false,
+        };
+        assert_eq!(q.clean(&r, 1), 3);
+        assert_eq!(q.cons, start + 3);
+        assert_eq!(ring.cons(&r).load(Ordering::Acquire), start + 3);
+        let mut got = Vec::new();
+        q.poll(&r, 16, |_, c| got.push((c.wr_id, c.qp_num)));
+        assert_eq!(got, vec![(6, 2), (8, 3), (10, 2)]);
+        assert_eq!(q.clean(&r, 2), 0, "an empty ring has nothing to clean");
+        std::fs::remove_file(p).unwrap();
+    }
+}
