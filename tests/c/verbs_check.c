@@ -7,9 +7,9 @@
  *   verbs_check server PORT MODE
  *   verbs_check client HOST PORT MODE
  *
- *   verbs_check solo devfatal
+ *   verbs_check solo devfatal [READY_FILE]
  *
- * MODE: data | badrkey | pastend | noaccess | badlkey | flush | overlap
+ * MODE: data | badrkey | pastend | noaccess | badlkey | flush | overlap | rereg
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every
  * wait is bounded (POLL_SECONDS for a completion), so a lost completion fails instead of hanging.
  */
@@ -53,6 +53,35 @@ struct side {
 static void say(struct side *s, uint32_t v) { xfer(s->sock, &v, 4, 1); }
 static uint32_t hear(struct side *s) { uint32_t v; xfer(s->sock, &v, 4, 0); return v; }
 
+/* RESET -> INIT -> RTR -> RTS towards the peer's QP. */
+static void bring_up(struct side *s)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("modify INIT");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn,
+				  .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+				  .ah_attr = { .dlid = s->peer.lid, .port_num = 1 } };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		fail("modify RTR");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 10, .retry_cnt = 2, .rnr_retry = 7,
+				  .sq_psn = 0, .max_rd_atomic = 1 };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		fail("modify RTS");
+}
+
+/* A QP back to RESET (its CQs must forget its completions, as mlx5's do) and up again. */
+static void restate(struct side *s)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RESET };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE))
+		fail("modify RESET");
+	bring_up(s);
+}
+
 static void setup(struct side *s)
 {
 	int n;
@@ -86,10 +115,6 @@ static void setup(struct side *s)
 	s->qp = ibv_create_qp(s->pd, &ia);
 	if (!s->qp)
 		fail("create_qp");
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE };
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		fail("modify INIT");
 	struct ibv_port_attr pa;
 	if (ibv_query_port(s->ctx, 1, &pa))
 		fail("query_port");
@@ -97,17 +122,7 @@ static void setup(struct side *s)
 			       .rkey_ro = s->mr_ro->rkey, .addr_rw = (uintptr_t)s->rw, .addr_ro = (uintptr_t)s->ro };
 	xfer(s->sock, &s->me, sizeof s->me, 1);
 	xfer(s->sock, &s->peer, sizeof s->peer, 0);
-	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn,
-				  .rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
-				  .ah_attr = { .dlid = s->peer.lid, .port_num = 1 } };
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		fail("modify RTR");
-	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 10, .retry_cnt = 2, .rnr_retry = 7,
-				  .sq_psn = 0, .max_rd_atomic = 1 };
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		fail("modify RTS");
+	bring_up(s);
 	ibv_free_device_list(list);
 }
 
@@ -409,9 +424,158 @@ static void server_overlap(struct side *s)
 	ok("server overlap checks");
 }
 
+/* ibv_rereg_mr as callers use it (rdma-core's own tests: test_mr.py's rereg cases):
+ * 1. CHANGE_PD to another PD: a send through the MR on a QP of the old PD fails with a local
+ *    protection error, the QP goes to ERR and flushes what else was posted (left unpolled, as
+ *    those tests leave them); both QPs back to RESET and up again, CHANGE_PD back, and a send
+ *    completes with exactly its own completion (none of the flushed ones) and lands byte for
+ *    byte.
+ * 2. CHANGE_TRANSLATION on both sides (new buffers, new keys): a send from the new buffer into
+ *    the peer's new buffer and a write into it through its new rkey, bytes checked. */
+#define REREG_SEND 300u
+#define REREG_SEND2 1000u
+#define REREG_WRITE 2000u
+#define REREG_WOFF 8192u
+#define REREG_LEN 65536u
+
+static void expect_wc(struct side *s, uint64_t wr_id, enum ibv_wc_status st, const char *what)
+{
+	struct ibv_wc wc = poll1(s);
+	if (wc.wr_id != wr_id || wc.status != st)
+		fail("%s: got wr %lu %s, expected wr %lu %s", what, (unsigned long)wc.wr_id,
+		     ibv_wc_status_str(wc.status), (unsigned long)wr_id, ibv_wc_status_str(st));
+}
+
+static void send_from(struct side *s, uint64_t wr_id, void *buf, uint32_t len, uint32_t lkey,
+		      enum ibv_wr_opcode op, uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = len, .lkey = lkey };
+	struct ibv_send_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	if (ibv_post_send(s->qp, &wr, &bad))
+		fail("post_send wr %lu", (unsigned long)wr_id);
+}
+
+static void client_rereg(struct side *s)
+{
+	struct ibv_pd *pd2 = ibv_alloc_pd(s->ctx);
+	if (!pd2)
+		fail("alloc second PD");
+	hear(s); /* the server posted a receive */
+	if (ibv_rereg_mr(s->mr_rw, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0))
+		fail("rereg CHANGE_PD to the second PD");
+	post_recv(s, 201, s->rw + 4096, 64);
+	post_recv(s, 202, s->rw + 8192, 64);
+	struct ibv_sge sge = { .addr = (uintptr_t)s->rw, .length = 64, .lkey = s->mr_rw->lkey };
+	struct ibv_send_wr w2 = { .wr_id = 204, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr w1 = w2, *bad;
+	w1.wr_id = 203;
+	w1.next = &w2;
+	if (ibv_post_send(s->qp, &w1, &bad))
+		fail("post_send");
+	expect_wc(s, 203, IBV_WC_LOC_PROT_ERR, "send through an MR of another PD");
+	ok("rereg: send through the MR moved to another PD: local protection error");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	if (ibv_query_qp(s->qp, &qa, IBV_QP_STATE, &qia) || qa.qp_state != IBV_QPS_ERR)
+		fail("rereg: the QP is not in ERR");
+	/* The flushed send and receives stay unpolled. */
+	say(s, 1);
+	hear(s); /* the server brought its QP up again */
+	restate(s);
+	if (ibv_rereg_mr(s->mr_rw, IBV_REREG_MR_CHANGE_PD, s->pd, NULL, 0, 0))
+		fail("rereg CHANGE_PD back");
+	for (uint32_t i = 0; i < REREG_SEND; i++)
+		s->rw[i] = pat(i, REREG_SEND);
+	say(s, 1); /* the server posted its receive before it answered */
+	hear(s);
+	send_from(s, 301, s->rw, REREG_SEND, s->mr_rw->lkey, IBV_WR_SEND, 0, 0);
+	expect_wc(s, 301, IBV_WC_SUCCESS, "after RESET and CHANGE_PD back, the send");
+	struct ibv_wc extra;
+	if (ibv_poll_cq(s->cq, 1, &extra) != 0)
+		fail("rereg: an extra completion after RESET (wr %lu, %s)", (unsigned long)extra.wr_id,
+		     ibv_wc_status_str(extra.status));
+	ok("rereg: after RESET the CQ holds none of the flushed completions; the send succeeds");
+	hear(s); /* the server checked the bytes */
+
+	/* 2. A new translation on both sides. */
+	uint8_t *b = (uint8_t *)malloc(REREG_LEN + 64) + 9;
+	for (uint32_t i = 0; i < REREG_LEN; i++)
+		b[i] = pat(i, 77);
+	uint32_t old_lkey = s->mr_rw->lkey;
+	if (ibv_rereg_mr(s->mr_rw, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, b, REREG_LEN, 0))
+		fail("rereg CHANGE_TRANSLATION");
+	if (s->mr_rw->addr != b || s->mr_rw->length != REREG_LEN)
+		fail("rereg did not update addr/length");
+	ok("rereg translation: lkey %#x -> %#x", old_lkey, s->mr_rw->lkey);
+	struct info peer2;
+	xfer(s->sock, &peer2, sizeof peer2, 0);
+	send_from(s, 401, b, REREG_SEND2, s->mr_rw->lkey, IBV_WR_SEND, 0, 0);
+	send_from(s, 402, b + 100, REREG_WRITE, s->mr_rw->lkey, IBV_WR_RDMA_WRITE,
+		  peer2.addr_rw + REREG_WOFF, peer2.rkey_rw);
+	expect_wc(s, 401, IBV_WC_SUCCESS, "send through the new translation");
+	expect_wc(s, 402, IBV_WC_SUCCESS, "write through the new translation");
+	say(s, 2);
+	hear(s);
+	ok("rereg: send and write through the new translations");
+}
+
+static void server_rereg(struct side *s)
+{
+	memset(s->rw, SENTINEL, MR_LEN);
+	post_recv(s, 500, s->rw + RX_OFF, 4096);
+	say(s, 1);
+	hear(s); /* the client's QP failed; ours is untouched, its receive still posted */
+	restate(s); /* the receive goes with the RESET, silently */
+	say(s, 1);
+	hear(s);
+	post_recv(s, 501, s->rw + RX_OFF, 4096);
+	say(s, 1);
+	struct ibv_wc wc = poll1(s);
+	if (wc.wr_id != 501 || wc.status != IBV_WC_SUCCESS || wc.byte_len != REREG_SEND)
+		fail("rereg: receive got wr %lu %s len %u", (unsigned long)wc.wr_id,
+		     ibv_wc_status_str(wc.status), wc.byte_len);
+	for (uint32_t i = 0; i < REREG_SEND; i++)
+		if (s->rw[RX_OFF + i] != pat(i, REREG_SEND))
+			fail("rereg: byte %u of the send is %#x", i, s->rw[RX_OFF + i]);
+	ok("rereg: the send after RESET landed byte for byte");
+	say(s, 1);
+
+	uint8_t *b = (uint8_t *)malloc(REREG_LEN + 64) + 5;
+	memset(b, SENTINEL, REREG_LEN);
+	if (ibv_rereg_mr(s->mr_rw, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, b, REREG_LEN,
+			 0))
+		fail("rereg CHANGE_TRANSLATION");
+	post_recv(s, 502, b, 4096);
+	struct info me2 = s->me;
+	me2.addr_rw = (uintptr_t)b;
+	me2.rkey_rw = s->mr_rw->rkey;
+	xfer(s->sock, &me2, sizeof me2, 1);
+	wc = poll1(s);
+	if (wc.wr_id != 502 || wc.status != IBV_WC_SUCCESS || wc.byte_len != REREG_SEND2)
+		fail("rereg: receive in the new translation got wr %lu %s len %u", (unsigned long)wc.wr_id,
+		     ibv_wc_status_str(wc.status), wc.byte_len);
+	if (hear(s) != 2)
+		fail("protocol");
+	for (uint32_t i = 0; i < REREG_SEND2; i++)
+		if (b[i] != pat(i, 77))
+			fail("rereg: byte %u of the send is %#x", i, b[i]);
+	for (uint32_t i = 0; i < REREG_WRITE; i++)
+		if (b[REREG_WOFF + i] != pat(100 + i, 77))
+			fail("rereg: byte %u of the write is %#x", i, b[REREG_WOFF + i]);
+	if (b[REREG_WOFF - 1] != SENTINEL || b[REREG_WOFF + REREG_WRITE] != SENTINEL ||
+	    b[REREG_SEND2] != SENTINEL)
+		fail("rereg: a byte outside the messages changed");
+	ok("rereg: send and write landed byte for byte in the new translation");
+	say(s, 1);
+}
+
 /* The daemon dies under an open device: the app gets IBV_EVENT_DEVICE_FATAL on its async fd
  * and later calls fail cleanly instead of hanging. */
-static int solo_devfatal(void)
+static int solo_devfatal(const char *ready_file)
 {
 	int n;
 	struct ibv_device **list = ibv_get_device_list(&n);
@@ -422,6 +586,12 @@ static int solo_devfatal(void)
 		fail("open/alloc_pd");
 	printf("READY\n");
 	fflush(stdout);
+	/* The test waits for this file (stdout reaches it only when the program ends). */
+	if (ready_file) {
+		FILE *f = fopen(ready_file, "w");
+		if (!f || fputs("READY\n", f) < 0 || fclose(f))
+			fail("write %s", ready_file);
+	}
 	struct ibv_async_event ev;
 	/* The port-up event of the attach may come first. */
 	do {
@@ -443,8 +613,8 @@ static int solo_devfatal(void)
 int main(int argc, char **argv)
 {
 	struct side s = { 0 };
-	if (argc == 3 && !strcmp(argv[1], "solo") && !strcmp(argv[2], "devfatal"))
-		return solo_devfatal();
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "solo") && !strcmp(argv[2], "devfatal"))
+		return solo_devfatal(argc == 4 ? argv[3] : NULL);
 	int server = argc == 4 && !strcmp(argv[1], "server");
 	if (!server && !(argc == 5 && !strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: verbs_check server PORT MODE | client HOST PORT MODE\n");
@@ -455,6 +625,8 @@ int main(int argc, char **argv)
 	setup(&s);
 	if (!strcmp(mode, "data"))
 		server ? server_data(&s) : client_data(&s);
+	else if (!strcmp(mode, "rereg"))
+		server ? server_rereg(&s) : client_rereg(&s);
 	else if (!strcmp(mode, "overlap"))
 		server ? server_overlap(&s) : client_overlap(&s);
 	else if (!strcmp(mode, "badrkey") || !strcmp(mode, "pastend") || !strcmp(mode, "noaccess") ||

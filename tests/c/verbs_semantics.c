@@ -6,7 +6,9 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | reg_contents | isolation | limits | reg_limit (these two on a daemon with small limits)
+ *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | fork | event_stress |
+ *       limits | reg_limit (these two on a
+ *       daemon with small limits)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
  * is bounded, so a lost completion or event fails instead of hanging.
@@ -16,6 +18,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1080,6 +1084,496 @@ static void case_reg_contents(void)
 	ok("written pages keep their bytes, untouched and read-only pages read zero, over 3 reuse rounds");
 }
 
+/* Every create_* and modify_* attribute past what ibv_query_device (and ibv_query_port)
+ * report is refused with EINVAL, and exactly the limit is accepted. */
+#define EXPECT_NULL_EINVAL(call, what)                                   \
+	do {                                                             \
+		errno = 0;                                               \
+		void *p_ = (void *)(call);                               \
+		if (p_ || errno != EINVAL)                               \
+			fail("%s: %s (errno %d)", what, p_ ? "accepted" : "wrong errno", errno); \
+		ok("%s: EINVAL", what);                                  \
+	} while (0)
+#define EXPECT_RC_EINVAL(call, what)                                     \
+	do {                                                             \
+		int rc_ = (call);                                        \
+		if (rc_ != EINVAL)                                       \
+			fail("%s: returned %d, expected EINVAL", what, rc_); \
+		ok("%s: EINVAL", what);                                  \
+	} while (0)
+
+static void case_dev_limits(void)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da))
+		fail("query_device");
+	/* CQs: depth and completion vector. */
+	EXPECT_NULL_EINVAL(ibv_create_cq(ctx, da.max_cqe + 1, NULL, NULL, 0), "create_cq cqe max_cqe+1");
+	EXPECT_NULL_EINVAL(ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors),
+			   "create_cq comp_vector num_comp_vectors");
+	EXPECT_NULL_EINVAL(ibv_create_cq(ctx, 16, NULL, NULL, -1), "create_cq comp_vector -1");
+	struct ibv_cq_init_attr_ex ce = { .cqe = da.max_cqe + 1, .wc_flags = IBV_WC_STANDARD_FLAGS };
+	EXPECT_NULL_EINVAL(ibv_create_cq_ex(ctx, &ce), "create_cq_ex cqe max_cqe+1");
+	ce.cqe = 16;
+	ce.comp_vector = ctx->num_comp_vectors;
+	EXPECT_NULL_EINVAL(ibv_create_cq_ex(ctx, &ce), "create_cq_ex comp_vector num_comp_vectors");
+	struct ibv_cq *big = ibv_create_cq(ctx, da.max_cqe, NULL, NULL, ctx->num_comp_vectors - 1);
+	if (!big || big->cqe < da.max_cqe)
+		fail("create_cq at max_cqe with the last comp_vector");
+	ibv_destroy_cq(big);
+	ok("create_cq at max_cqe (%d) and comp_vector %d: accepted", da.max_cqe, ctx->num_comp_vectors - 1);
+
+	/* QPs: every capability, through create_qp and create_qp_ex. */
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp_init_attr base = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+					 .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+						  .max_recv_sge = 1 } };
+	struct { const char *what; struct ibv_qp_init_attr ia; } over[] = {
+		{ "create_qp max_send_wr max_qp_wr+1", base },
+		{ "create_qp max_recv_wr max_qp_wr+1", base },
+		{ "create_qp max_send_sge max_sge+1", base },
+		{ "create_qp max_recv_sge max_sge+1", base },
+		{ "create_qp max_inline_data over the device's", base },
+	};
+	over[0].ia.cap.max_send_wr = da.max_qp_wr + 1;
+	over[1].ia.cap.max_recv_wr = da.max_qp_wr + 1;
+	over[2].ia.cap.max_send_sge = da.max_sge + 1;
+	over[3].ia.cap.max_recv_sge = da.max_sge + 1;
+	over[4].ia.cap.max_inline_data = 1 << 20;
+	for (unsigned i = 0; i < sizeof over / sizeof over[0]; i++) {
+		EXPECT_NULL_EINVAL(ibv_create_qp(pd, &over[i].ia), over[i].what);
+		struct ibv_qp_init_attr_ex ix = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+						  .cap = over[i].ia.cap, .comp_mask = IBV_QP_INIT_ATTR_PD, .pd = pd };
+		char what[128];
+		snprintf(what, sizeof what, "%s (create_qp_ex)", over[i].what);
+		EXPECT_NULL_EINVAL(ibv_create_qp_ex(ctx, &ix), what);
+	}
+	struct ibv_qp_init_attr at = base;
+	at.cap = (struct ibv_qp_cap){ .max_send_wr = da.max_qp_wr, .max_recv_wr = da.max_qp_wr,
+				      .max_send_sge = da.max_sge, .max_recv_sge = da.max_sge };
+	struct ibv_qp *qp = ibv_create_qp(pd, &at);
+	if (!qp)
+		fail("create_qp at max_qp_wr and max_sge");
+	ibv_destroy_qp(qp);
+	ok("create_qp at max_qp_wr (%d) and max_sge (%d): accepted", da.max_qp_wr, da.max_sge);
+
+	/* modify_qp: read/atomic depths against max_qp_init_rd_atom / max_qp_rd_atom, the port
+	 * against phys_port_cnt, P_Key index against pkey_tbl_len, the MTU against the port's. */
+	qp = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = da.phys_port_cnt + 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						      IBV_QP_ACCESS_FLAGS),
+			 "modify_qp port phys_port_cnt+1");
+	a.port_num = 1;
+	a.pkey_index = da.max_pkeys;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						      IBV_QP_ACCESS_FLAGS),
+			 "modify_qp pkey_index max_pkeys");
+	a.pkey_index = 0;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("modify INIT");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = qp->qp_num,
+				  .max_dest_rd_atomic = da.max_qp_rd_atom + 1, .min_rnr_timer = 12,
+				  .ah_attr = { .dlid = lid, .port_num = 1 } };
+	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rtr), "modify_qp max_dest_rd_atomic max_qp_rd_atom+1");
+	a.max_dest_rd_atomic = da.max_qp_rd_atom;
+	a.path_mtu = IBV_MTU_4096 + 1;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rtr), "modify_qp path_mtu over the port's");
+	a.path_mtu = IBV_MTU_4096;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.sgid_index = 1;
+	a.ah_attr.grh.dgid = gid;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rtr), "modify_qp sgid_index gid_tbl_len");
+	a.ah_attr.is_global = 0;
+	if (ibv_modify_qp(qp, &a, rtr))
+		fail("modify RTR at max_qp_rd_atom");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+				  .max_rd_atomic = da.max_qp_init_rd_atom + 1 };
+	int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+		  IBV_QP_MAX_QP_RD_ATOMIC;
+	EXPECT_RC_EINVAL(ibv_modify_qp(qp, &a, rts), "modify_qp max_rd_atomic max_qp_init_rd_atom+1");
+	a.max_rd_atomic = da.max_qp_init_rd_atom;
+	if (ibv_modify_qp(qp, &a, rts))
+		fail("modify RTS at max_qp_init_rd_atom");
+	ok("modify_qp at max_qp_rd_atom (%d) and max_qp_init_rd_atom (%d): accepted", da.max_qp_rd_atom,
+	   da.max_qp_init_rd_atom);
+
+	/* SRQs: depth, SGEs, limit; through create_srq and create_srq_ex. */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = da.max_srq_wr + 1, .max_sge = 1 } };
+	EXPECT_NULL_EINVAL(ibv_create_srq(pd, &si), "create_srq max_wr max_srq_wr+1");
+	si.attr = (struct ibv_srq_attr){ .max_wr = 4, .max_sge = da.max_srq_sge + 1 };
+	EXPECT_NULL_EINVAL(ibv_create_srq(pd, &si), "create_srq max_sge max_srq_sge+1");
+	si.attr = (struct ibv_srq_attr){ .max_wr = 4, .max_sge = 1, .srq_limit = 5 };
+	EXPECT_NULL_EINVAL(ibv_create_srq(pd, &si), "create_srq srq_limit over max_wr");
+	struct ibv_srq_init_attr_ex sx = { .attr = { .max_wr = da.max_srq_wr + 1, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD,
+					   .srq_type = IBV_SRQT_BASIC, .pd = pd };
+	EXPECT_NULL_EINVAL(ibv_create_srq_ex(ctx, &sx), "create_srq_ex max_wr max_srq_wr+1");
+	sx.attr = (struct ibv_srq_attr){ .max_wr = 4, .max_sge = da.max_srq_sge + 1 };
+	EXPECT_NULL_EINVAL(ibv_create_srq_ex(ctx, &sx), "create_srq_ex max_sge max_srq_sge+1");
+	si.attr = (struct ibv_srq_attr){ .max_wr = da.max_srq_wr, .max_sge = da.max_srq_sge };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq at max_srq_wr and max_srq_sge");
+	ibv_destroy_srq(srq);
+	ok("create_srq at max_srq_wr (%d) and max_srq_sge (%d): accepted", da.max_srq_wr, da.max_srq_sge);
+	si.attr = (struct ibv_srq_attr){ .max_wr = 8, .max_sge = 1 };
+	srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq");
+	struct ibv_srq_attr sa = { .srq_limit = si.attr.max_wr + 1 };
+	EXPECT_RC_EINVAL(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), "modify_srq srq_limit over max_wr");
+
+	/* Address handles: port and GID index. */
+	struct ibv_ah_attr ah = { .dlid = lid, .port_num = da.phys_port_cnt + 1 };
+	EXPECT_NULL_EINVAL(ibv_create_ah(pd, &ah), "create_ah port phys_port_cnt+1");
+	ah = (struct ibv_ah_attr){ .dlid = lid, .port_num = 1, .is_global = 1,
+				   .grh = { .dgid = gid, .sgid_index = 1, .hop_limit = 1 } };
+	EXPECT_NULL_EINVAL(ibv_create_ah(pd, &ah), "create_ah sgid_index gid_tbl_len");
+}
+
+/* A full queue accepts no more: receives past max_recv_wr (plain and extended QPs), receives
+ * past an SRQ's max_wr and sends past max_send_wr fail with ENOMEM, bad_wr names the first WR
+ * not posted, and none of the excess is posted (the receiver consumes exactly the receives that
+ * fit; one more send finds no receive: RNR). Depths that are not powers of two, so a ring
+ * rounded up cannot hide the limit. */
+#define QF_DEPTH 10
+static struct ibv_recv_wr qf_wrs[QF_DEPTH + 4];
+static struct ibv_sge qf_sge;
+
+/* Posts `n` receives as one chain starting at wr_id `first`; returns the error and bad_wr. */
+static int qf_post(struct ibv_qp *qp, struct ibv_srq *srq, uint64_t first, int n, struct ibv_recv_wr **bad)
+{
+	for (int i = 0; i < n; i++)
+		qf_wrs[i] = (struct ibv_recv_wr){ .wr_id = first + i, .sg_list = &qf_sge, .num_sge = 1,
+						  .next = i + 1 < n ? &qf_wrs[i + 1] : NULL };
+	*bad = NULL;
+	return srq ? ibv_post_srq_recv(srq, qf_wrs, bad) : ibv_post_recv(qp, qf_wrs, bad);
+}
+
+/* Receiver `rx` (or its SRQ) holds `cap` receives; `tx` sends cap messages, then one more. */
+static void qf_check(const char *what, struct ibv_qp *rx, struct ibv_srq *srq, uint32_t cap,
+		     struct ibv_cq *rcq, struct ibv_cq *scq, struct ibv_qp *tx, struct ibv_mr *mr, void *buf)
+{
+	struct ibv_recv_wr *bad;
+	int rc = qf_post(rx, srq, 1, cap - 2, &bad);
+	if (rc)
+		fail("%s: posting %u receives: %d", what, cap - 2, rc);
+	rc = qf_post(rx, srq, cap - 1, 5, &bad);
+	if (rc != ENOMEM || bad != &qf_wrs[2])
+		fail("%s: a chain of 5 with room for 2: returned %d, bad_wr %s", what, rc,
+		     bad == &qf_wrs[2] ? "the third" : "wrong");
+	ok("%s: past %u receives ENOMEM, bad_wr the first not posted", what, cap);
+	rc = qf_post(rx, srq, 100, 1, &bad);
+	if (rc != ENOMEM || bad != &qf_wrs[0])
+		fail("%s: one more on a full queue: returned %d", what, rc);
+	for (uint32_t i = 0; i < cap; i++)
+		if (post(tx, 1000 + i, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("%s: post_send", what);
+	for (uint32_t i = 0; i < cap; i++) {
+		struct ibv_wc wc = poll1(rcq);
+		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 1 + i)
+			fail("%s: receive %u: wr %lu %s", what, i, (unsigned long)wc.wr_id,
+			     ibv_wc_status_str(wc.status));
+		wc = poll1(scq);
+		if (wc.status != IBV_WC_SUCCESS)
+			fail("%s: send %u: %s", what, i, ibv_wc_status_str(wc.status));
+	}
+	if (post(tx, 2000, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("%s: post_send", what);
+	expect(scq, 2000, IBV_WC_RNR_RETRY_EXC_ERR, "one more send finds no receive");
+	ok("%s: exactly the %u receives that fit were posted", what, cap);
+}
+
+static void case_queue_full(void)
+{
+	static uint8_t buf[4096];
+	struct ibv_mr *mr = reg(buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	qf_sge = (struct ibv_sge){ .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
+	struct ibv_qp_cap cap = { .max_send_wr = QF_DEPTH, .max_recv_wr = QF_DEPTH, .max_send_sge = 1,
+				  .max_recv_sge = 1 };
+	for (int ex = 0; ex < 2; ex++) {
+		struct ibv_cq *rcq = cq_new(64), *scq = cq_new(64);
+		struct ibv_qp_init_attr ia = { .send_cq = rcq, .recv_cq = rcq, .qp_type = IBV_QPT_RC, .cap = cap };
+		struct ibv_qp *rx;
+		if (ex) {
+			struct ibv_qp_init_attr_ex ix = { .send_cq = rcq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
+							  .cap = cap, .pd = pd,
+							  .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+							  .send_ops_flags = IBV_QP_EX_WITH_SEND };
+			rx = ibv_create_qp_ex(ctx, &ix);
+			ia.cap = ix.cap;
+		} else {
+			rx = ibv_create_qp(pd, &ia);
+		}
+		if (!rx)
+			fail("create_qp");
+		struct ibv_qp_init_attr ta = { .send_cq = scq, .recv_cq = scq, .qp_type = IBV_QPT_RC, .cap = cap };
+		struct ibv_qp *tx = ibv_create_qp(pd, &ta);
+		if (!tx)
+			fail("create_qp");
+		rc_connect(rx, tx->qp_num, 1, 1, 14, 7);
+		rc_connect(tx, rx->qp_num, 1, 1, 14, 7);
+		qf_check(ex ? "extended QP" : "QP", rx, NULL, ia.cap.max_recv_wr, rcq, scq, tx, mr, buf);
+	}
+	/* An SRQ. */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = QF_DEPTH, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq");
+	struct ibv_cq *rcq = cq_new(64), *scq = cq_new(64);
+	struct ibv_qp_init_attr ia = { .send_cq = rcq, .recv_cq = rcq, .srq = srq, .qp_type = IBV_QPT_RC, .cap = cap };
+	struct ibv_qp *rx = ibv_create_qp(pd, &ia);
+	struct ibv_qp_init_attr ta = { .send_cq = scq, .recv_cq = scq, .qp_type = IBV_QPT_RC, .cap = cap };
+	struct ibv_qp *tx = ibv_create_qp(pd, &ta);
+	if (!rx || !tx)
+		fail("create_qp");
+	rc_connect(rx, tx->qp_num, 1, 1, 14, 7);
+	rc_connect(tx, rx->qp_num, 1, 1, 14, 7);
+	qf_check("SRQ", rx, srq, si.attr.max_wr, rcq, scq, tx, mr, buf);
+
+	/* Sends: the first waits for a receive (RNR, retried forever), the others queue behind it
+	 * until max_send_wr are outstanding; one more is ENOMEM. */
+	struct ibv_cq *c1 = cq_new(64);
+	struct ibv_qp_init_attr sa = { .send_cq = c1, .recv_cq = c1, .qp_type = IBV_QPT_RC, .cap = cap };
+	struct ibv_qp *a = ibv_create_qp(pd, &sa), *b = ibv_create_qp(pd, &sa);
+	if (!a || !b)
+		fail("create_qp");
+	rc_connect(a, b->qp_num, 1, 7, 14, 7);
+	rc_connect(b, a->qp_num, 1, 7, 14, 7);
+	for (uint32_t i = 0; i < sa.cap.max_send_wr; i++)
+		if (post(a, 3000 + i, IBV_WR_SEND, buf, 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("post_send %u of %u", i, sa.cap.max_send_wr);
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 4000, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND }, *sbad = NULL;
+	int rc = ibv_post_send(a, &w, &sbad);
+	if (rc != ENOMEM || sbad != &w)
+		fail("send past max_send_wr (%u): returned %d", sa.cap.max_send_wr, rc);
+	ok("send past max_send_wr (%u): ENOMEM, bad_wr set", sa.cap.max_send_wr);
+}
+
+/* fork(): registered memory is region pages mapped MAP_SHARED over the app's buffer, so a
+ * fork never moves the parent's pages (no copy on write to miss): ibv_is_fork_initialized
+ * answers IBV_FORK_UNNEEDED, ibv_fork_init succeeds and changes nothing, and after a fork the
+ * parent's registrations keep working both ways: bytes the parent writes after the fork are
+ * what a send carries, and bytes an RDMA WRITE puts there are what the parent reads. The child
+ * shares the registered pages (documented): what it writes there, the parent sees. */
+static void case_fork(void)
+{
+	if (ibv_is_fork_initialized() != IBV_FORK_UNNEEDED)
+		fail("ibv_is_fork_initialized: %d, expected IBV_FORK_UNNEEDED", ibv_is_fork_initialized());
+	ok("ibv_is_fork_initialized: IBV_FORK_UNNEEDED");
+	if (ibv_fork_init())
+		fail("ibv_fork_init");
+	if (ibv_is_fork_initialized() != IBV_FORK_UNNEEDED)
+		fail("after ibv_fork_init: %d", ibv_is_fork_initialized());
+	ok("ibv_fork_init: 0, still IBV_FORK_UNNEEDED");
+	enum { N = 3 * 4096 + 100 };
+	uint8_t *a = malloc(N), *b = malloc(N), *c = malloc(4096);
+	memset(a, 1, N);
+	memset(b, 2, N);
+	memset(c, 3, 4096);
+	struct ibv_mr *ma = reg(a, N, ALL_ACCESS), *mb = reg(b, N, ALL_ACCESS);
+	reg(c, 4096, ALL_ACCESS);
+	struct ibv_cq *cq = cq_new(16);
+	struct ibv_qp *qa = qp_new(cq, IBV_QPT_RC, NULL, 0), *qb = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(qa, qb->qp_num, 1, 7, 14, 7);
+	rc_connect(qb, qa->qp_num, 1, 7, 14, 7);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		fail("fork");
+	if (pid == 0) {
+		/* The child sees the registered bytes and shares the pages. */
+		int bad = a[0] != 1 || a[N - 1] != 1;
+		memset(c, 0x5a, 4096);
+		exit(bad);
+	}
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st))
+		fail("child: status %#x", st);
+	if (c[0] != 0x5a || c[4095] != 0x5a)
+		fail("the child's write to a registered page is not shared");
+	ok("the child shares the registered pages");
+	for (int i = 0; i < N; i++)
+		a[i] = (uint8_t)(i * 13 + 7);
+	recv_on(qb, 10, b, N, mb->lkey);
+	if (post(qa, 11, IBV_WR_SEND, a, N, ma->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post_send");
+	struct ibv_wc w1 = poll1(cq), w2 = poll1(cq);
+	if (w1.status || w2.status)
+		fail("send after fork: %s / %s", ibv_wc_status_str(w1.status), ibv_wc_status_str(w2.status));
+	for (int i = 0; i < N; i++)
+		if (b[i] != (uint8_t)(i * 13 + 7))
+			fail("after fork, byte %d the send carried is %#x: not what the parent wrote", i, b[i]);
+	ok("after fork, a send carries what the parent wrote after the fork");
+	for (int i = 0; i < N; i++)
+		b[i] = (uint8_t)(i * 5 + 1);
+	if (post(qb, 12, IBV_WR_RDMA_WRITE, b, N, mb->lkey, (uintptr_t)a, ma->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post write");
+	expect(cq, 12, IBV_WC_SUCCESS, "RDMA WRITE into the parent's buffer after fork");
+	for (int i = 0; i < N; i++)
+		if (a[i] != (uint8_t)(i * 5 + 1))
+			fail("after fork, byte %d an RDMA WRITE put in the parent's buffer reads %#x", i, a[i]);
+	ok("after fork, the parent reads what an RDMA WRITE put in its buffer");
+}
+
+/* Event mode under stress: two threads post signaled RDMA WRITEs, each on its own QP, while
+ * a third arms the shared send CQ, waits on its completion channel, gets and acks each event
+ * and polls. 100000 completions: every one arrives, once, in each QP's order, and no wait is
+ * left hanging (each is bounded). */
+#define ES_TOTAL 100000
+#define ES_DEPTH 64
+static struct {
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	uint8_t *buf;
+	uint64_t raddr;
+	uint32_t rkey;
+	volatile uint64_t done; /* completions the waiter saw (written by it only) */
+	uint64_t posted;
+} es[2];
+static volatile int es_failed;
+static volatile uint64_t es_total;
+
+/* Bounds the blocking waits: no progress for 10 s fails the case. */
+static void *es_watchdog(void *arg)
+{
+	(void)arg;
+	uint64_t last = 0;
+	double since = now();
+	while (__atomic_load_n(&es_total, __ATOMIC_ACQUIRE) < ES_TOTAL) {
+		usleep(100000);
+		uint64_t t = __atomic_load_n(&es_total, __ATOMIC_ACQUIRE);
+		if (t != last) {
+			last = t;
+			since = now();
+		} else if (now() - since > 10) {
+			printf("FAIL a wait left hanging: no completion in 10 s with %lu of %d done\n",
+			       (unsigned long)t, ES_TOTAL);
+			fflush(stdout);
+			_exit(1);
+		}
+	}
+	return NULL;
+}
+
+static void *es_poster(void *arg)
+{
+	int k = (int)(intptr_t)arg;
+	double deadline = now() + 120;
+	while (es[k].posted < ES_TOTAL / 2 && !es_failed) {
+		if (es[k].posted - __atomic_load_n(&es[k].done, __ATOMIC_ACQUIRE) >= ES_DEPTH) {
+			if (now() > deadline) {
+				es_failed = 1;
+				break;
+			}
+			sched_yield();
+			continue;
+		}
+		if (post(es[k].qp, (uint64_t)k << 32 | es[k].posted, IBV_WR_RDMA_WRITE, es[k].buf, 8,
+			 es[k].mr->lkey, es[k].raddr, es[k].rkey, 0, 0, IBV_SEND_SIGNALED)) {
+			es_failed = 2;
+			break;
+		}
+		es[k].posted++;
+	}
+	return NULL;
+}
+
+static void case_event_stress(void)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		fail("create_comp_channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 4 * ES_DEPTH, NULL, ch, 0);
+	struct ibv_cq *other = cq_new(16);
+	if (!cq)
+		fail("create_cq");
+	static uint8_t target[4096];
+	struct ibv_mr *tmr = reg(target, sizeof target, ALL_ACCESS);
+	for (int k = 0; k < 2; k++) {
+		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = other, .qp_type = IBV_QPT_RC,
+					       .cap = { .max_send_wr = ES_DEPTH, .max_recv_wr = 1,
+							.max_send_sge = 1, .max_recv_sge = 1 } };
+		es[k].qp = ibv_create_qp(pd, &ia);
+		struct ibv_qp *peer = qp_new(other, IBV_QPT_RC, NULL, 0);
+		if (!es[k].qp)
+			fail("create_qp");
+		rc_connect(es[k].qp, peer->qp_num, 1, 7, 14, 7);
+		rc_connect(peer, es[k].qp->qp_num, 1, 7, 14, 7);
+		es[k].buf = malloc(64);
+		es[k].mr = reg(es[k].buf, 64, IBV_ACCESS_LOCAL_WRITE);
+		es[k].raddr = (uintptr_t)target + 64 * k;
+		es[k].rkey = tmr->rkey;
+	}
+	pthread_t t[2], dog;
+	if (pthread_create(&dog, NULL, es_watchdog, NULL))
+		fail("pthread_create");
+	for (int k = 0; k < 2; k++)
+		if (pthread_create(&t[k], NULL, es_poster, (void *)(intptr_t)k))
+			fail("pthread_create");
+	uint64_t total = 0, events = 0, waits = 0;
+	struct ibv_wc wc[32];
+	while (total < ES_TOTAL && !es_failed) {
+		int n = ibv_poll_cq(cq, 32, wc);
+		if (n < 0)
+			fail("poll_cq");
+		if (n == 0) {
+			if (ibv_req_notify_cq(cq, 0))
+				fail("req_notify_cq");
+			n = ibv_poll_cq(cq, 32, wc);
+			if (n < 0)
+				fail("poll_cq");
+		}
+		if (n == 0) {
+			struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+			/* Every other wait blocks in ibv_get_cq_event itself (bounded by the watchdog). */
+			if (waits++ % 2 == 0 && poll(&p, 1, 10000) != 1)
+				fail("a wait left hanging: no event in 10 s with %lu of %d completions, posted %lu+%lu",
+				     (unsigned long)total, ES_TOTAL, (unsigned long)es[0].posted,
+				     (unsigned long)es[1].posted);
+			struct ibv_cq *ev;
+			void *ectx;
+			if (ibv_get_cq_event(ch, &ev, &ectx) || ev != cq)
+				fail("get_cq_event");
+			ibv_ack_cq_events(cq, 1);
+			events++;
+			continue;
+		}
+		for (int i = 0; i < n; i++) {
+			int k = (int)(wc[i].wr_id >> 32);
+			uint64_t seq = wc[i].wr_id & 0xffffffffu;
+			if (wc[i].status != IBV_WC_SUCCESS || (k != 0 && k != 1))
+				fail("completion %lu: %s", (unsigned long)wc[i].wr_id, ibv_wc_status_str(wc[i].status));
+			if (seq != es[k].done)
+				fail("QP %d: completion %lu where %lu was due (lost or repeated)", k,
+				     (unsigned long)seq, (unsigned long)es[k].done);
+			__atomic_store_n(&es[k].done, seq + 1, __ATOMIC_RELEASE);
+		}
+		total += n;
+		__atomic_store_n(&es_total, total, __ATOMIC_RELEASE);
+	}
+	for (int k = 0; k < 2; k++)
+		pthread_join(t[k], NULL);
+	pthread_join(dog, NULL);
+	if (es_failed)
+		fail("a posting thread failed (%d)", es_failed);
+	struct ibv_wc extra;
+	if (ibv_poll_cq(cq, 1, &extra) != 0)
+		fail("an extra completion");
+	ok("%d completions from two posting threads, each once and in order, %lu waits, %lu events",
+	   ES_TOTAL, (unsigned long)waits, (unsigned long)events);
+	for (int k = 0; k < 2; k++)
+		ibv_destroy_qp(es[k].qp);
+	if (ibv_destroy_cq(cq) || ibv_destroy_comp_channel(ch))
+		fail("destroy the CQ and its channel");
+	ok("no event left pending: the CQ and its channel destroyed");
+}
+
 /* Run on a daemon started with --max-qp 4 --max-cq 4 --max-mr 8 --max-srq 2 --region-gib 1. */
 static void case_limits(void)
 {
@@ -1172,6 +1666,14 @@ int main(int argc, char **argv)
 		case_isolation();
 	else if (!strcmp(c, "limits"))
 		case_limits();
+	else if (!strcmp(c, "dev_limits"))
+		case_dev_limits();
+	else if (!strcmp(c, "queue_full"))
+		case_queue_full();
+	else if (!strcmp(c, "fork"))
+		case_fork();
+	else if (!strcmp(c, "event_stress"))
+		case_event_stress();
 	else if (!strcmp(c, "reg_limit"))
 		case_reg_limit();
 	else

@@ -33,10 +33,11 @@ pub extern "C" fn vrnic_ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -
         let (ctx, pdh) = (p.context, p.handle);
         // SAFETY: the PD's context outlives it.
         let c = unsafe { context(ctx) };
-        let req = Request::CreateAh {
-            pd: pdh,
-            attr: ah_from_c(a),
-        };
+        let attr = ah_from_c(a);
+        if let Err(e) = crate::limits::check_ah(&attr) {
+            return null_err(e);
+        }
+        let req = Request::CreateAh { pd: pdh, attr };
         let h = match c.conn.call(&req) {
             Ok(Reply::Handle(h)) => h,
             Ok(_) => return null_err(libc::EPROTO),

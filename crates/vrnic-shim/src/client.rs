@@ -195,10 +195,18 @@ pub struct Conn {
     pub info: DeviceInfo,
     dead: AtomicBool,
     stop: AtomicBool,
-    watches: Mutex<HashMap<usize, Watch>>,
+    /// The armed CQs' watches: `[0]` the opener's, `[1]` a forked child's (a map of its own,
+    /// since the parent's notifier may hold `[0]`'s lock at the instant of the fork, and the
+    /// child's copy of a held lock would never be released).
+    watches: [Mutex<HashMap<usize, Watch>>; 2],
     /// Async events.
     pub async_q: AsyncQueue,
     notifier: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The process that opened the context (its notifier thread is the one in `notifier`).
+    opener: u32,
+    /// The process whose notifier thread serves this copy of the context: after a `fork`, the
+    /// child's copy still names the parent until [`Conn::ensure_notifier`] starts one of its own.
+    notifier_pid: std::sync::atomic::AtomicU32,
 }
 
 impl Conn {
@@ -244,12 +252,14 @@ impl Conn {
             },
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            watches: Mutex::new(HashMap::new()),
+            watches: [Mutex::new(HashMap::new()), Mutex::new(HashMap::new())],
             async_q: AsyncQueue {
                 efd,
                 queue: Mutex::new(VecDeque::new()),
             },
             notifier: Mutex::new(None),
+            opener: std::process::id(),
+            notifier_pid: std::sync::atomic::AtomicU32::new(std::process::id()),
         };
         match conn.call(&Request::QueryDevice) {
             Ok(Reply::Device(info)) => conn.info = info,
@@ -266,6 +276,46 @@ impl Conn {
             *n = Some(handle);
         }
         Ok(conn)
+    }
+
+    /// The watches of this process (see `watches`).
+    fn watch_map(&self) -> &Mutex<HashMap<usize, Watch>> {
+        &self.watches[usize::from(self.inherited())]
+    }
+
+    /// Whether this is a forked child's copy of a context its parent opened. Such a child may
+    /// use the context (as a child may use a device context inherited through `fork`); it
+    /// shares the parent's control mailbox and socket, so the two must not make control calls
+    /// at the same time, and closing it leaves the parent's context alone.
+    pub fn inherited(&self) -> bool {
+        self.opener != std::process::id()
+    }
+
+    /// Makes sure a notifier thread runs in this process. `fork` leaves the opener's notifier
+    /// behind: in a child the completion channels of CQs it creates would never become
+    /// readable (a lost wake-up: an event-mode wait hangs). The child gets a notifier of its
+    /// own, which polls the notification words (every [`GUEST_POLL`], as a VM guest's does:
+    /// the daemon's wake-up bytes go to the socket the parent's notifier reads). It serves the
+    /// CQs the child creates (in a watch map of its own); those created before the fork stay the
+    /// parent's.
+    pub fn ensure_notifier(self: &Arc<Self>) {
+        let me = std::process::id();
+        let cur = self.notifier_pid.load(Ordering::Acquire);
+        if cur == me
+            || self
+                .notifier_pid
+                .compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("vrnic-notify".into())
+            .spawn(move || forked_notifier(weak));
+        if spawned.is_err() {
+            vlog!("cannot start a notifier thread in the forked child; events will not come");
+        }
     }
 
     /// The fd exposed as `context->cmd_fd`: the socket, or (region-only) the async-event fd.
@@ -344,7 +394,7 @@ impl Conn {
     /// Starts forwarding `ring`'s notifications (CQ `cq`, an `ibv_cq` address) to `channel`.
     pub fn watch(&self, cq: usize, ring: Ring, channel: Arc<Channel>) {
         let seen = ring.notify(&self.region).load(Ordering::Acquire);
-        if let Ok(mut w) = self.watches.lock() {
+        if let Ok(mut w) = self.watch_map().lock() {
             w.insert(
                 cq,
                 Watch {
@@ -358,7 +408,7 @@ impl Conn {
 
     /// Stops forwarding for `cq`.
     pub fn unwatch(&self, cq: usize) {
-        if let Ok(mut w) = self.watches.lock() {
+        if let Ok(mut w) = self.watch_map().lock() {
             w.remove(&cq);
         }
     }
@@ -367,6 +417,17 @@ impl Conn {
     /// `Detach`) and reclaims everything of this context.
     pub fn close(&self) {
         self.stop.store(true, Ordering::Release);
+        if self.inherited() {
+            // A forked child's copy: the context stays the parent's (no shutdown of the shared
+            // socket, no leaving the shared mailbox), and the parent's notifier thread does not
+            // exist here to be joined; the child's own notifier sees `stop` and ends.
+            if let Ok(mut n) = self.notifier.lock()
+                && let Some(h) = n.take()
+            {
+                std::mem::forget(h);
+            }
+            return;
+        }
         if let Some(s) = &self.stream {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -384,6 +445,12 @@ impl Conn {
     /// Forwards pending notifications: async events, connection-manager events and
     /// armed-CQ events.
     fn forward(&self) {
+        self.forward_events();
+        self.forward_cqs();
+    }
+
+    /// Forwards the async and connection-manager events of the mailbox's event ring.
+    fn forward_events(&self) {
         while let Some((kind, handle)) = self.mailbox.pop_event(&self.region) {
             if kind == event::CM {
                 if let Some(sink) = CM_SINK.get() {
@@ -396,7 +463,11 @@ impl Conn {
             }
             self.async_q.efd.signal();
         }
-        let Ok(mut watches) = self.watches.lock() else {
+    }
+
+    /// Forwards the events of armed CQs to their completion channels.
+    fn forward_cqs(&self) {
+        let Ok(mut watches) = self.watch_map().lock() else {
             return;
         };
         for (&cq, w) in watches.iter_mut() {
@@ -514,6 +585,27 @@ fn guest_notifier(conn: std::sync::Weak<Conn>) {
     }
 }
 
+/// The notifier of a forked child using a context its parent opened: every [`GUEST_POLL`] it
+/// forwards what the notification words say (the parent's notifier reads the socket's wake-up
+/// bytes, so the child does not rely on them).
+fn forked_notifier(conn: std::sync::Weak<Conn>) {
+    loop {
+        std::thread::sleep(GUEST_POLL);
+        let Some(c) = conn.upgrade() else { return };
+        if c.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // The mailbox's event ring (async and CM events) stays the parent's to read: both
+        // popping it would split its events between them.
+        if !c.daemon_alive() {
+            c.forward_cqs();
+            c.daemon_died();
+            return;
+        }
+        c.forward_cqs();
+    }
+}
+
 /// Connects a vRNIC's socket and reads the mailbox the daemon assigns.
 fn connect(sock: &Path) -> Result<(UnixStream, Mailbox), i32> {
     let mut stream = UnixStream::connect(sock).map_err(|e| {
@@ -577,24 +669,30 @@ pub struct WorkQueue {
     pub prod: u32,
     /// Its doorbell index: rung after each publish, so the daemon looks at this ring.
     bell: u32,
+    /// Most work requests outstanding: the `max_send_wr`/`max_recv_wr`/`max_wr` the app was
+    /// told at creation (the ring itself may be deeper: its depth is a power of two).
+    limit: u32,
 }
 
 impl WorkQueue {
-    /// A queue over `ring`, announced by doorbell `bell`.
-    pub fn new(ring: Ring, bell: u32) -> WorkQueue {
+    /// A queue over `ring`, announced by doorbell `bell`, holding at most `limit` work
+    /// requests at a time (at least 1, at most the ring's depth).
+    pub fn new(ring: Ring, bell: u32, limit: u32) -> WorkQueue {
+        let limit = limit.clamp(1, ring.depth());
         WorkQueue {
             ring,
             prod: 0,
             bell,
+            limit,
         }
     }
 
-    /// Free slots (the daemon's retired index is the consumer).
+    /// How many more work requests may be posted: the limit less those outstanding (posted
+    /// and not yet retired by the daemon, whose retired index is the consumer). Posting past
+    /// it is `ENOMEM`, as on a device whose queue is full.
     pub fn room(&self, region: &Region) -> u32 {
         let cons = self.ring.cons(region).load(Ordering::Acquire);
-        self.ring
-            .depth()
-            .saturating_sub(self.prod.wrapping_sub(cons))
+        self.limit.saturating_sub(self.prod.wrapping_sub(cons))
     }
 
     /// Writes a send WQE into the next slot (not yet published).
@@ -674,6 +772,40 @@ impl CompQueue {
         None
     }
 
+    /// Removes the completions of QP number `qpn` from the ring, keeping the others in their
+    /// order, and returns how many went: a QP moved to RESET or destroyed leaves nothing behind
+    /// (mlx5's provider does the same in `__mlx5_cq_clean`).
+    ///
+    /// Only the slots between the consumer index and a snapshot of the producer index are
+    /// touched: the daemon writes no slot there until the consumer index passes it. The walk
+    /// goes from the newest completion back to the oldest, moving each kept one up over the
+    /// removed ones, then advances the consumer index past the gap; completions the daemon
+    /// adds meanwhile land after the snapshot and are not moved.
+    pub fn clean(&mut self, region: &Region, qpn: u32) -> u32 {
+        let prod = self.ring.prod(region).load(Ordering::Acquire);
+        let pending = prod.wrapping_sub(self.cons);
+        if pending == 0 || pending > self.ring.depth() {
+            return 0;
+        }
+        let mut raw = [0u8; CQ_SLOT];
+        let mut removed = 0u32;
+        let mut i = prod;
+        while i != self.cons {
+            i = i.wrapping_sub(1);
+            self.ring.read_slot(region, i, &mut raw);
+            if Cqe::parse(&raw).is_ok_and(|c| c.qp_num == qpn) {
+                removed += 1;
+            } else if removed > 0 {
+                self.ring.write_slot(region, i.wrapping_add(removed), &raw);
+            }
+        }
+        if removed > 0 {
+            self.cons = self.cons.wrapping_add(removed);
+            self.publish(region);
+        }
+        removed
+    }
+
     /// Retires the completion [`peek`](Self::peek) returned; the daemon may reuse its slot
     /// after the next [`publish`](Self::publish).
     pub fn consume(&mut self) {
@@ -717,5 +849,67 @@ impl CompQueue {
         // Pairs with the daemon's fence between publishing a CQE and reading the arm word: a
         // CQE the daemon wrote without seeing the arm is visible to the app's next poll.
         fence(Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vrnic_shm::layout;
+    use vrnic_wire::{WcOpcode, WcStatus};
+
+    fn cqe(wr_id: u64, qp_num: u32) -> [u8; CQ_SLOT] {
+        let mut raw = [0u8; CQ_SLOT];
+        Cqe {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            wc_flags: 0,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num,
+            src_qp: 0,
+            slid: 0,
+            sl: 0,
+            vendor_err: 0,
+            timestamp_ns: 0,
+        }
+        .encode(&mut raw);
+        raw
+    }
+
+    /// `clean` removes one QP's completions and keeps the others in order, across the end of
+    /// the ring, and frees exactly the removed slots for the daemon.
+    #[test]
+    fn clean_removes_one_qps_completions_and_keeps_the_rest_in_order() {
+        let p = std::env::temp_dir().join(format!("vrnic-clean-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let ring = Ring::new(&r, layout::HEAP_OFF, 8, CQ_SLOT).unwrap();
+        ring.reset(&r);
+        // Six completions from index 5 on (they wrap past slot 7), QP 1's among QP 2's and 3's.
+        let start = 5u32;
+        let qps = [1, 2, 1, 3, 1, 2];
+        for (k, &qp) in qps.iter().enumerate() {
+            let i = start + k as u32;
+            ring.write_slot(&r, i, &cqe(u64::from(i), qp));
+        }
+        ring.prod(&r)
+            .store(start + qps.len() as u32, Ordering::Release);
+        ring.cons(&r).store(start, Ordering::Release);
+        let mut q = CompQueue {
+            ring,
+            cons: start,
+            empty: 0,
+            solicited_only: false,
+        };
+        assert_eq!(q.clean(&r, 1), 3);
+        assert_eq!(q.cons, start + 3);
+        assert_eq!(ring.cons(&r).load(Ordering::Acquire), start + 3);
+        let mut got = Vec::new();
+        q.poll(&r, 16, |_, c| got.push((c.wr_id, c.qp_num)));
+        assert_eq!(got, vec![(6, 2), (8, 3), (10, 2)]);
+        assert_eq!(q.clean(&r, 2), 0, "an empty ring has nothing to clean");
+        std::fs::remove_file(p).unwrap();
     }
 }

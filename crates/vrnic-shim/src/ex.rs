@@ -510,8 +510,10 @@ pub extern "C" fn vrnic_create_cq_ex(
         {
             return null_err(libc::EOPNOTSUPP);
         }
+        // Out of `c_int` range is past `max_cqe` and `num_comp_vectors` too (EINVAL there).
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
-        let cq = crate::ffi::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, 0);
+        let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
+        let cq = crate::ffi::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, vector);
         if cq.is_null() {
             return null_mut();
         }

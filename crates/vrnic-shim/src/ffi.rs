@@ -27,6 +27,7 @@ use vrnic_wire::{
 
 use crate::abi::*;
 use crate::client::{self, Channel, CompQueue, Conn, Device, WorkQueue, vlog};
+use crate::limits;
 use crate::sys::{self, set_errno};
 
 /// Runs `f`, turning a panic into `fail` (a panic must never unwind into C).
@@ -267,7 +268,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
         vctx.context.async_fd = conn.async_q.efd.fd();
-        vctx.context.num_comp_vectors = 1;
+        vctx.context.num_comp_vectors = limits::COMP_VECTORS;
         vctx.context.abi_compat = usize::MAX as *mut c_void;
         let ops = &mut vctx.context.ops;
         ops.poll_cq = Some(vrnic_poll_cq);
@@ -298,13 +299,19 @@ pub extern "C" fn vrnic_ibv_close_device(ctx: *mut ibv_context) -> c_int {
         if ctx.is_null() {
             return minus_one(libc::EINVAL);
         }
-        // Registered buffers go back to private memory (with their bytes) first.
+        // Registered buffers go back to private memory (with their bytes) first; unless this
+        // is a forked child's copy of its parent's context, whose registrations stay the
+        // parent's (the child only lets go of its copy, as closing an inherited fd does).
         // SAFETY: ctx is a live context of ours.
-        let live: Vec<usize> = unsafe { context(ctx) }
-            .mrs
-            .lock()
-            .map(|m| m.iter().copied().collect())
-            .unwrap_or_default();
+        let c = unsafe { context(ctx) };
+        let live: Vec<usize> = if c.conn.inherited() {
+            Vec::new()
+        } else {
+            c.mrs
+                .lock()
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default()
+        };
         for mr in live {
             vrnic_ibv_dereg_mr(mr as *mut ibv_mr);
         }
@@ -337,18 +344,18 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.max_cqe = i.max_cqe as c_int;
     a.max_mr = i.max_mr as c_int;
     a.max_pd = i.max_pd as c_int;
-    a.max_qp_rd_atom = 16;
+    a.max_qp_rd_atom = c_int::from(limits::MAX_RD_ATOM);
     a.max_ee_rd_atom = 0;
-    a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(16);
-    a.max_qp_init_rd_atom = 16;
+    a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(c_int::from(limits::MAX_RD_ATOM));
+    a.max_qp_init_rd_atom = c_int::from(limits::MAX_RD_ATOM);
     a.atomic_cap = IBV_ATOMIC_HCA;
     a.max_srq = i.max_qp as c_int;
     a.max_srq_wr = i.max_qp_wr as c_int;
     a.max_srq_sge = MAX_SGE as c_int;
     a.max_ah = 65536;
-    a.max_pkeys = 1;
+    a.max_pkeys = limits::PKEYS;
     a.local_ca_ack_delay = 15;
-    a.phys_port_cnt = 1;
+    a.phys_port_cnt = limits::PORTS;
     a
 }
 
@@ -404,10 +411,10 @@ fn port_attr(conn: &Conn) -> ibv_port_attr {
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
-    p.gid_tbl_len = 1;
+    p.gid_tbl_len = c_int::from(limits::GIDS);
     p.port_cap_flags = 0;
     p.max_msg_sz = vrnic_wire::MAX_MSG_SIZE;
-    p.pkey_tbl_len = 1;
+    p.pkey_tbl_len = limits::PKEYS;
     p.lid = conn.info.lid;
     p.sm_lid = conn.info.lid;
     p.max_vl_num = 1;
@@ -940,14 +947,17 @@ pub extern "C" fn vrnic_ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard(null_err(libc::EIO), || {
-        if ctx.is_null() || cqe <= 0 {
+        if ctx.is_null() {
             return null_err(libc::EINVAL);
         }
         // SAFETY: ctx is ours.
         let c = unsafe { context(ctx) };
+        if let Err(e) = limits::check_cq(&c.conn.info, cqe.into(), comp_vector.into()) {
+            return null_err(e);
+        }
         let (h, ring_off, depth) = match c.conn.call(&Request::CreateCq { cqe: cqe as u32 }) {
             Ok(Reply::Cq { cq, ring, depth }) => (cq, ring, depth),
             Ok(_) => return null_err(libc::EPROTO),
@@ -986,6 +996,7 @@ pub extern "C" fn vrnic_ibv_create_cq(
         });
         let p = Box::into_raw(v);
         if let Some(chan) = chan {
+            c.conn.ensure_notifier();
             c.conn.watch(p as usize, ring, chan);
         }
         if let Ok(mut m) = c.cqs.lock() {
@@ -1114,6 +1125,7 @@ pub extern "C" fn vrnic_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
         if let Ok(mut q) = v.q.lock() {
             q.arm(&conn.region, solicited_only != 0);
         }
+        conn.ensure_notifier();
         0
     })
 }
@@ -1182,6 +1194,10 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         };
         // SAFETY: pd is ours and live.
         let pdr = unsafe { &*pd };
+        // SAFETY: the PD's context outlives it.
+        if let Err(e) = limits::check_qp_cap(&unsafe { context(pdr.context) }.conn.info, &cap) {
+            return null_err(e);
+        }
         // SAFETY: the CQs named in the app's init attributes are ours and live.
         let scq = unsafe { &*ia.send_cq }.handle;
         // SAFETY: as above.
@@ -1241,8 +1257,8 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         qpx.qp_base = qp;
         let v = Box::new(VQp {
             qp: qpx,
-            sq: Mutex::new(WorkQueue::new(sq, bell)),
-            rq: Mutex::new(WorkQueue::new(rq, bell)),
+            sq: Mutex::new(WorkQueue::new(sq, bell, cap.max_send_wr)),
+            rq: Mutex::new(WorkQueue::new(rq, bell, cap.max_recv_wr)),
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
             state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),
@@ -1398,6 +1414,9 @@ pub extern "C" fn vrnic_ibv_modify_qp(
         if mask & vrnic_wire::qp_attr::STATE == 0 {
             qa.qp_state = state_from_c(v.state.load(Ordering::Acquire)).unwrap_or_default();
         }
+        if let Err(e) = limits::check_qp_attr(mask, &qa) {
+            return e;
+        }
         // SAFETY: the QP's context outlives it.
         let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
         match conn.call(&Request::ModifyQp {
@@ -1411,13 +1430,16 @@ pub extern "C" fn vrnic_ibv_modify_qp(
                     // SAFETY: `state` is a plain field apps read; we own the QP struct.
                     unsafe { (*qp).state = a.qp_state };
                     if a.qp_state == IBV_QPS_RESET {
-                        // The engine forgot the queues: start the rings afresh.
+                        // The daemon dropped what the rings held and published their consumer
+                        // indices before it answered: start the rings afresh from there.
                         if let (Ok(mut sq), Ok(mut rq)) = (v.sq.lock(), v.rq.lock()) {
                             sq.prod = sq.ring.cons(&conn.region).load(Ordering::Acquire);
                             rq.prod = rq.ring.cons(&conn.region).load(Ordering::Acquire);
                             sq.publish(&conn.region);
                             rq.publish(&conn.region);
                         }
+                        // SAFETY: qp is ours and live.
+                        clean_cqs(unsafe { &*qp }, conn);
                     }
                 }
                 0
@@ -1425,6 +1447,28 @@ pub extern "C" fn vrnic_ibv_modify_qp(
             Err(e) => e,
         }
     })
+}
+
+/// Removes `qp`'s completions from its CQs, once the daemon has answered its move to RESET
+/// or its destruction (by then every completion the QP will ever have is in the rings). A real
+/// device's provider does the same (mlx5: `mlx5_cq_clean` on RESET and on destroy), so a QP
+/// reused after RESET never shows completions of its previous life.
+fn clean_cqs(qp: &ibv_qp, conn: &Conn) {
+    let cqs = if qp.recv_cq == qp.send_cq {
+        [qp.send_cq, null_mut()]
+    } else {
+        [qp.send_cq, qp.recv_cq]
+    };
+    for cq in cqs.into_iter().filter(|c| !c.is_null()) {
+        // SAFETY: a QP's CQs are ours and outlive it (destroy_cq refuses while a QP uses one).
+        let v = unsafe { &*cq.cast::<VCq>() };
+        if let Ok(mut q) = v.q.lock() {
+            let n = q.clean(&conn.region, qp.qp_num);
+            if n > 0 {
+                vlog!("QP {}: {n} completions removed from its CQ", qp.qp_num);
+            }
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -1489,6 +1533,7 @@ pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Err(e) = c.conn.call(&Request::DestroyQp { qp: h }) {
             return e;
         }
+        clean_cqs(qpr, &c.conn);
         if let Ok(mut m) = c.qps.lock() {
             m.remove(&h);
         }
@@ -1788,11 +1833,27 @@ pub extern "C" fn vrnic_ibv_ack_async_event(_ev: *mut ibv_async_event) {}
 
 // ---- calls this device does not support ------------------------------------------------------
 
+/// `enum ibv_fork_status`: `IBV_FORK_UNNEEDED`.
+const IBV_FORK_UNNEEDED: c_int = 2;
+
+/// `ibv_fork_init`: nothing to set up, as [`vrnic_ibv_is_fork_initialized`] says. rdma-core's
+/// `ibv_fork_init` returns 0 at once when fork support is unneeded too.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_fork_init() -> c_int {
-    // Registered memory is MAP_SHARED region memory: a child shares it instead of copying on
-    // write (docs/verbs.md). There is nothing to set up.
     0
+}
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED`, always. What `ibv_fork_init` guards against
+/// on a real device is copy on write: after a fork the parent's next write to a registered
+/// page gives the parent a new page, while the device keeps reading and writing the old one.
+/// Here registered memory is region pages mapped `MAP_SHARED` over the app's buffer; a fork
+/// neither copies nor moves them, so the parent's registrations keep working with no setup
+/// (the engine reaches the very pages the parent uses). The child shares those pages with the
+/// parent (not a copy, as on a kernel with copy-on-fork; not a hole, as after `ibv_fork_init`
+/// with `MADV_DONTFORK`): docs/verbs.md says so.
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_is_fork_initialized() -> c_int {
+    IBV_FORK_UNNEEDED
 }
 
 macro_rules! unsupported_ptr {

@@ -29,6 +29,7 @@ mod cm;
 pub mod cm_abi;
 mod ex;
 mod ffi;
+mod limits;
 mod srq;
 mod symbols;
 mod sys;

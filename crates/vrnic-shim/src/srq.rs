@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
-use vrnic_wire::{MAX_SGE, RQ_SLOT};
+use vrnic_wire::RQ_SLOT;
 
 use crate::abi::*;
 use crate::client::WorkQueue;
@@ -32,11 +32,13 @@ fn create(
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
 ) -> *mut ibv_srq {
-    if attr.max_wr == 0 || attr.max_sge as usize > MAX_SGE {
-        return null_err(libc::EINVAL);
-    }
     // SAFETY: ctx is ours (the PD's context).
     let c = unsafe { context(ctx) };
+    if let Err(e) =
+        crate::limits::check_srq(&c.conn.info, attr.max_wr, attr.max_sge, attr.srq_limit)
+    {
+        return null_err(e);
+    }
     // SAFETY: pd is ours and live.
     let pdh = unsafe { (*pd).handle };
     let req = Request::CreateSrq {
@@ -68,7 +70,7 @@ fn create(
     s.handle = h;
     let p = Box::into_raw(Box::new(VSrq {
         srq: s,
-        rq: Mutex::new(WorkQueue::new(ring, bell)),
+        rq: Mutex::new(WorkQueue::new(ring, bell, attr.max_wr)),
         max_sge: attr.max_sge,
     }));
     if let Ok(mut m) = c.srqs.lock() {

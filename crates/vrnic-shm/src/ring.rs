@@ -125,4 +125,44 @@ mod tests {
         }
         std::fs::remove_file(p).unwrap();
     }
+
+    /// A full ring is written before any of it is read, lap after lap, from indices that
+    /// cross the end of the ring and the end of the `u32` index space: every slot reads back
+    /// what was written to it (none overwrote another), the header words and the bytes after
+    /// the last slot are untouched.
+    #[test]
+    fn a_full_ring_wraps_around_its_slots_and_the_index_space() {
+        let p = std::env::temp_dir().join(format!("vrnic-ring-wrap-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        const DEPTH: u32 = 4;
+        const SLOT: usize = 64;
+        let ring = Ring::new(&r, layout::HEAP_OFF, DEPTH, SLOT).unwrap();
+        ring.reset(&r);
+        ring.prod(&r).store(0x1234, Ordering::Release);
+        ring.cons(&r).store(0x5678, Ordering::Release);
+        let after = layout::HEAP_OFF + ring::SLOTS + u64::from(DEPTH) * SLOT as u64;
+        r.write_bytes(after, &[0xaa; SLOT]).unwrap();
+        let tag = |i: u32| [(i as u8) ^ 0x5a; SLOT];
+        for start in [0u32, 3, u32::MAX - 5] {
+            for lap in 0..3u32 {
+                let base = start.wrapping_add(lap * DEPTH);
+                for k in 0..DEPTH {
+                    ring.write_slot(&r, base.wrapping_add(k), &tag(base.wrapping_add(k)));
+                }
+                for k in 0..DEPTH {
+                    let i = base.wrapping_add(k);
+                    let mut out = [0u8; SLOT];
+                    ring.read_slot(&r, i, &mut out);
+                    assert_eq!(out, tag(i), "slot {i} (start {start}, lap {lap})");
+                }
+            }
+        }
+        let mut out = [0u8; SLOT];
+        r.read_bytes(after, &mut out).unwrap();
+        assert_eq!(out, [0xaa; SLOT], "a write went past the ring's last slot");
+        assert_eq!(ring.prod(&r).load(Ordering::Acquire), 0x1234);
+        assert_eq!(ring.cons(&r).load(Ordering::Acquire), 0x5678);
+        std::fs::remove_file(p).unwrap();
+    }
 }

@@ -1,6 +1,8 @@
 //! Apps killed with SIGKILL at random points, round after round: during start-up and memory
 //! registration, while a connection is being set up (verbs over TCP exchange, or rdma_cm), and
-//! mid-transfer. The survivor of each pair exits on its own (an error, never a hang), and after
+//! mid-transfer. The survivor of each pair exits on its own (never a hang or a crash;
+//! `ibv_rc_pingpong` with an error; a server whose client died before connecting is the one
+//! ended here), and after
 //! 100 rounds the daemon holds nothing of them: no vRNIC, no state-dir entry, no extra open
 //! file or thread; an unrelated pair then passes `ibv_rc_pingpong -c`.
 
@@ -25,6 +27,17 @@ impl Rng {
 
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+/// The vRNIC `vrnic run` gave process `pid` (it execs the app with `VRNIC_DEVICE` set to the
+/// vRNIC's directory, named after it).
+fn vrnic_of(pid: i32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let dir = kv.strip_prefix(b"VRNIC_DEVICE=")?;
+        let dir = std::path::Path::new(std::str::from_utf8(dir).ok()?);
+        Some(dir.file_name()?.to_str()?.to_string())
+    })
 }
 
 #[test]
@@ -90,6 +103,8 @@ fn a_hundred_apps_killed_at_random_points_leave_nothing_behind() {
         let rc = round % 2 == 0;
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut waited = Duration::ZERO;
+        let server_vrnic = vrnic_of(s.pid());
+        let mut ended_here = false;
         while !s.exited() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
             waited += Duration::from_millis(20);
@@ -97,26 +112,49 @@ fn a_hundred_apps_killed_at_random_points_leave_nothing_behind() {
                 continue;
             }
             if waited >= Duration::from_millis(1500) && victim == 0 {
+                // rping's server has no QP before a client connects: its own vRNIC (not
+                // any vRNIC) shows none.
                 let never_connected = if rc {
                     common::listening(p.parse().unwrap())
                 } else {
-                    d.ls()
-                        .lines()
-                        .skip(1)
-                        .any(|l| l.split_whitespace().nth(3) == Some("0"))
+                    let name = server_vrnic.as_deref().unwrap_or("\0");
+                    d.ls().lines().skip(1).any(|l| {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        f.first() == Some(&name) && f.get(3) == Some(&"0")
+                    })
                 };
-                if never_connected {
+                if never_connected && !s.exited() {
                     s.signal(libc::SIGKILL);
+                    ended_here = true;
                 }
             }
         }
-        for (name, proc) in [("server", s), ("client", c)] {
+        for (name, proc, victim) in [("server", s, victim != 0), ("client", c, victim != 1)] {
+            use std::os::unix::process::ExitStatusExt;
             let out = proc.wait_bounded(Duration::from_secs(20));
             assert!(
                 !out.timed_out,
                 "round {round}: the {name} hung after its peer was killed\n{}",
                 out.text()
             );
+            let sig = out.status.signal();
+            if victim || (name == "server" && ended_here) {
+                // Killed by us (or gone on its own before the kill): never another signal.
+                assert!(
+                    sig.is_none_or(|s| s == libc::SIGKILL),
+                    "round {round}: the {name} died of signal {sig:?}\n{}",
+                    out.text()
+                );
+            } else {
+                // The survivor ends by itself: never a crash; and ibv_rc_pingpong with an
+                // error (rping exits 0 whenever it ends disconnected, as when its peer died).
+                assert!(
+                    sig.is_none() && (!rc || out.status.code() != Some(0)),
+                    "round {round}: the surviving {name} ended with {:?}\n{}",
+                    out.status,
+                    out.text()
+                );
+            }
         }
         assert!(d.alive(), "round {round}: the daemon died");
     }

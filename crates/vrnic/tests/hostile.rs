@@ -237,8 +237,10 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
         x ^= x << 17;
         x
     };
+    let mut scribbled = Vec::new();
     for _ in 0..4 {
-        let (_, sq, rq) = rc_qp(&mut h);
+        let (qp, sq, rq) = rc_qp(&mut h);
+        scribbled.push(qp);
         for ring in [&sq, &rq] {
             let mut slot = vec![0u8; SQ_SLOT.max(RQ_SLOT)];
             for i in 0..ring.depth() {
@@ -263,23 +265,48 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
         }
         h.kick();
     }
+    // In INIT, with a ring full of send WQEs (parsed or not) and a consumer index scribbled
+    // over, each QP fails: none runs what it holds.
+    for qp in scribbled {
+        wait_state(&mut h, qp, QpState::Err);
+    }
 
     // A shared receive queue whose ring holds garbage: the SRQ goes to error, alone.
     let Reply::Handle(pd) = h.call(&Request::AllocPd) else {
         panic!("pd")
     };
-    let Reply::Srq { ring, depth, .. } = h.call(&Request::CreateSrq {
+    let Reply::Srq {
+        srq, ring, depth, ..
+    } = h.call(&Request::CreateSrq {
         pd,
         max_wr: 4,
         max_sge: 1,
         limit: 0,
-    }) else {
+    })
+    else {
         panic!("srq")
     };
     let srq_ring = Ring::new(&h.region, ring, depth, RQ_SLOT).unwrap();
     srq_ring.write_slot(&h.region, 0, &[0xee; RQ_SLOT]);
     srq_ring.prod(&h.region).store(1, Ordering::Release);
     h.kick();
+    // Its owner hears of it: an SRQ_ERR event naming it (the QP_FATAL events of the QPs
+    // above come first).
+    let start = std::time::Instant::now();
+    loop {
+        match h.mailbox.pop_event(&h.region) {
+            Some((vrnic_api::event::SRQ_ERR, s)) if s == srq => break,
+            Some(_) => continue,
+            None => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "no SRQ_ERR event for the SRQ with a garbage slot"
+                );
+                h.kick();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
 
     // A fresh QP of the same client is still fine: the errors stayed on their QPs.
     let (qp3, _, _) = rc_qp(&mut h);
@@ -295,6 +322,173 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
         Duration::from_secs(60),
     );
     pair.assert_ok();
+}
+
+/// The daemon checks every attribute against the limits the device reports, whatever a driver
+/// did before it: CQ depth, QP and SRQ capabilities, read/atomic depths, ports, P_Key and GID
+/// indices of QPs and address handles. Each is `EINVAL`; exactly the limit is accepted.
+#[test]
+fn requests_past_the_device_limits_are_refused_by_the_daemon() {
+    let d = Daemon::start();
+    let mut h = Hostile::attach(&d, "limits0");
+    let Reply::Device(info) = h.call(&Request::QueryDevice) else {
+        panic!("query device")
+    };
+    let einval = |r: Reply, what: &str| {
+        assert!(
+            matches!(r, Reply::Err { errno: 22, .. }),
+            "{what}: {r:?}, expected EINVAL"
+        );
+    };
+    einval(
+        h.call(&Request::CreateCq {
+            cqe: info.max_cqe + 1,
+        }),
+        "CQ past max_cqe",
+    );
+    let Reply::Handle(pd) = h.call(&Request::AllocPd) else {
+        panic!("pd")
+    };
+    let Reply::Cq { cq, .. } = h.call(&Request::CreateCq { cqe: 16 }) else {
+        panic!("cq")
+    };
+    let cap = QpCap {
+        max_send_wr: info.max_qp_wr,
+        max_recv_wr: info.max_qp_wr,
+        max_send_sge: vrnic_wire::MAX_SGE as u32,
+        max_recv_sge: vrnic_wire::MAX_SGE as u32,
+        max_inline_data: vrnic_wire::MAX_INLINE as u32,
+    };
+    let qp_with = |cap: QpCap| Request::CreateQp {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: QpType::Rc,
+        cap,
+        sq_sig_all: false,
+        srq: None,
+    };
+    for (what, f) in [
+        (
+            "max_send_wr",
+            (|c: &mut QpCap| c.max_send_wr += 1) as fn(&mut QpCap),
+        ),
+        ("max_recv_wr", |c| c.max_recv_wr += 1),
+        ("max_send_sge", |c| c.max_send_sge += 1),
+        ("max_recv_sge", |c| c.max_recv_sge += 1),
+        ("max_inline_data", |c| c.max_inline_data += 1),
+    ] {
+        let mut c = cap;
+        f(&mut c);
+        einval(h.call(&qp_with(c)), what);
+    }
+    let Reply::Qp { qp, .. } = h.call(&qp_with(cap)) else {
+        panic!("a QP at the limits")
+    };
+    for (what, srq) in [
+        ("SRQ max_wr", (info.max_qp_wr + 1, 1, 0)),
+        ("SRQ max_sge", (4, vrnic_wire::MAX_SGE as u32 + 1, 0)),
+        ("SRQ limit", (4, 1, 4)),
+    ] {
+        einval(
+            h.call(&Request::CreateSrq {
+                pd,
+                max_wr: srq.0,
+                max_sge: srq.1,
+                limit: srq.2,
+            }),
+            what,
+        );
+    }
+    use vrnic_wire::qp_attr::*;
+    let init = vrnic_wire::QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    let init_mask = STATE | PKEY_INDEX | PORT | ACCESS_FLAGS;
+    let mut bad = init;
+    bad.port_num = 2;
+    einval(
+        h.call(&Request::ModifyQp {
+            qp,
+            mask: init_mask,
+            attr: Box::new(bad),
+        }),
+        "port 2",
+    );
+    let mut bad = init;
+    bad.pkey_index = 1;
+    einval(
+        h.call(&Request::ModifyQp {
+            qp,
+            mask: init_mask,
+            attr: Box::new(bad),
+        }),
+        "P_Key index 1",
+    );
+    assert_eq!(
+        h.call(&Request::ModifyQp {
+            qp,
+            mask: init_mask,
+            attr: Box::new(init)
+        }),
+        Reply::Ok
+    );
+    let mut rtr = vrnic_wire::QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: 5,
+        dest_qp_num: 1,
+        max_dest_rd_atomic: 16,
+        ..Default::default()
+    };
+    rtr.ah_attr.dlid = info.lid;
+    rtr.ah_attr.port_num = 1;
+    let rtr_mask = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+    for (what, f) in [
+        (
+            "max_dest_rd_atomic 17",
+            (|a: &mut vrnic_wire::QpAttr| a.max_dest_rd_atomic = 17) as fn(&mut vrnic_wire::QpAttr),
+        ),
+        ("path_mtu 6", |a| a.path_mtu = 6),
+        ("AV on port 2", |a| a.ah_attr.port_num = 2),
+        ("AV with GID index 1", |a| {
+            a.ah_attr.is_global = true;
+            a.ah_attr.grh.sgid_index = 1;
+        }),
+    ] {
+        let mut a = rtr;
+        f(&mut a);
+        einval(
+            h.call(&Request::ModifyQp {
+                qp,
+                mask: rtr_mask,
+                attr: Box::new(a),
+            }),
+            what,
+        );
+    }
+    assert_eq!(
+        h.call(&Request::ModifyQp {
+            qp,
+            mask: rtr_mask,
+            attr: Box::new(rtr)
+        }),
+        Reply::Ok
+    );
+    let mut ah = vrnic_wire::AhAttr {
+        dlid: info.lid,
+        port_num: 2,
+        ..Default::default()
+    };
+    einval(h.call(&Request::CreateAh { pd, attr: ah }), "AH on port 2");
+    ah.port_num = 1;
+    ah.is_global = true;
+    ah.grh.sgid_index = 1;
+    einval(
+        h.call(&Request::CreateAh { pd, attr: ah }),
+        "AH with GID index 1",
+    );
 }
 
 /// Registrations far past the vRNIC's memory, and page releases that name millions of pages,

@@ -67,16 +67,65 @@ fn overlapping_registrations_and_deregistration() {
 }
 
 #[test]
+fn rereg_pd_and_translation_then_a_qp_pair_brought_up_again_carries_exact_bytes() {
+    check("rereg");
+}
+
+/// `tests/c/phases_check.c`: a server forking a child per connection runs 50 phases against one
+/// client, alternating bandwidth and event-mode latency, each phase making and destroying its
+/// own objects and bounded in time (20 s).
+fn phases(mode: &str) {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    let bin = BIN.get_or_init(|| common::c_program("phases_check", &["-libverbs"]));
+    let bin = bin.to_str().expect("utf-8 path");
+    let d = Daemon::start();
+    let p = common::port().to_string();
+    let pair = common::run_pair(
+        &d,
+        &[bin, "server", &p, "50", mode],
+        &[bin, "client", "127.0.0.1", &p, "50", mode],
+        Duration::from_secs(300),
+    );
+    pair.assert_ok();
+    for side in [&pair.server, &pair.client] {
+        assert!(side.stdout.contains("OK phases done"), "{pair}");
+        assert_eq!(
+            side.stdout.matches("latency, event mode").count(),
+            25,
+            "{pair}"
+        );
+    }
+}
+
+#[test]
+fn a_forked_server_runs_fifty_bandwidth_and_event_mode_phases_children_opening_the_device() {
+    phases("own");
+}
+
+#[test]
+fn a_forked_server_runs_fifty_phases_its_children_using_the_parents_context_and_pd() {
+    phases("inherit");
+}
+
+#[test]
 fn a_killed_daemon_raises_device_fatal_and_calls_fail_cleanly() {
     let bin = verbs_check().to_str().expect("utf-8 path").to_string();
     let mut d = Daemon::start();
-    let app = common::Proc::spawn(d.run(&[&bin, "solo", "devfatal"]), "devfatal");
-    // The app has opened its device once the daemon lists a vRNIC for it.
-    d.wait_ls(common::CLI, "the app's vRNIC listed", |ls| {
-        ls.lines().count() > 1
-    });
-    // `vrnic run` holds the vRNIC before the app starts: give it time to open the device.
-    std::thread::sleep(Duration::from_secs(1));
+    let ready = d.dir.with_extension("ready");
+    let _ = std::fs::remove_file(&ready);
+    let ready_arg = ready.to_str().expect("utf-8 path").to_string();
+    let mut app = common::Proc::spawn(d.run(&[&bin, "solo", "devfatal", &ready_arg]), "devfatal");
+    // The app has opened its device and allocated a PD once it wrote READY.
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&ready).is_ok_and(|r| r.contains("READY")) {
+        assert!(!app.exited(), "the app ended before it was READY");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the app did not open its device within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_file(&ready);
     common::kill_group(d.pid(), libc::SIGKILL);
     let out = app.wait(Duration::from_secs(20));
     assert!(

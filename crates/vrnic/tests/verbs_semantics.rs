@@ -83,6 +83,77 @@ fn validation_rules_return_a_devices_errno() {
 }
 
 #[test]
+fn every_create_and_modify_attribute_past_the_reported_limits_is_einval() {
+    case(
+        "dev_limits",
+        &[
+            "create_cq comp_vector num_comp_vectors: EINVAL",
+            "create_cq comp_vector -1: EINVAL",
+            "create_cq_ex cqe max_cqe+1: EINVAL",
+            "create_cq_ex comp_vector num_comp_vectors: EINVAL",
+            "create_cq at max_cqe",
+            "create_qp max_recv_sge max_sge+1 (create_qp_ex): EINVAL",
+            "create_qp max_inline_data over the device's (create_qp_ex): EINVAL",
+            "create_qp at max_qp_wr",
+            "modify_qp port phys_port_cnt+1: EINVAL",
+            "modify_qp pkey_index max_pkeys: EINVAL",
+            "modify_qp max_dest_rd_atomic max_qp_rd_atom+1: EINVAL",
+            "modify_qp path_mtu over the port's: EINVAL",
+            "modify_qp sgid_index gid_tbl_len: EINVAL",
+            "modify_qp max_rd_atomic max_qp_init_rd_atom+1: EINVAL",
+            "modify_qp at max_qp_rd_atom",
+            "create_srq max_sge max_srq_sge+1: EINVAL",
+            "create_srq srq_limit over max_wr: EINVAL",
+            "create_srq_ex max_wr max_srq_wr+1: EINVAL",
+            "create_srq at max_srq_wr",
+            "modify_srq srq_limit over max_wr: EINVAL",
+            "create_ah sgid_index gid_tbl_len: EINVAL",
+        ],
+    );
+}
+
+#[test]
+fn a_full_queue_refuses_more_with_enomem_and_posts_none_of_the_excess() {
+    case(
+        "queue_full",
+        &[
+            "QP: past 10 receives ENOMEM, bad_wr the first not posted",
+            "QP: exactly the 10 receives that fit were posted",
+            "extended QP: past 10 receives ENOMEM",
+            "extended QP: exactly the 10 receives that fit were posted",
+            "SRQ: past 10 receives ENOMEM",
+            "SRQ: exactly the 10 receives that fit were posted",
+            "send past max_send_wr (10): ENOMEM, bad_wr set",
+        ],
+    );
+}
+
+#[test]
+fn fork_support_is_unneeded_and_registrations_work_after_a_fork() {
+    case(
+        "fork",
+        &[
+            "ibv_is_fork_initialized: IBV_FORK_UNNEEDED",
+            "ibv_fork_init: 0, still IBV_FORK_UNNEEDED",
+            "the child shares the registered pages",
+            "after fork, a send carries what the parent wrote after the fork",
+            "after fork, the parent reads what an RDMA WRITE put in its buffer",
+        ],
+    );
+}
+
+#[test]
+fn event_mode_under_two_posting_threads_loses_no_completion_and_leaves_no_wait_hanging() {
+    case(
+        "event_stress",
+        &[
+            "100000 completions from two posting threads, each once and in order",
+            "no event left pending",
+        ],
+    );
+}
+
+#[test]
 fn rnr_retries_exhaust_or_wait_forever() {
     case(
         "rnr",

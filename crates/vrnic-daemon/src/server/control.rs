@@ -25,6 +25,21 @@ pub(super) const MAX_QP_WR: u32 = 16384;
 
 pub(super) const MAX_CQE: u32 = 65536;
 
+/// The address vectors of a `ModifyQp` against the port (the engine checks the rest of the
+/// attributes against the device's limits): one port, one GID, one P_Key.
+fn check_paths(mask: u32, a: &vrnic_wire::QpAttr) -> Result<(), i32> {
+    use vrnic_wire::qp_attr;
+    let av_bad =
+        |av: &vrnic_wire::AhAttr| av.port_num > 1 || (av.is_global && av.grh.sgid_index != 0);
+    if (mask & qp_attr::AV != 0 && av_bad(&a.ah_attr))
+        || (mask & qp_attr::ALT_PATH != 0
+            && (av_bad(&a.alt_ah_attr) || a.alt_port_num > 1 || a.alt_pkey_index != 0))
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
 impl Server {
     pub(super) fn serve_mailbox(&mut self, id: CtxId) {
         for _ in 0..CTRL_BUDGET {
@@ -163,8 +178,18 @@ impl Server {
                 sq_sig_all,
             ),
             Request::ModifyQp { qp, mask, attr } => {
+                if let Err(e) = check_paths(mask, &attr) {
+                    return err(e, "modify_qp: address vector past the port's limits");
+                }
                 match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
-                    Ok(()) => Reply::Ok,
+                    Ok(()) => {
+                        if mask & vrnic_wire::qp_attr::STATE != 0
+                            && attr.qp_state == vrnic_wire::QpState::Reset
+                        {
+                            self.reset_rings(now, QpId(qp));
+                        }
+                        Reply::Ok
+                    }
                     Err(e) => err(e, "modify_qp"),
                 }
             }
@@ -188,6 +213,9 @@ impl Server {
                             free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
                             free_bell(v, slot.bell);
                         }
+                        // The completions the engine still holds for the QP go into its CQs
+                        // now, where the driver removes them once it has the reply.
+                        self.engine_pass(now);
                         Reply::Ok
                     }
                     Err(e) => err(e, "destroy_qp"),
@@ -299,6 +327,41 @@ impl Server {
             }
             _ => err(libc::EOPNOTSUPP, "request not supported by this daemon"),
         }
+    }
+
+    /// A QP just moved to RESET. The work requests the driver published and the engine has
+    /// not taken yet are handed to it now (in RESET it drops them silently, retiring their
+    /// slots), so nothing of the QP's previous life is left in its rings, and a ring broken by
+    /// a bad producer index starts afresh. Then one engine pass publishes the retired indices
+    /// and every completion queued so far. So when the driver has the reply, its rings are
+    /// empty (producer = consumer) and its CQs hold every completion the QP will ever have,
+    /// which the driver then removes from them, as mlx5's provider does.
+    pub(super) fn reset_rings(&mut self, now: Instant, qp: QpId) {
+        if let Some(slot) = self.qps.get_mut(&qp)
+            && let Some(v) = self.vnics.get(&slot.vnic)
+        {
+            let region = &v.region;
+            // Hostile producer indices: at most a ring's depth is handed over; a ring claiming
+            // more stays broken.
+            let sq_prod = slot.sq.prod(region).load(Ordering::Acquire);
+            let rq_prod = slot.rq.prod(region).load(Ordering::Acquire);
+            let sq_new = sq_prod.wrapping_sub(slot.sq_fetched);
+            let rq_new = rq_prod.wrapping_sub(slot.rq_fetched);
+            if sq_new <= slot.sq.depth() && rq_new <= slot.rq.depth() {
+                let dropped = Err(vrnic_wire::ParseError::ProducerIndex(sq_prod));
+                for _ in 0..sq_new {
+                    self.engine.handle_send_wqe(now, qp, dropped.clone());
+                }
+                let dropped = Err(vrnic_wire::ParseError::ProducerIndex(rq_prod));
+                for _ in 0..rq_new {
+                    self.engine.handle_recv_wqe(now, qp, dropped.clone());
+                }
+                slot.sq_fetched = sq_prod;
+                slot.rq_fetched = rq_prod;
+                slot.broken = false;
+            }
+        }
+        self.engine_pass(now);
     }
 
     pub(super) fn query_srq(&self, id: CtxId, srq: SrqId) -> Reply {

@@ -93,9 +93,17 @@ pub struct Output {
     pub timed_out: bool,
 }
 
+/// What `ibv_rc/uc/srq_pingpong -c` print when a page's first byte is wrong; they still exit 0,
+/// so a run that printed it is a failure here.
+pub const PINGPONG_BAD_DATA: &str = "invalid data in page";
+
 impl Output {
+    /// Exited 0 in time, and printed no `-c` data error of the pingpong programs.
     pub fn ok(&self) -> bool {
-        self.status.success() && !self.timed_out
+        self.status.success()
+            && !self.timed_out
+            && !self.stdout.contains(PINGPONG_BAD_DATA)
+            && !self.stderr.contains(PINGPONG_BAD_DATA)
     }
 
     /// stdout and stderr together, for assertion messages.
