@@ -1,8 +1,9 @@
 //! The vrnic virtual layer daemon: owns the vRNICs of a host, their shared regions and
 //! sockets, serves the control path, and drives the engine over the rings.
 //!
-//! `vrnic serve` is [`serve`] with [`ServeOptions`] from the command line; there is nothing
-//! else to configure on one host (the embedded default). The daemon is single-threaded by
+//! `vrnic serve` is [`serve`] with [`ServeOptions`] from the command line, or from a config
+//! file ([`settings`]); there is nothing to configure on one host (the embedded default), and
+//! several hosts need only each one's `listen` address and the others' (`peers`). The daemon is single-threaded by
 //! design for now: one loop owns the engine and every object, so nothing is locked; see
 //! [`server`] for how it spins and sleeps.
 //!
@@ -16,6 +17,7 @@ mod cm;
 pub mod config;
 pub mod heap;
 pub mod server;
+pub mod settings;
 mod sys;
 
 pub use server::{Limits, PeerOptions, ServeOptions, serve};

@@ -36,29 +36,33 @@ struct Cli {
 enum Cmd {
     /// Run the virtual layer daemon in the foreground (Ctrl-C or SIGTERM stops it).
     Serve {
+        /// A TOML file with any of the options below (`listen = "ADDR:PORT"`, `peers = [...]`,
+        /// `region_gib = 16`, ...); options given here win over it.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Size of each vRNIC's region file in GiB (sparse: only used pages cost memory); also
-        /// the most memory one vRNIC can register.
-        #[arg(long, default_value_t = 16)]
-        region_gib: u64,
-        /// Most queue pairs per vRNIC.
-        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_qp)]
-        max_qp: u32,
-        /// Most completion queues per vRNIC.
-        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_cq)]
-        max_cq: u32,
-        /// Most memory regions per vRNIC.
-        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_mr)]
-        max_mr: u32,
-        /// Most protection domains per vRNIC.
-        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_pd)]
-        max_pd: u32,
-        /// Most shared receive queues per vRNIC.
-        #[arg(long, default_value_t = vrnic_daemon::Limits::default().max_srq)]
-        max_srq: u32,
+        /// the most memory one vRNIC can register [default: 16].
+        #[arg(long)]
+        region_gib: Option<u64>,
+        /// Most queue pairs per vRNIC [default: 4096].
+        #[arg(long)]
+        max_qp: Option<u32>,
+        /// Most completion queues per vRNIC [default: 4096].
+        #[arg(long)]
+        max_cq: Option<u32>,
+        /// Most memory regions per vRNIC [default: 65536].
+        #[arg(long)]
+        max_mr: Option<u32>,
+        /// Most protection domains per vRNIC [default: 4096].
+        #[arg(long)]
+        max_pd: Option<u32>,
+        /// Most shared receive queues per vRNIC [default: 4096].
+        #[arg(long)]
+        max_srq: Option<u32>,
         /// Most vRNICs at once (times --region-gib, at most 64 TiB: each region is mapped in
-        /// the daemon).
-        #[arg(long, default_value_t = 4096)]
-        max_vrnics: u32,
+        /// the daemon) [default: 4096].
+        #[arg(long)]
+        max_vrnics: Option<u32>,
         /// This host's address for peer links to other hosts' daemons (ADDR:PORT).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
@@ -132,6 +136,7 @@ fn real_main() -> Result<()> {
     let state_dir = cli.state_dir.unwrap_or_else(config::default_state_dir);
     match cli.cmd {
         Cmd::Serve {
+            config,
             region_gib,
             max_qp,
             max_cq,
@@ -141,19 +146,29 @@ fn real_main() -> Result<()> {
             max_vrnics,
             listen,
             peers,
-        } => vrnic_daemon::serve(vrnic_daemon::ServeOptions {
-            state_dir,
-            region_size: region_gib.max(1) << 30,
-            limits: vrnic_daemon::Limits {
-                max_qp,
-                max_cq,
-                max_mr,
-                max_pd,
-                max_srq,
-            },
-            max_vrnics,
-            peer: vrnic_daemon::PeerOptions { listen, peers },
-        }),
+        } => {
+            let file = match &config {
+                Some(path) => vrnic_daemon::settings::Settings::load(path)?,
+                None => Default::default(),
+            };
+            let limits = vrnic_daemon::Limits::default();
+            vrnic_daemon::serve(vrnic_daemon::ServeOptions {
+                state_dir,
+                region_size: region_gib.or(file.region_gib).unwrap_or(16).max(1) << 30,
+                limits: vrnic_daemon::Limits {
+                    max_qp: max_qp.or(file.max_qp).unwrap_or(limits.max_qp),
+                    max_cq: max_cq.or(file.max_cq).unwrap_or(limits.max_cq),
+                    max_mr: max_mr.or(file.max_mr).unwrap_or(limits.max_mr),
+                    max_pd: max_pd.or(file.max_pd).unwrap_or(limits.max_pd),
+                    max_srq: max_srq.or(file.max_srq).unwrap_or(limits.max_srq),
+                },
+                max_vrnics: max_vrnics.or(file.max_vrnics).unwrap_or(4096),
+                peer: vrnic_daemon::PeerOptions {
+                    listen: listen.or(file.listen),
+                    peers: if peers.is_empty() { file.peers } else { peers },
+                },
+            })
+        }
         Cmd::Run {
             vrnic,
             container,

@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::hosts::{Hosts, PEER_PORT};
-use common::{Proc, port, require, run_pair_on};
+use common::{Proc, c_program, port, require, run_pair_on};
 
 const LINKS_UP: Duration = Duration::from_secs(20);
 const PAIR: Duration = Duration::from_secs(120);
@@ -280,4 +280,34 @@ fn garbage_on_the_peer_port_closes_only_that_connection() {
     let a0 = hosts.addr(0);
     client.push(&a0);
     run_pair_on(&ds[0], &ds[1], &server, &client, PAIR).assert_ok();
+}
+
+/// Three hosts: one app on host 0 talks to peers on hosts 1 and 2 at once (one context, two
+/// RC QPs, interleaved SENDs, WRITEs, READs and answers), every byte checked on both ends.
+#[test]
+fn one_app_talks_to_two_other_hosts_at_once() {
+    let bin = c_program("fanout_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let hosts = Hosts::new(3);
+    let ds = hosts.daemons(LINKS_UP);
+    let (p1, p2) = (port().to_string(), port().to_string());
+    let s1 = Proc::spawn(ds[1].run(&[bin, "server", &p1, "1"]), "server 1");
+    let s2 = Proc::spawn(ds[2].run(&[bin, "server", &p2, "2"]), "server 2");
+    let (a1, a2) = (hosts.addr(1), hosts.addr(2));
+    let c =
+        Proc::spawn(ds[0].run(&[bin, "client", &a1, &p1, &a2, &p2]), "client").wait_bounded(PAIR);
+    let s1 = s1.wait_bounded(Duration::from_secs(30));
+    let s2 = s2.wait_bounded(Duration::from_secs(30));
+    assert!(
+        c.ok() && s1.ok() && s2.ok(),
+        "client:\n{}\nserver 1:\n{}\nserver 2:\n{}",
+        c.text(),
+        s1.text(),
+        s2.text()
+    );
+    assert!(
+        c.stdout.contains("OK client: both peers, every byte"),
+        "{}",
+        c.text()
+    );
 }

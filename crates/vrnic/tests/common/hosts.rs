@@ -86,14 +86,26 @@ impl Hosts {
         ]);
     }
 
-    /// A daemon on host `i` with peer links to every other host.
+    /// A daemon on host `i` with peer links to every other host: host 0's from a config file
+    /// (`--config`), the others' from `--listen`/`--peer`.
     pub fn daemon(&self, i: usize) -> Daemon {
         let listen = format!("{}:{PEER_PORT}", self.addr(i));
-        let mut args = vec!["--listen".to_string(), listen];
-        for j in 0..self.names.len() {
-            if j != i {
-                args.push("--peer".into());
-                args.push(format!("{}:{PEER_PORT}", self.addr(j)));
+        let peers: Vec<String> = (0..self.names.len())
+            .filter(|&j| j != i)
+            .map(|j| format!("{}:{PEER_PORT}", self.addr(j)))
+            .collect();
+        let mut args = Vec::new();
+        if i == 0 {
+            let file = std::env::temp_dir().join(format!("{}.toml", self.names[i]));
+            let quoted: Vec<String> = peers.iter().map(|p| format!("\"{p}\"")).collect();
+            let text = format!("listen = \"{listen}\"\npeers = [{}]\n", quoted.join(", "));
+            std::fs::write(&file, text).expect("write the config file");
+            args.push("--config".to_string());
+            args.push(file.display().to_string());
+        } else {
+            args.extend(["--listen".to_string(), listen]);
+            for p in peers {
+                args.extend(["--peer".to_string(), p]);
             }
         }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -113,6 +125,9 @@ impl Hosts {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
+        if let Some(h0) = self.names.first() {
+            let _ = std::fs::remove_file(std::env::temp_dir().join(format!("{h0}.toml")));
+        }
         for n in self.names.iter().chain(std::iter::once(&self.switch)) {
             let mut c = Command::new("ip");
             c.args(["netns", "del", n]);

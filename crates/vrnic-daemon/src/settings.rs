@@ -1,0 +1,107 @@
+//! The daemon's config file (`vrnic serve --config FILE`): TOML with the same keys as the
+//! `vrnic serve` options, so a host's peer list can live in a file. Options on the command line
+//! win over the file. An unknown key, a value of the wrong type or an address that does not
+//! parse is an error that names the key and the file.
+//!
+//! ```toml
+//! listen = "10.0.0.1:7700"
+//! peers = ["10.0.0.2:7700", "10.0.0.3:7700"]
+//! region_gib = 16
+//! max_vrnics = 4096
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// What a config file may set (every key optional).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// This host's address for peer links (`--listen`).
+    pub listen: Option<SocketAddr>,
+    /// The other hosts' daemons (`--peer`, repeated).
+    #[serde(default)]
+    pub peers: Vec<SocketAddr>,
+    /// Region size in GiB (`--region-gib`).
+    pub region_gib: Option<u64>,
+    /// Most vRNICs (`--max-vrnics`).
+    pub max_vrnics: Option<u32>,
+    /// Per-vRNIC limits (`--max-qp` ...).
+    pub max_qp: Option<u32>,
+    /// `--max-cq`.
+    pub max_cq: Option<u32>,
+    /// `--max-mr`.
+    pub max_mr: Option<u32>,
+    /// `--max-pd`.
+    pub max_pd: Option<u32>,
+    /// `--max-srq`.
+    pub max_srq: Option<u32>,
+}
+
+/// A config file that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// It could not be read.
+    #[error("config file {file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not valid TOML for these keys.
+    #[error("config file {file}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// The parser's message: the key and the line.
+        message: String,
+    },
+}
+
+impl Settings {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Settings, SettingsError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Settings::parse(&text).map_err(|message| SettingsError::Invalid { file, message })
+    }
+
+    /// Parses a config file's text; the error names the key.
+    pub fn parse(text: &str) -> Result<Settings, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_parses_and_missing_ones_stay_unset() {
+        let s = Settings::parse(
+            "listen = \"10.0.0.1:7700\"\npeers = [\"10.0.0.2:7700\"]\nregion_gib = 2\n",
+        )
+        .unwrap();
+        assert_eq!(s.listen, Some("10.0.0.1:7700".parse().unwrap()));
+        assert_eq!(s.peers, vec!["10.0.0.2:7700".parse().unwrap()]);
+        assert_eq!((s.region_gib, s.max_vrnics), (Some(2), None));
+        assert_eq!(Settings::parse("").unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Settings::parse("lisen = \"10.0.0.1:7700\"\n").unwrap_err();
+        assert!(e.contains("lisen"), "{e}");
+        let e = Settings::parse("peers = [\"not an address\"]\n").unwrap_err();
+        assert!(e.contains("peers"), "{e}");
+        let e = Settings::parse("region_gib = \"big\"\n").unwrap_err();
+        assert!(e.contains("region_gib"), "{e}");
+    }
+}
