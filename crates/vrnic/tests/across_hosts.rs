@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::hosts::{Hosts, PEER_PORT};
-use common::{Proc, c_program, port, require, run_pair_on};
+use common::{Daemon, Output, Proc, c_program, port, require, run_pair_on};
 
 const LINKS_UP: Duration = Duration::from_secs(20);
 const PAIR: Duration = Duration::from_secs(120);
@@ -150,26 +150,18 @@ fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_aga
     run_pair_on(&ds[0], &ds[1], &server, &client, PAIR).assert_ok();
 }
 
-/// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
-/// every byte is right (`-c` checks them). TCP carries the link across so short a cut.
-#[test]
-fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
-    require("ibv_rc_pingpong");
+/// Runs `args -p PORT` as a server on host 0 and as its client on host 1, takes host 1's link
+/// down for `cut` while the transfer runs (one second in), and returns both outputs with the
+/// daemons (to ask them afterwards; after the hosts, so they are dropped first).
+fn transfer_across_a_cut(args: &[&str], cut: Duration) -> (Output, Output, Hosts, Vec<Daemon>) {
+    require(args[0]);
     let hosts = Hosts::new(2);
     let ds = hosts.daemons(LINKS_UP);
     let p = port().to_string();
     let addr = hosts.addr(0);
-    let server = [
-        "ibv_rc_pingpong",
-        "-p",
-        &p,
-        "-c",
-        "-s",
-        "65536",
-        "-n",
-        "20000",
-    ];
-    let mut client = server.to_vec();
+    let mut server = args.to_vec();
+    server.extend(["-p", &p]);
+    let mut client = server.clone();
     client.push(&addr);
     let server_proc = Proc::spawn(ds[0].run(&server), "server");
     std::thread::sleep(Duration::from_millis(500));
@@ -179,12 +171,21 @@ fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
         !client_proc.exited(),
         "the transfer must still run when the link is cut"
     );
-    // ibv_rc_pingpong: timeout 14, retry_cnt 7 (about 0.54 s); 200 ms of silence is within.
     hosts.set_link(1, false);
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(cut);
     hosts.set_link(1, true);
     let c = client_proc.wait_bounded(PAIR);
     let s = server_proc.wait_bounded(Duration::from_secs(30));
+    (c, s, hosts, ds)
+}
+
+/// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
+/// every byte is right (`-c` checks them). TCP carries the link across so short a cut.
+#[test]
+fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
+    // ibv_rc_pingpong: timeout 14, retry_cnt 7 (about 0.54 s); 200 ms of silence is within.
+    let args = ["ibv_rc_pingpong", "-c", "-s", "65536", "-n", "20000"];
+    let (c, s, _hosts, _ds) = transfer_across_a_cut(&args, Duration::from_millis(200));
     assert!(
         c.ok()
             && s.ok()
@@ -201,38 +202,9 @@ fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
 /// again from its oldest unanswered segment; the transfer completes.
 #[test]
 fn a_link_that_drops_and_reconnects_within_the_retry_budget_resends_and_finishes() {
-    require("ib_write_bw");
-    let hosts = Hosts::new(2);
-    let ds = hosts.daemons(LINKS_UP);
-    let p = port().to_string();
-    let addr = hosts.addr(0);
     // -u 20: a 4.3 s transport timer, 8 tries: a 34 s budget.
-    let server = [
-        "ib_write_bw",
-        "-p",
-        &p,
-        "-u",
-        "20",
-        "-s",
-        "65536",
-        "-n",
-        "200000",
-    ];
-    let mut client = server.to_vec();
-    client.push(&addr);
-    let server_proc = Proc::spawn(ds[0].run(&server), "server");
-    std::thread::sleep(Duration::from_millis(500));
-    let mut client_proc = Proc::spawn(ds[1].run(&client), "client");
-    std::thread::sleep(Duration::from_millis(1000));
-    assert!(
-        !client_proc.exited(),
-        "the transfer must still run when the link is cut"
-    );
-    hosts.set_link(1, false);
-    std::thread::sleep(Duration::from_millis(3000));
-    hosts.set_link(1, true);
-    let c = client_proc.wait_bounded(PAIR);
-    let s = server_proc.wait_bounded(Duration::from_secs(30));
+    let args = ["ib_write_bw", "-u", "20", "-s", "65536", "-n", "200000"];
+    let (c, s, _hosts, ds) = transfer_across_a_cut(&args, Duration::from_millis(3000));
     assert!(
         c.ok() && s.ok(),
         "client:\n{}\nserver:\n{}",
