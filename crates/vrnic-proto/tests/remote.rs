@@ -4,10 +4,13 @@
 //! test names the rule it checks and asserts bytes and completions. The link can be cut
 //! (frames dropped) and restored.
 
-use std::collections::HashMap;
+mod common;
+
+use common::VecMem;
+
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CtxId, Engine, HostId, Loc, Memory, MrKeys, PdId, QpId, VnicId};
+use vrnic_proto::{CtxId, Engine, HostId, MrKeys, PdId, QpId, VnicId};
 use vrnic_wire::frame::{Frame, FrameRepr};
 use vrnic_wire::{
     AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
@@ -15,22 +18,6 @@ use vrnic_wire::{
 };
 
 const REGION: usize = 8 << 20;
-
-struct VecMem(HashMap<VnicId, Vec<u8>>);
-
-impl Memory for VecMem {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
-        let data = self.0[&src.vnic][src.off as usize..src.off as usize + len].to_vec();
-        self.write(dst, &data);
-    }
-    fn write(&mut self, dst: Loc, data: &[u8]) {
-        let r = self.0.get_mut(&dst.vnic).expect("vnic");
-        r[dst.off as usize..dst.off as usize + data.len()].copy_from_slice(data);
-    }
-    fn read(&mut self, src: Loc, out: &mut [u8]) {
-        out.copy_from_slice(&self.0[&src.vnic][src.off as usize..src.off as usize + out.len()]);
-    }
-}
 
 /// One daemon with one vRNIC and one QP.
 struct Host {

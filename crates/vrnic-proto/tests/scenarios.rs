@@ -2,7 +2,10 @@
 //! state machine, work requests fed as the daemon feeds them. Each test names the rule it
 //! checks and asserts bytes and completions.
 
-use std::collections::HashMap;
+mod common;
+
+use common::VecMem;
+
 use std::time::{Duration, Instant};
 
 use vrnic_proto::{CqId, CtxId, Engine, Event, Loc, Memory, MrKeys, PdId, QpId, VnicId};
@@ -12,22 +15,6 @@ use vrnic_wire::{
 };
 
 const REGION: usize = 8 << 20;
-
-struct VecMem(HashMap<VnicId, Vec<u8>>);
-
-impl Memory for VecMem {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
-        let data = self.0[&src.vnic][src.off as usize..src.off as usize + len].to_vec();
-        self.write(dst, &data);
-    }
-    fn write(&mut self, dst: Loc, data: &[u8]) {
-        let r = self.0.get_mut(&dst.vnic).expect("vnic");
-        r[dst.off as usize..dst.off as usize + data.len()].copy_from_slice(data);
-    }
-    fn read(&mut self, src: Loc, out: &mut [u8]) {
-        out.copy_from_slice(&self.0[&src.vnic][src.off as usize..src.off as usize + out.len()]);
-    }
-}
 
 struct Side {
     vnic: VnicId,
