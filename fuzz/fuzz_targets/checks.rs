@@ -6,7 +6,9 @@
 
 use vrnic_shm::Mailbox;
 use vrnic_shm::Region;
-use vrnic_wire::frame::{Frame, FrameRepr, MAX_PAYLOAD, MIN_PMTU, peek_len};
+use vrnic_wire::frame::{
+    CmMessage, ControlKind, Frame, FrameRepr, MAX_PAYLOAD, MIN_PMTU, peek_len,
+};
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
 
 /// Copies `data` into a fixed-size slot (zero padded or truncated), as the daemon copies a ring
@@ -62,6 +64,16 @@ pub fn frame(data: &[u8]) {
     again[payload.clone()].copy_from_slice(&data[payload]);
     repr.emit(&mut Frame::new_unchecked(&mut again[..]));
     assert_eq!(again, data, "{repr:?} re-emits to the same bytes");
+    if let FrameRepr::Control(c) = repr
+        && c.kind == ControlKind::Cm
+    {
+        let body = &data[repr.payload_range()];
+        if let Ok(m) = CmMessage::parse(body) {
+            let mut again = Vec::new();
+            m.emit(&mut again);
+            assert_eq!(again, body, "{m:?} re-emits to the same bytes");
+        }
+    }
     if let FrameRepr::Segment { segment, .. } = repr {
         let mut pmtu = MIN_PMTU;
         while pmtu <= MAX_PAYLOAD {

@@ -116,10 +116,14 @@ static void creation_rules(struct side *s)
 	errno = 0;
 	if (ibv_create_cq_ex(s->ctx, &wall) || errno != EOPNOTSUPP)
 		fail("create_cq_ex with a wallclock timestamp: not EOPNOTSUPP");
-	struct ibv_qp_init_attr_ex a = qp_attr(s, IBV_QPT_RC, RC_OPS | IBV_QP_EX_WITH_LOCAL_INV);
+	struct ibv_qp_init_attr_ex a = qp_attr(s, IBV_QPT_RC, RC_OPS | IBV_QP_EX_WITH_ATOMIC_WRITE);
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
-		fail("create_qp_ex with LOCAL_INV: not EOPNOTSUPP");
+		fail("create_qp_ex with ATOMIC_WRITE: not EOPNOTSUPP");
+	a = qp_attr(s, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_LOCAL_INV);
+	errno = 0;
+	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
+		fail("create_qp_ex UD with LOCAL_INV: not EOPNOTSUPP");
 	a = qp_attr(s, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE);
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
@@ -145,7 +149,7 @@ static void creation_rules(struct side *s)
 		fail("ibv_qp_to_qp_ex of a QP made without SEND_OPS_FLAGS is not NULL");
 	if (ibv_destroy_qp(plain))
 		fail("destroy_qp");
-	ok("creation: wallclock CQ, LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused with EOPNOTSUPP; no "
+	ok("creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused with EOPNOTSUPP; no "
 	   "qp_ex without SEND_OPS_FLAGS");
 }
 
@@ -556,16 +560,17 @@ static void client_rc(struct side *s)
 	say(s, 1);
 	hear(s);
 	ok("wr_abort: nothing posted");
-	static const char *names[3] = { "wr_local_inv", "wr_send_inv", "wr_set_xrc_srqn" };
+	static const char *names[3] = { "wr_atomic_write", "wr_send_tso", "wr_set_xrc_srqn" };
+	static const uint64_t eight = 8;
 	for (int k = 0; k < 3; k++) {
 		ibv_wr_start(x);
 		x->wr_id = 82;
 		ibv_wr_rdma_write(x, rkey, raddr + TGT + 14000);
 		ibv_wr_set_sge(x, lkey, laddr + SRC, 100);
 		if (k == 0) {
-			ibv_wr_local_inv(x, 0x1234);
+			ibv_wr_atomic_write(x, rkey, raddr + TGT + 14000, &eight);
 		} else if (k == 1) {
-			ibv_wr_send_inv(x, 0x1234);
+			ibv_wr_send_tso(x, (void *)&eight, 8, 1024);
 			ibv_wr_set_sge(x, lkey, laddr + SRC, 10);
 		} else {
 			x->wr_id = 83;

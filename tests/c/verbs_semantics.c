@@ -7,6 +7,7 @@
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
  *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | fork | event_stress |
+ *       resize | gid | dm |
  *       limits | reg_limit (these two on a
  *       daemon with small limits)
  *
@@ -428,9 +429,9 @@ static void case_validate(void)
 	if (ibv_create_cq(ctx, da.max_cqe + 1, NULL, NULL, 0) || errno != EINVAL)
 		fail("CQ over max_cqe accepted");
 	ok("CQ deeper than max_cqe: EINVAL");
-	if (ibv_resize_cq(cq, 64) != EOPNOTSUPP)
-		fail("resize_cq did not answer EOPNOTSUPP");
-	ok("resize_cq: EOPNOTSUPP (documented)");
+	if (ibv_resize_cq(cq, da.max_cqe + 1) != EINVAL || ibv_resize_cq(cq, 0) != EINVAL)
+		fail("resize_cq past max_cqe or to 0 accepted");
+	ok("resize_cq past max_cqe or to 0: EINVAL");
 	errno = 0;
 	if (ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_REMOTE_WRITE) || errno != EINVAL)
 		fail("REMOTE_WRITE without LOCAL_WRITE accepted");
@@ -541,10 +542,13 @@ static void case_srq(void)
 	if (ibv_query_srq(srq, &sa) || sa.srq_limit != 3 || sa.max_wr < 32)
 		fail("query_srq: limit %u max_wr %u", sa.srq_limit, sa.max_wr);
 	ok("query_srq: limit 3 armed, max_wr %u", sa.max_wr);
-	sa.max_wr = 64;
+	struct ibv_device_attr dattr;
+	if (ibv_query_device(ctx, &dattr))
+		fail("query_device");
+	sa.max_wr = dattr.max_srq_wr + 1;
 	if (ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) != EINVAL)
-		fail("SRQ resize accepted");
-	ok("SRQ resize: EINVAL (no IBV_DEVICE_SRQ_RESIZE)");
+		fail("SRQ resize past max_srq_wr accepted");
+	ok("SRQ resize past max_srq_wr: EINVAL");
 	/* Two senders on two QPs, receives from the one SRQ, completions name the right QP. */
 	for (int i = 0; i < 4; i++) {
 		struct ibv_qp *s = i % 2 ? s2 : s1;
@@ -937,15 +941,16 @@ static void case_ex(void)
 	x->wr_id = 21;
 	ibv_wr_rdma_write(x, md->rkey, (uintptr_t)dst);
 	ibv_wr_set_sge(x, ms->lkey, (uintptr_t)src, 8);
-	ibv_wr_local_inv(x, 5);
+	static const uint64_t eight = 8;
+	ibv_wr_atomic_write(x, md->rkey, (uintptr_t)dst, &eight);
 	int rc = ibv_wr_complete(x);
 	if (rc != EOPNOTSUPP && rc != EINVAL)
-		fail("a batch with wr_local_inv: %d", rc);
+		fail("a batch with wr_atomic_write: %d", rc);
 	struct ibv_poll_cq_attr pa = {};
 	usleep(100000);
 	if (ibv_start_poll(cq, &pa) != ENOENT)
 		fail("aborted or failed batch posted something: wr %lu", (unsigned long)cq->wr_id);
-	ok("wr_abort posts nothing; a batch with wr_local_inv fails (%s) and posts nothing", strerror(rc));
+	ok("wr_abort posts nothing; a batch with wr_atomic_write fails (%s) and posts nothing", strerror(rc));
 	/* The plain poll API still works on an extended CQ. */
 	ibv_wr_start(x);
 	x->wr_id = 30;
@@ -1631,6 +1636,338 @@ static void case_reg_limit(void)
 	ok("the vRNIC still registers what fits");
 }
 
+/* Sends `n` 64-byte messages from `s` (signaled, on its own CQ `scq`), message i filled with
+ * byte (seed + i), and waits for their send completions: by then the receiver's completions
+ * are in its CQ (the daemon writes a message's receive completion before its send completion). */
+static void send_n(struct ibv_qp *s, struct ibv_cq *scq, uint8_t *buf, struct ibv_mr *mr, int n, int seed)
+{
+	for (int i = 0; i < n; i++) {
+		memset(buf + i * 64, (uint8_t)(seed + i), 64);
+		if (post(s, 5000 + i, IBV_WR_SEND, buf + i * 64, 64, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("post send %d", i);
+	}
+	for (int i = 0; i < n; i++) {
+		struct ibv_wc wc = poll1(scq);
+		if (wc.status || wc.wr_id != (uint64_t)(5000 + i))
+			fail("send %d: %s wr %lu", i, ibv_wc_status_str(wc.status), (unsigned long)wc.wr_id);
+	}
+}
+
+/* Polls `n` receive completions from `cq`: wr_ids first..first+n-1 in order, each 64 bytes
+ * of byte (seed + k) in its slot of `dst` (slot = wr_id % slots). */
+static void recv_n(struct ibv_cq *cq, int n, uint64_t first, uint8_t *dst, int slots, int seed, const char *what)
+{
+	for (int k = 0; k < n; k++) {
+		struct ibv_wc wc = poll1(cq);
+		uint64_t want = first + k;
+		if (wc.status || wc.opcode != IBV_WC_RECV || wc.wr_id != want || wc.byte_len != 64)
+			fail("%s: completion %d: %s wr %lu (want %lu) len %u", what, k, ibv_wc_status_str(wc.status),
+			     (unsigned long)wc.wr_id, (unsigned long)want, wc.byte_len);
+		uint8_t *p = dst + (want % slots) * 64;
+		for (int j = 0; j < 64; j++)
+			if (p[j] != (uint8_t)(seed + k))
+				fail("%s: receive %lu byte %d is %#x, want %#x", what, (unsigned long)want, j, p[j],
+				     (uint8_t)(seed + k));
+	}
+	struct ibv_wc extra;
+	if (ibv_poll_cq(cq, 1, &extra) != 0)
+		fail("%s: a completion more than expected (wr %lu)", what, (unsigned long)extra.wr_id);
+}
+
+static void post_recvs(struct ibv_qp *qp, struct ibv_srq *srq, uint64_t first, int n, uint8_t *dst, int slots,
+		       struct ibv_mr *mr)
+{
+	for (int i = 0; i < n; i++) {
+		uint64_t id = first + i;
+		struct ibv_sge sge = { .addr = (uintptr_t)(dst + (id % slots) * 64), .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1 }, *bad;
+		int r = srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad);
+		if (r)
+			fail("post receive %lu: %d", (unsigned long)id, r);
+	}
+}
+
+/* ibv_resize_cq and SRQ resize (IBV_SRQ_MAX_WR): grow and shrink keeping what is pending,
+ * refuse to shrink below it, the armed state and the events carried over. */
+static void case_resize(void)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da))
+		fail("query_device");
+	if (!(da.device_cap_flags & IBV_DEVICE_SRQ_RESIZE))
+		fail("IBV_DEVICE_SRQ_RESIZE not reported");
+	ok("IBV_DEVICE_SRQ_RESIZE reported");
+	enum { SLOTS = 128 };
+	uint8_t *src = calloc(1, SLOTS * 64), *dst = calloc(1, SLOTS * 64);
+	struct ibv_mr *ms = reg(src, SLOTS * 64, IBV_ACCESS_LOCAL_WRITE), *md = reg(dst, SLOTS * 64, IBV_ACCESS_LOCAL_WRITE);
+
+	/* CQ: the receiver's CQ starts 4 deep, with a channel. */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		fail("create_comp_channel");
+	struct ibv_cq *scq = cq_new(256);
+	struct ibv_cq *rcq = ibv_create_cq(ctx, 4, NULL, ch, 0);
+	if (!rcq)
+		fail("create_cq");
+	if (rcq->cqe != 4)
+		fail("create_cq(4) reports cqe %d", rcq->cqe);
+	struct ibv_qp *a = qp_new(scq, IBV_QPT_RC, NULL, 0), *b = qp_new(rcq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	post_recvs(b, NULL, 0, 3, dst, SLOTS, md);
+	send_n(a, scq, src, ms, 3, 0x10);
+	if (ibv_resize_cq(rcq, 2) != EINVAL)
+		fail("resize_cq below the 3 completions waiting accepted");
+	if (rcq->cqe != 4)
+		fail("a refused resize changed cqe to %d", rcq->cqe);
+	ok("resize_cq below the completions waiting: EINVAL, nothing changed");
+	if (ibv_resize_cq(rcq, 3) || rcq->cqe < 3)
+		fail("resize_cq to 3 (3 waiting)");
+	if (ibv_resize_cq(rcq, 100) || rcq->cqe < 100)
+		fail("resize_cq to 100: cqe %d", rcq->cqe);
+	ok("resize_cq grows 4 -> %d with 3 completions waiting", rcq->cqe);
+	recv_n(rcq, 3, 0, dst, SLOTS, 0x10, "after growing");
+	ok("the 3 completions waiting survive the resize, in order, bytes exact");
+	/* 60 completions now fit where 4 did (before, the 5th was an overrun). */
+	post_recvs(b, NULL, 3, 60, dst, SLOTS, md);
+	send_n(a, scq, src, ms, 60, 0x20);
+	if (ibv_resize_cq(rcq, 59) != EINVAL)
+		fail("resize_cq to 59 with 60 waiting accepted");
+	ok("resize_cq to 59 with 60 waiting: EINVAL");
+	if (ibv_resize_cq(rcq, 60) || rcq->cqe < 60 || rcq->cqe > 64)
+		fail("resize_cq to 60 with 60 waiting: cqe %d", rcq->cqe);
+	ok("resize_cq shrinks %d -> %d with 60 completions waiting", 128, rcq->cqe);
+	recv_n(rcq, 60, 3, dst, SLOTS, 0x20, "after shrinking");
+	ok("60 completions in order and exact after growing and shrinking");
+	/* Armed before a resize: the next completion raises the event. */
+	if (ibv_req_notify_cq(rcq, 0))
+		fail("req_notify_cq");
+	if (ibv_resize_cq(rcq, 8) || rcq->cqe != 8)
+		fail("resize_cq to 8: cqe %d", rcq->cqe);
+	post_recvs(b, NULL, 63, 1, dst, SLOTS, md);
+	send_n(a, scq, src, ms, 1, 0x70);
+	struct pollfd pf = { .fd = ch->fd, .events = POLLIN };
+	if (poll(&pf, 1, POLL_SECONDS * 1000) != 1)
+		fail("no completion event after the resize of an armed CQ");
+	struct ibv_cq *ecq;
+	void *ectx;
+	if (ibv_get_cq_event(ch, &ecq, &ectx) || ecq != rcq)
+		fail("get_cq_event");
+	ibv_ack_cq_events(rcq, 1);
+	recv_n(rcq, 1, 63, dst, SLOTS, 0x70, "after the event");
+	ok("an armed CQ stays armed across a resize: one event, its completion exact");
+	/* Overrun of the shrunk CQ: 9 completions into 8 slots put it in error. */
+	post_recvs(b, NULL, 64, 9, dst, SLOTS, md);
+	send_n(a, scq, src, ms, 9, 0x30);
+	expect_event(IBV_EVENT_CQ_ERR, rcq, "9 completions into a CQ shrunk to 8");
+
+	/* SRQ: 4 deep, full, grown to 16, drained by 10 SENDs, shrunk to 6 with 6 outstanding. */
+	struct ibv_cq *cq = cq_new(256);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	if (!srq)
+		fail("create_srq");
+	struct ibv_qp *r = qp_new(cq, IBV_QPT_RC, srq, 0), *s = qp_new(scq, IBV_QPT_RC, NULL, 0);
+	rc_connect(s, r->qp_num, 12, 7, 14, 7);
+	rc_connect(r, s->qp_num, 12, 7, 14, 7);
+	post_recvs(NULL, srq, 0, 4, dst, SLOTS, md);
+	struct ibv_sge sge = { .addr = (uintptr_t)dst, .length = 64, .lkey = md->lkey };
+	struct ibv_recv_wr wr = { .wr_id = 99, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
+	if (ibv_post_srq_recv(srq, &wr, &bad) != ENOMEM || bad != &wr)
+		fail("a 5th receive into a 4-deep SRQ");
+	struct ibv_srq_attr sa = { .max_wr = 3 };
+	if (ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) != EINVAL)
+		fail("SRQ shrink to 3 with 4 posted accepted");
+	ok("SRQ resize below the receives posted: EINVAL");
+	sa.max_wr = 16;
+	if (ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR))
+		fail("SRQ grow to 16");
+	if (ibv_query_srq(srq, &sa) || sa.max_wr != 16)
+		fail("query_srq after growing: max_wr %u", sa.max_wr);
+	post_recvs(NULL, srq, 4, 12, dst, SLOTS, md);
+	bad = NULL;
+	if (ibv_post_srq_recv(srq, &wr, &bad) != ENOMEM || bad != &wr)
+		fail("a 17th receive into a 16-deep SRQ");
+	ok("SRQ grown 4 -> 16 takes 12 more receives, then ENOMEM");
+	send_n(s, scq, src, ms, 10, 0x40);
+	recv_n(cq, 10, 0, dst, SLOTS, 0x40, "SRQ after growing");
+	ok("10 SENDs land in the SRQ's receives in order, bytes exact");
+	sa.max_wr = 5;
+	if (ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) != EINVAL)
+		fail("SRQ shrink to 5 with 6 outstanding accepted");
+	sa.max_wr = 6;
+	if (ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) || ibv_query_srq(srq, &sa) || sa.max_wr != 6)
+		fail("SRQ shrink to 6 with 6 outstanding: max_wr %u", sa.max_wr);
+	bad = NULL;
+	if (ibv_post_srq_recv(srq, &wr, &bad) != ENOMEM || bad != &wr)
+		fail("a 7th receive into a 6-deep SRQ");
+	ok("SRQ shrunk 16 -> 6 with 6 outstanding, then full");
+	send_n(s, scq, src, ms, 6, 0x50);
+	recv_n(cq, 6, 10, dst, SLOTS, 0x50, "SRQ after shrinking");
+	post_recvs(NULL, srq, 16, 6, dst, SLOTS, md);
+	send_n(s, scq, src, ms, 6, 0x60);
+	recv_n(cq, 6, 16, dst, SLOTS, 0x60, "SRQ refilled after shrinking");
+	ok("the kept receives, then 6 new ones, take SENDs in order, bytes exact");
+	struct ibv_srq_attr lim = { .max_wr = 2, .srq_limit = 3 };
+	if (ibv_modify_srq(srq, &lim, IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != EINVAL)
+		fail("SRQ resize below its new limit accepted");
+	ok("SRQ resize below the limit set with it: EINVAL");
+}
+
+/* ibv_query_gid_ex / ibv_query_gid_table: one IB GID (the port is InfiniBand), the same as
+ * ibv_query_gid's, and the kernel's errnos around it. */
+static void case_gid(void)
+{
+	struct ibv_port_attr pa;
+	if (ibv_query_port(ctx, 1, &pa))
+		fail("query_port");
+	struct ibv_gid_entry e;
+	memset(&e, 0xAB, sizeof e);
+	int r = ibv_query_gid_ex(ctx, 1, 0, &e, 0);
+	if (r)
+		fail("query_gid_ex(1, 0): %d", r);
+	if (memcmp(&e.gid, &gid, sizeof gid) || e.gid_index != 0 || e.port_num != 1 || e.ndev_ifindex != 0)
+		fail("query_gid_ex entry: index %u port %u ndev %u, gid %s ibv_query_gid's", e.gid_index, e.port_num,
+		     e.ndev_ifindex, memcmp(&e.gid, &gid, sizeof gid) ? "differs from" : "is");
+	if (pa.link_layer != IBV_LINK_LAYER_INFINIBAND || e.gid_type != IBV_GID_TYPE_IB)
+		fail("GID type %u on link layer %u", e.gid_type, pa.link_layer);
+	ok("query_gid_ex: ibv_query_gid's GID, type IB on an InfiniBand port, no net device");
+	if (ibv_query_gid_ex(ctx, 1, pa.gid_tbl_len, &e, 0) != EINVAL)
+		fail("query_gid_ex past gid_tbl_len");
+	if (ibv_query_gid_ex(ctx, 2, 0, &e, 0) != EINVAL || ibv_query_gid_ex(ctx, 0, 0, &e, 0) != EINVAL)
+		fail("query_gid_ex on port 0 or 2");
+	if (ibv_query_gid_ex(ctx, 1, 0, &e, 1) != EINVAL)
+		fail("query_gid_ex with flags");
+	ok("query_gid_ex past gid_tbl_len, on another port, with flags: EINVAL");
+	struct ibv_gid_entry t[4];
+	memset(t, 0xAB, sizeof t);
+	ssize_t n = ibv_query_gid_table(ctx, t, 4, 0);
+	if (n != pa.gid_tbl_len || memcmp(&t[0], &e, sizeof e))
+		fail("query_gid_table: %zd entries (gid_tbl_len %d), first %s query_gid_ex's", n, pa.gid_tbl_len,
+		     n > 0 && memcmp(&t[0], &e, sizeof e) ? "differs from" : "is");
+	uint8_t untouched[sizeof t[1]];
+	memset(untouched, 0xAB, sizeof untouched);
+	if (memcmp(&t[1], untouched, sizeof untouched))
+		fail("query_gid_table wrote past its count");
+	ok("query_gid_table: %zd entry, the same as query_gid_ex's, nothing past it", n);
+	if (ibv_query_gid_table(ctx, t, 0, 0) != -EINVAL || ibv_query_gid_table(ctx, t, 4, 1) != -EINVAL)
+		fail("query_gid_table with no room or flags");
+	ok("query_gid_table with no room or with flags: -EINVAL");
+}
+
+/* Device memory: allocation up to max_dm_size, exact copies in and out with bounds, a zero-based
+ * MR over it that RDMA WRITE, READ and SEND use, EBUSY while an MR exists. */
+static void case_dm(void)
+{
+	struct ibv_device_attr_ex dx;
+	if (ibv_query_device_ex(ctx, NULL, &dx))
+		fail("query_device_ex");
+	if (dx.max_dm_size < 8192)
+		fail("max_dm_size %lu", (unsigned long)dx.max_dm_size);
+	ok("max_dm_size reported: %lu", (unsigned long)dx.max_dm_size);
+	struct ibv_alloc_dm_attr big = { .length = dx.max_dm_size + 1 };
+	errno = 0;
+	if (ibv_alloc_dm(ctx, &big) || errno != EINVAL)
+		fail("alloc_dm past max_dm_size");
+	struct ibv_alloc_dm_attr zero = { .length = 0 };
+	errno = 0;
+	if (ibv_alloc_dm(ctx, &zero) || errno != EINVAL)
+		fail("alloc_dm of 0 bytes");
+	ok("alloc_dm past max_dm_size or of 0 bytes: EINVAL");
+	enum { DM = 10000 };
+	struct ibv_alloc_dm_attr da = { .length = DM };
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &da);
+	if (!dm)
+		fail("alloc_dm");
+	uint8_t *host = malloc(2 * DM), *back = malloc(DM);
+	for (unsigned i = 0; i < DM; i++)
+		host[i] = (uint8_t)(i * 31 + 7);
+	if (ibv_memcpy_to_dm(dm, 0, host, DM) || ibv_memcpy_from_dm(back, dm, 0, DM) || memcmp(back, host, DM))
+		fail("memcpy to and from DM");
+	memset(back, 0, DM);
+	if (ibv_memcpy_from_dm(back, dm, 1001, 333) || memcmp(back, host + 1001, 333))
+		fail("memcpy_from_dm at an odd offset");
+	ok("memcpy_to_dm / memcpy_from_dm: exact bytes, odd offsets");
+	if (ibv_memcpy_to_dm(dm, DM - 3, host, 4) != EFAULT || ibv_memcpy_from_dm(back, dm, DM, 1) != EFAULT)
+		fail("copies past the end of the DM");
+	ok("copies past the end of the DM: EFAULT");
+	errno = 0;
+	if (ibv_reg_dm_mr(pd, dm, 0, DM, IBV_ACCESS_LOCAL_WRITE) || errno != EINVAL)
+		fail("reg_dm_mr without ZERO_BASED");
+	errno = 0;
+	if (ibv_reg_dm_mr(pd, dm, 4096, DM, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE) || errno != EINVAL)
+		fail("reg_dm_mr past the end");
+	ok("reg_dm_mr without IBV_ACCESS_ZERO_BASED or past the DM's end: EINVAL");
+	int acc = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	struct ibv_mr *dmr = ibv_reg_dm_mr(pd, dm, 100, 8000, acc);
+	if (!dmr)
+		fail("reg_dm_mr");
+	if ((uintptr_t)dmr->addr != 100 || dmr->length != 8000)
+		fail("DM MR addr %p length %zu", dmr->addr, dmr->length);
+	if (ibv_free_dm(dm) != EBUSY)
+		fail("free_dm with an MR over it");
+	ok("reg_dm_mr: addr = the DM offset; free_dm while it exists: EBUSY");
+	/* The MR's bytes kept what the DM held. */
+	if (ibv_memcpy_from_dm(back, dm, 0, DM) || memcmp(back, host, DM))
+		fail("DM bytes after registration");
+	struct ibv_cq *cq = cq_new(64);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	struct ibv_mr *hm = reg(host, 2 * DM, IBV_ACCESS_LOCAL_WRITE);
+	/* WRITE 500 host bytes to zero-based address 1000 of the DM MR (DM offset 1100). */
+	memset(host + DM, 0xA5, 500);
+	if (post(a, 1, IBV_WR_RDMA_WRITE, host + DM, 500, hm->lkey, 1000, dmr->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post WRITE");
+	expect(cq, 1, IBV_WC_SUCCESS, "RDMA WRITE into the DM MR");
+	if (ibv_memcpy_from_dm(back, dm, 0, DM))
+		fail("memcpy_from_dm");
+	for (unsigned i = 0; i < DM; i++) {
+		uint8_t want = i >= 1100 && i < 1600 ? 0xA5 : (uint8_t)(i * 31 + 7);
+		if (back[i] != want)
+			fail("DM byte %u is %#x after the WRITE, want %#x", i, back[i], want);
+	}
+	ok("RDMA WRITE at zero-based address 1000 lands at DM offset 1100, nothing else changed");
+	/* READ 300 bytes from zero-based 7000 (DM offset 7100) into host. */
+	memset(host + DM, 0, 300);
+	if (post(a, 2, IBV_WR_RDMA_READ, host + DM, 300, hm->lkey, 7000, dmr->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post READ");
+	expect(cq, 2, IBV_WC_SUCCESS, "RDMA READ from the DM MR");
+	for (unsigned i = 0; i < 300; i++)
+		if (host[DM + i] != (uint8_t)((7100 + i) * 31 + 7))
+			fail("READ byte %u", i);
+	/* Past the MR's end (zero based: 8000). */
+	if (post(a, 3, IBV_WR_RDMA_READ, host + DM, 16, hm->lkey, 7990, dmr->rkey, 0, 0, IBV_SEND_SIGNALED))
+		fail("post READ");
+	expect(cq, 3, IBV_WC_REM_ACCESS_ERR, "RDMA READ past the DM MR's end");
+	ok("RDMA READ from the DM MR: exact; past its end: REM_ACCESS_ERR");
+	/* SEND from the DM MR (its lkey, zero-based address) on a fresh pair. */
+	struct ibv_qp *c = qp_new(cq, IBV_QPT_RC, NULL, 0), *d = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(c, d->qp_num, 12, 7, 14, 7);
+	rc_connect(d, c->qp_num, 12, 7, 14, 7);
+	while (poll_for(cq, &(struct ibv_wc){ 0 }, 0.05))
+		;
+	recv_on(d, 9, host + DM, 256, hm->lkey);
+	if (post(c, 4, IBV_WR_SEND, (void *)(uintptr_t)2000, 200, dmr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post SEND from DM");
+	for (int k = 0; k < 2; k++) {
+		struct ibv_wc wc = poll1(cq);
+		if (wc.status || (wc.wr_id != 4 && wc.wr_id != 9))
+			fail("SEND from DM: wr %lu %s", (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status));
+	}
+	for (unsigned i = 0; i < 200; i++)
+		if (host[DM + i] != (uint8_t)((2100 + i) * 31 + 7))
+			fail("SEND from DM: byte %u", i);
+	ok("SEND from the DM MR's lkey at zero-based 2000: the receive gets DM offset 2100..2300");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_qp(c);
+	ibv_destroy_qp(d);
+	if (ibv_dereg_mr(dmr) || ibv_free_dm(dm))
+		fail("dereg_mr then free_dm");
+	ok("after dereg_mr, free_dm: 0");
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1674,6 +2011,12 @@ int main(int argc, char **argv)
 		case_fork();
 	else if (!strcmp(c, "event_stress"))
 		case_event_stress();
+	else if (!strcmp(c, "dm"))
+		case_dm();
+	else if (!strcmp(c, "gid"))
+		case_gid();
+	else if (!strcmp(c, "resize"))
+		case_resize();
 	else if (!strcmp(c, "reg_limit"))
 		case_reg_limit();
 	else

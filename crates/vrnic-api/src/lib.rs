@@ -39,6 +39,9 @@ pub struct DeviceInfo {
     pub max_pd: u32,
     /// Largest registration in bytes.
     pub max_mr_size: u64,
+    /// Most SRQs (0 from a daemon that did not say: the driver reports `max_qp`).
+    #[serde(default)]
+    pub max_srq: u32,
 }
 
 /// A run of pages backing part of a registration: `pages` app pages from `va` are backed by
@@ -81,6 +84,12 @@ pub enum Request {
         iova: u64,
         /// `IBV_ACCESS_*`.
         access: u32,
+        /// Runs of an earlier registration of this context, deregistered but kept mapped by
+        /// the driver (and checked by it to be still mapped at these addresses): their region
+        /// pages back these addresses again instead of fresh ones, so no copy and no remap.
+        /// Only pages this context holds detached are taken back; others are ignored.
+        #[serde(default)]
+        reuse: Vec<PageRun>,
     },
     /// `ibv_dereg_mr`: the response lists the runs the driver must detach.
     DeregMr {
@@ -92,8 +101,29 @@ pub enum Request {
         /// The runs from the `DeregMr` response.
         runs: Vec<PageRun>,
     },
+    /// `ibv_alloc_mw`: answered by [`Reply::Mw`].
+    AllocMw {
+        /// PD handle.
+        pd: u32,
+        /// `IBV_MW_TYPE_1` (1) or `IBV_MW_TYPE_2` (2).
+        ty: u32,
+    },
+    /// `ibv_dealloc_mw`.
+    DeallocMw {
+        /// Handle.
+        mw: u32,
+    },
     /// `ibv_create_cq`.
     CreateCq {
+        /// Requested depth.
+        cqe: u32,
+    },
+    /// `ibv_resize_cq`: answered by [`Reply::Cq`] with the CQ's new ring, which holds the
+    /// completions not yet polled at the same indices. The driver publishes its consumer
+    /// index first and polls nothing until it has the answer.
+    ResizeCq {
+        /// Handle.
+        cq: u32,
         /// Requested depth.
         cqe: u32,
     },
@@ -154,8 +184,9 @@ pub enum Request {
     ModifySrq {
         /// Handle.
         srq: u32,
-        /// `IBV_SRQ_MAX_WR` was in the mask.
-        resize: bool,
+        /// The new `max_wr`, if `IBV_SRQ_MAX_WR` was in the mask (a resize: answered by
+        /// [`Reply::Srq`] with the SRQ's ring, moved if its depth changed).
+        resize: Option<u32>,
         /// The new limit, if `IBV_SRQ_LIMIT` was in the mask.
         limit: Option<u32>,
     },
@@ -292,6 +323,13 @@ pub enum Reply {
         rkey: u32,
         /// Backing pages.
         runs: Vec<PageRun>,
+    },
+    /// For `AllocMw`.
+    Mw {
+        /// Handle (named by bind work requests).
+        mw: u32,
+        /// Its R_Key.
+        rkey: u32,
     },
     /// For `DeregMr`: runs to detach, then release.
     Detach {

@@ -86,3 +86,23 @@ fn mailbox() {
 fn frame() {
     replay("frame", 50_000, checks::frame);
 }
+
+/// The frame corpus reaches the connection manager's codec: each of its five messages is
+/// there and decodes (so the mutated inputs above exercise it).
+#[test]
+fn frame_corpus_holds_every_cm_message() {
+    use vrnic_wire::frame::{CmMessage, ControlKind, Frame, FrameRepr};
+    let mut seen = std::collections::HashSet::new();
+    for f in corpus("frame") {
+        let Ok(frame) = Frame::new_checked(&f[..]) else {
+            continue;
+        };
+        if let Ok(FrameRepr::Control(c)) = FrameRepr::parse(&frame)
+            && c.kind == ControlKind::Cm
+            && let Ok(m) = CmMessage::parse(&f[8..])
+        {
+            seen.insert(std::mem::discriminant(&m));
+        }
+    }
+    assert_eq!(seen.len(), 5);
+}

@@ -1,5 +1,6 @@
 //! The daemon's few system calls that std does not wrap: the state-dir lock, the tmpfs mounts,
-//! the signal fd, the open-file limit. All unsafe code of the daemon lives here.
+//! the signal fd, the open-file limit, the host's addresses. All unsafe code of the daemon lives
+//! here.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -201,4 +202,79 @@ pub fn raise_nofile_limit() -> u64 {
         }
     }
     r.rlim_cur
+}
+
+/// This host's IP addresses (every interface's; loopback and link-local ones left out): the
+/// addresses by which apps on other hosts reach rdma_cm listeners here.
+pub fn host_addrs() -> Vec<std::net::IpAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head to a valid pointer; freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list getifaddrs made, not yet freed.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
+        let ip = match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: AF_INET: a sockaddr_in.
+                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: AF_INET6: a sockaddr_in6.
+                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        let link_local = match ip {
+            IpAddr::V4(v) => v.is_link_local(),
+            IpAddr::V6(v) => v.is_unicast_link_local(),
+        };
+        if !ip.is_loopback() && !ip.is_unspecified() && !link_local && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    // SAFETY: head came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+/// Most pieces one [`writev`] takes.
+pub const WRITEV_MAX: usize = 64;
+
+/// `writev` of `(address, length)` pieces (at most [`WRITEV_MAX`]; more are left out) to
+/// `fd`: bytes written, or the error (`EFAULT` when a piece lies in a region its tenant
+/// truncated).
+///
+/// # Safety
+/// Every piece must be readable memory of this process for the duration of the call: a live
+/// buffer of the caller's, or a range of a region mapping the caller keeps mapped.
+pub unsafe fn writev(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; WRITEV_MAX];
+    let n = pieces.len().min(WRITEV_MAX);
+    for (v, &(addr, len)) in iov.iter_mut().zip(pieces) {
+        v.iov_base = addr as *mut libc::c_void;
+        v.iov_len = len;
+    }
+    // SAFETY: iov holds n valid entries; the kernel only reads the memory they name, which the
+    // caller guarantees is mapped (a hole is reported as EFAULT).
+    let w = unsafe { libc::writev(fd, iov.as_ptr(), n as libc::c_int) };
+    if w < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(w as usize)
+    }
 }

@@ -7,7 +7,9 @@
 //! requests between QPs it holds, copying each byte once from the source MR to the
 //! destination MR: SEND and SEND_WITH_IMM (matched to posted receives, from the QP's own queue
 //! or a shared receive queue; RNR waits when none is posted, and retries as soon as one is),
-//! RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the two atomics; UD datagrams go through
+//! RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the two atomics, memory windows (type 1 and
+//! 2: bind work requests, local invalidation, SEND with Invalidate, remote access through a
+//! window's rkey); UD datagrams go through
 //! address handles, with a GRH in the receive buffer and Q_Key checks. lkey/rkey, PD, access-flag and bounds checks produce the completion statuses
 //! a real device (rxe) produces; an error completes its work request, flushes the rest with
 //! `WR_FLUSH_ERR`, moves the QP to ERR and raises [`Event::QpFatal`].
@@ -150,8 +152,9 @@ mod engine;
 mod state;
 
 pub use engine::{
-    CHUNK, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_PD, MAX_QP, MAX_QP_WR, MAX_SRQ,
-    PAGE, PASS_BYTES, PASS_WRS, QP_WRS, SEGMENT, Transmit, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
+    CHUNK, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_MW, MAX_PD, MAX_QP, MAX_QP_WR,
+    MAX_SRQ, MW_TYPE_1, MW_TYPE_2, PAGE, PASS_BYTES, PASS_WRS, QP_WRS, SEGMENT, Transmit,
+    TxPayload, UD_MTU, VNIC_WRS, WINDOW,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.
@@ -194,6 +197,8 @@ id! {
     SrqId,
     /// An address handle (UD destinations).
     AhId,
+    /// A memory window.
+    MwId,
     /// Another daemon (a host), as the transport numbers its peer links.
     HostId
 }

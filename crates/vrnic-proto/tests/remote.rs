@@ -14,7 +14,8 @@ use vrnic_proto::{CtxId, Engine, HostId, MrKeys, PdId, QpId, VnicId};
 use vrnic_wire::frame::{Frame, FrameRepr};
 use vrnic_wire::{
     AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
-    SendPayload, SendWqe, Sge, UdAddr, WC_GRH, WC_WITH_IMM, WcOpcode, WcStatus, access, qp_attr,
+    SendPayload, SendWqe, Sge, UdAddr, WC_GRH, WC_WITH_IMM, WC_WITH_INV, WcOpcode, WcStatus,
+    access, qp_attr,
 };
 
 const REGION: usize = 8 << 20;
@@ -760,4 +761,156 @@ fn pipelined_sends_past_the_posted_receives_wait_out_rnr_and_all_land_in_order()
             "SEND",
         );
     }
+}
+
+/// Memory windows over a peer link: a type 2 bind on the responder's link-routed QP opens a
+/// window the peer writes through (and only within); on the requester, a bind queued behind a
+/// WRITE in flight waits for its answer and then runs; a SEND with Invalidate crosses the link
+/// with its IETH and closes the window (a bad key: REM_INV_REQ_ERR on both sides).
+#[test]
+fn memory_windows_and_send_with_invalidate_work_over_the_link() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 8192, access::LOCAL_WRITE | access::MW_BIND);
+    let dst = n.b.map(0x9000, 8192, access::LOCAL_WRITE | access::MW_BIND);
+    n.a.set(&src, 0x1000, 0x1000, &pattern(8192, 3));
+    let (mw, rkey) =
+        n.b.e
+            .alloc_mw(n.b.ctx, n.b.pd, vrnic_proto::MW_TYPE_2)
+            .unwrap();
+    let key = (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff);
+    let bind =
+        |wr_id: u64, mw: vrnic_proto::MwId, key: u32, lkey: u32, addr: u64, len: u64| SendWqe {
+            imm_data: access::REMOTE_WRITE,
+            compare_add: len,
+            swap: u64::from(mw.0) << 32 | u64::from(lkey),
+            ..wqe(wr_id, SendOpcode::BindMw, vec![], addr, key)
+        };
+    n.b.post(now, bind(1, mw, key, dst.0.lkey, 0x9800, 1024));
+    n.run();
+    let c = n.b.cqes();
+    assert_eq!(statuses(&c), vec![(1, WcStatus::Success)]);
+    assert_eq!(c[0].opcode, WcOpcode::BindMw);
+    // A write inside the window, then a bind on a's side queued behind it.
+    let (amw, arkey) =
+        n.a.e
+            .alloc_mw(n.a.ctx, n.a.pd, vrnic_proto::MW_TYPE_2)
+            .unwrap();
+    let akey = (arkey & !0xff) | (arkey.wrapping_add(1) & 0xff);
+    n.a.post(
+        now,
+        wqe(
+            2,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 1000, src.0.lkey)],
+            0x9810,
+            key,
+        ),
+    );
+    n.a.post(now, bind(3, amw, akey, src.0.lkey, 0x1000, 4096));
+    n.run();
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        vec![(2, WcStatus::Success), (3, WcStatus::Success)]
+    );
+    same(
+        &n.b.get(&dst, 0x9000, 0x9810, 1000),
+        &pattern(1000, 3),
+        "through the window",
+    );
+    assert_eq!(n.b.get(&dst, 0x9000, 0x9800, 16), vec![0; 16]);
+    // Past the window's end (inside the MR): refused, nothing written.
+    n.a.post(
+        now,
+        wqe(
+            4,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 64, src.0.lkey)],
+            0x9800 + 1000,
+            key,
+        ),
+    );
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(4, WcStatus::RemAccessErr)]);
+    assert_eq!(
+        n.b.get(&dst, 0x9000, 0x9800 + 1000, 64)[..8],
+        pattern(1000, 3)[984..992]
+    );
+    assert_eq!(n.b.get(&dst, 0x9000, 0x9c00, 64), vec![0; 64]);
+    // SEND with Invalidate over the link (the IETH carries the key), on a fresh pair (a's QP
+    // is in ERR after the refused WRITE): b's receive completes WITH_INV naming the window's
+    // key, and the window is closed: a WRITE through it fails.
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 8192, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 8192, access::LOCAL_WRITE | access::MW_BIND);
+    n.a.set(&src, 0x1000, 0x1000, &pattern(8192, 3));
+    let (mw, rkey) =
+        n.b.e
+            .alloc_mw(n.b.ctx, n.b.pd, vrnic_proto::MW_TYPE_2)
+            .unwrap();
+    let key = (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff);
+    n.b.post(now, bind(1, mw, key, dst.0.lkey, 0x9800, 1024));
+    n.run();
+    assert_eq!(statuses(&n.b.cqes()), vec![(1, WcStatus::Success)]);
+    let rbuf = n.b.map(0x20000, 4096, access::LOCAL_WRITE);
+    n.b.recv(now, 6, vec![sge(0x20000, 64, rbuf.0.lkey)]);
+    n.a.post(
+        now,
+        SendWqe {
+            imm_data: key,
+            ..wqe(
+                5,
+                SendOpcode::SendWithInv,
+                vec![sge(0x1000, 8, src.0.lkey)],
+                0,
+                0,
+            )
+        },
+    );
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(5, WcStatus::Success)]);
+    let c = n.b.cqes();
+    assert_eq!(statuses(&c), vec![(6, WcStatus::Success)]);
+    assert_eq!(c[0].wc_flags & WC_WITH_INV, WC_WITH_INV);
+    assert_eq!(c[0].imm_data, key);
+    same(
+        &n.b.get(&rbuf, 0x20000, 0x20000, 8),
+        &pattern(8, 3),
+        "the SEND's bytes",
+    );
+    n.a.post(
+        now,
+        wqe(
+            7,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 8, src.0.lkey)],
+            0x9810,
+            key,
+        ),
+    );
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(7, WcStatus::RemAccessErr)]);
+    // A key that names no window bound to that QP: REM_INV_REQ_ERR on both sides.
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let rbuf = n.b.map(0x20000, 4096, access::LOCAL_WRITE);
+    n.b.recv(now, 9, vec![sge(0x20000, 64, rbuf.0.lkey)]);
+    n.a.post(
+        now,
+        SendWqe {
+            imm_data: 0x1234,
+            ..wqe(
+                8,
+                SendOpcode::SendWithInv,
+                vec![sge(0x1000, 8, src.0.lkey)],
+                0,
+                0,
+            )
+        },
+    );
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(8, WcStatus::RemInvReqErr)]);
+    assert_eq!(statuses(&n.b.cqes()), vec![(9, WcStatus::RemInvReqErr)]);
 }

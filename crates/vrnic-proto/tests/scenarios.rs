@@ -1849,9 +1849,8 @@ fn an_srq_feeds_several_qps_and_raises_its_limit_event_once() {
             }),
         );
     }
-    w.e.modify_srq(w.b.ctx, srq, false, Some(2)).unwrap();
-    assert_eq!(w.e.modify_srq(w.b.ctx, srq, true, None), Err(22));
-    assert_eq!(w.e.modify_srq(w.b.ctx, srq, false, Some(8)), Err(22));
+    w.e.modify_srq(w.b.ctx, srq, None, Some(2)).unwrap();
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, None, Some(8)), Err(22));
     while w.e.poll_event().is_some() {}
     for (i, (s, _)) in pairs.iter().enumerate() {
         w.e.handle_send_wqe(
@@ -1930,4 +1929,776 @@ fn a_broken_srq_ring_raises_srq_error_and_takes_nothing_more() {
         w.e.poll_event(),
         Some((w.b.ctx, Event::SrqError { srq: srq2 }))
     );
+}
+
+/// `IBV_SRQ_MAX_WR`: an SRQ grows and shrinks keeping its posted receives (they are still
+/// consumed in order afterwards); shrinking below the receives outstanding, below an armed
+/// limit, to 0 or past the device's depth fails with `EINVAL` and changes nothing (rxe's
+/// `rxe_srq_chk_attr`/`rxe_queue_resize`); a broken SRQ cannot be resized.
+#[test]
+fn an_srq_resizes_keeping_its_receives_and_refuses_to_shrink_below_them() {
+    let mut w = World::new();
+    let (srq, depth) = w.e.create_srq(w.b.ctx, w.b.pd, 4, 1, 0).unwrap();
+    assert_eq!(depth, 4);
+    let cap = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (rq, rqn) =
+        w.e.create_qp_srq(
+            w.b.ctx,
+            w.b.pd,
+            w.b.cq,
+            w.b.cq,
+            Some(srq),
+            QpType::Rc,
+            cap,
+            false,
+        )
+        .unwrap();
+    let r = Side {
+        qp: rq,
+        qpn: rqn,
+        ..w.b
+    };
+    let (sq, sqn) =
+        w.e.create_qp(w.a.ctx, w.a.pd, w.a.cq, w.a.cq, QpType::Rc, cap, false)
+            .unwrap();
+    let a = Side {
+        qp: sq,
+        qpn: sqn,
+        ..w.a
+    };
+    to_rts(&mut w.e, w.now, &r, a.qpn, a.lid, 0, 7);
+    to_rts(&mut w.e, w.now, &a, r.qpn, r.lid, 0, 7);
+    let src = w.map(true, 0x10_0000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(false, 0x20_0000, 16 * 256, access::LOCAL_WRITE);
+    w.set(&src, 0x10_0000, &pattern(256, 5));
+    let recv = |i: u64| RecvWqe {
+        wr_id: 100 + i,
+        sges: vec![Sge {
+            addr: 0x20_0000 + i * 256,
+            length: 256,
+            lkey: dst.keys.lkey,
+        }],
+    };
+    for i in 0..4 {
+        w.e.handle_srq_wqe(srq, Ok(recv(i)));
+    }
+    assert_eq!(w.e.srq_room(srq), 0);
+    // Grow to 10 (ring depth 16): six more fit.
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, Some(10), None), Ok(16));
+    assert_eq!(w.e.query_srq(w.b.ctx, srq), Ok((10, 1, 0)));
+    assert_eq!(w.e.srq_room(srq), 12);
+    for i in 4..10 {
+        w.e.handle_srq_wqe(srq, Ok(recv(i)));
+    }
+    // Ten outstanding: shrinking to 9 fails and changes nothing; to 0 or past the device's
+    // depth too.
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, Some(9), None), Err(22));
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, Some(0), None), Err(22));
+    assert_eq!(
+        w.e.modify_srq(w.b.ctx, srq, Some(vrnic_proto::MAX_QP_WR + 1), None),
+        Err(22)
+    );
+    assert_eq!(w.e.query_srq(w.b.ctx, srq), Ok((10, 1, 0)));
+    // Seven SENDs consume the seven oldest receives, in order.
+    for i in 0..7u64 {
+        let s = vec![Sge {
+            addr: 0x10_0000,
+            length: 200 + i as u32,
+            lkey: src.keys.lkey,
+        }];
+        w.e.handle_send_wqe(w.now, a.qp, Ok(wqe(i, SendOpcode::Send, s, 0, 0)));
+    }
+    w.run();
+    let recvs: Vec<(u64, u32)> = w
+        .cqes()
+        .into_iter()
+        .filter(|(cq, c)| *cq == w.b.cq && c.qp_num == rqn)
+        .map(|(_, c)| (c.wr_id, c.byte_len))
+        .collect();
+    assert_eq!(
+        recvs,
+        (0..7u64)
+            .map(|i| (100 + i, 200 + i as u32))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(w.get(&dst, 0x20_0000 + 6 * 256, 206), pattern(206, 5));
+    // Three left: shrink to 3 (depth 4) keeps them; an armed limit of 2 forbids going to 2.
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, Some(3), Some(2)), Ok(4));
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, Some(2), None), Err(22));
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq, None, Some(3)), Err(22));
+    assert_eq!(w.e.query_srq(w.b.ctx, srq), Ok((3, 1, 2)));
+    assert_eq!(w.e.srq_room(srq), 1);
+    // The three kept receives still take SENDs, in order.
+    for i in 7..10u64 {
+        let s = vec![Sge {
+            addr: 0x10_0000,
+            length: 10,
+            lkey: src.keys.lkey,
+        }];
+        w.e.handle_send_wqe(w.now, a.qp, Ok(wqe(i, SendOpcode::Send, s, 0, 0)));
+    }
+    w.run();
+    let ids: Vec<u64> = w
+        .cqes()
+        .into_iter()
+        .filter(|(cq, c)| *cq == w.b.cq && c.qp_num == rqn)
+        .map(|(_, c)| c.wr_id)
+        .collect();
+    assert_eq!(ids, vec![107, 108, 109]);
+    // Another context cannot resize it; a broken SRQ cannot be resized.
+    assert_eq!(w.e.modify_srq(w.a.ctx, srq, Some(8), None), Err(22));
+    let (srq2, _) = w.e.create_srq(w.b.ctx, w.b.pd, 4, 1, 0).unwrap();
+    w.e.handle_srq_wqe(srq2, Err(vrnic_wire::ParseError::ProducerIndex(99)));
+    assert_eq!(w.e.modify_srq(w.b.ctx, srq2, Some(8), None), Err(22));
+}
+
+// ---- memory windows -------------------------------------------------------------------------
+
+/// A bind work request for window `mw` over `[addr, addr + len)` of the MR `lkey`.
+fn bind(
+    wr_id: u64,
+    mw: vrnic_proto::MwId,
+    rkey: u32,
+    lkey: u32,
+    addr: u64,
+    len: u64,
+    acc: u32,
+) -> SendWqe {
+    SendWqe {
+        wr_id,
+        opcode: SendOpcode::BindMw,
+        flags: SendFlags::SIGNALED,
+        imm_data: acc,
+        remote_addr: addr,
+        rkey,
+        compare_add: len,
+        swap: u64::from(mw.0) << 32 | u64::from(lkey),
+        ud: Default::default(),
+        payload: SendPayload::Sges(vec![]),
+    }
+}
+
+/// A local invalidation (or, with `SendWithInv`, a SEND that invalidates) of `rkey`.
+fn inv(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, rkey: u32) -> SendWqe {
+    SendWqe {
+        imm_data: rkey,
+        ..wqe(wr_id, opcode, sges, 0, 0)
+    }
+}
+
+/// The next key of a window: same index, next consumer byte (`ibv_inc_rkey`).
+fn inc(rkey: u32) -> u32 {
+    (rkey & !0xff) | ((rkey + 1) & 0xff)
+}
+
+/// Setup for the window tests: on b, an MR at 0x40_0000 (8 KiB, MW_BIND) and a type-`ty`
+/// window; on a, a source buffer with a pattern.
+fn window_world(ty: u32) -> (World, Mapping, Mapping, vrnic_proto::MwId, u32) {
+    let mut w = World::new();
+    let acc = access::LOCAL_WRITE | access::MW_BIND;
+    let mr = w.map(false, 0x40_0000, 8192, acc);
+    let src = w.map(true, 0x10_0000, 8192, access::LOCAL_WRITE);
+    w.set(&src, 0x10_0000, &pattern(8192, 9));
+    let (mw, rkey) = w.e.alloc_mw(w.b.ctx, w.b.pd, ty).unwrap();
+    (w, mr, src, mw, rkey)
+}
+
+fn write_via(w: &mut World, src: &Mapping, wr_id: u64, va: u64, len: u32, rkey: u32) {
+    let s = vec![Sge {
+        addr: 0x10_0000,
+        length: len,
+        lkey: src.keys.lkey,
+    }];
+    w.send(true, wqe(wr_id, SendOpcode::RdmaWrite, s, va, rkey));
+    w.run();
+}
+
+fn statuses(w: &mut World, cq: CqId) -> Vec<(u64, WcStatus, WcOpcode)> {
+    w.cqes()
+        .into_iter()
+        .filter(|(c, _)| *c == cq)
+        .map(|(_, c)| (c.wr_id, c.status, c.opcode))
+        .collect()
+}
+
+/// Type 2: a bind on the responder's QP opens `[0x40_1000, +256)` of the MR for remote
+/// write under the new key; a write inside lands exactly there; the old key, and a range
+/// past the window's end though inside the MR, fail with REM_ACCESS_ERR and write nothing.
+#[test]
+fn a_type2_window_gives_remote_write_to_its_range_only() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let key = inc(rkey);
+    let b_cq = w.b.cq;
+    let a_cq = w.a.cq;
+    w.send(
+        false,
+        bind(
+            1,
+            mw,
+            key,
+            mr.keys.lkey,
+            0x40_1000,
+            256,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w.run();
+    assert_eq!(
+        statuses(&mut w, b_cq),
+        vec![(1, WcStatus::Success, WcOpcode::BindMw)]
+    );
+    assert_eq!(w.e.mw_rkey(mw), Some(key));
+    write_via(&mut w, &src, 2, 0x40_1010, 200, key);
+    assert_eq!(
+        statuses(&mut w, a_cq),
+        vec![(2, WcStatus::Success, WcOpcode::RdmaWrite)]
+    );
+    assert_eq!(w.get(&mr, 0x40_1010, 200), pattern(200, 9));
+    assert_eq!(w.get(&mr, 0x40_100f, 1), vec![0]);
+    assert_eq!(w.get(&mr, 0x40_10d8, 1), vec![0]);
+    // 0x40_1010 + 250 passes the window's end (0x40_1100), not the MR's.
+    let (mut w2, mr2, src2, mw2, rkey2) = window_world(vrnic_proto::MW_TYPE_2);
+    let key2 = inc(rkey2);
+    w2.send(
+        false,
+        bind(
+            1,
+            mw2,
+            key2,
+            mr2.keys.lkey,
+            0x40_1000,
+            256,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w2.run();
+    write_via(&mut w2, &src2, 3, 0x40_1010, 250, key2);
+    let a2 = w2.a.cq;
+    assert_eq!(
+        statuses(&mut w2, a2),
+        vec![(3, WcStatus::RemAccessErr, WcOpcode::RdmaWrite)]
+    );
+    assert_eq!(w2.get(&mr2, 0x40_1010, 250), vec![0; 250]);
+    // The window's previous key names nothing.
+    let (mut w3, mr3, src3, mw3, rkey3) = window_world(vrnic_proto::MW_TYPE_2);
+    w3.send(
+        false,
+        bind(
+            1,
+            mw3,
+            inc(rkey3),
+            mr3.keys.lkey,
+            0x40_1000,
+            256,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w3.run();
+    write_via(&mut w3, &src3, 4, 0x40_1010, 8, rkey3);
+    let a3 = w3.a.cq;
+    assert_eq!(statuses(&mut w3, a3)[0].1, WcStatus::RemAccessErr);
+    assert_eq!(w3.get(&mr3, 0x40_1010, 8), vec![0; 8]);
+}
+
+/// A window's access rights are its own: a write-only window refuses an RDMA READ (and an
+/// atomic) though its MR could be read, and the MR's own key still needs the MR's rights.
+#[test]
+fn a_window_grants_only_the_access_it_was_bound_with() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let key = inc(rkey);
+    w.send(
+        false,
+        bind(
+            1,
+            mw,
+            key,
+            mr.keys.lkey,
+            0x40_0000,
+            4096,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w.run();
+    let s = vec![Sge {
+        addr: 0x10_0000,
+        length: 16,
+        lkey: src.keys.lkey,
+    }];
+    w.send(true, wqe(2, SendOpcode::RdmaRead, s, 0x40_0000, key));
+    w.run();
+    let a = w.a.cq;
+    assert_eq!(
+        statuses(&mut w, a),
+        vec![(2, WcStatus::RemAccessErr, WcOpcode::RdmaRead)]
+    );
+    assert_eq!(w.get(&src, 0x10_0000, 16), pattern(16, 9));
+}
+
+/// The bind checks of rxe's `rxe_check_bind_mw`, each failing with MW_BIND_ERR and the QP
+/// in error: an MR without MW_BIND, a range past the MR, a writable window on an MR without
+/// local write, a key whose index is not the window's, a type 2 window already bound, an
+/// unknown access bit, and another context's window.
+#[test]
+fn binds_the_spec_forbids_fail_with_mw_bind_err() {
+    type Case = Box<dyn Fn(&mut World, &Mapping, vrnic_proto::MwId, u32) -> SendWqe>;
+    let cases: Vec<(&str, Case)> = vec![
+        (
+            "MR without MW_BIND",
+            Box::new(|w, _, mw, rkey| {
+                let plain = w.map(false, 0x60_0000, 4096, access::LOCAL_WRITE);
+                bind(
+                    9,
+                    mw,
+                    inc(rkey),
+                    plain.keys.lkey,
+                    0x60_0000,
+                    64,
+                    access::REMOTE_READ,
+                )
+            }),
+        ),
+        (
+            "range past the MR",
+            Box::new(|_, mr, mw, rkey| {
+                bind(
+                    9,
+                    mw,
+                    inc(rkey),
+                    mr.keys.lkey,
+                    0x40_1000,
+                    8192,
+                    access::REMOTE_READ,
+                )
+            }),
+        ),
+        (
+            "writable window, MR without local write",
+            Box::new(|w, _, mw, rkey| {
+                let ro = w.map(false, 0x60_0000, 4096, access::MW_BIND);
+                bind(
+                    9,
+                    mw,
+                    inc(rkey),
+                    ro.keys.lkey,
+                    0x60_0000,
+                    64,
+                    access::REMOTE_WRITE,
+                )
+            }),
+        ),
+        (
+            "another window's key index",
+            Box::new(|_, mr, mw, rkey| {
+                bind(
+                    9,
+                    mw,
+                    rkey ^ 0x100,
+                    mr.keys.lkey,
+                    0x40_0000,
+                    64,
+                    access::REMOTE_READ,
+                )
+            }),
+        ),
+        (
+            "unknown access bit",
+            Box::new(|_, mr, mw, rkey| {
+                bind(
+                    9,
+                    mw,
+                    inc(rkey),
+                    mr.keys.lkey,
+                    0x40_0000,
+                    64,
+                    access::ZERO_BASED,
+                )
+            }),
+        ),
+        (
+            "another context's window",
+            Box::new(|w, mr, _, _| {
+                let (other, orkey) = w.e.alloc_mw(w.a.ctx, w.a.pd, 2).unwrap();
+                bind(
+                    9,
+                    other,
+                    inc(orkey),
+                    mr.keys.lkey,
+                    0x40_0000,
+                    64,
+                    access::REMOTE_READ,
+                )
+            }),
+        ),
+    ];
+    for (what, make) in cases {
+        let (mut w, mr, _, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+        let bad = make(&mut w, &mr, mw, rkey);
+        w.send(false, bad);
+        w.run();
+        let b = w.b.cq;
+        let got = statuses(&mut w, b);
+        assert_eq!(
+            got.first().map(|c| (c.1, c.2)),
+            Some((WcStatus::MwBindErr, WcOpcode::BindMw)),
+            "{what}: {got:?}"
+        );
+    }
+    // A bound type 2 window cannot be bound again before it is invalidated.
+    let (mut w, mr, _, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let key = inc(rkey);
+    w.send(
+        false,
+        bind(1, mw, key, mr.keys.lkey, 0x40_0000, 64, access::REMOTE_READ),
+    );
+    w.send(
+        false,
+        bind(
+            2,
+            mw,
+            inc(key),
+            mr.keys.lkey,
+            0x40_0000,
+            64,
+            access::REMOTE_READ,
+        ),
+    );
+    w.run();
+    let b = w.b.cq;
+    assert_eq!(
+        statuses(&mut w, b),
+        vec![
+            (1, WcStatus::Success, WcOpcode::BindMw),
+            (2, WcStatus::MwBindErr, WcOpcode::BindMw)
+        ]
+    );
+    assert_eq!(w.e.mw_rkey(mw), Some(key));
+}
+
+/// LOCAL_INV frees a type 2 window: its key fails afterwards, it may be bound again (with a
+/// new key, which works); LOCAL_INV of a type 1 window, of an unbound one or of an MR's key
+/// fails with LOC_QP_OP_ERR.
+#[test]
+fn local_invalidation_frees_a_type2_window_and_refuses_the_rest() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let k1 = inc(rkey);
+    let acc = access::REMOTE_WRITE;
+    w.send(false, bind(1, mw, k1, mr.keys.lkey, 0x40_0000, 4096, acc));
+    w.send(false, inv(2, SendOpcode::LocalInv, vec![], k1));
+    let k2 = inc(k1);
+    w.send(false, bind(3, mw, k2, mr.keys.lkey, 0x40_0000, 4096, acc));
+    w.run();
+    let b = w.b.cq;
+    assert_eq!(
+        statuses(&mut w, b),
+        vec![
+            (1, WcStatus::Success, WcOpcode::BindMw),
+            (2, WcStatus::Success, WcOpcode::LocalInv),
+            (3, WcStatus::Success, WcOpcode::BindMw)
+        ]
+    );
+    write_via(&mut w, &src, 4, 0x40_0000, 32, k2);
+    let a = w.a.cq;
+    assert_eq!(statuses(&mut w, a)[0].1, WcStatus::Success);
+    assert_eq!(w.get(&mr, 0x40_0000, 32), pattern(32, 9));
+    // Invalidated: the key no longer works.
+    w.send(false, inv(5, SendOpcode::LocalInv, vec![], k2));
+    w.run();
+    write_via(&mut w, &src, 6, 0x40_0100, 32, k2);
+    assert_eq!(statuses(&mut w, a)[0].1, WcStatus::RemAccessErr);
+    assert_eq!(w.get(&mr, 0x40_0100, 32), vec![0; 32]);
+    for (what, ty, bound) in [
+        ("type 1", 1, true),
+        ("unbound type 2", 2, false),
+        ("an MR key", 0, false),
+    ] {
+        let (mut w, mr, _, mw, rkey) = window_world(if ty == 1 { 1 } else { 2 });
+        let key = inc(rkey);
+        if bound {
+            w.send(
+                false,
+                bind(1, mw, key, mr.keys.lkey, 0x40_0000, 64, access::REMOTE_READ),
+            );
+        }
+        let target = if ty == 0 { mr.keys.rkey } else { key };
+        w.send(false, inv(2, SendOpcode::LocalInv, vec![], target));
+        w.run();
+        let b = w.b.cq;
+        let got = statuses(&mut w, b);
+        assert_eq!(
+            got.last().map(|c| (c.0, c.1, c.2)),
+            Some((2, WcStatus::LocQpOpErr, WcOpcode::LocalInv)),
+            "{what}: {got:?}"
+        );
+    }
+}
+
+/// SEND with Invalidate: the receive completes with IBV_WC_WITH_INV and the invalidated key,
+/// and the window is free (its key fails); a key naming no window bound to the receiving QP
+/// fails the receive with REM_INV_REQ_ERR and the requester with REM_INV_REQ_ERR.
+#[test]
+fn send_with_invalidate_frees_the_window_bound_to_the_receiving_qp() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let key = inc(rkey);
+    let dst = w.map(false, 0x50_0000, 4096, access::LOCAL_WRITE);
+    w.send(
+        false,
+        bind(
+            1,
+            mw,
+            key,
+            mr.keys.lkey,
+            0x40_0000,
+            4096,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w.run();
+    let s = |n| {
+        vec![Sge {
+            addr: 0x10_0000,
+            length: n,
+            lkey: src.keys.lkey,
+        }]
+    };
+    let r = vec![Sge {
+        addr: 0x50_0000,
+        length: 4096,
+        lkey: dst.keys.lkey,
+    }];
+    w.recv(false, 10, r.clone());
+    w.send(true, inv(2, SendOpcode::SendWithInv, s(100), key));
+    w.run();
+    let (a, b) = (w.a.cq, w.b.cq);
+    let all = w.cqes();
+    let sent: Vec<(u64, WcStatus)> = all
+        .iter()
+        .filter(|(c, _)| *c == a)
+        .map(|(_, x)| (x.wr_id, x.status))
+        .collect();
+    assert_eq!(sent, vec![(2, WcStatus::Success)]);
+    let recv: Vec<Cqe> = all
+        .into_iter()
+        .filter(|(c, x)| *c == b && x.opcode == WcOpcode::Recv)
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(recv.len(), 1);
+    let c = &recv[0];
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (10, WcStatus::Success, 100)
+    );
+    assert_eq!(
+        c.wc_flags & vrnic_wire::WC_WITH_INV,
+        vrnic_wire::WC_WITH_INV
+    );
+    assert_eq!(c.imm_data, key);
+    assert_eq!(w.get(&dst, 0x50_0000, 100), pattern(100, 9));
+    write_via(&mut w, &src, 3, 0x40_0000, 8, key);
+    let got = statuses(&mut w, a);
+    assert_eq!(got[0], (3, WcStatus::RemAccessErr, WcOpcode::RdmaWrite));
+    assert_eq!(w.get(&mr, 0x40_0000, 8), vec![0; 8]);
+    // An unbound key: both sides fail.
+    let (mut w, _, src, _, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let dst = w.map(false, 0x50_0000, 4096, access::LOCAL_WRITE);
+    let r = vec![Sge {
+        addr: 0x50_0000,
+        length: 4096,
+        lkey: dst.keys.lkey,
+    }];
+    w.recv(false, 10, r);
+    let s1 = vec![Sge {
+        addr: 0x10_0000,
+        length: 10,
+        lkey: src.keys.lkey,
+    }];
+    w.send(true, inv(2, SendOpcode::SendWithInv, s1, rkey));
+    w.run();
+    let all = w.cqes();
+    let b = w.b.cq;
+    let recv = all.iter().find(|(c, x)| *c == b && x.wr_id == 10).unwrap();
+    assert_eq!(recv.1.status, WcStatus::RemInvReqErr);
+    let a = w.a.cq;
+    let sent = all.iter().find(|(c, x)| *c == a && x.wr_id == 2).unwrap();
+    assert_eq!(sent.1.status, WcStatus::RemInvReqErr);
+}
+
+/// Type 1: any QP of the window's PD may use it; a bind moves it (the old range and key
+/// fail), a zero-length bind unbinds it. Its MR cannot be deregistered or reregistered while
+/// it is bound; deallocating the window releases the MR.
+#[test]
+fn a_type1_window_rebinds_unbinds_and_pins_its_mr() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_1);
+    let k1 = inc(rkey);
+    w.send(
+        false,
+        bind(1, mw, k1, mr.keys.lkey, 0x40_0000, 64, access::REMOTE_WRITE),
+    );
+    w.run();
+    assert_eq!(w.e.dereg_mr(w.b.ctx, mr.keys.mr), Err(22));
+    assert_eq!(
+        w.e.rereg_mr(w.b.ctx, mr.keys.mr, None, Some(access::LOCAL_WRITE)),
+        Err(22)
+    );
+    write_via(&mut w, &src, 2, 0x40_0000, 64, k1);
+    let k2 = inc(k1);
+    w.send(
+        false,
+        bind(3, mw, k2, mr.keys.lkey, 0x40_1000, 64, access::REMOTE_WRITE),
+    );
+    w.run();
+    write_via(&mut w, &src, 4, 0x40_1000, 64, k2);
+    let (a, b) = (w.a.cq, w.b.cq);
+    let all: Vec<(CqId, u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(c, x)| (c, x.wr_id, x.status))
+        .collect();
+    let ok = WcStatus::Success;
+    assert_eq!(all, vec![(b, 1, ok), (a, 2, ok), (b, 3, ok), (a, 4, ok)]);
+    assert_eq!(w.get(&mr, 0x40_0000, 64), pattern(64, 9));
+    assert_eq!(w.get(&mr, 0x40_1000, 64), pattern(64, 9));
+    // Unbind (length 0): the MR is free again.
+    w.send(false, bind(5, mw, inc(k2), 0, 0, 0, 0));
+    w.run();
+    assert_eq!(statuses(&mut w, b)[0].1, WcStatus::Success);
+    assert_eq!(w.e.dealloc_pd(w.b.ctx, w.b.pd), Err(16));
+    assert_eq!(w.e.dealloc_mw(w.a.ctx, mw), Err(22));
+    assert_eq!(w.e.dealloc_mw(w.b.ctx, mw), Ok(()));
+    assert_eq!(w.e.dereg_mr(w.b.ctx, mr.keys.mr), Ok(()));
+    // Bound again then deallocated: the MR is released too.
+    let (mut w, mr, _, mw, rkey) = window_world(vrnic_proto::MW_TYPE_1);
+    w.send(
+        false,
+        bind(
+            1,
+            mw,
+            inc(rkey),
+            mr.keys.lkey,
+            0x40_0000,
+            64,
+            access::REMOTE_READ,
+        ),
+    );
+    w.run();
+    assert_eq!(w.e.dereg_mr(w.b.ctx, mr.keys.mr), Err(22));
+    w.e.dealloc_mw(w.b.ctx, mw).unwrap();
+    assert_eq!(w.e.dereg_mr(w.b.ctx, mr.keys.mr), Ok(()));
+}
+
+/// A window's key is checked against the responder QP: a type 2 window bound to one QP is
+/// refused to the peer of another QP of the same PD; a window of another PD is refused.
+#[test]
+fn a_window_serves_only_its_pd_and_its_type2_qp() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let key = inc(rkey);
+    // Bind on a second QP pair (b2 <-> a2), not on b.qp.
+    let cap = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (b2, b2n) =
+        w.e.create_qp(w.b.ctx, w.b.pd, w.b.cq, w.b.cq, QpType::Rc, cap, false)
+            .unwrap();
+    let (a2, a2n) =
+        w.e.create_qp(w.a.ctx, w.a.pd, w.a.cq, w.a.cq, QpType::Rc, cap, false)
+            .unwrap();
+    let sb2 = Side {
+        qp: b2,
+        qpn: b2n,
+        ..w.b
+    };
+    let sa2 = Side {
+        qp: a2,
+        qpn: a2n,
+        ..w.a
+    };
+    to_rts(&mut w.e, w.now, &sb2, a2n, w.a.lid, access::REMOTE_WRITE, 7);
+    to_rts(&mut w.e, w.now, &sa2, b2n, w.b.lid, access::REMOTE_WRITE, 7);
+    w.e.handle_send_wqe(
+        w.now,
+        b2,
+        Ok(bind(
+            1,
+            mw,
+            key,
+            mr.keys.lkey,
+            0x40_0000,
+            4096,
+            access::REMOTE_WRITE,
+        )),
+    );
+    w.run();
+    // Through a <-> b (not the window's QP): refused.
+    write_via(&mut w, &src, 2, 0x40_0000, 16, key);
+    let a = w.a.cq;
+    let got = statuses(&mut w, a);
+    assert_eq!(
+        got.iter().find(|c| c.0 == 2).map(|c| c.1),
+        Some(WcStatus::RemAccessErr)
+    );
+    assert_eq!(w.get(&mr, 0x40_0000, 16), vec![0; 16]);
+    // Through a2 <-> b2: allowed.
+    let s = vec![Sge {
+        addr: 0x10_0000,
+        length: 16,
+        lkey: src.keys.lkey,
+    }];
+    w.e.handle_send_wqe(
+        w.now,
+        a2,
+        Ok(wqe(3, SendOpcode::RdmaWrite, s, 0x40_0000, key)),
+    );
+    w.run();
+    let got = statuses(&mut w, a);
+    assert_eq!(
+        got.iter().find(|c| c.0 == 3).map(|c| c.1),
+        Some(WcStatus::Success)
+    );
+    assert_eq!(w.get(&mr, 0x40_0000, 16), pattern(16, 9));
+    // Destroying b2 frees the window: its key fails even through a new QP.
+    w.e.destroy_qp(w.now, w.b.ctx, b2).unwrap();
+    assert_eq!(w.e.dereg_mr(w.b.ctx, mr.keys.mr), Ok(()));
+    // A type 1 window of another PD than the responder QP's is refused.
+    let (mut w, mr, src, _, _) = window_world(vrnic_proto::MW_TYPE_1);
+    let pd2 = w.e.alloc_pd(w.b.vnic, w.b.ctx).unwrap();
+    let (mw2, rk2) = w.e.alloc_mw(w.b.ctx, pd2, 1).unwrap();
+    let mr2 =
+        w.e.reg_mr(
+            w.b.ctx,
+            pd2,
+            0x40_0000,
+            4096,
+            0x40_0000,
+            access::LOCAL_WRITE | access::MW_BIND,
+            mr.pages[..1].to_vec(),
+        )
+        .unwrap();
+    w.send(
+        false,
+        bind(
+            1,
+            mw2,
+            inc(rk2),
+            mr2.lkey,
+            0x40_0000,
+            4096,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w.run();
+    let b = w.b.cq;
+    assert_eq!(statuses(&mut w, b)[0].1, WcStatus::Success);
+    write_via(&mut w, &src, 2, 0x40_0000, 16, inc(rk2));
+    let a = w.a.cq;
+    assert_eq!(statuses(&mut w, a)[0].1, WcStatus::RemAccessErr);
+    assert_eq!(w.get(&mr, 0x40_0000, 16), vec![0; 16]);
 }

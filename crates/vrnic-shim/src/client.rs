@@ -180,6 +180,9 @@ pub struct AsyncQueue {
     pub efd: EventFd,
     /// `(ibv_event_type, object handle)`.
     pub queue: Mutex<VecDeque<(u32, u32)>>,
+    /// Held while events move from the mailbox's ring into `queue`, so that
+    /// [`Conn::withdraw_events`] sees every event the daemon sent before it.
+    forwarding: Mutex<()>,
 }
 
 /// An attached context: one `ibv_open_device`.
@@ -249,6 +252,7 @@ impl Conn {
                 max_mr: 0,
                 max_pd: 0,
                 max_mr_size: 0,
+                max_srq: 0,
             },
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -256,6 +260,7 @@ impl Conn {
             async_q: AsyncQueue {
                 efd,
                 queue: Mutex::new(VecDeque::new()),
+                forwarding: Mutex::new(()),
             },
             notifier: Mutex::new(None),
             opener: std::process::id(),
@@ -406,6 +411,22 @@ impl Conn {
         }
     }
 
+    /// Runs `f` with the CQ watches held (no CQ event is forwarded meanwhile), then points
+    /// the watch of `cq`, if it has one, at the ring `f` returned, keeping the notification
+    /// count it had seen: a CQ's ring moves (`ibv_resize_cq`) without the notifier reading
+    /// the old ring after the daemon freed it. The daemon carries the count over to the new
+    /// ring.
+    pub fn move_watch<T>(&self, cq: usize, f: impl FnOnce() -> (T, Option<Ring>)) -> T {
+        let Ok(mut w) = self.watch_map().lock() else {
+            return f().0;
+        };
+        let (out, ring) = f();
+        if let (Some(ring), Some(watch)) = (ring, w.get_mut(&cq)) {
+            watch.ring = ring;
+        }
+        out
+    }
+
     /// Stops forwarding for `cq`.
     pub fn unwatch(&self, cq: usize) {
         if let Ok(mut w) = self.watch_map().lock() {
@@ -449,8 +470,41 @@ impl Conn {
         self.forward_cqs();
     }
 
+    /// Withdraws the async events not yet read that name `handle` with one of `kinds`: called
+    /// once the daemon has destroyed that object, so that no event names it afterwards (the
+    /// kernel's guarantee; UCX dereferences `element.qp`). The daemon sends no event for an
+    /// object after its destroy reply, and the ones it sent before are forwarded here first.
+    pub fn withdraw_events(&self, kinds: &[u32], handle: u32) {
+        let _ring = self.forwarding();
+        self.forward_ring();
+        let Ok(mut q) = self.async_q.queue.lock() else {
+            return;
+        };
+        let before = q.len();
+        q.retain(|&(k, h)| !(h == handle && kinds.contains(&k)));
+        let gone = before - q.len();
+        drop(q);
+        self.async_q.efd.take_nowait(gone);
+    }
+
     /// Forwards the async and connection-manager events of the mailbox's event ring.
     fn forward_events(&self) {
+        let _ring = self.forwarding();
+        self.forward_ring();
+    }
+
+    /// `async_q.forwarding`, held; not in a forked child's copy of the context, whose copy of
+    /// the lock may have been taken by the parent's notifier at the instant of the fork and
+    /// would never be released (the child then forwards without it, as it always did).
+    fn forwarding(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        if self.inherited() {
+            return None;
+        }
+        self.async_q.forwarding.lock().ok()
+    }
+
+    /// [`Conn::forward_events`], with `forwarding` held.
+    fn forward_ring(&self) {
         while let Some((kind, handle)) = self.mailbox.pop_event(&self.region) {
             if kind == event::CM {
                 if let Some(sink) = CM_SINK.get() {
@@ -685,6 +739,13 @@ impl WorkQueue {
             bell,
             limit,
         }
+    }
+
+    /// Moves the queue to `ring` (same indices, another depth) holding at most `limit` work
+    /// requests: an SRQ resized by the daemon.
+    pub fn resize(&mut self, ring: Ring, limit: u32) {
+        self.ring = ring;
+        self.limit = limit.clamp(1, ring.depth());
     }
 
     /// How many more work requests may be posted: the limit less those outstanding (posted

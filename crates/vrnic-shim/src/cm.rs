@@ -46,10 +46,81 @@ struct Peer {
     param: CmParam,
 }
 
-/// An id: `rdma_cm_id` first (container_of).
+/// The fields librdmacm's private `struct cma_id_private` has right after its `rdma_cm_id`
+/// (rdma-core `librdmacm/cma.c`). Code inside the real librdmacm that the preload does not
+/// replace, rsocket's above all, reaches them from an id by `container_of`: `ucma_max_qpsize`
+/// reads `cma_dev->max_qpsize`, `ucma_complete` reads `sync` and then takes the id's next event
+/// through `rdma_get_cm_event` (ours) into `id.event`. The rest is never read from outside
+/// librdmacm's own ids.
+#[repr(C)]
+struct CmaIdShadow {
+    cma_dev: *mut CmaDeviceShadow,
+    connect: *mut c_void,
+    connect_len: usize,
+    events_completed: c_int,
+    connect_error: c_int,
+    /// 1 for a synchronous id (created without a channel), as librdmacm.
+    sync: c_int,
+}
+
+/// librdmacm's private `struct cma_device`, as far as `max_qpsize`.
+#[repr(C)]
+struct CmaDeviceShadow {
+    dev: *mut c_void,
+    entry: [usize; 2],
+    verbs: *mut ibv_context,
+    pd: *mut c_void,
+    xrcd: *mut c_void,
+    port: *mut c_void,
+    guid: u64,
+    port_cnt: c_int,
+    refcnt: c_int,
+    max_qpsize: c_int,
+    max_initiator_depth: u8,
+    max_responder_resources: u8,
+    ibv_idx: c_int,
+    is_device_dead: u8,
+}
+
+const _: () = assert!(std::mem::offset_of!(CmaDeviceShadow, max_qpsize) == 72);
+const _: () = assert!(std::mem::offset_of!(VId, shadow) == std::mem::size_of::<rdma_cm_id>());
+const _: () = assert!(std::mem::offset_of!(CmaIdShadow, sync) == 32);
+
+/// The one `cma_device` shadow every id names (the one device the connection manager uses).
+fn cma_device() -> *mut CmaDeviceShadow {
+    static DEV: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        let verbs = device().unwrap_or(null_mut());
+        let max_qpsize = if verbs.is_null() {
+            0
+        } else {
+            // SAFETY: device() hands out the connection manager's live context.
+            unsafe { crate::ffi::max_qp_wr(verbs) }
+        };
+        Box::into_raw(Box::new(CmaDeviceShadow {
+            dev: null_mut(),
+            entry: [0; 2],
+            verbs,
+            pd: null_mut(),
+            xrcd: null_mut(),
+            port: null_mut(),
+            guid: 0,
+            port_cnt: 1,
+            refcnt: 1,
+            max_qpsize,
+            max_initiator_depth: 16,
+            max_responder_resources: 16,
+            ibv_idx: 0,
+            is_device_dead: 0,
+        })) as usize
+    }) as *mut CmaDeviceShadow
+}
+
+/// An id: `rdma_cm_id` first (container_of), then what librdmacm's own code may read after it.
 #[repr(C)]
 struct VId {
     id: rdma_cm_id,
+    shadow: CmaIdShadow,
     handle: u32,
     /// `*mut VChannel` the id's events go to.
     chan: AtomicUsize,
@@ -310,6 +381,14 @@ fn new_id(
     };
     let v = Box::into_raw(Box::new(VId {
         id,
+        shadow: CmaIdShadow {
+            cma_dev: cma_device(),
+            connect: null_mut(),
+            connect_len: 0,
+            events_completed: 0,
+            connect_error: 0,
+            sync: c_int::from(own != 0),
+        },
         handle,
         chan: AtomicUsize::new(chan_ptr as usize),
         own_chan: own,
@@ -370,6 +449,10 @@ pub extern "C" fn vrnic_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
+        if !v.id.event.is_null() {
+            vrnic_rdma_ack_cm_event(v.id.event);
+            v.id.event = null_mut();
+        }
         let _ = call(&Request::CmDestroyId { id: v.handle });
         if let Some(m) = IDS.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             m.remove(&v.handle);
@@ -443,21 +526,27 @@ pub extern "C" fn vrnic_rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_i
     })
 }
 
-/// For a synchronous id: waits for its next event, which must be `want`; acks it unless it
-/// is kept (returned). Errors map as librdmacm's `ucma_complete` does.
+/// For a synchronous id: waits for its next event, which must be `want`. As librdmacm's
+/// `ucma_complete`, the event stays in `id.event` (the previous one acked first) until the
+/// id's next synchronous call or its destruction: callers read the peer's private data there
+/// (rsocket does). Errors map as `ucma_complete`'s.
 fn complete(v: &mut VId, want: u32) -> Result<(), i32> {
     if v.own_chan == 0 {
         return Ok(());
+    }
+    if !v.id.event.is_null() {
+        vrnic_rdma_ack_cm_event(v.id.event);
+        v.id.event = null_mut();
     }
     let mut ev: *mut rdma_cm_event = null_mut();
     let chan = v.own_chan as *mut rdma_event_channel;
     if vrnic_rdma_get_cm_event(chan, &mut ev) != 0 {
         return Err(sys::errno());
     }
+    v.id.event = ev;
     // SAFETY: get_cm_event returned a live event.
     let e = unsafe { &*ev };
     let (kind, status) = (e.event, e.status);
-    vrnic_rdma_ack_cm_event(ev);
     if kind == want && status == 0 {
         return Ok(());
     }
@@ -1015,6 +1104,7 @@ fn build_event(v: &mut VId, e: CmEvent) -> Option<*mut VEvent> {
                 // A synchronous listener's new ids are synchronous too.
                 if let Ok(own) = new_channel() {
                     c.own_chan = own as usize;
+                    c.shadow.sync = 1;
                     // SAFETY: own is live.
                     c.id.channel = unsafe { &raw mut (*own).ch };
                     c.chan.store(own as usize, Ordering::Release);
@@ -1191,7 +1281,10 @@ pub extern "C" fn vrnic_rdma_get_request(
         }
         // SAFETY: a live event naming the new id.
         let id = unsafe { (*ev).id };
-        vrnic_rdma_ack_cm_event(ev);
+        // As librdmacm: the request stays in the new id's `event` (its private data is read
+        // there) until the id's next synchronous call or its destruction.
+        // SAFETY: the new id is live.
+        unsafe { (*id).event = ev };
         if let Some((pd, mut attr)) = l.ep_qp {
             // SAFETY: the new id is live.
             if let Err(e) = create_qp_on(unsafe { vid(id) }, pd as *mut ibv_pd, &mut attr) {

@@ -9,8 +9,9 @@
 //! A `wr_start` ... `wr_complete` batch is built privately and written to the send ring as a
 //! whole (all or nothing), with the checks and errnos of `ibv_post_send`. The section is the
 //! per-QP critical region `ibv_wr_post(3)` promises: a second thread's `wr_start` waits until
-//! the first thread's `wr_complete`/`wr_abort`. Builders this device does not support (memory
-//! windows, invalidation, TSO, XRC, atomic write) poison the batch: `wr_complete` returns
+//! the first thread's `wr_complete`/`wr_abort`. Memory-window builders (`wr_bind_mw`,
+//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`mw.rs`). Builders this
+//! device does not support (TSO, XRC, atomic write) poison the batch: `wr_complete` returns
 //! `EOPNOTSUPP` and posts nothing of it. As on mlx5, `IBV_SEND_INLINE` in `wr_flags` means
 //! nothing to the builders; the inline setters make a WR inline.
 //!
@@ -69,14 +70,17 @@ impl Batch {
 fn send_ops(qp_type: c_uint) -> u64 {
     let send = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     let write = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+    // Memory-window binds and invalidations (`mw.rs`).
+    let mw = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
     match qp_type {
         IBV_QPT_RC => {
             send | write
+                | mw
                 | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
         }
-        IBV_QPT_UC => send | write,
+        IBV_QPT_UC => send | write | mw,
         IBV_QPT_UD => send,
         _ => 0,
     }
@@ -454,19 +458,24 @@ extern "C" fn wr_set_ud_addr(q: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey:
 
 extern "C" fn wr_bind_mw(
     q: *mut ibv_qp_ex,
-    _mw: *mut ibv_mw,
-    _rkey: u32,
-    _b: *const ibv_mw_bind_info,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    b: *const ibv_mw_bind_info,
 ) {
-    poison(q, libc::EOPNOTSUPP);
+    match crate::mw::bind_fields(mw, rkey, b) {
+        Ok((addr, rkey, acc, len, swap)) => {
+            begin(q, SendOpcode::BindMw, addr, rkey, acc, len, swap)
+        }
+        Err(e) => poison(q, e),
+    }
 }
 
-extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, _rkey: u32) {
-    poison(q, libc::EOPNOTSUPP);
+extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, rkey: u32) {
+    begin(q, SendOpcode::LocalInv, 0, 0, rkey, 0, 0);
 }
 
-extern "C" fn wr_send_inv(q: *mut ibv_qp_ex, _rkey: u32) {
-    poison(q, libc::EOPNOTSUPP);
+extern "C" fn wr_send_inv(q: *mut ibv_qp_ex, rkey: u32) {
+    begin(q, SendOpcode::SendWithInv, 0, 0, rkey, 0, 0);
 }
 
 extern "C" fn wr_send_tso(q: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {

@@ -28,6 +28,8 @@ use vrnic_wire::{
 use crate::abi::*;
 use crate::client::{self, Channel, CompQueue, Conn, Device, WorkQueue, vlog};
 use crate::limits;
+use crate::maps;
+use crate::parked::{self, Parked};
 use crate::sys::{self, set_errno};
 
 /// Runs `f`, turning a panic into `fail` (a panic must never unwind into C).
@@ -78,6 +80,9 @@ pub struct VContext {
     /// Live MRs (`*mut VMr`): closing the device deregisters them, so the app's buffers are
     /// back on private memory before the daemon reuses their region pages.
     mrs: Mutex<std::collections::HashSet<usize>>,
+    /// Deregistered buffers still on their region pages, for cheap registration again
+    /// (`parked`); evicted when the device closes.
+    parked: Mutex<Parked>,
 }
 
 #[repr(C)]
@@ -264,6 +269,9 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.create_srq_ex = Some(crate::srq::vrnic_create_srq_ex);
         vctx.create_qp_ex = Some(crate::ex::vrnic_create_qp_ex);
         vctx.create_cq_ex = Some(crate::ex::vrnic_create_cq_ex);
+        vctx.alloc_dm = Some(crate::dm::vrnic_alloc_dm);
+        vctx.free_dm = Some(crate::dm::vrnic_free_dm);
+        vctx.reg_dm_mr = Some(crate::dm::vrnic_reg_dm_mr);
         vctx.query_rt_values = Some(crate::ex::vrnic_query_rt_values);
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
@@ -276,9 +284,9 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         ops.post_send = Some(vrnic_post_send);
         ops.post_recv = Some(vrnic_post_recv);
         ops.post_srq_recv = Some(crate::srq::vrnic_post_srq_recv);
-        ops.alloc_mw = Some(vrnic_alloc_mw);
-        ops.dealloc_mw = Some(vrnic_dealloc_mw);
-        ops.bind_mw = Some(vrnic_bind_mw);
+        ops.alloc_mw = Some(crate::mw::vrnic_alloc_mw);
+        ops.dealloc_mw = Some(crate::mw::vrnic_dealloc_mw);
+        ops.bind_mw = Some(crate::mw::vrnic_bind_mw);
         let b = Box::new(VContext {
             vctx,
             conn,
@@ -286,6 +294,7 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
             cqs: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
             mrs: Mutex::new(Default::default()),
+            parked: Mutex::new(Parked::default()),
         });
         let p = Box::into_raw(b);
         // SAFETY: p is a live VContext we just leaked; `context` is its embedded ibv_context.
@@ -315,6 +324,14 @@ pub extern "C" fn vrnic_ibv_close_device(ctx: *mut ibv_context) -> c_int {
         for mr in live {
             vrnic_ibv_dereg_mr(mr as *mut ibv_mr);
         }
+        if !c.conn.inherited() {
+            let parked = c
+                .parked
+                .lock()
+                .map(|mut p| p.take_all())
+                .unwrap_or_default();
+            evict(&c.conn, &parked);
+        }
         // SAFETY: ctx is a live context of ours; after this call the app may not use it.
         let b = unsafe { Box::from_raw(vctx_of(ctx)) };
         b.conn.close();
@@ -323,11 +340,22 @@ pub extern "C" fn vrnic_ibv_close_device(ctx: *mut ibv_context) -> c_int {
     })
 }
 
+/// `max_qp_wr` of a context (for the connection manager's view of its device).
+///
+/// # Safety
+/// `ctx` is a live context of ours.
+pub(crate) unsafe fn max_qp_wr(ctx: *mut ibv_context) -> c_int {
+    // SAFETY: the caller vouches that ctx is a live context of ours.
+    let c = unsafe { context(ctx) };
+    c_int::try_from(c.conn.info.max_qp_wr).unwrap_or(c_int::MAX)
+}
+
 fn device_attr(conn: &Conn) -> ibv_device_attr {
     let i = &conn.info;
     // SAFETY: plain C data; zero is valid.
     let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
-    copy_name(&mut a.fw_ver, "vrnic 0.1.0");
+    // Numeric, as devices report it ("16.35.2000"): tools and stacks parse it.
+    copy_name(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
     a.node_guid = i.guid;
     a.sys_image_guid = i.guid;
     a.max_mr_size = i.max_mr_size;
@@ -337,7 +365,10 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.hw_ver = 1;
     a.max_qp = i.max_qp as c_int;
     a.max_qp_wr = i.max_qp_wr as c_int;
-    a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT;
+    a.device_cap_flags = limits::DEVICE_CAP_FLAGS;
+    // `ibv_modify_srq` with `IBV_SRQ_MAX_WR` (srq.rs); memory windows (mw.rs).
+    a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | crate::mw::CAP_FLAGS;
+    a.max_mw = crate::mw::MAX_MW;
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
     a.max_cq = i.max_cq as c_int;
@@ -349,7 +380,7 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.max_res_rd_atom = (i.max_qp as c_int).saturating_mul(c_int::from(limits::MAX_RD_ATOM));
     a.max_qp_init_rd_atom = c_int::from(limits::MAX_RD_ATOM);
     a.atomic_cap = IBV_ATOMIC_HCA;
-    a.max_srq = i.max_qp as c_int;
+    a.max_srq = if i.max_srq > 0 { i.max_srq } else { i.max_qp } as c_int;
     a.max_srq_wr = i.max_qp_wr as c_int;
     a.max_srq_sge = MAX_SGE as c_int;
     a.max_ah = 65536;
@@ -391,7 +422,9 @@ pub extern "C" fn vrnic_query_device_ex(
         // SAFETY: plain C data; zero is valid.
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         ex.orig_attr = device_attr(conn);
-        ex.max_dm_size = 0;
+        // The extended flags repeat the base ones in their low 32 bits, as providers report.
+        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+        ex.max_dm_size = crate::dm::MAX_DM_SIZE;
         ex.phys_port_cnt_ex = 1;
         // Completion timestamps: CLOCK_MONOTONIC nanoseconds (a 1 GHz clock), 64 bits.
         ex.completion_timestamp_mask = u64::MAX;
@@ -412,7 +445,8 @@ fn port_attr(conn: &Conn) -> ibv_port_attr {
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
     p.gid_tbl_len = c_int::from(limits::GIDS);
-    p.port_cap_flags = 0;
+    p.port_cap_flags = limits::PORT_CAP_FLAGS;
+    p.subnet_timeout = limits::SUBNET_TIMEOUT;
     p.max_msg_sz = vrnic_wire::MAX_MSG_SIZE;
     p.pkey_tbl_len = limits::PKEYS;
     p.lid = conn.info.lid;
@@ -522,6 +556,10 @@ pub extern "C" fn vrnic_ibv_query_gid_type(
     0
 }
 
+/// The port's one GID table entry. The port is InfiniBand (`ibv_query_port` reports
+/// `IBV_LINK_LAYER_INFINIBAND`), its GID the subnet prefix and the vRNIC's GUID, and the GRH
+/// the engine writes into UD receive buffers is the IB GRH (IP version 6, next header 0x1b):
+/// an `IBV_GID_TYPE_IB` entry with no net device, as the kernel reports for an IB port.
 fn gid_entry(conn: &Conn) -> ibv_gid_entry {
     // SAFETY: plain C data; zero is valid.
     let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
@@ -533,54 +571,77 @@ fn gid_entry(conn: &Conn) -> ibv_gid_entry {
     e
 }
 
+/// Writes `e` into an app's entry of `entry_size` bytes (at least ours; a larger one, from
+/// newer headers, gets its tail zeroed, as the kernel's `copy_to_struct_or_zero`).
+///
+/// # Safety
+/// `at` must be valid for writes of `entry_size` bytes.
+unsafe fn put_gid_entry(at: *mut u8, entry_size: usize, e: &ibv_gid_entry) {
+    let n = std::mem::size_of::<ibv_gid_entry>();
+    // SAFETY: per the contract, `at` holds entry_size >= n bytes.
+    unsafe { std::ptr::copy_nonoverlapping((&raw const *e).cast::<u8>(), at, n) };
+    // SAFETY: n <= entry_size, so the result stays inside (or one past) the entry.
+    let tail = unsafe { at.add(n) };
+    // SAFETY: the bytes n..entry_size of the same entry, valid per the contract.
+    unsafe { std::ptr::write_bytes(tail, 0, entry_size - n) };
+}
+
+/// `_ibv_query_gid_ex` (behind the `ibv_query_gid_ex` inline). As the kernel's
+/// `UVERBS_METHOD_QUERY_GID_ENTRY`: flags other than 0, a port other than 1 or an index past
+/// `gid_tbl_len`: `EINVAL` (`ENODATA` would be an empty entry inside the table; ours has
+/// none).
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic__ibv_query_gid_ex(
     ctx: *mut ibv_context,
     port: u32,
     index: u32,
     entry: *mut ibv_gid_entry,
-    _flags: u32,
+    flags: u32,
     entry_size: usize,
 ) -> c_int {
     guard(libc::EIO, || {
         if ctx.is_null()
             || entry.is_null()
-            || port != 1
+            || flags != 0
+            || port != u32::from(limits::PORTS)
+            || index >= u32::from(limits::GIDS)
             || entry_size < std::mem::size_of::<ibv_gid_entry>()
         {
             return libc::EINVAL;
         }
-        if index != 0 {
-            return libc::ENODATA;
-        }
         // SAFETY: ctx is ours.
         let e = gid_entry(&unsafe { context(ctx) }.conn);
-        // SAFETY: entry holds at least one ibv_gid_entry (entry_size checked).
-        unsafe { entry.write(e) };
+        // SAFETY: entry holds entry_size bytes (checked to be at least one ibv_gid_entry).
+        unsafe { put_gid_entry(entry.cast(), entry_size, &e) };
         0
     })
 }
 
+/// `_ibv_query_gid_table` (behind the `ibv_query_gid_table` inline): the valid entries of
+/// every port, `entry_size` bytes apart; the count, or `-EINVAL` for flags other than 0, no
+/// room (`max` 0) or an entry smaller than ours, as the kernel's `rdma_query_gid_table`.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic__ibv_query_gid_table(
     ctx: *mut ibv_context,
     entries: *mut ibv_gid_entry,
     max: usize,
-    _flags: u32,
+    flags: u32,
     entry_size: usize,
 ) -> isize {
     guard(-(libc::EIO as isize), || {
-        if ctx.is_null() || entries.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-            return -(libc::EINVAL as isize);
-        }
-        if max == 0 {
+        if ctx.is_null()
+            || entries.is_null()
+            || flags != 0
+            || entry_size < std::mem::size_of::<ibv_gid_entry>()
+            || max < usize::from(limits::GIDS)
+        {
             return -(libc::EINVAL as isize);
         }
         // SAFETY: ctx is ours.
         let e = gid_entry(&unsafe { context(ctx) }.conn);
         // SAFETY: entries has room for `max` >= 1 entries of entry_size bytes.
-        unsafe { entries.write(e) };
-        1
+        unsafe { put_gid_entry(entries.cast(), entry_size, &e) };
+        isize::from(limits::GIDS)
     })
 }
 
@@ -661,15 +722,37 @@ fn reg_mr(
         let pdr = unsafe { &*pd };
         let (ctx, pdh) = (pdr.context, pdr.handle);
         // SAFETY: the PD's context outlives it.
-        let conn = &unsafe { context(ctx) }.conn;
-        let req = Request::RegMr {
+        let vctx = unsafe { context(ctx) };
+        let conn = &vctx.conn;
+        // Held to the end: a registration and a deregistration of the same pages in two
+        // threads must not both act on them.
+        let Ok(mut parked) = vctx.parked.lock() else {
+            return null_err(libc::EIO);
+        };
+        let first = addr as u64 / PAGE * PAGE;
+        let end = (addr as u64 + len as u64).next_multiple_of(PAGE);
+        let reuse = unpark(conn, &mut parked, first, end);
+        let req = |reuse: Vec<PageRun>| Request::RegMr {
             pd: pdh,
             addr: addr as u64,
             len: len as u64,
             iova,
             access,
+            reuse,
         };
-        let (mr, lkey, rkey, runs) = match conn.call(&req) {
+        let mut reply = conn.call(&req(reuse.clone()));
+        if !matches!(reply, Ok(Reply::Mr { .. })) {
+            // The daemon took none of them back: still ours, still detached.
+            for r in reuse {
+                parked.park(r);
+            }
+            if reply == Err(libc::ENOMEM) && parked.bytes() > 0 {
+                // Parked pages may be what the vRNIC lacks: give them all back, then retry.
+                evict(conn, &parked.take_all());
+                reply = conn.call(&req(Vec::new()));
+            }
+        }
+        let (mr, lkey, rkey, runs) = match reply {
             Ok(Reply::Mr {
                 mr,
                 lkey,
@@ -725,12 +808,61 @@ fn reg_mr(
             rkey,
         };
         let p = Box::into_raw(Box::new(VMr { mr: m, access }));
-        // SAFETY: ctx is ours and live (the PD's context).
-        if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
+        if let Ok(mut live) = vctx.mrs.lock() {
             live.insert(p as usize);
         }
         p.cast()
     })
+}
+
+/// Takes the parked runs with pages in `first..end` out of `parked` and returns the pages of
+/// them inside that range which the app still maps (for the daemon to reuse). Their pages
+/// outside the range stay parked; pages the app no longer maps are freed.
+fn unpark(conn: &Conn, parked: &mut Parked, first: u64, end: u64) -> Vec<PageRun> {
+    let near = parked.take_overlapping(first, end);
+    if near.is_empty() {
+        return near;
+    }
+    let split = maps::split(&near, conn.region.file());
+    if !split.gone.is_empty() {
+        let _ = conn.call(&Request::ReleasePages { runs: split.gone });
+    }
+    let mut reuse = Vec::new();
+    for r in split.mapped {
+        let (inside, outside) = parked::clip(r, first, end);
+        reuse.extend(inside);
+        for o in outside {
+            parked.park(o);
+        }
+    }
+    reuse
+}
+
+/// Gives detached runs back for good: the pages the app still maps are copied back onto
+/// private memory, and every page it no longer maps or got back is freed in the daemon.
+fn evict(conn: &Conn, runs: &[PageRun]) {
+    if runs.is_empty() {
+        return;
+    }
+    let split = maps::split(runs, conn.region.file());
+    if !split.unreadable.is_empty() {
+        vlog!("deregistered memory the app made unreadable stays on its region pages");
+    }
+    let mut released = split.gone;
+    for r in split.mapped {
+        let bytes = u64::from(r.pages) * PAGE;
+        // SAFETY: /proc/self/maps just showed these addresses mapping the region pages the
+        // daemon gave a registration of this context: the app's buffer that we mapped over.
+        match unsafe { vrnic_shm::remap_private(r.va as usize, bytes as usize) } {
+            Ok(()) => released.push(r),
+            Err(e) => {
+                vlog!("detaching deregistered memory failed: {e}; its pages stay reserved")
+            }
+        }
+    }
+    if !released.is_empty() {
+        let _ = conn.call(&Request::ReleasePages { runs: released });
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -775,31 +907,38 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let mrr = unsafe { &*mr };
         let (ctx, h) = (mrr.context, mrr.handle);
         // SAFETY: the MR's context outlives it.
-        let conn = &unsafe { context(ctx) }.conn;
+        let vctx = unsafe { context(ctx) };
+        let conn = &vctx.conn;
+        // Held to the end, as in `reg_mr`.
+        let Ok(mut parked) = vctx.parked.lock() else {
+            return libc::EIO;
+        };
         let runs: Vec<PageRun> = match conn.call(&Request::DeregMr { mr: h }) {
             Ok(Reply::Detach { runs }) => runs,
             Ok(_) => return libc::EPROTO,
             Err(e) => return e,
         };
-        // The app keeps its bytes, on private memory again; then the pages may be reused.
-        let mut released = Vec::with_capacity(runs.len());
-        for r in runs {
-            let bytes = u64::from(r.pages) * PAGE;
-            // SAFETY: these pages are the app's registered buffer that we mapped over.
-            match unsafe { vrnic_shm::remap_private(r.va as usize, bytes as usize) } {
-                Ok(()) => released.push(r),
-                Err(e) => {
-                    vlog!("detaching deregistered memory failed: {e}; its pages stay reserved")
-                }
-            }
+        // The buffer stays on its region pages, parked for a registration again (`parked`),
+        // where the app still maps them; pages it unmapped (or mapped anew) since the
+        // registration are left as the app made them and freed at once. Past the cap, the
+        // oldest parked buffers go back onto private memory with their bytes.
+        let split = maps::split(&runs, conn.region.file());
+        if !split.gone.is_empty() {
+            let _ = conn.call(&Request::ReleasePages { runs: split.gone });
         }
-        if !released.is_empty() {
-            let _ = conn.call(&Request::ReleasePages { runs: released });
+        if !split.unreadable.is_empty() {
+            vlog!("deregistered memory the app made unreadable stays on its region pages");
         }
+        for r in split.mapped {
+            parked.park(r);
+        }
+        evict(conn, &parked.take_oldest_over(parked::cap_bytes()));
+        drop(parked);
         // SAFETY: the MR's context outlives it.
         if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
             live.remove(&(mr as usize));
         }
+        crate::dm::mr_gone(mr as usize);
         // SAFETY: mr was boxed by reg_mr; the app gives it up now.
         drop(unsafe { Box::from_raw(mr.cast::<VMr>()) });
         0
@@ -873,6 +1012,11 @@ pub extern "C" fn vrnic_ibv_rereg_mr(
             return match vrnic_ibv_dereg_mr(fresh) {
                 0 => 0,
                 e => {
+                    // The old registration must stay (memory windows are bound to it): the
+                    // app's MR describes it again, and the new one goes.
+                    // SAFETY: as above; dereg_mr failed, so fresh is still live.
+                    std::mem::swap(v, unsafe { &mut *fresh.cast::<VMr>() });
+                    vrnic_ibv_dereg_mr(fresh);
                     set_errno(e);
                     REREG_ERR_CMD
                 }
@@ -1024,6 +1168,7 @@ pub extern "C" fn vrnic_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if let Ok(mut m) = c.cqs.lock() {
             m.remove(&h);
         }
+        c.conn.withdraw_events(CQ_EVENTS, h);
         if !channel.is_null() {
             // SAFETY: the channel outlives the CQs attached to it (destroy refuses otherwise).
             unsafe { (*channel).refcnt -= 1 };
@@ -1537,6 +1682,7 @@ pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Ok(mut m) = c.qps.lock() {
             m.remove(&h);
         }
+        c.conn.withdraw_events(QP_EVENTS, h);
         // SAFETY: boxed by create_qp; the app gives it up now.
         drop(unsafe { Box::from_raw(qp.cast::<VQp>()) });
         0
@@ -1639,7 +1785,19 @@ pub extern "C" fn vrnic_post_send(
             } else {
                 SendPayload::Sges(list)
             };
-            let (remote_addr, rkey, compare_add, swap) = send_wr_remote(w, opcode);
+            let (mut remote_addr, mut rkey, mut compare_add, mut swap) = send_wr_remote(w, opcode);
+            let mut imm_data = send_wr_imm(w);
+            if opcode == SendOpcode::BindMw {
+                // SAFETY: for IBV_WR_BIND_MW the app filled the `bind_mw` member (verbs.h).
+                let b = unsafe { w.bind_mw_or_tso.bind_mw };
+                match crate::mw::bind_fields(b.mw, b.rkey, &raw const b.bind_info) {
+                    Ok(f) => (remote_addr, rkey, imm_data, compare_add, swap) = f,
+                    Err(e) => {
+                        rc = e;
+                        break;
+                    }
+                }
+            }
             let ud = if v.qp.qp_base.qp_type == IBV_QPT_UD {
                 // SAFETY: on a UD QP the app filled the `ud` member of the union (verbs.h).
                 let u = unsafe { w.wr.ud };
@@ -1660,7 +1818,7 @@ pub extern "C" fn vrnic_post_send(
                 wr_id: w.wr_id,
                 opcode,
                 flags,
-                imm_data: send_wr_imm(w),
+                imm_data,
                 remote_addr,
                 rkey,
                 compare_add,
@@ -1749,23 +1907,18 @@ pub(crate) fn post_recv_list(
     if rc != 0 { fail_at(bad, cur, rc) } else { 0 }
 }
 
-pub extern "C" fn vrnic_alloc_mw(_pd: *mut ibv_pd, _ty: c_uint) -> *mut ibv_mw {
-    null_err(libc::EOPNOTSUPP)
-}
-
-pub extern "C" fn vrnic_dealloc_mw(_mw: *mut ibv_mw) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-pub extern "C" fn vrnic_bind_mw(
-    _qp: *mut ibv_qp,
-    _mw: *mut ibv_mw,
-    _bind: *mut ibv_mw_bind,
-) -> c_int {
-    libc::EOPNOTSUPP
-}
-
 // ---- async events ----------------------------------------------------------------------------
+
+/// The async events that name a QP, an SRQ, a CQ: withdrawn when the object is destroyed.
+pub(crate) const QP_EVENTS: &[u32] = &[
+    vrnic_api::event::QP_FATAL,
+    vrnic_api::event::QP_LAST_WQE_REACHED,
+];
+pub(crate) const SRQ_EVENTS: &[u32] = &[
+    vrnic_api::event::SRQ_LIMIT_REACHED,
+    vrnic_api::event::SRQ_ERR,
+];
+const CQ_EVENTS: &[u32] = &[vrnic_api::event::CQ_ERR];
 
 /// The object (as its address) an async event names by handle, or 0 if it is gone.
 fn object(table: &Mutex<HashMap<u32, usize>>, handle: u32) -> usize {
@@ -1776,6 +1929,10 @@ fn object(table: &Mutex<HashMap<u32, usize>>, handle: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// `ibv_get_async_event`: the next event, blocking unless the app made `async_fd`
+/// non-blocking. Events are withdrawn when the object they name is destroyed
+/// (`Conn::withdraw_events`); one that still finds its object gone is skipped, never handed
+/// out with a null element.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_get_async_event(
     ctx: *mut ibv_context,
@@ -1787,44 +1944,52 @@ pub extern "C" fn vrnic_ibv_get_async_event(
         }
         // SAFETY: ctx is ours.
         let c = unsafe { context(ctx) };
-        if let Err(e) = c.conn.async_q.efd.wait() {
-            return minus_one(e);
+        loop {
+            if let Err(e) = c.conn.async_q.efd.wait() {
+                return minus_one(e);
+            }
+            let Some((kind, handle)) = c
+                .conn
+                .async_q
+                .queue
+                .lock()
+                .ok()
+                .and_then(|mut q| q.pop_front())
+            else {
+                // Its event was withdrawn between the wake-up and now: wait for the next.
+                continue;
+            };
+            // SAFETY: plain C data; zero is valid.
+            let mut out: ibv_async_event = unsafe { std::mem::zeroed() };
+            out.event_type = kind;
+            let element = match kind {
+                k if QP_EVENTS.contains(&k) => {
+                    let p = object(&c.qps, handle);
+                    out.element.qp = p as *mut ibv_qp;
+                    p
+                }
+                k if SRQ_EVENTS.contains(&k) => {
+                    let p = object(&c.srqs, handle);
+                    out.element.srq = p as *mut ibv_srq;
+                    p
+                }
+                k if CQ_EVENTS.contains(&k) => {
+                    let p = object(&c.cqs, handle);
+                    out.element.cq = p as *mut ibv_cq;
+                    p
+                }
+                _ => {
+                    out.element.port_num = 1;
+                    1
+                }
+            };
+            if element == 0 {
+                continue;
+            }
+            // SAFETY: ev is caller-owned.
+            unsafe { *ev = out };
+            return 0;
         }
-        let Some((kind, handle)) = c
-            .conn
-            .async_q
-            .queue
-            .lock()
-            .ok()
-            .and_then(|mut q| q.pop_front())
-        else {
-            return minus_one(libc::EAGAIN);
-        };
-        // SAFETY: plain C data; zero is valid.
-        let mut out: ibv_async_event = unsafe { std::mem::zeroed() };
-        out.event_type = kind;
-        match kind {
-            vrnic_api::event::QP_FATAL => {
-                let p = object(&c.qps, handle);
-                out.element.qp = p as *mut ibv_qp;
-            }
-            vrnic_api::event::SRQ_LIMIT_REACHED | vrnic_api::event::SRQ_ERR => {
-                let p = object(&c.srqs, handle);
-                out.element.srq = p as *mut ibv_srq;
-            }
-            vrnic_api::event::QP_LAST_WQE_REACHED => {
-                let p = object(&c.qps, handle);
-                out.element.qp = p as *mut ibv_qp;
-            }
-            vrnic_api::event::CQ_ERR => {
-                let p = object(&c.cqs, handle);
-                out.element.cq = p as *mut ibv_cq;
-            }
-            _ => out.element.port_num = 1,
-        }
-        // SAFETY: ev is caller-owned.
-        unsafe { *ev = out };
-        0
     })
 }
 
@@ -1885,7 +2050,6 @@ unsupported_ptr! {
 unsupported_int! {
     vrnic_ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) = libc::EOPNOTSUPP;
     vrnic_ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) = libc::EOPNOTSUPP;
-    vrnic_ibv_resize_cq(cq: *mut ibv_cq, n: c_int) = libc::EOPNOTSUPP;
     vrnic_ibv_resolve_eth_l2_from_gid(ctx: *mut ibv_context, a: *mut ibv_ah_attr, mac: *mut u8, vid: *mut u16) = libc::EOPNOTSUPP;
     vrnic_ibv_query_ece(qp: *mut ibv_qp, ece: *mut c_void) = libc::EOPNOTSUPP;
     vrnic_ibv_set_ece(qp: *mut ibv_qp, ece: *mut c_void) = libc::EOPNOTSUPP;

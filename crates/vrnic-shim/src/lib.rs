@@ -17,7 +17,8 @@
 //!
 //! Layout: [`abi`] and [`cm_abi`] mirror the C structs of libibverbs and librdmacm; `ffi`
 //! holds the core `extern "C"` verbs (devices, PD, MR, CQ, QP, post/poll), `srq`, `ah` and `ex`
-//! the SRQ, address-handle and extended (`ibv_wr_*`, `ibv_cq_ex`) verbs, `cm` the `rdma_*`
+//! the SRQ, address-handle and extended (`ibv_wr_*`, `ibv_cq_ex`) verbs, `resize`, `mw` and
+//! `dm` `ibv_resize_cq`, memory windows and device memory, `cm` the `rdma_*`
 //! connection manager; `symbols` gives them rdma-core's symbol versions; [`client`] is the safe
 //! core over `vrnic-shm`.
 #![deny(unsafe_code)]
@@ -27,9 +28,14 @@ mod ah;
 pub mod client;
 mod cm;
 pub mod cm_abi;
+mod dm;
 mod ex;
 mod ffi;
 mod limits;
+mod maps;
+mod mw;
+mod parked;
+mod resize;
 mod srq;
 mod symbols;
 mod sys;

@@ -20,6 +20,18 @@ pub const GIDS: u8 = 1;
 pub const PKEYS: u16 = 1;
 /// Highest `ibv_mtu` value (`IBV_MTU_4096`): the port's `max_mtu`.
 pub const MAX_MTU: u32 = 5;
+/// `device_cap_flags`: what the engine does, and nothing more. RNR NAKs: a SEND finding no
+/// receive waits per `min_rnr_timer`/`rnr_retry`; port-active event: `IBV_EVENT_PORT_ACTIVE`
+/// as a context attaches; `sys_image_guid` is set (the node GUID).
+pub const DEVICE_CAP_FLAGS: u32 = crate::abi::IBV_DEVICE_RC_RNR_NAK_GEN
+    | crate::abi::IBV_DEVICE_PORT_ACTIVE_EVENT
+    | crate::abi::IBV_DEVICE_SYS_IMAGE_GUID;
+/// `port_cap_flags`: a connection manager serves the port (librdmacm's `rdma_*` over the
+/// daemon's broker), and the port reports the system image GUID.
+pub const PORT_CAP_FLAGS: u32 =
+    crate::abi::IBV_PORT_CM_SUP | crate::abi::IBV_PORT_SYS_IMAGE_GUID_SUP;
+/// `subnet_timeout` (4.096 us * 2^18, about 1 s: what subnet managers commonly assign).
+pub const SUBNET_TIMEOUT: u8 = 18;
 
 /// `ibv_create_cq`/`ibv_create_cq_ex`: `cqe` in `1..=max_cqe`, `comp_vector` in
 /// `0..num_comp_vectors`.
@@ -114,6 +126,7 @@ mod tests {
             max_mr: 4,
             max_pd: 4,
             max_mr_size: 1 << 30,
+            max_srq: 4,
         }
     }
 

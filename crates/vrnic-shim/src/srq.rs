@@ -2,8 +2,10 @@
 //! `ibv_destroy_srq` (control path, remoted to the daemon) and `post_srq_recv` (data path: a
 //! receive ring in the region that the engine reads for every QP attached to the SRQ).
 //!
-//! Only basic SRQs exist: XRC and tag-matching SRQs fail with `EOPNOTSUPP`, resizing with
-//! `EINVAL` (the device does not report `IBV_DEVICE_SRQ_RESIZE`).
+//! Only basic SRQs exist: XRC and tag-matching SRQs fail with `EOPNOTSUPP`. Resizing
+//! (`IBV_SRQ_MAX_WR`, the device reports `IBV_DEVICE_SRQ_RESIZE`) grows or shrinks the SRQ
+//! keeping its posted receives: the daemon takes every receive published into the engine and
+//! moves the SRQ to a ring of the new depth whose indices carry on from the old one.
 #![allow(unsafe_code)]
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
@@ -139,19 +141,41 @@ pub extern "C" fn vrnic_ibv_modify_srq(
         if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
             return libc::EINVAL;
         }
-        // SAFETY: srq is ours and live.
-        let s = unsafe { &*srq };
+        // SAFETY: srq is ours and live (every SRQ we hand out is a VSrq).
+        let v = unsafe { &*srq.cast::<VSrq>() };
         // SAFETY: attr is caller-owned.
         let a = unsafe { &*attr };
         // SAFETY: the SRQ's context outlives it.
-        let c = unsafe { context(s.context) };
+        let c = unsafe { context(v.srq.context) };
+        let resize = mask & IBV_SRQ_MAX_WR != 0;
+        if resize && (a.max_wr == 0 || a.max_wr > c.conn.info.max_qp_wr) {
+            return libc::EINVAL;
+        }
         let req = Request::ModifySrq {
-            srq: s.handle,
-            resize: mask & IBV_SRQ_MAX_WR != 0,
+            srq: v.srq.handle,
+            resize: resize.then_some(a.max_wr),
             limit: (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit),
         };
+        if !resize {
+            return match c.conn.call(&req) {
+                Ok(_) => 0,
+                Err(e) => e,
+            };
+        }
+        // No post while the ring moves: the daemon takes what was published, then answers
+        // with the ring the SRQ uses from now on.
+        let Ok(mut rq) = v.rq.lock() else {
+            return libc::EIO;
+        };
         match c.conn.call(&req) {
-            Ok(_) => 0,
+            Ok(Reply::Srq { ring, depth, .. }) => {
+                let Ok(ring) = Ring::new(&c.conn.region, ring, depth, RQ_SLOT) else {
+                    return libc::EPROTO;
+                };
+                rq.resize(ring, a.max_wr);
+                0
+            }
+            Ok(_) => libc::EPROTO,
             Err(e) => e,
         }
     })
@@ -206,6 +230,7 @@ pub extern "C" fn vrnic_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Ok(mut m) = c.srqs.lock() {
             m.remove(&h);
         }
+        c.conn.withdraw_events(crate::ffi::SRQ_EVENTS, h);
         // SAFETY: boxed by create; the app gives it up now.
         drop(unsafe { Box::from_raw(srq.cast::<VSrq>()) });
         0

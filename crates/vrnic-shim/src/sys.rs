@@ -7,7 +7,14 @@ use std::os::fd::RawFd;
 /// An `eventfd` in semaphore mode: each `read` takes one event, `poll` says readable while any
 /// is pending. Used for completion channels and the async event fd, which apps poll and read.
 #[derive(Debug)]
-pub struct EventFd(RawFd);
+pub struct EventFd {
+    fd: RawFd,
+    /// How many [`EventFd::take_nowait`] calls have set `O_NONBLOCK` on an fd the app left
+    /// blocking (a [`EventFd::wait`] that meets it then polls instead of failing).
+    lent: std::sync::atomic::AtomicU32,
+    /// Serializes [`EventFd::take_nowait`]: two lenders would restore each other's flags.
+    lending: std::sync::Mutex<()>,
+}
 
 impl EventFd {
     /// A new event fd (close-on-exec).
@@ -17,19 +24,23 @@ impl EventFd {
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(EventFd(fd))
+        Ok(EventFd {
+            fd,
+            lent: std::sync::atomic::AtomicU32::new(0),
+            lending: std::sync::Mutex::new(()),
+        })
     }
 
     /// The fd handed to the app.
     pub fn fd(&self) -> RawFd {
-        self.0
+        self.fd
     }
 
     /// Adds one event.
     pub fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64 to our fd.
-        unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
+        unsafe { libc::write(self.fd, (&one as *const u64).cast(), 8) };
     }
 
     /// Takes one event, blocking unless the app set `O_NONBLOCK` on the fd. Returns the errno on
@@ -38,14 +49,53 @@ impl EventFd {
         let mut v: u64 = 0;
         loop {
             // SAFETY: reads 8 bytes into a valid u64 from our fd.
-            let r = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+            let r = unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
             if r == 8 {
                 return Ok(());
             }
             let e = errno();
+            if e == libc::EAGAIN && self.lent.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                // The app's fd is blocking; `O_NONBLOCK` is only lent to `take_nowait`.
+                poll_in(self.fd, 1);
+                continue;
+            }
             if e != libc::EINTR {
                 return Err(e);
             }
+        }
+    }
+
+    /// Takes up to `n` pending events without blocking: events withdrawn before the app read
+    /// them (their object was destroyed), so that `poll` no longer reports them. If the app left
+    /// the fd blocking, `O_NONBLOCK` is set for these reads only.
+    pub fn take_nowait(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let _one_lender = self.lending.lock();
+        // SAFETY: F_GETFL on our own fd has no memory preconditions.
+        let flags = unsafe { libc::fcntl(self.fd, libc::F_GETFL) };
+        if flags < 0 {
+            return;
+        }
+        let lend = flags & libc::O_NONBLOCK == 0;
+        if lend {
+            self.lent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            // SAFETY: F_SETFL on our own fd has no memory preconditions.
+            unsafe { libc::fcntl(self.fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+        }
+        let mut v: u64 = 0;
+        for _ in 0..n {
+            // SAFETY: reads 8 bytes into a valid u64 from our (now non-blocking) fd.
+            let r = unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
+            if r != 8 {
+                break;
+            }
+        }
+        if lend {
+            // SAFETY: as above; restores the app's flags.
+            unsafe { libc::fcntl(self.fd, libc::F_SETFL, flags) };
+            self.lent.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
 }
@@ -54,7 +104,7 @@ impl EventFd {
     /// Whether the app set `O_NONBLOCK` on the fd (then [`wait`](Self::wait) never blocks).
     pub fn nonblocking(&self) -> bool {
         // SAFETY: F_GETFL on our own fd has no memory preconditions.
-        let flags = unsafe { libc::fcntl(self.0, libc::F_GETFL) };
+        let flags = unsafe { libc::fcntl(self.fd, libc::F_GETFL) };
         flags >= 0 && flags & libc::O_NONBLOCK != 0
     }
 }
@@ -62,7 +112,7 @@ impl EventFd {
 impl Drop for EventFd {
     fn drop(&mut self) {
         // SAFETY: we own the fd.
-        unsafe { libc::close(self.0) };
+        unsafe { libc::close(self.fd) };
     }
 }
 

@@ -145,7 +145,7 @@ impl Region {
         // SAFETY: a fresh shared mapping chosen by the kernel (no MAP_FIXED), of a file we hold
         // open; it aliases no Rust object.
         let base = unsafe {
-            libc::mmap(
+            raw_mmap(
                 std::ptr::null_mut(),
                 size as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -161,7 +161,7 @@ impl Region {
             Ok(g) => g,
             Err(e) => {
                 // SAFETY: the mapping just made above, referenced by nothing yet.
-                unsafe { libc::munmap(base, size as usize) };
+                unsafe { raw_munmap(base, size as usize) };
                 return Err(io("guard", path)(e));
             }
         };
@@ -204,6 +204,15 @@ impl Region {
                 size: self.size,
             }),
         }
+    }
+
+    /// Where `len` bytes at `off` sit in this process (address, length), for the kernel to
+    /// read them by vectored I/O, checked like every access. Nothing here dereferences it; a
+    /// caller hands it to a system call while it holds the region, and a range the tenant has
+    /// truncated away makes that call fail with `EFAULT` rather than fault.
+    pub fn io_range(&self, off: u64, len: u64) -> Result<(usize, usize), RegionError> {
+        let p = self.check(off, len)?;
+        Ok((p as usize, len as usize))
     }
 
     /// Copies bytes out of the region.
@@ -280,7 +289,7 @@ impl Region {
         self.check(off, len)?;
         // SAFETY: range checked against the file; the caller vouches for the target range.
         let p = unsafe {
-            libc::mmap(
+            raw_mmap(
                 addr as *mut libc::c_void,
                 len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -330,7 +339,7 @@ impl Region {
 pub unsafe fn remap_private(addr: usize, len: usize) -> std::io::Result<()> {
     // SAFETY: a fresh anonymous mapping chosen by the kernel.
     let tmp = unsafe {
-        libc::mmap(
+        raw_mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -346,18 +355,19 @@ pub unsafe fn remap_private(addr: usize, len: usize) -> std::io::Result<()> {
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, tmp.cast::<u8>(), len) };
     // SAFETY: moves our private mapping over the caller's range, which the caller vouches for.
     let moved = unsafe {
-        libc::mremap(
-            tmp,
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-            addr as *mut libc::c_void,
+        libc::syscall(
+            libc::SYS_mremap,
+            tmp as libc::c_long,
+            len as libc::c_long,
+            len as libc::c_long,
+            libc::c_long::from(libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED),
+            addr as libc::c_long,
         )
     };
-    if moved == libc::MAP_FAILED {
+    if moved == -1 {
         let e = std::io::Error::last_os_error();
         // SAFETY: tmp is our own mapping of len bytes.
-        unsafe { libc::munmap(tmp, len) };
+        unsafe { raw_munmap(tmp, len) };
         return Err(e);
     }
     Ok(())
@@ -368,8 +378,53 @@ impl Drop for Region {
         // Unwatched before it is unmapped: the guard never claims an address we gave back.
         drop(self.guard.take());
         // SAFETY: base/size are the mapping created in `map`; no borrow of it outlives self.
-        unsafe { libc::munmap(self.base.cast(), self.size as usize) };
+        unsafe { raw_munmap(self.base.cast(), self.size as usize) };
     }
+}
+
+/// `mmap(2)`, issued as a raw system call rather than through libc's `mmap`. The driver library
+/// lives inside programs whose memory hooks (UCX's ucm, Open MPI's patcher) intercept libc's
+/// `mmap`/`munmap`/`mremap`, by symbol or by patching their code, and drop every registration
+/// their caches hold over a range those calls touch: mapping region pages over a buffer being
+/// registered would evict the very registration being made. Returns `MAP_FAILED` with errno
+/// set on failure, as `mmap` does.
+///
+/// # Safety
+/// As `mmap(2)`: with `MAP_FIXED`, the caller owns the target range.
+unsafe fn raw_mmap(
+    addr: *mut libc::c_void,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: libc::c_int,
+    off: libc::off_t,
+) -> *mut libc::c_void {
+    // SAFETY: the kernel's mmap with the caller's arguments, each widened to a register.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            addr as libc::c_long,
+            len as libc::c_long,
+            libc::c_long::from(prot),
+            libc::c_long::from(flags),
+            libc::c_long::from(fd),
+            off as libc::c_long,
+        )
+    };
+    if r == -1 {
+        libc::MAP_FAILED
+    } else {
+        r as *mut libc::c_void
+    }
+}
+
+/// `munmap(2)` as a raw system call (see [`raw_mmap`] for why).
+///
+/// # Safety
+/// As `munmap(2)`: nothing may use the range afterwards.
+unsafe fn raw_munmap(addr: *mut libc::c_void, len: usize) {
+    // SAFETY: the kernel's munmap with the caller's range.
+    unsafe { libc::syscall(libc::SYS_munmap, addr as libc::c_long, len as libc::c_long) };
 }
 
 /// Waits on `word` while it holds `expected`, for up to `timeout_ms`. Returns false when the

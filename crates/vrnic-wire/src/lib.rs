@@ -149,6 +149,17 @@ pub enum SendOpcode {
     AtomicCmpAndSwp = 5,
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD`
     AtomicFetchAndAdd = 6,
+    /// `IBV_WR_LOCAL_INV`: invalidates the type 2 memory window whose R_Key is `imm_data`
+    /// (the `invalidate_rkey` member of the same union in `ibv_send_wr`).
+    LocalInv = 7,
+    /// `IBV_WR_BIND_MW`: binds memory window `swap >> 32` (the handle the daemon gave out)
+    /// to `[remote_addr, remote_addr + compare_add)` of the MR whose L_Key is `swap as u32`
+    /// (length 0: unbinds a type 1 window), with access flags `imm_data` and the new R_Key
+    /// `rkey` (its low 8 bits are the consumer's key; the rest must be the window's).
+    BindMw = 8,
+    /// `IBV_WR_SEND_WITH_INV`: a SEND that also invalidates, at the responder, the type 2
+    /// window whose R_Key is `imm_data`.
+    SendWithInv = 9,
 }
 
 impl SendOpcode {
@@ -162,6 +173,9 @@ impl SendOpcode {
             4 => Self::RdmaRead,
             5 => Self::AtomicCmpAndSwp,
             6 => Self::AtomicFetchAndAdd,
+            7 => Self::LocalInv,
+            8 => Self::BindMw,
+            9 => Self::SendWithInv,
             other => return Err(ParseError::Opcode(other)),
         })
     }
@@ -170,11 +184,19 @@ impl SendOpcode {
     pub fn wc_opcode(self) -> WcOpcode {
         match self {
             Self::RdmaWrite | Self::RdmaWriteWithImm => WcOpcode::RdmaWrite,
-            Self::Send | Self::SendWithImm => WcOpcode::Send,
+            Self::Send | Self::SendWithImm | Self::SendWithInv => WcOpcode::Send,
             Self::RdmaRead => WcOpcode::RdmaRead,
             Self::AtomicCmpAndSwp => WcOpcode::CompSwap,
             Self::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            Self::LocalInv => WcOpcode::LocalInv,
+            Self::BindMw => WcOpcode::BindMw,
         }
+    }
+
+    /// Whether the operation is local to the requester (a memory-window bind or a local
+    /// invalidation): nothing is sent for it.
+    pub fn is_local(self) -> bool {
+        matches!(self, Self::LocalInv | Self::BindMw)
     }
 
     /// Whether the operation carries immediate data to the responder.
@@ -460,6 +482,8 @@ pub enum WcOpcode {
     RdmaRead = 2,
     CompSwap = 3,
     FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }
@@ -473,6 +497,8 @@ impl WcOpcode {
             2 => Self::RdmaRead,
             3 => Self::CompSwap,
             4 => Self::FetchAdd,
+            5 => Self::BindMw,
+            6 => Self::LocalInv,
             128 => Self::Recv,
             129 => Self::RecvRdmaWithImm,
             _ => return None,
@@ -484,6 +510,8 @@ impl WcOpcode {
 pub const WC_GRH: u8 = 1;
 /// `IBV_WC_WITH_IMM`: `imm_data` is valid.
 pub const WC_WITH_IMM: u8 = 2;
+/// `IBV_WC_WITH_INV`: the message invalidated the R_Key in `imm_data` (`invalidated_rkey`).
+pub const WC_WITH_INV: u8 = 8;
 
 /// A completion as the engine produces it and the driver library reports it in `struct ibv_wc`.
 ///
@@ -720,9 +748,16 @@ pub mod access {
     pub const HUGETLB: u32 = 128;
     /// `IBV_ACCESS_RELAXED_ORDERING`
     pub const RELAXED_ORDERING: u32 = 1 << 20;
-    /// Flags accepted on registration; `ON_DEMAND`/`ZERO_BASED` and `MW_BIND` are refused.
-    pub const SUPPORTED: u32 =
-        LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC | HUGETLB | RELAXED_ORDERING;
+    /// Flags accepted on registration; `ON_DEMAND` and `ZERO_BASED` are refused.
+    pub const SUPPORTED: u32 = LOCAL_WRITE
+        | REMOTE_WRITE
+        | REMOTE_READ
+        | REMOTE_ATOMIC
+        | MW_BIND
+        | HUGETLB
+        | RELAXED_ORDERING;
+    /// Flags a memory window may be bound with (`ZERO_BASED` windows are refused).
+    pub const MW_SUPPORTED: u32 = REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
 }
 
 /// `ibv_qp_attr_mask` bits.

@@ -116,6 +116,7 @@ pub fn run(
     driver: &Path,
     hostname: &str,
     iso: Isolation,
+    view: Option<&crate::presence::DeviceView>,
     argv: &[String],
     env: &[(String, String)],
 ) -> io::Result<i32> {
@@ -148,6 +149,7 @@ pub fn run(
             driver,
             hostname,
             iso,
+            view,
         };
         // SAFETY: the child's copy of the write end, which it must not hold.
         unsafe { libc::close(life[1]) };
@@ -174,6 +176,8 @@ struct Setup<'a> {
     driver: &'a Path,
     hostname: &'a str,
     iso: Isolation,
+    /// The vRNIC's device node and sysfs view to add (`presence`), if any.
+    view: Option<&'a crate::presence::DeviceView>,
 }
 
 /// PID 1 of the new namespaces: the new root, hostname, loopback, privileges dropped, then the
@@ -294,6 +298,22 @@ fn build_root(s: &Setup<'_>, argv: &[CString]) -> io::Result<()> {
         ("stderr", "/proc/self/fd/2"),
     ] {
         std::os::unix::fs::symlink(to, dev.join(link))?;
+    }
+    if let Some(v) = s.view {
+        crate::presence::add_node(&dev, v)?;
+        // A /sys of its own holding only the vRNIC's class directory, read-only.
+        let sys = root.join("sys");
+        std::fs::create_dir(&sys)?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        mount("sysfs-vrnic", &sys, "tmpfs", flags, "mode=0755,size=256k")?;
+        crate::presence::write_sysfs(&sys.join("class"), v)?;
+        mount(
+            "none",
+            &sys,
+            "",
+            libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+            "",
+        )?;
     }
     std::fs::create_dir(dev.join("shm"))?;
     mount(

@@ -4,6 +4,7 @@
 //! `vm-args` print what a container engine or QEMU needs to give a container or a VM a vRNIC.
 
 mod container;
+mod presence;
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -30,6 +31,17 @@ struct Cli {
     state_dir: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// When `vrnic run` presents the device files (see `presence`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DeviceFiles {
+    /// When running as root.
+    Auto,
+    /// Always; an error without root.
+    On,
+    /// Never.
+    Off,
 }
 
 #[derive(Subcommand)]
@@ -84,6 +96,12 @@ enum Cmd {
         /// that exchange connection details over TCP with peers outside).
         #[arg(long, requires = "container")]
         host_net: bool,
+        /// Show the command the vRNIC where RDMA stacks look for a device: a node
+        /// /dev/infiniband/uverbs-NAME and /sys/class/infiniband/NAME, in a mount namespace of
+        /// its own (UCX, Open MPI and ibstat need them). `auto`: when root; `on`: fail without
+        /// root.
+        #[arg(long, value_enum, default_value_t = DeviceFiles::Auto)]
+        device_files: DeviceFiles,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
@@ -173,10 +191,11 @@ fn real_main() -> Result<()> {
             vrnic,
             container,
             host_net,
+            device_files,
             cmd,
         } => {
             let iso = container.then_some(container::Isolation { own_net: !host_net });
-            run(&state_dir, vrnic, iso, &cmd)
+            run(&state_dir, vrnic, iso, device_files, &cmd)
         }
         Cmd::DockerArgs { name } => {
             let v = find(&state_dir, &name)?;
@@ -305,12 +324,28 @@ fn run(
     state_dir: &std::path::Path,
     vrnic: Option<String>,
     iso: Option<container::Isolation>,
+    device_files: DeviceFiles,
     cmd: &[String],
 ) -> Result<()> {
     let driver = driver_path()?;
+    if device_files == DeviceFiles::On && !presence::permitted() {
+        bail!(
+            "--device-files on: presenting /dev/infiniband and /sys/class/infiniband takes a \
+             mount namespace, which needs root"
+        );
+    }
     let mut admin = AdminClient::connect(state_dir)?;
     let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold { name: vrnic })? else {
         bail!("unexpected reply")
+    };
+    let view = match device_files {
+        DeviceFiles::Off => None,
+        DeviceFiles::Auto if !presence::permitted() => None,
+        _ => Some(presence::DeviceView {
+            name: v.name.clone(),
+            lid: v.lid,
+            gid: v.gid,
+        }),
     };
     if let Some(iso) = iso {
         // The CLI keeps the admin connection (it holds the vRNIC) and waits: a container gets
@@ -331,12 +366,26 @@ fn run(
             &driver,
             &hostname,
             iso,
+            view.as_ref(),
             cmd,
             &env,
         )
         .context("vrnic run --container")?;
         drop(admin);
         std::process::exit(code);
+    }
+    if let Some(view) = &view {
+        match presence::enter(view) {
+            Ok(()) => {}
+            Err(e) if device_files == DeviceFiles::On => {
+                return Err(e).context("presenting the vRNIC's device files");
+            }
+            Err(e) => eprintln!(
+                "vrnic run: no /dev/infiniband and /sys/class/infiniband for {} ({e}); verbs \
+                 work, stacks that look for them (UCX, Open MPI) will not find the device",
+                v.name
+            ),
+        }
     }
     // The command inherits the admin connection: the vRNIC is held for as long as the command
     // (or anything it forks) lives, and released by the kernel when it exits or is killed.

@@ -194,7 +194,8 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
             addr: u64::MAX - 10,
             len: 100,
             iova: 0,
-            access: 1
+            access: 1,
+            reuse: vec![],
         }),
         Reply::Err { .. }
     ));
@@ -204,7 +205,8 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
             addr: 0x1000,
             len: 1 << 40,
             iova: 0x1000,
-            access: 1
+            access: 1,
+            reuse: vec![],
         }),
         Reply::Err { .. }
     ));
@@ -510,6 +512,7 @@ fn absurd_registrations_and_releases_cost_the_daemon_nothing() {
             len,
             iova: 0x10000,
             access: 1,
+            reuse: vec![],
         });
         assert!(
             matches!(r, Reply::Err { errno, .. } if errno == libc::ENOMEM),
@@ -692,4 +695,96 @@ fn soak_good_pairs_pass_while_hostile_clients_come_and_go() {
         rss1 < rss0 + 32 * 1024,
         "the daemon's memory grew: {rss0} -> {rss1} KiB"
     );
+}
+
+/// A registration may name pages to take back (`RegMr::reuse`: a deregistered buffer the
+/// driver kept mapped), but only pages its own context holds detached, at addresses of the
+/// range: pages of another context, live or detached, and pages named at other addresses are
+/// ignored and fresh pages given instead.
+#[test]
+fn a_registration_cannot_take_back_pages_it_does_not_hold_detached() {
+    let d = Daemon::start();
+    let mut owner = Hostile::attach(&d, "hostile0");
+    let mut thief = Hostile::attach(&d, "hostile0");
+    let pd_of = |h: &mut Hostile| match h.call(&Request::AllocPd) {
+        Reply::Handle(pd) => pd,
+        r => panic!("alloc_pd: {r:?}"),
+    };
+    let (opd, tpd) = (pd_of(&mut owner), pd_of(&mut thief));
+    let reg =
+        |h: &mut Hostile, pd: u32, addr: u64, reuse: Vec<PageRun>| match h.call(&Request::RegMr {
+            pd,
+            addr,
+            len: 2 * 4096,
+            iova: addr,
+            access: 1,
+            reuse,
+        }) {
+            Reply::Mr { mr, runs, .. } => (mr, runs),
+            r => panic!("reg_mr: {r:?}"),
+        };
+    let (mr, runs) = reg(&mut owner, opd, 0x10000, vec![]);
+    assert!(
+        runs.len() == 1 && runs[0].fresh && runs[0].pages == 2,
+        "{runs:?}"
+    );
+    let theirs = PageRun {
+        va: 0x20000,
+        ..runs[0]
+    };
+    let fresh_elsewhere = |runs: &[PageRun]| {
+        runs.iter().all(|r| {
+            r.fresh
+                && (r.off + u64::from(r.pages) * 4096 <= theirs.off
+                    || r.off >= theirs.off + 2 * 4096)
+        })
+    };
+    // Live pages of another context.
+    let (_, got) = reg(&mut thief, tpd, 0x20000, vec![theirs]);
+    assert!(
+        fresh_elsewhere(&got),
+        "took another context's live pages: {got:?}"
+    );
+    // Detached pages of another context.
+    let Reply::Detach { runs: detached } = owner.call(&Request::DeregMr { mr }) else {
+        panic!("dereg")
+    };
+    assert_eq!(
+        detached,
+        vec![PageRun {
+            fresh: false,
+            ..runs[0]
+        }]
+    );
+    let (_, got) = reg(
+        &mut thief,
+        tpd,
+        0x30000,
+        vec![PageRun {
+            va: 0x30000,
+            ..theirs
+        }],
+    );
+    assert!(
+        fresh_elsewhere(&got),
+        "took another context's detached pages: {got:?}"
+    );
+    // Its own detached pages, named at addresses outside the new range.
+    let (mr2, got) = reg(
+        &mut owner,
+        opd,
+        0x50000,
+        vec![PageRun {
+            va: 0x10000,
+            ..theirs
+        }],
+    );
+    assert!(
+        fresh_elsewhere(&got),
+        "took pages named at other addresses: {got:?}"
+    );
+    // Its own detached pages, where they were: taken back, no copy, no remap.
+    let (_, got) = reg(&mut owner, opd, 0x10000, vec![detached[0]]);
+    assert_eq!(got, detached, "its own detached pages were not taken back");
+    let _ = mr2;
 }

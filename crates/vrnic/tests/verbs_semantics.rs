@@ -75,7 +75,7 @@ fn validation_rules_return_a_devices_errno() {
             "post_recv in RESET: EINVAL",
             "more SGEs than max_send_sge: EINVAL",
             "inline data over max_inline_data",
-            "resize_cq: EOPNOTSUPP",
+            "resize_cq past max_cqe or to 0: EINVAL",
             "dealloc_pd in use: EBUSY",
             "SRQ deeper than max_srq_wr: EINVAL",
         ],
@@ -181,6 +181,7 @@ fn srq_shared_by_qps_with_limit_event() {
         "srq",
         &[
             "post_recv on a QP attached to an SRQ: EINVAL",
+            "SRQ resize past max_srq_wr: EINVAL",
             "land in SRQ receives, 2 per QP",
             "SRQ limit reached",
             "limit disarmed",
@@ -299,5 +300,61 @@ fn registration_keeps_written_bytes_and_zeroes_untouched_pages() {
     case(
         "reg_contents",
         &["written pages keep their bytes, untouched and read-only pages read zero"],
+    );
+}
+
+#[test]
+fn cq_and_srq_resize_keep_what_is_pending_and_refuse_to_drop_it() {
+    case(
+        "resize",
+        &[
+            "IBV_DEVICE_SRQ_RESIZE reported",
+            "resize_cq below the completions waiting: EINVAL, nothing changed",
+            "resize_cq grows 4 -> 128",
+            "the 3 completions waiting survive the resize, in order, bytes exact",
+            "resize_cq to 59 with 60 waiting: EINVAL",
+            "resize_cq shrinks 128 -> 64",
+            "60 completions in order and exact after growing and shrinking",
+            "an armed CQ stays armed across a resize",
+            "9 completions into a CQ shrunk to 8: CQ error",
+            "SRQ resize below the receives posted: EINVAL",
+            "SRQ grown 4 -> 16 takes 12 more receives, then ENOMEM",
+            "10 SENDs land in the SRQ's receives in order, bytes exact",
+            "SRQ shrunk 16 -> 6 with 6 outstanding, then full",
+            "the kept receives, then 6 new ones, take SENDs in order, bytes exact",
+            "SRQ resize below the limit set with it: EINVAL",
+        ],
+    );
+}
+
+#[test]
+fn query_gid_ex_and_table_report_one_ib_gid_with_the_kernels_errnos() {
+    case(
+        "gid",
+        &[
+            "query_gid_ex: ibv_query_gid's GID, type IB on an InfiniBand port, no net device",
+            "query_gid_ex past gid_tbl_len, on another port, with flags: EINVAL",
+            "query_gid_table: 1 entry, the same as query_gid_ex's, nothing past it",
+            "query_gid_table with no room or with flags: -EINVAL",
+        ],
+    );
+}
+
+#[test]
+fn device_memory_copies_registers_zero_based_and_carries_rdma() {
+    case(
+        "dm",
+        &[
+            "max_dm_size reported",
+            "alloc_dm past max_dm_size or of 0 bytes: EINVAL",
+            "memcpy_to_dm / memcpy_from_dm: exact bytes, odd offsets",
+            "copies past the end of the DM: EFAULT",
+            "reg_dm_mr without IBV_ACCESS_ZERO_BASED or past the DM's end: EINVAL",
+            "reg_dm_mr: addr = the DM offset; free_dm while it exists: EBUSY",
+            "RDMA WRITE at zero-based address 1000 lands at DM offset 1100",
+            "RDMA READ from the DM MR: exact; past its end: REM_ACCESS_ERR",
+            "SEND from the DM MR's lkey at zero-based 2000",
+            "after dereg_mr, free_dm: 0",
+        ],
     );
 }

@@ -34,19 +34,7 @@ fn daemon() -> Daemon {
 fn with_guest(d: &Daemon, img: &vm::Image, server: Proc, port: u16, client: &str) -> String {
     let server = wait_listening(server, port, Duration::from_secs(30));
     let g = vm::boot(d, img, "vm1", &script(client), LIMIT);
-    let s = server.wait_bounded(if g.ok() {
-        Duration::from_secs(60)
-    } else {
-        Duration::from_secs(5)
-    });
-    assert!(
-        g.ok() && s.ok(),
-        "guest {:?}{}:\n{}\n--- server:\n{}",
-        g.status,
-        if g.timed_out { " (timed out)" } else { "" },
-        g.console,
-        s.text()
-    );
+    vm::finish_with(&g, server, "server");
     // The guest detached when its program closed the device: no context is left on vm1.
     d.wait_ls(Duration::from_secs(10), "guest context gone", |ls| {
         ls.lines()

@@ -10,6 +10,11 @@
 //! their peers see what a real stack shows: `DISCONNECTED` for connections, `REJECTED` for
 //! pending requests.
 //!
+//! An address of another configured host (announced over its peer link) resolves to that
+//! host, and the two brokers carry the connection between them as IB CM messages
+//! (`remote.rs`): the id's peer is then a [`Peer::Remote`] id, and each step that would queue
+//! the peer's event sends the message that queues it there.
+//!
 //! Not here: QP transitions. The driver moves its QPs (INIT/RTR/RTS from the peer's numbers in
 //! the events, ERR on disconnect), exactly as librdmacm does over the kernel.
 
@@ -18,7 +23,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use vrnic_api::{CmEvent, CmParam, cm_event};
-use vrnic_proto::CtxId;
+use vrnic_proto::{CtxId, HostId};
+use vrnic_wire::frame::CmMessage;
+
+mod remote;
 
 /// `RDMA_PS_UDP`: its ids use UD QPs and SIDR-style resolution (no connection).
 pub const PS_UDP: u16 = 0x111;
@@ -33,6 +41,10 @@ const EPHEMERAL: u16 = 49152;
 /// up both sides at once (perftest's data connection after its control connection) rely on
 /// it; a port nobody listens on is still `REJECTED`, this much later.
 pub const CONNECT_HOLD: Duration = Duration::from_millis(1000);
+/// How long a request sent to another host waits for its answer (REP or REJ) before the
+/// requester gets `UNREACHABLE` (`-ETIMEDOUT`), as an IB CM's REQ retries run out. The other
+/// host answers a request with no listener after [`CONNECT_HOLD`].
+pub const REMOTE_ANSWER: Duration = Duration::from_secs(10);
 /// Most ids per context (an app creating ids in a loop gets `ENOMEM`).
 pub const MAX_IDS_PER_CTX: usize = 4096;
 
@@ -57,6 +69,15 @@ enum State {
     Disconnected,
 }
 
+/// The other end of an id's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// An id of this broker.
+    Local(u32),
+    /// An id of the broker on `host`; `id` is 0 until its answer names it.
+    Remote { host: HostId, id: u32 },
+}
+
 #[derive(Debug)]
 struct Id {
     ctx: CtxId,
@@ -70,11 +91,38 @@ struct Id {
     /// the kernel's rdma_cm.
     holds_port: bool,
     remote: Option<SocketAddr>,
-    peer: Option<u32>,
+    /// The host its resolved destination address belongs to, if not this one.
+    route: Option<HostId>,
+    peer: Option<Peer>,
+    /// A remote peer's LID and GID (a local peer's are read from its id).
+    peer_addr: (u16, [u8; 16]),
     /// For a passive id: the listener that got its request.
     listener: Option<u32>,
     param: CmParam,
     events: VecDeque<CmEvent>,
+}
+
+/// A connection request as a listener receives it, from an id here or on another host.
+#[derive(Debug, Clone)]
+struct Offer {
+    ps: u16,
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+    lid: u16,
+    gid: [u8; 16],
+    param: CmParam,
+    from: Peer,
+}
+
+/// Something waiting for a deadline.
+#[derive(Debug)]
+enum Parked {
+    /// A local id's request, waiting for a listener here.
+    Local(u32),
+    /// Another host's request, waiting for a listener here.
+    Remote(Offer),
+    /// A local id's request sent to another host, waiting for its answer.
+    Sent(u32),
 }
 
 /// The broker's state. See the module documentation.
@@ -84,13 +132,28 @@ pub struct Cm {
     next: u32,
     next_port: u16,
     notes: Vec<(CtxId, u32)>,
-    /// Connection requests waiting for a listener: `(active id, give up at)`.
-    parked: Vec<(u32, Instant)>,
+    parked: Vec<(Parked, Instant)>,
+    /// Other hosts' addresses, as their peer links announced them.
+    remote_ips: HashMap<IpAddr, HostId>,
+    /// Messages for other hosts' brokers.
+    outgoing: Vec<(HostId, CmMessage)>,
 }
 
 /// Whether `ip` is an address of this host (or unspecified): binding a socket to it works.
 pub fn is_local(ip: IpAddr) -> bool {
     ip.is_unspecified() || ip.is_loopback() || UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// The address this host sends from to reach `dst` (the kernel's route choice).
+fn source_for(dst: SocketAddr) -> Option<IpAddr> {
+    let any: IpAddr = if dst.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    let s = UdpSocket::bind((any, 0)).ok()?;
+    s.connect(dst).ok()?;
+    Some(s.local_addr().ok()?.ip())
 }
 
 fn overlaps(a: &SocketAddr, b: &SocketAddr) -> bool {
@@ -139,6 +202,11 @@ impl Cm {
         std::mem::take(&mut self.notes)
     }
 
+    /// Whether events wait to be announced.
+    pub fn has_notes(&self) -> bool {
+        !self.notes.is_empty()
+    }
+
     fn own(&mut self, ctx: CtxId, id: u32) -> Result<&mut Id, Errno> {
         match self.ids.get_mut(&id) {
             Some(i) if i.ctx == ctx => Ok(i),
@@ -156,11 +224,14 @@ impl Cm {
         self.notes.push((i.ctx, id));
     }
 
-    fn event(&self, kind: u32, status: i32, from: Option<u32>, param: CmParam) -> CmEvent {
-        let (peer_lid, peer_gid) = from
-            .and_then(|f| self.ids.get(&f))
-            .map(|p| (p.lid, p.gid))
-            .unwrap_or_default();
+    fn event(
+        &self,
+        kind: u32,
+        status: i32,
+        from: Option<(u16, [u8; 16])>,
+        param: CmParam,
+    ) -> CmEvent {
+        let (peer_lid, peer_gid) = from.unwrap_or_default();
         CmEvent {
             kind,
             status,
@@ -205,7 +276,9 @@ impl Cm {
                 local: None,
                 holds_port: false,
                 remote: None,
+                route: None,
                 peer: None,
+                peer_addr: (0, [0; 16]),
                 listener: None,
                 param: CmParam::default(),
                 events: VecDeque::new(),
@@ -273,17 +346,23 @@ impl Cm {
         }
         self.own(ctx, id)?.state = State::Listening;
         let parked = std::mem::take(&mut self.parked);
-        for (a, t) in parked {
-            if !self.request(a) {
-                self.parked.push((a, t));
+        for (p, t) in parked {
+            let served = match &p {
+                Parked::Local(a) => self.request(*a),
+                Parked::Remote(offer) => self.offer(offer.clone()).is_some(),
+                Parked::Sent(_) => false,
+            };
+            if !served {
+                self.parked.push((p, t));
             }
         }
         Ok(())
     }
 
-    /// `rdma_resolve_addr`: binds the id (to `src`, or to the destination's own address, since
-    /// every reachable address is on this host) and queues `ADDR_RESOLVED`, or `ADDR_ERROR`
-    /// (status `-EHOSTUNREACH`) for an address that is not this host's.
+    /// `rdma_resolve_addr`: binds the id (to `src`, to the destination's own address if it is
+    /// this host's, or to the address this host reaches another host's from) and queues
+    /// `ADDR_RESOLVED`, or `ADDR_ERROR` (status `-EHOSTUNREACH`) for an address that is
+    /// neither this host's nor an announced one of another configured host.
     pub fn resolve_addr(
         &mut self,
         ctx: CtxId,
@@ -295,11 +374,18 @@ impl Cm {
         if !matches!(state, State::Idle | State::Bound) {
             return Err(libc::EINVAL);
         }
-        let reachable = !dst.ip().is_unspecified() && is_local(dst.ip());
+        let here = !dst.ip().is_unspecified() && is_local(dst.ip());
+        let route = if here { None } else { self.host_of(dst.ip()) };
+        let reachable = here || route.is_some();
         if state == State::Idle {
             let ip = match src {
                 Some(s) if !s.ip().is_unspecified() => s.ip(),
-                _ if reachable => dst.ip(),
+                _ if here => dst.ip(),
+                _ if route.is_some() => source_for(dst).unwrap_or(if dst.is_ipv4() {
+                    Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    Ipv6Addr::UNSPECIFIED.into()
+                }),
                 _ if dst.is_ipv4() => Ipv4Addr::LOCALHOST.into(),
                 _ => Ipv6Addr::LOCALHOST.into(),
             };
@@ -308,6 +394,7 @@ impl Cm {
         }
         let i = self.own(ctx, id)?;
         i.remote = Some(dst);
+        i.route = route;
         let local = i.local.unwrap_or(dst);
         if reachable {
             i.state = State::AddrResolved;
@@ -339,7 +426,8 @@ impl Cm {
 
     /// `rdma_connect`: a `CONNECT_REQUEST` (with a new id) on the listener that serves the
     /// destination; with none, the request waits up to [`CONNECT_HOLD`] for one, then the
-    /// requester gets `REJECTED` (invalid service ID), as an IB CM answers.
+    /// requester gets `REJECTED` (invalid service ID), as an IB CM answers. A destination on
+    /// another host gets the request over its peer link, and the same answers come back.
     pub fn connect(
         &mut self,
         ctx: CtxId,
@@ -347,7 +435,7 @@ impl Cm {
         param: CmParam,
         now: Instant,
     ) -> Result<(), Errno> {
-        {
+        let route = {
             let i = self.own(ctx, id)?;
             if !matches!(i.state, State::RouteResolved | State::AddrResolved) {
                 return Err(libc::EINVAL);
@@ -357,125 +445,163 @@ impl Cm {
             }
             i.param = param;
             i.state = State::Connecting;
-        }
-        if !self.request(id) {
-            self.parked.push((id, now + CONNECT_HOLD));
+            i.route
+        };
+        if let Some(host) = route {
+            self.send_request(host, id);
+            self.parked.push((Parked::Sent(id), now + REMOTE_ANSWER));
+        } else if !self.request(id) {
+            self.parked.push((Parked::Local(id), now + CONNECT_HOLD));
         }
         Ok(())
     }
 
-    /// The earliest time a parked request gives up.
+    /// The earliest time something parked gives up.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.parked.iter().map(|&(_, t)| t).min()
     }
 
-    /// Rejects parked requests whose time is up.
+    /// Gives up on what waited past its time: a request with no listener here is rejected
+    /// (invalid service ID), one another host never answered is unreachable.
     pub fn expire(&mut self, now: Instant) {
-        let (due, keep): (Vec<_>, Vec<_>) = self.parked.iter().partition(|&&(_, t)| now >= t);
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|(_, t)| now >= *t);
         self.parked = keep;
-        for (id, _) in due {
-            tracing::debug!(id, "CM connect: no listener; rejected");
-            if let Some(i) = self.ids.get_mut(&id) {
-                i.state = State::Disconnected;
+        for (p, _) in due {
+            match p {
+                Parked::Local(id) => {
+                    tracing::debug!(id, "CM connect: no listener; rejected");
+                    if let Some(i) = self.ids.get_mut(&id) {
+                        i.state = State::Disconnected;
+                    }
+                    let ev = self.event(
+                        cm_event::REJECTED,
+                        REJ_INVALID_SERVICE_ID,
+                        None,
+                        CmParam::default(),
+                    );
+                    self.push(id, ev);
+                }
+                Parked::Remote(offer) => self.refuse_offer(&offer),
+                Parked::Sent(id) => self.unanswered(id),
             }
-            let ev = self.event(
-                cm_event::REJECTED,
-                REJ_INVALID_SERVICE_ID,
-                None,
-                CmParam::default(),
-            );
-            self.push(id, ev);
         }
     }
 
-    /// Delivers the request of connecting id `id` to the listener that serves its
+    /// Delivers the request of connecting id `id` to the listener here that serves its
     /// destination; false if none does (yet).
     fn request(&mut self, id: u32) -> bool {
-        let Some((ps, dst, local, param)) = self
-            .ids
-            .get(&id)
-            .and_then(|i| Some((i.ps, i.remote?, i.local, i.param.clone())))
-        else {
+        let Some(offer) = self.ids.get(&id).and_then(|i| {
+            Some(Offer {
+                ps: i.ps,
+                src: i.local,
+                dst: i.remote?,
+                lid: i.lid,
+                gid: i.gid,
+                param: i.param.clone(),
+                from: Peer::Local(id),
+            })
+        }) else {
             return false;
         };
-        let listener = self
+        let Some(child) = self.offer(offer) else {
+            return false;
+        };
+        if let Some(i) = self.ids.get_mut(&id) {
+            i.peer = Some(Peer::Local(child));
+        }
+        true
+    }
+
+    /// Hands a connection request to the listener that serves its destination: a new id in
+    /// the listener's context, and `CONNECT_REQUEST` on the listener. `None` if no listener
+    /// serves it (yet).
+    fn offer(&mut self, o: Offer) -> Option<u32> {
+        let (lid_handle, lctx, llid, lgid) = self
             .ids
             .iter()
-            .filter(|(_, l)| l.ps == ps && l.state == State::Listening)
-            .find(|(_, l)| l.local.is_some_and(|a| serves(&a, &dst)))
-            .map(|(&k, l)| (k, l.ctx, l.lid, l.gid));
-        let Some((lid_handle, lctx, llid, lgid)) = listener else {
-            return false;
-        };
+            .filter(|(_, l)| l.ps == o.ps && l.state == State::Listening)
+            .find(|(_, l)| l.local.is_some_and(|a| serves(&a, &o.dst)))
+            .map(|(&k, l)| (k, l.ctx, l.lid, l.gid))?;
         // The new id belongs to the listener's context; its id limit does not refuse a peer.
-        let Ok(child) = self.create_unlimited(lctx, ps, llid, lgid) else {
-            return false;
-        };
+        let child = self.create_unlimited(lctx, o.ps, llid, lgid).ok()?;
         if let Some(c) = self.ids.get_mut(&child) {
             c.state = State::Requested;
-            c.local = Some(dst);
-            c.remote = local;
-            c.peer = Some(id);
+            c.local = Some(o.dst);
+            c.remote = o.src;
+            c.peer = Some(o.from);
+            c.peer_addr = (o.lid, o.gid);
             c.listener = Some(lid_handle);
         }
-        if let Some(i) = self.ids.get_mut(&id) {
-            i.peer = Some(child);
-        }
-        let mut ev = self.event(cm_event::CONNECT_REQUEST, 0, Some(id), swapped(&param));
+        let mut ev = self.event(
+            cm_event::CONNECT_REQUEST,
+            0,
+            Some((o.lid, o.gid)),
+            swapped(&o.param),
+        );
         ev.new_id = child;
         // The event describes the new id's addresses, but is queued on the listener.
-        let (cl, cr) = self
-            .ids
-            .get(&child)
-            .map(|c| (c.local, c.remote))
-            .unwrap_or_default();
+        ev.local = text(Some(o.dst));
+        ev.remote = text(o.src);
         if let Some(l) = self.ids.get_mut(&lid_handle) {
-            ev.local = text(cl);
-            ev.remote = text(cr);
             l.events.push_back(ev);
             self.notes.push((lctx, lid_handle));
         }
-        true
+        Some(child)
     }
 
     /// `rdma_accept` on a requested id: the requester gets `CONNECT_RESPONSE` (the driver
     /// establishes and reports `ESTABLISHED`), or, on the UDP port space, `ESTABLISHED` with
     /// the UD parameters at once.
     pub fn accept(&mut self, ctx: CtxId, id: u32, param: CmParam) -> Result<(), Errno> {
-        let (state, peer, ps) = {
+        let (state, peer, ps, me) = {
             let i = self.own(ctx, id)?;
-            (i.state, i.peer, i.ps)
+            (i.state, i.peer, i.ps, (i.lid, i.gid))
         };
         if state != State::Requested {
             return Err(libc::EINVAL);
         }
-        let Some(peer) = peer.filter(|p| {
-            self.ids
-                .get(p)
-                .is_some_and(|a| a.state == State::Connecting)
-        }) else {
-            return Err(libc::ECONNREFUSED);
+        let next = if ps == PS_UDP {
+            State::Connected
+        } else {
+            State::Accepted
+        };
+        let peer = match peer {
+            Some(Peer::Local(p))
+                if self
+                    .ids
+                    .get(&p)
+                    .is_some_and(|a| a.state == State::Connecting) =>
+            {
+                p
+            }
+            Some(Peer::Remote { host, id: to }) => {
+                if let Some(i) = self.ids.get_mut(&id) {
+                    i.param = param.clone();
+                    i.state = next;
+                }
+                self.send_reply(host, id, to, me, &param);
+                return Ok(());
+            }
+            _ => return Err(libc::ECONNREFUSED),
         };
         if let Some(i) = self.ids.get_mut(&id) {
             i.param = param.clone();
+            i.state = next;
         }
         if ps == PS_UDP {
-            for x in [id, peer] {
-                if let Some(i) = self.ids.get_mut(&x) {
-                    i.state = State::Connected;
-                }
+            if let Some(a) = self.ids.get_mut(&peer) {
+                a.state = State::Connected;
             }
-            let ev = self.event(cm_event::ESTABLISHED, 0, Some(id), swapped(&param));
+            let ev = self.event(cm_event::ESTABLISHED, 0, Some(me), swapped(&param));
             self.push(peer, ev);
             return Ok(());
-        }
-        if let Some(i) = self.ids.get_mut(&id) {
-            i.state = State::Accepted;
         }
         if let Some(a) = self.ids.get_mut(&peer) {
             a.state = State::Responded;
         }
-        let ev = self.event(cm_event::CONNECT_RESPONSE, 0, Some(id), swapped(&param));
+        let ev = self.event(cm_event::CONNECT_RESPONSE, 0, Some(me), swapped(&param));
         self.push(peer, ev);
         Ok(())
     }
@@ -483,9 +609,9 @@ impl Cm {
     /// `rdma_reject` on a requested id: the requester gets `REJECTED` (consumer defined) with
     /// the private data.
     pub fn reject(&mut self, ctx: CtxId, id: u32, private_data: Vec<u8>) -> Result<(), Errno> {
-        let (state, peer) = {
+        let (state, peer, me) = {
             let i = self.own(ctx, id)?;
-            (i.state, i.peer)
+            (i.state, i.peer, (i.lid, i.gid))
         };
         if state != State::Requested {
             return Err(libc::EINVAL);
@@ -494,21 +620,23 @@ impl Cm {
             i.state = State::Disconnected;
             i.peer = None;
         }
-        if let Some(p) = peer
-            && let Some(a) = self.ids.get_mut(&p)
-        {
-            a.state = State::Disconnected;
-            a.peer = None;
-            let ev = self.event(
-                cm_event::REJECTED,
-                REJ_CONSUMER_DEFINED,
-                Some(id),
-                CmParam {
-                    private_data,
-                    ..CmParam::default()
-                },
-            );
-            self.push(p, ev);
+        let param = CmParam {
+            private_data,
+            ..CmParam::default()
+        };
+        match peer {
+            Some(Peer::Local(p)) => {
+                if let Some(a) = self.ids.get_mut(&p) {
+                    a.state = State::Disconnected;
+                    a.peer = None;
+                    let ev = self.event(cm_event::REJECTED, REJ_CONSUMER_DEFINED, Some(me), param);
+                    self.push(p, ev);
+                }
+            }
+            Some(Peer::Remote { host, id: to }) => {
+                self.send_reject(host, id, to, REJ_CONSUMER_DEFINED, &param);
+            }
+            None => {}
         }
         Ok(())
     }
@@ -516,28 +644,37 @@ impl Cm {
     /// `rdma_establish` on the active side: both ids are connected; the passive one gets
     /// `ESTABLISHED`.
     pub fn establish(&mut self, ctx: CtxId, id: u32) -> Result<(), Errno> {
-        let (state, peer) = {
+        let (state, peer, me) = {
             let i = self.own(ctx, id)?;
-            (i.state, i.peer)
+            (i.state, i.peer, (i.lid, i.gid))
         };
         if state != State::Responded {
             return Err(libc::EINVAL);
         }
         let peer = peer.ok_or(libc::ECONNRESET)?;
+        let param = self
+            .ids
+            .get(&id)
+            .map(|i| i.param.clone())
+            .unwrap_or_default();
+        let peer = match peer {
+            Peer::Local(p) => p,
+            Peer::Remote { host, id: to } => {
+                if let Some(i) = self.ids.get_mut(&id) {
+                    i.state = State::Connected;
+                }
+                self.send_ready(host, id, to, &param);
+                return Ok(());
+            }
+        };
         if let Some(i) = self.ids.get_mut(&id) {
             i.state = State::Connected;
         }
-        let param = match self.ids.get_mut(&peer) {
-            Some(p) if p.state == State::Accepted => {
-                p.state = State::Connected;
-                self.ids
-                    .get(&id)
-                    .map(|i| swapped(&i.param))
-                    .unwrap_or_default()
-            }
+        match self.ids.get_mut(&peer) {
+            Some(p) if p.state == State::Accepted => p.state = State::Connected,
             _ => return Err(libc::ECONNRESET),
-        };
-        let ev = self.event(cm_event::ESTABLISHED, 0, Some(id), param);
+        }
+        let ev = self.event(cm_event::ESTABLISHED, 0, Some(me), swapped(&param));
         self.push(peer, ev);
         Ok(())
     }
@@ -555,7 +692,17 @@ impl Cm {
         ) {
             return Ok(());
         }
-        for x in std::iter::once(id).chain(peer) {
+        self.parked
+            .retain(|(p, _)| !matches!(p, Parked::Sent(x) | Parked::Local(x) if *x == id));
+        let local_peer = match peer {
+            Some(Peer::Local(p)) => Some(p),
+            Some(Peer::Remote { host, id: to }) => {
+                self.send_gone(host, id, to);
+                None
+            }
+            None => None,
+        };
+        for x in std::iter::once(id).chain(local_peer) {
             if let Some(i) = self.ids.get_mut(&x) {
                 i.state = State::Disconnected;
                 i.peer = None;
@@ -580,7 +727,8 @@ impl Cm {
     }
 
     fn remove(&mut self, id: u32) {
-        self.parked.retain(|&(a, _)| a != id);
+        self.parked
+            .retain(|(p, _)| !matches!(p, Parked::Sent(x) | Parked::Local(x) if *x == id));
         let Some(i) = self.ids.remove(&id) else {
             return;
         };
@@ -596,7 +744,18 @@ impl Cm {
                 self.remove(o);
             }
         }
-        let Some(peer) = i.peer else { return };
+        let peer = match i.peer {
+            None => return,
+            Some(Peer::Remote { host, id: to }) => {
+                if i.state == State::Requested {
+                    self.send_reject(host, id, to, REJ_CONSUMER_DEFINED, &CmParam::default());
+                } else if i.state != State::Disconnected {
+                    self.send_gone(host, id, to);
+                }
+                return;
+            }
+            Some(Peer::Local(p)) => p,
+        };
         let Some(p) = self.ids.get_mut(&peer) else {
             return;
         };

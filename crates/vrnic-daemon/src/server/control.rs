@@ -105,6 +105,7 @@ impl Server {
                     max_mr: self.opts.limits.max_mr,
                     max_pd: self.opts.limits.max_pd,
                     max_mr_size: v.region.size() - layout::HEAP_OFF,
+                    max_srq: self.opts.limits.max_srq,
                 })
             }
             Request::AllocPd => {
@@ -136,10 +137,30 @@ impl Server {
                 len,
                 iova,
                 access,
-            } => self.reg_mr(id, PdId(pd), addr, len, iova, access),
+                reuse,
+            } => self.reg_mr(
+                id,
+                super::pages::RegMr {
+                    pd: PdId(pd),
+                    addr,
+                    len,
+                    iova,
+                    access,
+                    reuse: &reuse,
+                },
+            ),
             Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
             Request::ReleasePages { runs } => self.release_pages(id, &runs),
+            Request::AllocMw { pd, ty } => match self.engine.alloc_mw(id, PdId(pd), ty) {
+                Ok((mw, rkey)) => Reply::Mw { mw: mw.0, rkey },
+                Err(e) => err(e, "alloc_mw"),
+            },
+            Request::DeallocMw { mw } => match self.engine.dealloc_mw(id, vrnic_proto::MwId(mw)) {
+                Ok(()) => Reply::Ok,
+                Err(e) => err(e, "dealloc_mw"),
+            },
             Request::CreateCq { cqe } => self.create_cq(id, cqe),
+            Request::ResizeCq { cq, cqe } => self.resize_cq(id, CqId(cq), cqe),
             Request::DestroyCq { cq } => {
                 if !ctx.cqs.contains(&CqId(cq)) {
                     return err(libc::EINVAL, "no such CQ");
@@ -228,11 +249,7 @@ impl Server {
                 limit,
             } => self.create_srq(id, PdId(pd), max_wr, max_sge, limit),
             Request::ModifySrq { srq, resize, limit } => {
-                self.fetch_srq(SrqId(srq));
-                match self.engine.modify_srq(id, SrqId(srq), resize, limit) {
-                    Ok(()) => Reply::Ok,
-                    Err(e) => err(e, "modify_srq"),
-                }
+                self.modify_srq(id, SrqId(srq), resize, limit)
             }
             Request::QuerySrq { srq } => {
                 self.fetch_srq(SrqId(srq));

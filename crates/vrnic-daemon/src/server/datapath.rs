@@ -132,18 +132,35 @@ impl Server {
         }
         while let Some((ctx, ev)) = self.engine.poll_event() {
             work = true;
-            let (kind, handle) = match ev {
-                vrnic_proto::Event::QpFatal { qp } => (vrnic_api::event::QP_FATAL, qp.0),
-                vrnic_proto::Event::CqError { cq } => (vrnic_api::event::CQ_ERR, cq.0),
-                vrnic_proto::Event::SrqLimit { srq } => {
-                    (vrnic_api::event::SRQ_LIMIT_REACHED, srq.0)
+            // An event the engine queued for an object destroyed since (a QP moved to ERR and
+            // destroyed at once, as UCX does) is dropped: after `ibv_destroy_*` returns, no
+            // event names the object, as the kernel guarantees.
+            let (kind, handle, live) = match ev {
+                vrnic_proto::Event::QpFatal { qp } => {
+                    (vrnic_api::event::QP_FATAL, qp.0, self.qps.contains_key(&qp))
                 }
-                vrnic_proto::Event::SrqError { srq } => (vrnic_api::event::SRQ_ERR, srq.0),
-                vrnic_proto::Event::LastWqeReached { qp } => {
-                    (vrnic_api::event::QP_LAST_WQE_REACHED, qp.0)
+                vrnic_proto::Event::CqError { cq } => {
+                    (vrnic_api::event::CQ_ERR, cq.0, self.cqs.contains_key(&cq))
                 }
+                vrnic_proto::Event::SrqLimit { srq } => (
+                    vrnic_api::event::SRQ_LIMIT_REACHED,
+                    srq.0,
+                    self.srqs.contains_key(&srq),
+                ),
+                vrnic_proto::Event::SrqError { srq } => (
+                    vrnic_api::event::SRQ_ERR,
+                    srq.0,
+                    self.srqs.contains_key(&srq),
+                ),
+                vrnic_proto::Event::LastWqeReached { qp } => (
+                    vrnic_api::event::QP_LAST_WQE_REACHED,
+                    qp.0,
+                    self.qps.contains_key(&qp),
+                ),
             };
-            self.push_event(ctx, kind, handle);
+            if live {
+                self.push_event(ctx, kind, handle);
+            }
         }
         self.flush_wakes();
         work

@@ -11,8 +11,9 @@
 //! This file holds what the daemon owns (vRNICs, contexts, ring slots, admin connections) and
 //! the loop; each job on that state has a room of its own: [`registry`] (vRNICs come and go),
 //! [`admin_socket`] (the CLI), [`attach`] (contexts come and go), [`control`] (requests from
-//! a mailbox), [`pages`] (registered memory and rings), [`events`] (async events and wake-ups
-//! back to contexts), [`datapath`] (the engine pass).
+//! a mailbox), [`pages`] (registered memory and rings), [`resize`] (CQ and SRQ rings moved to
+//! a new depth), [`events`] (async events and wake-ups back to contexts), [`datapath`] (the
+//! engine pass).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
@@ -40,10 +41,14 @@ mod admin_socket;
 mod attach;
 mod control;
 mod datapath;
+mod directory;
 mod events;
+mod linkbuf;
+mod outqueue;
 mod pages;
 mod peers;
 mod registry;
+mod resize;
 
 pub use peers::PeerOptions;
 
@@ -125,7 +130,8 @@ enum Tok {
 struct Vnic {
     name: String,
     dir: PathBuf,
-    region: Region,
+    /// Shared with frames queued on peer links that send straight from it.
+    region: std::sync::Arc<Region>,
     lid: u16,
     gid: [u8; 16],
     guid: u64,
@@ -261,6 +267,8 @@ pub struct Server {
     carry: Vec<Bell>,
     /// Links to the other hosts' daemons, if configured.
     peers: Option<peers::Peers>,
+    /// Who is where: this host's identities, other hosts' announcements.
+    directory: directory::Directory,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -336,8 +344,13 @@ impl Server {
             tokens.insert(tok, t);
             tok
         })?;
+        let directory = match &peers {
+            Some(p) => directory::Directory::new(p.index(), p.lid_range()),
+            None => directory::Directory::new(0, 1..0xc000),
+        };
         info!(state_dir = %dir.display(), "vrnic daemon serving");
         Ok(Server {
+            directory,
             opts,
             poll,
             engine: Engine::new(seed()),
@@ -443,6 +456,10 @@ impl Server {
             self.engine.handle_timeout(now);
             if self.peer_pass(now) {
                 last_work = Instant::now();
+            }
+            if self.cm.has_notes() {
+                self.flush_cm_notes();
+                self.flush_wakes();
             }
             if self.cm.next_deadline().is_some_and(|t| now >= t) {
                 self.cm.expire(now);

@@ -51,6 +51,21 @@ pub(super) fn free_ring(v: &mut Vnic, off: u64, depth: u32, slot: usize) {
 /// host), or, where the file system cannot punch, overwritten with zeros. A page handed out
 /// again reads as zeros; drivers rely on it (they do not copy untouched pages on
 /// registration), and no context sees another's old bytes.
+/// The most runs of kept pages one registration may name (the driver sends few: one per
+/// earlier registration the new one overlaps).
+const MAX_REUSE_RUNS: usize = 256;
+
+/// Puts pages a failed registration took back from detached (see `Request::RegMr::reuse`)
+/// back there: the driver still maps them, so they must not be freed.
+fn unreuse(ctx: &mut Ctx, reused: &[(u64, u64)]) {
+    for &(va, off) in reused {
+        if ctx.pages.get(&va) == Some(&(off, 0)) {
+            ctx.pages.remove(&va);
+            ctx.detaching.insert(off);
+        }
+    }
+}
+
 pub(super) fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
     let len = pages * layout::PAGE;
     if v.region.punch(off, len).is_err() {
@@ -62,16 +77,27 @@ pub(super) fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
     v.heap.free(off, pages);
 }
 
+/// What `Request::RegMr` asks for.
+pub(super) struct RegMr<'a> {
+    pub pd: PdId,
+    pub addr: u64,
+    pub len: u64,
+    pub iova: u64,
+    pub access: u32,
+    /// Detached pages to take back (see `Request::RegMr::reuse`).
+    pub reuse: &'a [PageRun],
+}
+
 impl Server {
-    pub(super) fn reg_mr(
-        &mut self,
-        id: CtxId,
-        pd: PdId,
-        addr: u64,
-        len: u64,
-        iova: u64,
-        access: u32,
-    ) -> Reply {
+    pub(super) fn reg_mr(&mut self, id: CtxId, req: RegMr<'_>) -> Reply {
+        let RegMr {
+            pd,
+            addr,
+            len,
+            iova,
+            access,
+            reuse,
+        } = req;
         let page = layout::PAGE;
         let Some(vnic) = self.ctxs.get(&id).map(|c| c.vnic) else {
             return err(libc::ENODEV, "no context");
@@ -103,11 +129,31 @@ impl Server {
                 format!("registering {len} bytes exceeds the vRNIC's free memory"),
             );
         }
+        // Pages of an earlier registration that the driver kept mapped go back into the page
+        // table as they are (reference count 0 until the loop below counts this MR). Only
+        // pages this context holds detached qualify, at addresses of this range not already
+        // backed: a driver cannot claim pages that are not its own.
+        let mut reused: Vec<(u64, u64)> = Vec::new();
+        for r in reuse.iter().take(MAX_REUSE_RUNS) {
+            for i in 0..u64::from(r.pages).min(npages) {
+                let (va, off) = (r.va.wrapping_add(i * page), r.off.wrapping_add(i * page));
+                if va < first
+                    || va >= end
+                    || ctx.pages.contains_key(&va)
+                    || !ctx.detaching.remove(&off)
+                {
+                    continue;
+                }
+                ctx.pages.insert(va, (off, 0));
+                reused.push((va, off));
+            }
+        }
         let missing: Vec<u64> = (0..npages)
             .map(|i| first + i * page)
             .filter(|va| !ctx.pages.contains_key(va))
             .collect();
         let Some(allocated) = v.heap.alloc_runs(missing.len() as u64) else {
+            unreuse(ctx, &reused);
             return err(
                 libc::ENOMEM,
                 format!("registering {len} bytes exceeds the vRNIC's free memory"),
@@ -164,7 +210,14 @@ impl Server {
                 }
             }
             Err(e) => {
-                // Undo the page references taken above.
+                // Undo the page references taken above; reused pages go back to detached (the
+                // driver still maps them).
+                for &(va, _) in &reused {
+                    if let Some(entry) = ctx.pages.get_mut(&va) {
+                        entry.1 -= 1;
+                    }
+                }
+                unreuse(ctx, &reused);
                 for i in 0..npages {
                     let va = first + i * page;
                     if let Some(entry) = ctx.pages.get_mut(&va) {

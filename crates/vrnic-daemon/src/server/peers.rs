@@ -16,9 +16,10 @@
 //! or a control frame out of place closes the link and fails the QPs routed over it; nothing
 //! else is touched. Reads are bounded per pass, so a flooding peer costs its own link's share.
 
-use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
@@ -27,10 +28,12 @@ use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
 use vrnic_proto::HostId;
 use vrnic_wire::frame::{
-    ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME, peek_len,
+    CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME, peek_len,
 };
 
 use super::datapath::Mem;
+use super::linkbuf::LinkBuf;
+use super::outqueue::OutQueue;
 use super::{Server, Tok};
 
 /// How often a link that sent nothing else sends a keepalive.
@@ -43,8 +46,14 @@ const REDIAL: Duration = Duration::from_millis(100);
 const READ_BUDGET: usize = 4 << 20;
 /// The link-control protocol's version (in the hello).
 const PROTOCOL: u8 = 1;
-/// One vRNIC announcement: op (1 add, 2 remove), LID, GID.
+/// One announcement: op (1 vRNIC added, 2 vRNIC removed: LID, GID; 3 an address of the
+/// host: zero LID, the IP as 16 bytes, an IPv4 one mapped), LID, GID.
 const ANNOUNCE_ENTRY: usize = 19;
+/// Payloads of at least this many bytes go from the region to the socket by `writev`; smaller
+/// ones are copied into the frame (an iovec costs more than a small copy).
+const ZERO_COPY_MIN: u64 = 16 << 10;
+/// Most connection-manager messages kept for a link that is down (the oldest go first).
+const CM_BACKLOG: usize = 1024;
 
 /// Where the daemon listens and which hosts it links to (`vrnic serve --listen/--peer`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,8 +95,8 @@ struct Link {
     stream: Option<TcpStream>,
     token: Token,
     state: State,
-    inbuf: Vec<u8>,
-    out: Vec<u8>,
+    inbuf: LinkBuf,
+    out: OutQueue,
     last_rx: Instant,
     last_tx: Instant,
     last_ping: Instant,
@@ -97,6 +106,8 @@ struct Link {
     drops: u64,
     /// The last keepalive round trip.
     rtt: Option<Duration>,
+    /// Connection-manager messages (encoded frames) waiting for the link to come up.
+    cm_backlog: VecDeque<Vec<u8>>,
 }
 
 /// A connection accepted before its hello said who it is.
@@ -115,6 +126,8 @@ pub(super) struct Peers {
     pending: HashMap<Token, Pending>,
     /// Keepalive timestamps count from here.
     epoch: Instant,
+    /// Scratch for `writev`'s pieces.
+    iov: Vec<(usize, usize)>,
 }
 
 impl Peers {
@@ -148,8 +161,8 @@ impl Peers {
                     stream: None,
                     token: token(Tok::Peer),
                     state: State::Down { redial: now },
-                    inbuf: Vec::new(),
-                    out: Vec::new(),
+                    inbuf: LinkBuf::default(),
+                    out: OutQueue::default(),
                     last_rx: now,
                     last_tx: now,
                     last_ping: now,
@@ -157,6 +170,7 @@ impl Peers {
                     bytes_out: 0,
                     drops: 0,
                     rtt: None,
+                    cm_backlog: VecDeque::new(),
                 })
             })
             .collect();
@@ -168,6 +182,7 @@ impl Peers {
             links,
             pending: HashMap::new(),
             epoch: now,
+            iov: Vec::with_capacity(crate::sys::WRITEV_MAX),
         }))
     }
 
@@ -238,11 +253,42 @@ impl Server {
         control(out, ControlKind::Hello, &body);
     }
 
-    /// Appends announcements of every local vRNIC (op 1) to `out`.
+    /// Appends announcements of every local vRNIC (op 1) and of this host's addresses
+    /// (op 3, for rdma_cm) to `out`.
     fn announce_all(&self, out: &mut Vec<u8>) {
-        let entries: Vec<(u8, u16, [u8; 16])> =
+        let mut entries: Vec<(u8, u16, [u8; 16])> =
             self.vnics.values().map(|v| (1, v.lid, v.gid)).collect();
+        let mut addrs = crate::sys::host_addrs();
+        if let Some(p) = &self.peers {
+            let listen = p.hosts[p.me].ip();
+            if !listen.is_unspecified() && !addrs.contains(&listen) {
+                addrs.push(listen);
+            }
+        }
+        for ip in addrs {
+            let v6 = match ip {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            entries.push((3, 0, v6.octets()));
+        }
         announce(out, &entries);
+    }
+
+    /// Link `host` is up: its addresses are announced anew, the connection-manager messages
+    /// kept for it go out, and its QPs send again what was not answered.
+    fn link_up(&mut self, host: HostId) {
+        self.directory_forget(host);
+        if let Some(Some(l)) = self
+            .peers
+            .as_mut()
+            .and_then(|p| p.links.get_mut(host.0 as usize))
+        {
+            for f in l.cm_backlog.drain(..) {
+                l.out.extend(&f);
+            }
+        }
+        self.engine.handle_link_up(host);
     }
 
     /// Tells every up link that a vRNIC was created (`add`) or removed.
@@ -250,7 +296,9 @@ impl Server {
         let Some(p) = &mut self.peers else { return };
         for l in p.links.iter_mut().flatten() {
             if l.state == State::Up {
-                announce(&mut l.out, &[(if add { 1 } else { 2 }, lid, gid)]);
+                let mut f = Vec::new();
+                announce(&mut f, &[(if add { 1 } else { 2 }, lid, gid)]);
+                l.out.extend(&f);
             }
         }
     }
@@ -344,7 +392,7 @@ impl Server {
                     l.state = State::Hello;
                     l.inbuf.clear();
                     l.out.clear();
-                    l.out.extend_from_slice(&hello);
+                    l.out.extend(&hello);
                     l.last_rx = now;
                     l.last_tx = now;
                 }
@@ -449,13 +497,15 @@ impl Server {
         }
         l.stream = Some(stream);
         l.state = State::Up;
-        l.inbuf = rest;
-        l.out = out;
+        l.inbuf.clear();
+        l.inbuf.extend(&rest);
+        l.out.clear();
+        l.out.extend(&out);
         l.last_rx = now;
         l.last_tx = now;
         let host = l.host;
         info!(peer = %l.addr, "peer link up");
-        self.engine.handle_link_up(host);
+        self.link_up(host);
     }
 
     /// Reads what link `i` has (bounded), and hands every whole frame on.
@@ -472,35 +522,18 @@ impl Server {
         let mut read = 0usize;
         let mut moved = false;
         loop {
-            if l.inbuf.capacity() - l.inbuf.len() < MAX_FRAME {
-                l.inbuf.reserve(MAX_FRAME);
-            }
-            let at = l.inbuf.len();
-            let cap = l.inbuf.capacity();
-            l.inbuf.resize(cap, 0);
-            let r = stream.read(&mut l.inbuf[at..]);
+            let r = stream.read(l.inbuf.spare(MAX_FRAME));
             match r {
-                Ok(0) => {
-                    l.inbuf.truncate(at);
-                    return Err(Close::Gone("closed by the peer".into()));
-                }
+                Ok(0) => return Err(Close::Gone("closed by the peer".into())),
                 Ok(n) => {
-                    l.inbuf.truncate(at + n);
+                    l.inbuf.commit(n);
                     l.bytes_in += n as u64;
                     l.last_rx = now;
                     read += n;
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    l.inbuf.truncate(at);
-                    break;
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {
-                    l.inbuf.truncate(at);
-                }
-                Err(e) => {
-                    l.inbuf.truncate(at);
-                    return Err(Close::Gone(e.to_string()));
-                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Close::Gone(e.to_string())),
             }
             if read >= READ_BUDGET {
                 break;
@@ -512,7 +545,7 @@ impl Server {
         let mut used = 0usize;
         let mut state_now = state;
         let result = loop {
-            let buf = &inbuf[used..];
+            let buf = &inbuf.data()[used..];
             let len = match peek_len(buf) {
                 Ok(Some(len)) if buf.len() >= len => len,
                 Ok(_) => break Ok(()),
@@ -526,7 +559,7 @@ impl Server {
             used += len;
             moved = true;
         };
-        inbuf.drain(..used);
+        inbuf.consume(used);
         if let Some(Some(l)) = self.peers.as_mut().and_then(|p| p.links.get_mut(i)) {
             l.inbuf = inbuf;
             if l.state != state_now {
@@ -566,10 +599,10 @@ impl Server {
                             .as_mut()
                             .and_then(|p| p.links.get_mut(host.0 as usize))
                         {
-                            l.out.extend_from_slice(&out);
+                            l.out.extend(&out);
                             info!(peer = %l.addr, "peer link up");
                         }
-                        self.engine.handle_link_up(host);
+                        self.link_up(host);
                         Ok(State::Up)
                     }
                     _ => Err(Close::Broken("a hello from the wrong host".into())),
@@ -590,11 +623,26 @@ impl Server {
                     let mut gid = [0u8; 16];
                     gid.copy_from_slice(&e[3..19]);
                     match e[0] {
-                        1 => self.engine.add_remote_vnic(host, lid, gid),
-                        2 => self.engine.remove_remote_vnic(lid, gid),
+                        1 => self.directory_vnic(host, true, lid, gid),
+                        2 => self.directory_vnic(host, false, lid, gid),
+                        3 if lid == 0 => {
+                            let ip = IpAddr::V6(Ipv6Addr::from(gid)).to_canonical();
+                            if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
+                                return Err(Close::Broken(
+                                    "an announced address of no host".into(),
+                                ));
+                            }
+                            self.directory_addr(host, ip);
+                        }
                         _ => return Err(Close::Broken("a malformed announcement".into())),
                     }
                 }
+                Ok(State::Up)
+            }
+            (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Cm => {
+                let m = CmMessage::parse(body)
+                    .map_err(|e| Close::Broken(format!("a malformed CM message: {e}")))?;
+                self.cm.handle_remote(host, m, now);
                 Ok(State::Up)
             }
             (_, FrameRepr::Control(c)) if c.kind == ControlKind::Keepalive => {
@@ -610,7 +658,9 @@ impl Server {
                         let mut pong = [0u8; 9];
                         pong[0] = 1;
                         pong[1..].copy_from_slice(&body[1..]);
-                        control(&mut l.out, ControlKind::Keepalive, &pong);
+                        let mut f = Vec::new();
+                        control(&mut f, ControlKind::Keepalive, &pong);
+                        l.out.extend(&f);
                     } else {
                         let mut t = [0u8; 8];
                         t.copy_from_slice(&body[1..]);
@@ -642,7 +692,9 @@ impl Server {
             let mut ping = [0u8; 9];
             let t = now.duration_since(p.epoch).as_nanos() as u64;
             ping[1..].copy_from_slice(&t.to_be_bytes());
-            control(&mut l.out, ControlKind::Keepalive, &ping);
+            let mut f = Vec::new();
+            control(&mut f, ControlKind::Keepalive, &ping);
+            l.out.extend(&f);
             l.last_ping = now;
         }
     }
@@ -669,6 +721,8 @@ impl Server {
             Close::Broken(why) => {
                 warn!(peer = %l.addr, "peer link closed: {why}; its QPs fail");
                 self.engine.fail_host(now, host);
+                self.cm.fail_host(host);
+                self.directory_forget(host);
             }
         }
     }
@@ -680,13 +734,31 @@ impl Server {
         let Some(p) = &mut self.peers else {
             // No links: a transmit (a route to an announced host cannot exist) is dropped.
             while self.engine.poll_transmit().is_some() {}
+            self.cm.take_outgoing();
             return false;
         };
+        for (host, m) in self.cm.take_outgoing() {
+            let Some(Some(l)) = p.links.get_mut(host.0 as usize) else {
+                continue;
+            };
+            let mut body = Vec::new();
+            m.emit(&mut body);
+            let mut f = Vec::new();
+            control(&mut f, ControlKind::Cm, &body);
+            if l.state == State::Up {
+                l.out.extend(&f);
+            } else {
+                if l.cm_backlog.len() >= CM_BACKLOG {
+                    l.cm_backlog.pop_front();
+                }
+                l.cm_backlog.push_back(f);
+            }
+        }
         let mem = &mut Mem(&self.vnics);
         while let Some(t) = self.engine.poll_transmit() {
             if let Some(Some(l)) = p.links.get_mut(t.host.0 as usize)
                 && l.state == State::Up
-                && !t.encode(mem, &mut l.out)
+                && !enqueue(&t, mem, &mut l.out)
             {
                 warn!("an inconsistent frame was not sent");
             }
@@ -698,12 +770,11 @@ impl Server {
             let Some(s) = l.stream.as_mut() else {
                 continue;
             };
-            let mut at = 0usize;
-            while at < l.out.len() {
-                match s.write(&l.out[at..]) {
+            let fd = s.as_raw_fd();
+            while !l.out.is_empty() {
+                match l.out.write_to(fd, &mut p.iov) {
                     Ok(0) => break,
                     Ok(n) => {
-                        at += n;
                         l.bytes_out += n as u64;
                         l.last_tx = now;
                         sent = true;
@@ -716,7 +787,6 @@ impl Server {
                     }
                 }
             }
-            l.out.drain(..at);
         }
         for (i, why) in failed {
             self.close_link(now, i, Close::Gone(why));
@@ -769,4 +839,39 @@ fn announce(out: &mut Vec<u8>, entries: &[(u8, u16, [u8; 16])]) {
         }
         control(out, ControlKind::Announce, &body);
     }
+}
+
+/// Queues `t`'s frame on `out`: a large payload in registered memory as ranges of its region
+/// (the kernel reads them when the link writes), anything else written in place.
+fn enqueue(t: &vrnic_proto::Transmit, mem: &mut Mem, out: &mut OutQueue) -> bool {
+    let len = t.frame_len();
+    let range = t.payload_range();
+    if let Some(runs) = t.runs()
+        && range.len() as u64 >= ZERO_COPY_MIN
+    {
+        if !t.encode_headers(out.spare(len)) {
+            return false;
+        }
+        out.commit(range.start);
+        let mut placed = 0usize;
+        for &(loc, n) in runs {
+            let n = usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(range.len() - placed);
+            match mem.0.get(&loc.vnic) {
+                Some(v) => out.push_region(v.region.clone(), loc.off, n),
+                None => out.push_zeros(n),
+            }
+            placed += n;
+        }
+        out.push_zeros(range.len() - placed);
+        // The pad (zeros, as the headers' emit wrote them).
+        out.extend(&[0u8; 3][..len - range.end]);
+        return true;
+    }
+    if !t.encode_into(mem, out.spare(len)) {
+        return false;
+    }
+    out.commit(len);
+    true
 }

@@ -60,15 +60,10 @@ impl Server {
         }
         let id = VnicId(self.next_vnic);
         self.next_vnic += 1;
-        let lid = self.free_lid().context("no free LID")?;
-        // Unique across the configured hosts: the host's index is in it.
-        let host = self.peers.as_ref().map_or(0, |p| p.index()) as u64;
-        let guid_host: u64 = 0x0256_5200_0000_0000 | (host << 24) | u64::from(id.0 & 0xff_ffff);
-        let guid = guid_host.to_be();
-        let mut gid = [0u8; 16];
-        gid[0] = 0xfe;
-        gid[1] = 0x80;
-        gid[8..].copy_from_slice(&guid_host.to_be_bytes());
+        let super::directory::Identity { lid, gid, guid } = self
+            .directory
+            .assign(id.0)
+            .context("no free LID in this host's share")?;
         let dir = self.opts.state_dir.join(name);
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         let quota_mount = config::current_euid() == 0;
@@ -76,20 +71,22 @@ impl Server {
             let _ = std::fs::remove_dir(&dir);
             return Err(e).context("mount the vRNIC's tmpfs (its memory quota)");
         }
-        let region = match Region::create(
-            &dir.join(REGION_FILE),
-            self.opts.region_size,
-            name,
-            lid,
-            gid,
-            guid,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                remove_vnic_dir(&dir, quota_mount);
-                return Err(e).context("create region");
-            }
-        };
+        let region = std::sync::Arc::new(
+            match Region::create(
+                &dir.join(REGION_FILE),
+                self.opts.region_size,
+                name,
+                lid,
+                gid,
+                guid,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    remove_vnic_dir(&dir, quota_mount);
+                    return Err(e).context("create region");
+                }
+            },
+        );
         let heap_off = layout::HEAP_OFF;
         let heap = Heap::new(heap_off, region.size() - heap_off, layout::PAGE);
         let mut listener = match UnixListener::bind(dir.join(VNIC_SOCKET)) {
@@ -131,15 +128,6 @@ impl Server {
         Ok(id)
     }
 
-    /// A LID no vRNIC here has, from this host's share of the range (all of it without
-    /// peers).
-    pub(super) fn free_lid(&self) -> Option<u16> {
-        let range = self.peers.as_ref().map_or(1..0xbfff, |p| p.lid_range());
-        range
-            .into_iter()
-            .find(|l| !self.vnics.values().any(|v| v.lid == *l))
-    }
-
     pub(super) fn remove_vnic(&mut self, id: VnicId) {
         let ctxs: Vec<CtxId> = self
             .vnics
@@ -158,6 +146,7 @@ impl Server {
             }
             drop(v.region);
             remove_vnic_dir(&v.dir, v.quota_mount);
+            self.directory.release(v.lid);
             self.announce_vnic(false, v.lid, v.gid);
             info!(vnic = v.name, "vRNIC removed");
         }

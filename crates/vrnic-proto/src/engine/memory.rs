@@ -67,7 +67,11 @@ impl Engine {
             return None;
         }
         let v = self.vnics.get(&p.vnic)?;
-        let m = self.mrs.get(v.keys.get(&rkey)?)?;
+        let Some(mr) = v.keys.get(&rkey) else {
+            // Not an MR's key: perhaps a memory window's.
+            return self.window_mr(peer, addr, len, rkey, need);
+        };
+        let m = self.mrs.get(mr)?;
         (m.pd == p.pd && m.access & need != 0 && inside(m, addr, len)).then_some(m)
     }
 }
@@ -183,6 +187,7 @@ mod tests {
             access: 0,
             key: 1,
             pages,
+            windows: 0,
         }
     }
 

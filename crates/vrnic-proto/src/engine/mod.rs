@@ -4,6 +4,7 @@
 //! translation of registered memory into region runs (`memory`).
 
 mod memory;
+mod mw;
 mod queues;
 mod remote;
 mod requester;
@@ -12,7 +13,9 @@ mod sched;
 mod segment;
 mod verbs;
 
-use memory::{copy_runs, grh, scatter_bytes, translate};
+use memory::{copy_runs, grh, inside, scatter_bytes, translate};
+use mw::Mw;
+pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
 use remote::Flights;
 pub use remote::{SEGMENT, Transmit, TxPayload, WINDOW};
 use responder::Rx;
@@ -24,14 +27,15 @@ use std::time::{Duration, Instant};
 
 use vrnic_wire::{
     AhAttr, Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType,
-    RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_GRH, WC_WITH_IMM, WcOpcode,
-    WcStatus, access, qp_attr,
+    RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
+    WcOpcode, WcStatus, access, qp_attr,
 };
 
 use crate::errno::*;
 use crate::state;
 use crate::{
-    AhId, CqId, CtxId, Errno, Event, HostId, Loc, Memory, MrId, MrKeys, PdId, QpId, SrqId, VnicId,
+    AhId, CqId, CtxId, Errno, Event, HostId, Loc, Memory, MrId, MrKeys, MwId, PdId, QpId, SrqId,
+    VnicId,
 };
 
 /// Deepest work queue.
@@ -82,6 +86,8 @@ struct Vnic {
     gid: [u8; 16],
     /// Memory keys -> MR.
     keys: HashMap<u32, MrId>,
+    /// Memory-window key indices (R_Key >> 8) -> window.
+    mws: HashMap<u32, MwId>,
     /// Its QPs that may have work to run, in turn (each at most once: `Qp::queued`).
     ready: VecDeque<QpId>,
     /// In the engine's run queue.
@@ -107,6 +113,8 @@ struct Mr {
     key: u32,
     /// Region offset of each 4 KiB page from floor(addr).
     pages: Vec<u64>,
+    /// Memory windows bound to it (it cannot be deregistered or reregistered meanwhile).
+    windows: u32,
 }
 
 #[derive(Debug)]
@@ -298,6 +306,7 @@ pub struct Engine {
     vnics: HashMap<VnicId, Vnic>,
     pds: HashMap<PdId, Pd>,
     mrs: HashMap<MrId, Mr>,
+    mws: HashMap<MwId, Mw>,
     cqs: HashMap<CqId, Cq>,
     qps: BTreeMap<QpId, Qp>,
     srqs: BTreeMap<SrqId, Srq>,
@@ -400,6 +409,7 @@ impl Engine {
             vnics: HashMap::new(),
             pds: HashMap::new(),
             mrs: HashMap::new(),
+            mws: HashMap::new(),
             cqs: HashMap::new(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),

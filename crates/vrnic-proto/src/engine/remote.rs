@@ -47,27 +47,78 @@ pub struct Transmit {
 }
 
 impl Transmit {
+    fn repr(&self) -> FrameRepr {
+        FrameRepr::Segment {
+            grh: self.grh,
+            segment: self.segment,
+        }
+    }
+
+    /// Bytes of the whole frame.
+    pub fn frame_len(&self) -> usize {
+        self.repr().buffer_len()
+    }
+
     /// The whole frame, appended to `out`: headers, then the payload copied out of registered
     /// memory (the frame's one copy on this side). Returns `false`, appending nothing, if the
     /// headers are inconsistent (a bug: the engine builds them).
     pub fn encode(&self, mem: &mut dyn Memory, out: &mut Vec<u8>) -> bool {
-        let repr = FrameRepr::Segment {
-            grh: self.grh,
-            segment: self.segment,
-        };
-        if repr.check().is_err() {
+        let start = out.len();
+        out.resize(start + self.frame_len(), 0);
+        let ok = self.encode_into(mem, &mut out[start..]);
+        if !ok {
+            out.truncate(start);
+        }
+        ok
+    }
+
+    /// Where the payload sits in the frame.
+    pub fn payload_range(&self) -> std::ops::Range<usize> {
+        self.repr().payload_range()
+    }
+
+    /// The payload's runs of registered memory, if that is where it is (a sender that writes
+    /// them to the link itself, without [`encode_into`](Self::encode_into)'s copy, uses
+    /// [`encode_headers`](Self::encode_headers) for the rest).
+    pub fn runs(&self) -> Option<&[(Loc, u64)]> {
+        match &self.payload {
+            TxPayload::Runs(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Every byte of the frame but the payload, into the first
+    /// [`frame_len`](Self::frame_len) bytes of `out` (the payload's range is left as it was).
+    /// `false` if the headers are inconsistent or `out` is too short.
+    pub fn encode_headers(&self, out: &mut [u8]) -> bool {
+        let repr = self.repr();
+        let len = repr.buffer_len();
+        if repr.check().is_err() || out.len() < len {
             return false;
         }
-        let start = out.len();
-        out.resize(start + repr.buffer_len(), 0);
-        repr.emit(&mut Frame::new_unchecked(&mut out[start..]));
+        repr.emit(&mut Frame::new_unchecked(&mut out[..len]));
+        true
+    }
+
+    /// [`encode`](Self::encode) into the first [`frame_len`](Self::frame_len) bytes of `out`,
+    /// whatever they held: every byte of the frame is written. `false` if the headers are
+    /// inconsistent or `out` is too short.
+    pub fn encode_into(&self, mem: &mut dyn Memory, out: &mut [u8]) -> bool {
+        let repr = self.repr();
+        let len = repr.buffer_len();
+        if repr.check().is_err() || out.len() < len {
+            return false;
+        }
+        let out = &mut out[..len];
+        repr.emit(&mut Frame::new_unchecked(&mut *out));
         let range = repr.payload_range();
-        let body = &mut out[start + range.start..start + range.end];
-        match &self.payload {
-            TxPayload::Empty => {}
+        let body = &mut out[range];
+        let filled = match &self.payload {
+            TxPayload::Empty => 0,
             TxPayload::Bytes(b) => {
                 let n = b.len().min(body.len());
                 body[..n].copy_from_slice(&b[..n]);
+                n
             }
             TxPayload::Runs(runs) => {
                 let mut at = 0usize;
@@ -78,8 +129,11 @@ impl Transmit {
                     mem.read(loc, &mut body[at..at + n]);
                     at += n;
                 }
+                at
             }
-        }
+        };
+        // The payload always fills its range (the engine sizes it so); never send stale bytes.
+        body[filled..].fill(0);
         true
     }
 }
@@ -277,9 +331,20 @@ impl Engine {
                 (false, true) if imm => WireOp::RdmaWriteLastWithImm,
                 (false, true) => WireOp::RdmaWriteLast,
             },
+            // RC only (`Engine::step` fails it on UC): the last segment carries the IETH.
+            SendOpcode::SendWithInv => match (first, last) {
+                (true, true) => WireOp::SendOnlyWithInvalidate,
+                (true, false) => WireOp::SendFirst,
+                (false, false) => WireOp::SendMiddle,
+                (false, true) => WireOp::SendLastWithInvalidate,
+            },
             SendOpcode::RdmaRead => WireOp::RdmaReadRequest,
             SendOpcode::AtomicCmpAndSwp => WireOp::CompareSwap,
             SendOpcode::AtomicFetchAndAdd => WireOp::FetchAdd,
+            // Never sent over a peer link: `Engine::step` executes them first.
+            SendOpcode::LocalInv | SendOpcode::BindMw => {
+                return Step::Blocked;
+            }
         };
         let Some(opcode) = Opcode::new(t, op) else {
             return Step::Blocked;
@@ -301,6 +366,10 @@ impl Engine {
         }
         if ext.contains(&vrnic_wire::frame::ExtHeader::ImmDt) {
             seg.imm = Some(wqe.imm_data);
+        }
+        if ext.contains(&vrnic_wire::frame::ExtHeader::Ieth) {
+            // The R_Key to invalidate (the WR's `invalidate_rkey`, the union with imm_data).
+            seg.invalidate_rkey = Some(wqe.imm_data);
         }
         if atomic {
             seg.atomic = Some(AtomicEth {
@@ -517,7 +586,8 @@ impl Engine {
                 };
                 (op, true, true)
             }
-            // SEND with Invalidate: no memory windows here; a requester never sends it.
+            SendLastWithInvalidate => (Op::SendInv, false, true),
+            SendOnlyWithInvalidate => (Op::SendInv, true, true),
             _ => {
                 self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
                 return;
@@ -526,6 +596,8 @@ impl Engine {
         let n = payload.len() as u64;
         // Where an RDMA WRITE's bytes go: its RETH on the first segment, the cursor after.
         let (va, rkey, len) = match (op, seg.reth, seg.atomic) {
+            // SEND with Invalidate: the IETH's R_Key, as a local requester passes it.
+            (Op::SendInv, _, _) => (0, seg.invalidate_rkey.unwrap_or(0), 0),
             (_, Some(r), _) => (r.va, r.rkey, u64::from(r.dma_len)),
             (Op::Write, None, _) => match q.write_at {
                 Some(at) => at,

@@ -62,7 +62,21 @@ impl Engine {
             return Step::Blocked;
         };
         if let (Route::Remote(host), QpType::Rc | QpType::Uc) = (q.route, q.ty) {
-            return self.step_remote(now, qp, host);
+            // Memory-window operations are executed here, in order: once all before them are
+            // answered. (A SEND with Invalidate crosses the link with its IETH on RC; UC has
+            // no such opcode, so there it fails with LOC_QP_OP_ERR.)
+            let next = q.sq.get(q.sq_sent).and_then(|w| w.as_ref().ok());
+            let uc = q.ty == QpType::Uc;
+            match next.map(|w| w.opcode) {
+                Some(op) if op.is_local() || (uc && op == SendOpcode::SendWithInv) => {
+                    if q.sq_sent > 0 {
+                        // Off the ready lists until those in flight are answered.
+                        q.stalled = true;
+                        return Step::Blocked;
+                    }
+                }
+                _ => return self.step_remote(now, qp, host),
+            }
         }
         let wqe = match q.sq.pop_front() {
             Some(Ok(w)) => w,
@@ -121,11 +135,43 @@ impl Engine {
         if ty == QpType::Ud {
             return self.step_ud(qp, wqe, mem);
         }
+        if wqe.opcode.is_local() {
+            return self.step_local(qp, wqe);
+        }
+        if wqe.opcode == SendOpcode::SendWithInv
+            && ty == QpType::Uc
+            && matches!(self.qps.get(&qp).map(|q| q.route), Some(Route::Remote(_)))
+        {
+            return Outcome::Fail(WcStatus::LocQpOpErr);
+        }
         if needs_write && wqe.opcode != SendOpcode::RdmaRead && len != 8 {
             // The local buffer must hold exactly the 8-byte original value.
             return Outcome::Fail(WcStatus::LocLenErr);
         }
         self.step_connected(now, qp, wqe, mem)
+    }
+
+    /// A memory-window operation at the head of an RC or UC QP: a bind (`MW_BIND_ERR` if it
+    /// is refused) or a local invalidation (`LOC_QP_OP_ERR`, as rxe); nothing is sent.
+    fn step_local(&mut self, qp: QpId, wqe: &SendWqe) -> Outcome {
+        let result = match wqe.opcode {
+            SendOpcode::BindMw => self.bind_mw(qp, wqe),
+            _ => {
+                let Some(q) = self.qps.get(&qp) else {
+                    return Outcome::Blocked;
+                };
+                let (vnic, pd) = (q.vnic, q.pd);
+                self.invalidate_mw(vnic, pd, wqe.imm_data, None)
+                    .map_err(|()| WcStatus::LocQpOpErr)
+            }
+        };
+        match result {
+            Ok(()) => Outcome::Complete {
+                byte_len: 0,
+                moved: 0,
+            },
+            Err(status) => Outcome::Fail(status),
+        }
     }
 
     /// The next segment of an RC or UC message.
@@ -153,6 +199,9 @@ impl Engine {
         };
         let op = match wqe.opcode {
             SendOpcode::Send | SendOpcode::SendWithImm => Op::Send,
+            SendOpcode::SendWithInv => Op::SendInv,
+            // Executed by `step_local`.
+            SendOpcode::LocalInv | SendOpcode::BindMw => return Outcome::Blocked,
             SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => Op::Write,
             SendOpcode::RdmaRead => Op::Read,
             SendOpcode::AtomicCmpAndSwp => Op::CmpSwap {
@@ -167,11 +216,11 @@ impl Engine {
         let mut src = std::mem::take(&mut self.scratch_src);
         src.clear();
         let payload = match (&wqe.payload, op) {
-            (SendPayload::Inline(data), Op::Send | Op::Write) => {
+            (SendPayload::Inline(data), Op::Send | Op::SendInv | Op::Write) => {
                 let (a, b) = (done as usize, done.saturating_add(n) as usize);
                 Payload::Bytes(data.get(a..b).unwrap_or_default())
             }
-            (SendPayload::Sges(sges), Op::Send | Op::Write) => {
+            (SendPayload::Sges(sges), Op::Send | Op::SendInv | Op::Write) => {
                 // Checked by `check_sges` in this step, so it cannot fail.
                 let _ = self.sge_runs(vnic, sges, done, n, &mut src);
                 Payload::Runs(&src)
@@ -196,7 +245,12 @@ impl Engine {
             )
             .then_some(wqe.imm_data),
             va: wqe.remote_addr.wrapping_add(done),
-            rkey: wqe.rkey,
+            // SEND with Invalidate: the IETH's R_Key (the `invalidate_rkey` union member).
+            rkey: if op == Op::SendInv {
+                wqe.imm_data
+            } else {
+                wqe.rkey
+            },
             len: if atomic { 8 } else { len - done },
             chunk: n,
             qkey: 0,

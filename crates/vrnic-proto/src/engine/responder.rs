@@ -71,7 +71,7 @@ impl Engine {
             _ => return Some(self.duplicate(peer, req, back)),
         }
         let r = match req.op {
-            Op::Send => self.place_send(peer, req, mem),
+            Op::Send | Op::SendInv => self.place_send(peer, req, mem),
             Op::Write => self.place_write(peer, req, mem),
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
@@ -100,7 +100,7 @@ impl Engine {
     /// the value it answered (IB spec 9.7.5.1.2).
     fn duplicate(&mut self, peer: QpId, req: &Request, back: &mut Vec<(Loc, u64)>) -> Response {
         match req.op {
-            Op::Send | Op::Write => Response::Ack,
+            Op::Send | Op::SendInv | Op::Write => Response::Ack,
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => {
                 match self.qps.get(&peer).and_then(|p| p.last_atomic) {
@@ -181,6 +181,17 @@ impl Engine {
         place(mem, req.payload, &dst);
         self.scratch_place = dst;
         let off = rx.off + n;
+        if req.last
+            && req.op == Op::SendInv
+            && self
+                .invalidate_mw(pvnic, ppd, req.rkey, Some(peer))
+                .is_err()
+        {
+            // The R_Key names no type 2 window bound to this QP (IB class J, as rxe): the
+            // receive fails and the QP with it.
+            self.finish_recv(peer, rx.wqe, WcStatus::RemInvReqErr, None, req);
+            return self.refuse(peer, Nak::InvalidRequest);
+        }
         if req.last {
             self.finish_recv(peer, rx.wqe, WcStatus::Success, Some(off), req);
         } else if let Some(q) = self.qps.get_mut(&peer) {
@@ -362,6 +373,11 @@ impl Engine {
             if let Some(i) = req.imm {
                 c.imm_data = i;
                 c.wc_flags |= WC_WITH_IMM;
+            }
+            if req.op == Op::SendInv {
+                // `invalidated_rkey`, the same union as `imm_data`, in host order.
+                c.imm_data = req.rkey;
+                c.wc_flags |= WC_WITH_INV;
             }
             solicited = req.solicited;
         }

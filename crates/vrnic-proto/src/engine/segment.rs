@@ -52,6 +52,10 @@ pub(super) enum Src {
 pub(super) enum Op {
     /// SEND: the payload lands in the responder's receive.
     Send,
+    /// SEND with Invalidate: a SEND whose last segment also invalidates, at the responder,
+    /// the memory window whose R_Key is `rkey` (IETH). Same-daemon only: peer-link frames
+    /// carry no IETH yet.
+    SendInv,
     /// RDMA WRITE: the payload lands at `va` under `rkey`; with `imm`, the last segment also
     /// consumes a receive.
     Write,

@@ -16,6 +16,7 @@ impl Engine {
                 lid,
                 gid,
                 keys: HashMap::new(),
+                mws: HashMap::new(),
                 ready: VecDeque::new(),
                 queued: false,
             },
@@ -61,6 +62,7 @@ impl Engine {
             self.fail_peers(qp);
             let _ = self.destroy_qp(now, ctx, qp);
         }
+        self.dealloc_ctx_windows(ctx);
         let mrs: Vec<MrId> = self
             .mrs
             .iter()
@@ -169,11 +171,12 @@ impl Engine {
         let mut key;
         loop {
             key = self.random() as u32;
+            // Unique among the MR keys and outside every memory window's key range.
             if key != 0
                 && !self
                     .vnics
                     .get(&vnic)
-                    .is_some_and(|v| v.keys.contains_key(&key))
+                    .is_some_and(|v| v.keys.contains_key(&key) || v.mws.contains_key(&(key >> 8)))
             {
                 break;
             }
@@ -196,6 +199,7 @@ impl Engine {
                 access,
                 key,
                 pages,
+                windows: 0,
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -208,10 +212,11 @@ impl Engine {
         })
     }
 
-    /// `ibv_dereg_mr`: from now on no work request can reach its memory.
+    /// `ibv_dereg_mr`: from now on no work request can reach its memory. `EINVAL` while
+    /// memory windows are bound to it (IB spec 10.6.7.2.6, as rxe).
     pub fn dereg_mr(&mut self, ctx: CtxId, mr: MrId) -> Result<(), Errno> {
         match self.mrs.get(&mr) {
-            Some(m) if m.ctx == ctx => {}
+            Some(m) if m.ctx == ctx && m.windows == 0 => {}
             _ => return Err(EINVAL),
         }
         let m = self.mrs.remove(&mr).ok_or(EINVAL)?;
@@ -531,6 +536,7 @@ impl Engine {
             return Err(EINVAL);
         };
         self.by_qpn.remove(&q.qpn);
+        self.unbind_qp_windows(qp);
         if let Some(p) = self.pds.get_mut(&q.pd) {
             p.users = p.users.saturating_sub(1);
         }
@@ -629,27 +635,46 @@ impl Engine {
         Ok((id, depth))
     }
 
-    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event (`limit` below `max_wr`;
-    /// 0 disarms). Resizing (`IBV_SRQ_MAX_WR`) is not supported: the device does not report
-    /// `IBV_DEVICE_SRQ_RESIZE`, so it is `EINVAL`, as the kernel's verbs layer answers.
+    /// `ibv_modify_srq`: `max_wr` resizes (`IBV_SRQ_MAX_WR`), `limit` arms the limit event
+    /// (`IBV_SRQ_LIMIT`; 0 disarms). Returns the SRQ's ring depth afterwards (`max_wr`
+    /// rounded up to a power of two).
+    ///
+    /// A resize may grow or shrink, keeping the receives posted: the new `max_wr` must be in
+    /// `1..=MAX_QP_WR`, hold every receive outstanding and not fall below an armed limit, and
+    /// the SRQ must not be in error (rxe's `rxe_srq_chk_attr` and `rxe_queue_resize`: `EINVAL`
+    /// otherwise). The driver must have handed every receive it published to
+    /// [`Engine::handle_srq_wqe`] first. A limit must be below the (new) `max_wr`. Nothing
+    /// changes unless both parts are valid.
     pub fn modify_srq(
         &mut self,
         ctx: CtxId,
         srq: SrqId,
-        resize: bool,
+        max_wr: Option<u32>,
         limit: Option<u32>,
-    ) -> Result<(), Errno> {
+    ) -> Result<u32, Errno> {
         let s = match self.srqs.get_mut(&srq) {
             Some(s) if s.ctx == ctx => s,
             _ => return Err(EINVAL),
         };
-        if resize {
+        let new_max = match max_wr {
+            Some(m) => {
+                let outstanding = s.rq.len() as u32;
+                let armed = limit.unwrap_or(s.limit);
+                if s.broken || m == 0 || m > MAX_QP_WR || m < outstanding || m < armed {
+                    return Err(EINVAL);
+                }
+                m
+            }
+            None => s.max_wr,
+        };
+        if limit.is_some_and(|l| l >= new_max) {
             return Err(EINVAL);
         }
+        if max_wr.is_some() {
+            s.max_wr = new_max;
+            s.depth = new_max.next_power_of_two();
+        }
         if let Some(l) = limit {
-            if l >= s.max_wr {
-                return Err(EINVAL);
-            }
             s.limit = l;
             if l > 0 && (s.rq.len() as u32) < l {
                 // Already below: the event fires at once, as a device raises it on arming.
@@ -657,7 +682,7 @@ impl Engine {
                 self.events.push_back((ctx, Event::SrqLimit { srq }));
             }
         }
-        Ok(())
+        Ok(s.depth)
     }
 
     /// `ibv_query_srq`: `(max_wr, max_sge, srq_limit)`.
@@ -790,7 +815,8 @@ impl Engine {
 
     /// `ibv_rereg_mr` without a new translation: moves the MR to `pd` and/or gives it new
     /// `access` flags; keys stay. (A new address range is a new registration: the driver
-    /// registers it and deregisters the old one.)
+    /// registers it and deregisters the old one.) `EINVAL` while memory windows are bound to
+    /// it.
     pub fn rereg_mr(
         &mut self,
         ctx: CtxId,
@@ -799,7 +825,7 @@ impl Engine {
         acc: Option<u32>,
     ) -> Result<(), Errno> {
         let (old_pd, vnic) = match self.mrs.get(&mr) {
-            Some(m) if m.ctx == ctx => (m.pd, m.vnic),
+            Some(m) if m.ctx == ctx && m.windows == 0 => (m.pd, m.vnic),
             _ => return Err(EINVAL),
         };
         if let Some(p) = pd {

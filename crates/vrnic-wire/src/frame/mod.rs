@@ -6,7 +6,8 @@
 //! opcode names, the payload and its pad, with the spec's layouts and big-endian byte order,
 //! so that a RoCEv2 transport can reuse everything here but the link header. The body of a
 //! *control* frame belongs to the link-control protocol (hello, keepalive, vRNIC
-//! announcements) and is opaque to this module.
+//! announcements) and is opaque to this module, but for the connection manager's messages,
+//! whose strict codec is [`CmMessage`] (`cm.rs`).
 //!
 //! # Link header
 //!
@@ -18,8 +19,8 @@
 //! ```
 //!
 //! - magic: `"vR"` ([`MAGIC`]); version: [`VERSION`] (1).
-//! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce (control). Every other
-//!   value is refused.
+//! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce, 5 cm (control). Every
+//!   other value is refused.
 //! - flags: bit 0 ([`FLAG_GRH`]): a 40-byte GRH follows the link header (segments of UD
 //!   opcodes only). The other bits are reserved and must be zero.
 //! - length: bytes in the whole frame, these 8 included, from the smallest body the kind
@@ -94,10 +95,12 @@
 
 use std::ops::Range;
 
+mod cm;
 mod header;
 mod opcode;
 mod segment;
 
+pub use cm::{CmMessage, CmParams, MAX_PRIVATE_DATA};
 pub use header::{
     Aeth, AtomicAckEth, AtomicEth, Deth, FLOW_LABEL_MASK, GRH_IPVER, GRH_NEXT_HEADER, GrhRepr,
     NakCode, Reth, Syndrome,
@@ -284,6 +287,8 @@ pub enum ControlKind {
     Keepalive = 3,
     /// vRNICs appearing on or leaving the sending host.
     Announce = 4,
+    /// A connection-manager message between the hosts' brokers ([`CmMessage`]).
+    Cm = 5,
 }
 
 /// The link header's kind byte.
@@ -306,6 +311,7 @@ impl FrameKind {
             2 => FrameKind::Control(ControlKind::Hello),
             3 => FrameKind::Control(ControlKind::Keepalive),
             4 => FrameKind::Control(ControlKind::Announce),
+            5 => FrameKind::Control(ControlKind::Cm),
             _ => return None,
         })
     }

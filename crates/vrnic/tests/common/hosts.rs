@@ -29,6 +29,28 @@ fn ip(args: &[&str]) {
     assert!(out.ok(), "ip {} failed\n{}", args.join(" "), out.text());
 }
 
+/// Removes the namespaces of test processes that died without dropping their [`Hosts`]
+/// (`vr<pid>x...` whose pid no longer runs).
+fn remove_stale() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("vr")
+            .and_then(|r| r.split('x').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let mut c = Command::new("ip");
+            c.args(["netns", "del", &name]);
+            let _ = Proc::spawn(c, "ip netns del").wait_timeout(CLI);
+        }
+    }
+}
+
 impl Hosts {
     /// `n` hosts, host `i` at 10.77.0.(i+1)/24. Needs root.
     pub fn new(n: usize) -> Hosts {
@@ -38,9 +60,10 @@ impl Hosts {
             root,
             "across-host tests need root (network namespaces); scripts/test runs as root"
         );
+        remove_stale();
         let tag = format!(
             "vr{}x{}",
-            std::process::id() % 100_000,
+            std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let switch = format!("{tag}sw");
@@ -74,6 +97,11 @@ impl Hosts {
         format!("10.77.0.{}", i + 1)
     }
 
+    /// Host `i`'s network namespace (`/run/netns/NAME`).
+    pub fn netns(&self, i: usize) -> &str {
+        &self.names[i]
+    }
+
     /// Host `i`'s link to the switch goes down (`up` false) or comes back.
     pub fn set_link(&self, i: usize, up: bool) {
         ip(&[
@@ -89,6 +117,11 @@ impl Hosts {
     /// A daemon on host `i` with peer links to every other host: host 0's from a config file
     /// (`--config`), the others' from `--listen`/`--peer`.
     pub fn daemon(&self, i: usize) -> Daemon {
+        self.daemon_with(i, &[])
+    }
+
+    /// [`Hosts::daemon`] with `extra` options for `vrnic serve`.
+    pub fn daemon_with(&self, i: usize, extra: &[&str]) -> Daemon {
         let listen = format!("{}:{PEER_PORT}", self.addr(i));
         let peers: Vec<String> = (0..self.names.len())
             .filter(|&j| j != i)
@@ -108,7 +141,8 @@ impl Hosts {
                 args.extend(["--peer".to_string(), p]);
             }
         }
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        refs.extend_from_slice(extra);
         Daemon::start_in(Some(&self.names[i]), &refs)
     }
 

@@ -121,6 +121,25 @@ pub fn guest(out: Output, tag: &str) -> Guest {
     }
 }
 
+/// Waits for `peer` (the program the guest talked to; long if the guest succeeded, briefly if
+/// not) and asserts that both ended well, showing the console and the peer's output if not.
+pub fn finish_with(g: &Guest, peer: Proc, what: &str) -> Output {
+    let p = peer.wait_bounded(if g.ok() {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(5)
+    });
+    assert!(
+        g.ok() && p.ok(),
+        "guest {:?}{}:\n{}\n--- {what}:\n{}",
+        g.status,
+        if g.timed_out { " (timed out)" } else { "" },
+        g.console,
+        p.text()
+    );
+    p
+}
+
 /// Standard base64 (the kernel command line carries the script).
 fn base64(data: &[u8], out: &mut String) {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -1,0 +1,144 @@
+//! What RDMA stacks (UCX, Open MPI) rely on beyond the verbs themselves, checked by our own C
+//! program (`tests/c/eco_check.c`) under `vrnic run`: deregistering memory the app has partly
+//! unmapped (their registration caches do so at `MPI_Finalize`), no async event for a
+//! destroyed QP (UCX's async thread dereferences the event's QP), registration invisible to
+//! memory hooks (the program interposes `mmap`/`munmap`/`mremap` as UCX's ucm does), and a
+//! buffer registered again and again at a fraction of the first registration's cost.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::{Daemon, output};
+
+fn program() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(
+        || // -rdynamic: its mmap/munmap/mremap preempt libc's for the driver library too.
+        common::c_program("eco_check", &["-rdynamic", "-libverbs"]),
+    )
+}
+
+/// Runs one case of `eco_check` on a fresh daemon started with `serve_args`; it must exit 0
+/// having printed every check in `expect`.
+fn case_on(serve_args: &[&str], name: &str, expect: &[&str]) {
+    let bin = program().to_str().expect("utf-8 path").to_string();
+    let d = Daemon::start_with(serve_args);
+    let out = output(d.run(&[&bin, name]), name, Duration::from_secs(120));
+    assert!(out.ok(), "case {name} failed\n{}", out.text());
+    for e in expect.iter().chain(&["done"]) {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with("OK ") && l.contains(e)),
+            "case {name}: no OK line with {e:?}\n{}",
+            out.text()
+        );
+    }
+}
+
+#[test]
+fn dereg_mr_after_the_app_unmapped_part_of_the_range_succeeds_and_frees_it() {
+    case_on(
+        &["--region-gib", "1"],
+        "dereg_unmapped",
+        &[
+            "middle unmapped: 0",
+            "wholly unmapped: 0",
+            "other memory mapped over part: 0",
+            "the memory comes back",
+        ],
+    );
+}
+
+#[test]
+fn no_async_event_names_a_destroyed_qp() {
+    case_on(
+        &[],
+        "destroy_events",
+        &[
+            "QP_LAST_WQE_REACHED naming it",
+            "no event after destroy, async_fd quiet",
+            "still delivered after withdrawals",
+        ],
+    );
+}
+
+#[test]
+fn registration_makes_no_mapping_call_a_memory_hook_sees() {
+    case_on(
+        &[],
+        "hooks",
+        &["0 mapping calls over the buffer visible to hooks"],
+    );
+}
+
+#[test]
+fn a_buffer_registered_again_and_again_costs_about_one_registration() {
+    case_on(
+        &[],
+        "rereg_loop",
+        &[
+            "every WRITE seen",
+            "a round costs a fraction of the first registration",
+        ],
+    );
+}
+
+/// `ibv_devinfo -v` (unmodified) shows what the driver really does: a numeric firmware version,
+/// the device capabilities the engine has (RNR NAK generation, the port-active event, a system
+/// image GUID) and no others, a port with a connection manager, and table sizes and completion
+/// vectors equal to what `create_*`/`modify_*` accept (`verbs_semantics dev_limits` checks
+/// those limits are enforced).
+#[test]
+fn ibv_devinfo_shows_honest_attributes() {
+    common::require("ibv_devinfo");
+    let d = Daemon::start();
+    let out = output(
+        d.run(&["ibv_devinfo", "-v"]),
+        "ibv_devinfo",
+        Duration::from_secs(30),
+    );
+    assert!(out.ok(), "{}", out.text());
+    let field = |name: &str| -> String {
+        out.stdout
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| panic!("no {name} in\n{}", out.stdout))
+    };
+    let fw = field("fw_ver:");
+    assert!(
+        fw.split('.').count() == 3 && fw.split('.').all(|p| p.parse::<u32>().is_ok()),
+        "fw_ver {fw:?} is not numeric"
+    );
+    // RC_RNR_NAK_GEN, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID (0x1c00), SRQ_RESIZE (1 << 13),
+    // MEM_WINDOW (1 << 17), MEM_WINDOW_TYPE_2B (1 << 24).
+    assert_eq!(field("device_cap_flags:"), "0x01023c00");
+    for flag in [
+        "PORT_ACTIVE_EVENT",
+        "SYS_IMAGE_GUID",
+        "RC_RNR_NAK_GEN",
+        "SRQ_RESIZE",
+        "MEM_WINDOW",
+        "MEM_WINDOW_TYPE_2B",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l.trim() == flag),
+            "no {flag} listed\n{}",
+            out.stdout
+        );
+    }
+    // CM_SUP (1 << 16) | SYS_IMAGE_GUID_SUP (1 << 11).
+    assert_eq!(field("port_cap_flags:"), "0x00010800");
+    assert_eq!(field("num_comp_vectors:"), "1");
+    assert_eq!(field("gid_tbl_len:"), "1");
+    assert_eq!(field("pkey_tbl_len:"), "1");
+    assert_eq!(field("max_pkeys:"), "1");
+    // The daemon's limits (`vrnic serve --max-qp/--max-srq` defaults).
+    assert_eq!(field("max_qp:"), "4096");
+    assert_eq!(field("max_srq:"), "4096");
+    assert_eq!(field("state:"), "PORT_ACTIVE (4)");
+    assert_eq!(field("sys_image_guid:"), field("node_guid:"));
+}
