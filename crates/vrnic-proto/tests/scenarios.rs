@@ -1085,7 +1085,7 @@ fn uc_write_with_a_bad_rkey_is_dropped_silently() {
 
 // ---- bounded work, bad WQEs, limits -------------------------------------------------------
 
-use vrnic_proto::{CHUNK, QP_WRS};
+use vrnic_proto::{CHUNK, CHUNK_ALONE, QP_WRS, SOLO_TURNS};
 
 /// Counts what one `process` call moves.
 struct Counting<'a> {
@@ -1109,7 +1109,7 @@ impl Memory for Counting<'_> {
 
 impl World {
     /// Runs `process` until idle; returns how many calls did something, checking that none
-    /// moved more than one chunk (there is one busy QP).
+    /// moved more than one chunk (there is one busy QP, so one turn per call).
     fn run_counted(&mut self) -> usize {
         let mut calls = 0;
         loop {
@@ -1118,7 +1118,7 @@ impl World {
                 bytes: 0,
             };
             let did = self.e.process(self.now, &mut m);
-            assert!(m.bytes <= CHUNK, "one call moved {} bytes", m.bytes);
+            assert!(m.bytes <= CHUNK_ALONE, "one call moved {} bytes", m.bytes);
             if !did {
                 return calls;
             }
@@ -1220,6 +1220,176 @@ fn a_large_send_scatters_across_receive_sges_over_several_calls() {
     let recv = c.iter().find(|(cq, _)| *cq == w.b.cq).unwrap().1;
     assert_eq!((recv.wr_id, recv.byte_len), (7, len as u32));
     assert_eq!(c.len(), 2);
+}
+
+// ---- turns between vRNICs ------------------------------------------------------------------
+
+/// Pairs of vRNICs, each pair's RC QPs connected, with a 4 MiB buffer registered on each side;
+/// the engine driven turn by turn, as the daemon does.
+struct Tenants {
+    e: Engine,
+    mem: VecMem,
+    now: Instant,
+    pairs: Vec<(Side, MrKeys, MrKeys)>,
+    next: u64,
+}
+
+const BUF: u64 = 4 << 20;
+const AT: u64 = 0x1000_0000;
+
+impl Tenants {
+    fn new(n: u32) -> Tenants {
+        let mut e = Engine::new(7);
+        let now = Instant::now();
+        let mut mem = VecMem(Default::default());
+        let mut pairs = Vec::new();
+        let pages: Vec<u64> = (0..BUF / 4096).map(|p| (p + 1) * 4096).collect();
+        for i in 0..n {
+            let (ia, ib) = (10 + 2 * i, 11 + 2 * i);
+            let a = side(&mut e, ia, ia as u16);
+            let b = side(&mut e, ib, ib as u16);
+            to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
+            to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
+            let acc = access::LOCAL_WRITE | access::REMOTE_WRITE;
+            let ka = e.reg_mr(a.ctx, a.pd, AT, BUF, AT, acc, pages.clone());
+            let kb = e.reg_mr(b.ctx, b.pd, AT, BUF, AT, acc, pages.clone());
+            for v in [a.vnic, b.vnic] {
+                mem.0.insert(v, vec![0u8; (BUF + 4096) as usize]);
+            }
+            pairs.push((a, ka.unwrap(), kb.unwrap()));
+        }
+        Tenants {
+            e,
+            mem,
+            now,
+            pairs,
+            next: 0,
+        }
+    }
+
+    fn vnic(&self, pair: usize) -> VnicId {
+        self.pairs[pair].0.vnic
+    }
+
+    /// Pair `pair`'s first side writes `len` bytes to its second.
+    fn write(&mut self, pair: usize, len: u32) {
+        let (a, ka, kb) = &self.pairs[pair];
+        self.next += 1;
+        let w = wqe(
+            self.next,
+            SendOpcode::RdmaWrite,
+            vec![sge(AT, len, ka.lkey)],
+            AT,
+            kb.rkey,
+        );
+        self.e.handle_send_wqe(self.now, a.qp, Ok(w));
+    }
+
+    /// The next turn: whose it was and the bytes it moved.
+    fn turn(&mut self) -> Option<(VnicId, u64)> {
+        let t = self.e.turn(self.now, &mut self.mem)?;
+        Some((t.vnic, t.bytes))
+    }
+}
+
+#[test]
+fn a_vrnic_alone_moves_short_steps_until_it_has_had_the_engine_to_itself() {
+    let mut t = Tenants::new(1);
+    let flood = t.vnic(0);
+    for _ in 0..8 {
+        t.write(0, BUF as u32);
+    }
+    let turns: Vec<(VnicId, u64)> = (0..SOLO_TURNS + 4).map_while(|_| t.turn()).collect();
+    assert!(turns.iter().all(|&(v, _)| v == flood));
+    let (short, long) = turns.split_at(SOLO_TURNS as usize);
+    assert!(short.iter().all(|&(_, n)| n == CHUNK), "{short:?}");
+    assert!(long.iter().all(|&(_, n)| n == CHUNK_ALONE), "{long:?}");
+}
+
+#[test]
+fn a_vrnic_whose_work_arrives_goes_next_and_the_flood_steps_stay_short_while_it_is_active() {
+    let mut t = Tenants::new(2);
+    let (flood, pair) = (t.vnic(0), t.vnic(1));
+    for _ in 0..8 {
+        t.write(0, BUF as u32);
+    }
+    for _ in 0..=SOLO_TURNS {
+        t.turn();
+    }
+    assert_eq!(t.turn(), Some((flood, CHUNK_ALONE)), "alone: long steps");
+    // Each of the pair's small messages goes right after the turn under way, and from its first
+    // one on the flood moves short steps: the pair's turns begin with the flood waiting, though
+    // the pair's vRNIC has no work between its messages.
+    for round in 0..10 {
+        t.write(1, 64);
+        assert_eq!(
+            t.turn(),
+            Some((pair, 64)),
+            "round {round}: the pair's turn comes next"
+        );
+        for _ in 0..5 {
+            assert_eq!(t.turn(), Some((flood, CHUNK)), "round {round}");
+        }
+    }
+    // Once the pair has been quiet for SOLO_TURNS turns, the flood's steps grow again.
+    for _ in 0..SOLO_TURNS {
+        t.turn();
+    }
+    assert_eq!(t.turn(), Some((flood, CHUNK_ALONE)));
+}
+
+#[test]
+fn vrnics_that_take_turns_without_waiting_for_each_other_get_long_steps() {
+    // A ping-pong of 4 MiB messages: one side's message, then the other's, never both at once.
+    let mut t = Tenants::new(2);
+    let mut sizes = Vec::new();
+    for i in 0..6 {
+        t.write(i % 2, BUF as u32);
+        sizes.extend(std::iter::from_fn(|| t.turn()).map(|(_, n)| n));
+    }
+    let (short, long) = sizes.split_at(SOLO_TURNS as usize);
+    assert!(short.iter().all(|&n| n == CHUNK));
+    assert!(long.iter().all(|&n| n == CHUNK_ALONE), "{long:?}");
+    assert!(!long.is_empty());
+}
+
+#[test]
+fn bulk_flows_rotate_strictly_with_long_steps_among_themselves_and_all_bytes_land() {
+    let mut t = Tenants::new(3);
+    let data = pattern(BUF as usize, 11);
+    for pair in 0..3 {
+        let v = t.vnic(pair);
+        t.mem.0.get_mut(&v).unwrap()[4096..4096 + BUF as usize].copy_from_slice(&data);
+        t.write(pair, BUF as u32);
+    }
+    let turns: Vec<(VnicId, u64)> = std::iter::from_fn(|| t.turn()).collect();
+    // Until the first of them is done: a strict rotation (newcomers went to the front, so it
+    // starts with the last one), short steps at first, then long ones (none is light: each
+    // has work after every turn).
+    let done = (0..3)
+        .map(|p| turns.iter().rposition(|&(v, _)| v == t.vnic(p)).unwrap())
+        .min()
+        .unwrap();
+    let mut first: Vec<VnicId> = turns[..3].iter().map(|&(v, _)| v).collect();
+    assert!(
+        turns[..done]
+            .iter()
+            .enumerate()
+            .all(|(i, &(v, _))| v == first[i % 3])
+    );
+    first.sort();
+    assert_eq!(first, vec![t.vnic(0), t.vnic(1), t.vnic(2)]);
+    let (short, long) = turns[..done].split_at(SOLO_TURNS as usize);
+    assert!(short.iter().all(|&(_, n)| n == CHUNK));
+    assert!(
+        long.len() >= 20 && long.iter().all(|&(_, n)| n == CHUNK_ALONE),
+        "{long:?}"
+    );
+    assert_eq!(turns.iter().map(|&(_, n)| n).sum::<u64>(), 3 * BUF);
+    for (a, _, _) in &t.pairs {
+        let b = VnicId(a.vnic.0 + 1);
+        assert_eq!(&t.mem.0[&b][4096..4096 + BUF as usize], &data[..]);
+    }
 }
 
 #[test]

@@ -13,18 +13,20 @@ mod sched;
 mod segment;
 mod verbs;
 
-use memory::{copy_runs, grh, inside, scatter_bytes, translate};
+use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
 use mw::Mw;
 pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
 use remote::Flights;
 pub use remote::{SEGMENT, Transmit, TxPayload, WINDOW};
 use responder::Rx;
+pub use sched::Turn;
 use segment::Route;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
 use vrnic_wire::{
     AhAttr, Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType,
     RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
@@ -69,14 +71,28 @@ pub const QP_WRS: usize = 16;
 /// Work requests one vRNIC executes per [`Engine::process`] call at most (fairness between
 /// tenants, whatever their number of QPs).
 pub const VNIC_WRS: usize = 32;
-/// Largest piece of one message moved at once; a QP, and a vRNIC, moves at most this much
-/// per call.
-pub const CHUNK: u64 = 256 << 10;
+/// Largest piece of one message moved at once, and the most a vRNIC moves in one turn, while
+/// other vRNICs wait for theirs: a tenant whose work arrives waits for at most this much of
+/// another's copying (about 2 us here).
+pub const CHUNK: u64 = 64 << 10;
+/// The same while no light tenant competes: for the last [`SOLO_TURNS`] turns, no vRNIC had a
+/// turn that did all its work while others waited. Short steps are for a tenant with little
+/// work (a ping-pong, a small message) beside busy ones: it waits for the turn under way. Busy
+/// tenants among themselves (one flow alone, bulk flows in rotation, or a ping-pong of large
+/// messages, whose sides never wait for each other) wait for each other's turns anyway, so
+/// their steps are long: each step pays its checks and lookups again, and with 64 KiB steps a
+/// lone `ib_write_bw` of 1 MiB lost a tenth of its bandwidth, 32 bulk pairs a fifth. A light
+/// tenant that comes after such a stretch waits for at most one long step; from its first
+/// turn on, while it stays active, steps are short again.
+pub const CHUNK_ALONE: u64 = 256 << 10;
+/// Turns without a light tenant competing before steps grow to [`CHUNK_ALONE`].
+pub const SOLO_TURNS: u64 = 64;
 /// Page size of the region page lists.
 pub const PAGE: u64 = 4096;
 
 const _: () = assert!(MAX_QP_WR.is_power_of_two() && MAX_CQE.is_power_of_two());
-const _: () = assert!(QP_WRS <= VNIC_WRS && VNIC_WRS <= PASS_WRS && CHUNK <= PASS_BYTES);
+const _: () = assert!(QP_WRS <= VNIC_WRS && VNIC_WRS <= PASS_WRS);
+const _: () = assert!(CHUNK <= CHUNK_ALONE && CHUNK_ALONE <= PASS_BYTES);
 // Every completion's byte_len fits the CQE field.
 const _: () = assert!(MAX_MSG_SIZE as u64 <= u32::MAX as u64);
 
@@ -85,9 +101,9 @@ struct Vnic {
     lid: u16,
     gid: [u8; 16],
     /// Memory keys -> MR.
-    keys: HashMap<u32, MrId>,
+    keys: FxHashMap<u32, MrId>,
     /// Memory-window key indices (R_Key >> 8) -> window.
-    mws: HashMap<u32, MwId>,
+    mws: FxHashMap<u32, MwId>,
     /// Its QPs that may have work to run, in turn (each at most once: `Qp::queued`).
     ready: VecDeque<QpId>,
     /// In the engine's run queue.
@@ -233,6 +249,10 @@ struct Qp {
     armed: Option<Instant>,
     /// Its retired counters moved since the driver last took [`Engine::drain_retired`].
     touched: bool,
+    /// Requester: the head WQE's local memory, translated (on the local route).
+    tx_mem: Translated,
+    /// Responder: the memory of the last RDMA WRITE or READ it served, translated.
+    rx_mem: Translated,
 }
 
 impl Qp {
@@ -303,35 +323,44 @@ pub struct Engine {
     rng: u64,
     next_id: u32,
     next_qpn: u32,
-    vnics: HashMap<VnicId, Vnic>,
-    pds: HashMap<PdId, Pd>,
-    mrs: HashMap<MrId, Mr>,
-    mws: HashMap<MwId, Mw>,
-    cqs: HashMap<CqId, Cq>,
-    qps: BTreeMap<QpId, Qp>,
-    srqs: BTreeMap<SrqId, Srq>,
-    ahs: HashMap<AhId, Ah>,
-    by_qpn: HashMap<u32, QpId>,
+    vnics: FxHashMap<VnicId, Vnic>,
+    pds: FxHashMap<PdId, Pd>,
+    mrs: FxHashMap<MrId, Mr>,
+    mws: FxHashMap<MwId, Mw>,
+    cqs: FxHashMap<CqId, Cq>,
+    qps: FxHashMap<QpId, Qp>,
+    srqs: FxHashMap<SrqId, Srq>,
+    ahs: FxHashMap<AhId, Ah>,
+    by_qpn: FxHashMap<u32, QpId>,
     completions: VecDeque<(CqId, Cqe, bool)>,
     events: VecDeque<(CtxId, Event)>,
     /// vRNICs with QPs that may have work, served in turn by [`Engine::process`]: a vRNIC
     /// that was idle goes first, one that used its turn goes last. Idle QPs and vRNICs are in
     /// no list and cost nothing.
     runq: VecDeque<VnicId>,
+    /// The most the turn under way moves: [`CHUNK`], or [`CHUNK_ALONE`] for a vRNIC alone.
+    turn_bytes: u64,
+    /// The memory generation: bumped whenever a translation could change (see
+    /// [`Engine::memory_changed`]); starts at 1 (0 marks an empty [`Translated`]).
+    mem_gen: u64,
+    /// Turns given so far, and the last one of a light tenant (its work all done in the turn)
+    /// while others waited.
+    turns: u64,
+    light_at: u64,
     /// Timers of waiting QPs (RNR and retry), earliest first; an entry whose QP no longer
     /// waits until then is stale and skipped.
     timers: BinaryHeap<Reverse<(Instant, QpId)>>,
     /// QPs blocked on RNR, by the receive queue they wait for: a receive posted there wakes
     /// them (before their timer).
-    rnr_waiters: HashMap<RecvQueue, Vec<QpId>>,
+    rnr_waiters: FxHashMap<RecvQueue, Vec<QpId>>,
     /// QPs blocked because no responder exists: any QP reaching RTR may be it.
     retry_waiters: Vec<QpId>,
     /// QPs and SRQs whose retired counters moved (see [`Engine::drain_retired`]).
     touched: Vec<QpId>,
     touched_srqs: Vec<SrqId>,
     /// vRNICs by address, to resolve routes.
-    by_lid: HashMap<u16, VnicId>,
-    by_gid: HashMap<[u8; 16], VnicId>,
+    by_lid: FxHashMap<u16, VnicId>,
+    by_gid: FxHashMap<[u8; 16], VnicId>,
     /// Scratch run lists, kept to spare an allocation per segment: the requester's payload,
     /// a READ response, the requester's local buffer, the responder's destination.
     scratch_src: Vec<(Loc, u64)>,
@@ -406,25 +435,29 @@ impl Engine {
             rng: seed | 1,
             next_id: 1,
             next_qpn: 0x11,
-            vnics: HashMap::new(),
-            pds: HashMap::new(),
-            mrs: HashMap::new(),
-            mws: HashMap::new(),
-            cqs: HashMap::new(),
-            qps: BTreeMap::new(),
-            srqs: BTreeMap::new(),
-            ahs: HashMap::new(),
-            by_qpn: HashMap::new(),
+            vnics: FxHashMap::default(),
+            pds: FxHashMap::default(),
+            mrs: FxHashMap::default(),
+            mws: FxHashMap::default(),
+            cqs: FxHashMap::default(),
+            qps: FxHashMap::default(),
+            srqs: FxHashMap::default(),
+            ahs: FxHashMap::default(),
+            by_qpn: FxHashMap::default(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
             runq: VecDeque::new(),
+            turn_bytes: CHUNK,
+            mem_gen: 1,
+            turns: 0,
+            light_at: 0,
             timers: BinaryHeap::new(),
-            rnr_waiters: HashMap::new(),
+            rnr_waiters: FxHashMap::default(),
             retry_waiters: Vec::new(),
             touched: Vec::new(),
             touched_srqs: Vec::new(),
-            by_lid: HashMap::new(),
-            by_gid: HashMap::new(),
+            by_lid: FxHashMap::default(),
+            by_gid: FxHashMap::default(),
             scratch_src: Vec::new(),
             scratch_dst: Vec::new(),
             scratch_local: Vec::new(),

@@ -107,6 +107,7 @@ impl Engine {
             _ => return Err(EINVAL),
         }
         self.unbind(mw);
+        self.memory_changed();
         let w = self.mws.remove(&mw).ok_or(EINVAL)?;
         if let Some(v) = self.vnics.get_mut(&w.vnic) {
             v.mws.remove(&(w.rkey >> 8));
@@ -127,6 +128,7 @@ impl Engine {
         let Some(b) = self.mws.get_mut(&mw).and_then(|w| w.bound.take()) else {
             return;
         };
+        self.memory_changed();
         if let Some(m) = self.mrs.get_mut(&b.mr) {
             m.windows = m.windows.saturating_sub(1);
         }
@@ -162,6 +164,8 @@ impl Engine {
     /// WQE, checked as rxe's `rxe_check_bind_mw` does; `MW_BIND_ERR` if any check fails.
     pub(super) fn bind_mw(&mut self, qp: QpId, wqe: &SendWqe) -> Result<(), WcStatus> {
         const BAD: WcStatus = WcStatus::MwBindErr;
+        // A window's range and rights may change: translations through it are stale.
+        self.memory_changed();
         let q = self.qps.get(&qp).ok_or(BAD)?;
         let (vnic, ctx, qpd) = (q.vnic, q.ctx, q.pd);
         let id = MwId((wqe.swap >> 32) as u32);

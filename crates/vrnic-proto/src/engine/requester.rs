@@ -112,6 +112,7 @@ impl Engine {
             return Outcome::Blocked;
         };
         let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
+        let done = q.progress.map_or(0, |p| p.done);
         let len = wqe.payload.len();
         if len > u64::from(MAX_MSG_SIZE) {
             return Outcome::Fail(WcStatus::LocLenErr);
@@ -126,7 +127,11 @@ impl Engine {
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
         match &wqe.payload {
-            SendPayload::Sges(sges) if !self.check_sges(vnic, pd, sges, needs_write) => {
+            // Checked at its first chunk; again only if memory changed since.
+            SendPayload::Sges(sges)
+                if !self.head_translated(qp, done)
+                    && !self.check_sges(vnic, pd, sges, needs_write) =>
+            {
                 return Outcome::Fail(WcStatus::LocProtErr);
             }
             SendPayload::Inline(_) if needs_write => return Outcome::Fail(WcStatus::LocQpOpErr),
@@ -186,6 +191,7 @@ impl Engine {
             return Outcome::Blocked;
         };
         let (vnic, uc, route) = (q.vnic, q.ty == QpType::Uc, q.route);
+        let (qpn, dst_qpn, psn) = (q.qpn, q.attr.dest_qp_num, q.attr.sq_psn);
         let len = wqe.payload.len();
         let done = q.progress.map_or(0, |p| p.done);
         let atomic = matches!(
@@ -195,7 +201,7 @@ impl Engine {
         let n = if atomic {
             0
         } else {
-            len.saturating_sub(done).min(CHUNK)
+            len.saturating_sub(done).min(self.turn_bytes)
         };
         let op = match wqe.opcode {
             SendOpcode::Send | SendOpcode::SendWithImm => Op::Send,
@@ -221,8 +227,8 @@ impl Engine {
                 Payload::Bytes(data.get(a..b).unwrap_or_default())
             }
             (SendPayload::Sges(sges), Op::Send | Op::SendInv | Op::Write) => {
-                // Checked by `check_sges` in this step, so it cannot fail.
-                let _ = self.sge_runs(vnic, sges, done, n, &mut src);
+                // Checked by `check_sges` at this generation, so it cannot fail.
+                let _ = self.local_runs(qp, sges, len, done, n, &mut src);
                 Payload::Runs(&src)
             }
             _ => Payload::Empty,
@@ -233,11 +239,11 @@ impl Engine {
             transport: if uc { QpType::Uc } else { QpType::Rc },
             first: done == 0,
             last,
-            src: Src::Local { vnic, qpn: q.qpn },
-            src_qpn: q.qpn,
+            src: Src::Local { vnic, qpn },
+            src_qpn: qpn,
             slid: self.vnics.get(&vnic).map_or(0, |v| v.lid),
-            dst_qpn: q.attr.dest_qp_num,
-            psn: q.attr.sq_psn,
+            dst_qpn,
+            psn,
             solicited: wqe.flags.contains(SendFlags::SOLICITED),
             imm: matches!(
                 wqe.opcode,
@@ -318,8 +324,8 @@ impl Engine {
                 if let SendPayload::Sges(sges) = &wqe.payload {
                     let mut local = std::mem::take(&mut self.scratch_local);
                     local.clear();
-                    // Checked by `check_sges` in this step, so it cannot fail.
-                    let _ = self.sge_runs(vnic, sges, done, n, &mut local);
+                    // Checked by `check_sges` at this generation, so it cannot fail.
+                    let _ = self.local_runs(qp, sges, len, done, n, &mut local);
                     copy_runs(mem, back, &local, n);
                     self.scratch_local = local;
                 }

@@ -226,10 +226,16 @@ impl Engine {
         dst.clear();
         // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
         let ok = req.len == 0
-            || self
-                .remote_mr(peer, req.va, req.len, req.rkey, access::REMOTE_WRITE)
-                .and_then(|m| translate(m, req.va, n, &mut dst))
-                .is_some();
+            || self.remote_runs(
+                peer,
+                req.va,
+                req.len,
+                n,
+                req.first,
+                req.rkey,
+                access::REMOTE_WRITE,
+                &mut dst,
+            );
         if ok {
             place(mem, req.payload, &dst);
         }
@@ -258,10 +264,17 @@ impl Engine {
         if req.len == 0 {
             return Response::ReadData;
         }
-        let found = self
-            .remote_mr(peer, req.va, req.len, req.rkey, access::REMOTE_READ)
-            .and_then(|m| translate(m, req.va, req.chunk, back));
-        if found.is_none() {
+        let found = self.remote_runs(
+            peer,
+            req.va,
+            req.len,
+            req.chunk,
+            req.first,
+            req.rkey,
+            access::REMOTE_READ,
+            back,
+        );
+        if !found {
             back.clear();
             return self.refuse(peer, Nak::RemoteAccess);
         }

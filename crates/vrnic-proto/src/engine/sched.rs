@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// What one [`Engine::turn`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Whose turn it was.
+    pub vnic: VnicId,
+    /// Whether anything happened (a segment moved, a work request retired).
+    pub did: bool,
+    /// Work requests retired.
+    pub wrs: usize,
+    /// Payload bytes moved.
+    pub bytes: u64,
+}
+
 impl Engine {
     /// Fires the timers that are due: each waiting QP whose timer expired is woken, and its
     /// next step tries its segment again: a QP that still gets no answer fails with
@@ -88,78 +101,120 @@ impl Engine {
     }
 
     /// Executes queued work requests, a bounded amount: at most [`PASS_WRS`] work requests and
-    /// about [`PASS_BYTES`] bytes per call. vRNICs with work take turns, each at most once
-    /// per call and for at most [`VNIC_WRS`] work requests and [`CHUNK`] bytes; within a
-    /// vRNIC its QPs take turns, each for at most [`QP_WRS`] work requests. A vRNIC that was
-    /// idle goes before those that used their turn, so a tenant with little traffic waits for
-    /// at most one turn of each busy one, however many QPs they have; idle QPs cost nothing.
-    /// A large message moves in chunks over several calls. Returns whether anything
-    /// happened; if not, nothing will until a WQE arrives or [`Engine::poll_timeout`] passes.
+    /// about [`PASS_BYTES`] bytes per call, as [`Engine::turn`]s, each vRNIC with work at most
+    /// once per call. A driver that wants others' new work seen sooner under a flood calls
+    /// [`Engine::turn`] itself and looks at its rings between turns. Fires due timers first.
+    /// Returns whether anything happened; if not, nothing will until a WQE arrives or
+    /// [`Engine::poll_timeout`] passes.
     pub fn process(&mut self, now: Instant, mem: &mut dyn Memory) -> bool {
         self.handle_timeout(now);
         let mut did = false;
-        let (mut pass_wrs, mut pass_bytes) = (0usize, 0u64);
+        let (mut wrs, mut bytes) = (0usize, 0u64);
         for _ in 0..self.runq.len() {
-            if pass_wrs >= PASS_WRS || pass_bytes >= PASS_BYTES {
+            if wrs >= PASS_WRS || bytes >= PASS_BYTES {
                 break;
             }
-            let Some(vid) = self.runq.pop_front() else {
-                break;
-            };
-            let turns = self.vnics.get(&vid).map_or(0, |v| v.ready.len());
-            let (mut v_wrs, mut v_bytes) = (0usize, 0u64);
-            for _ in 0..turns {
-                if v_wrs >= VNIC_WRS || v_bytes >= CHUNK {
-                    break;
-                }
-                let Some(qp) = self.vnics.get_mut(&vid).and_then(|v| v.ready.pop_front()) else {
-                    break;
-                };
-                let Some(q) = self.qps.get_mut(&qp) else {
-                    continue;
-                };
-                q.queued = false;
-                if q.parked {
-                    // It began to wait after it was listed (an RNR NAK from a peer link).
-                    continue;
-                }
-                let (mut wrs, mut blocked) = (0usize, false);
-                while wrs < QP_WRS && v_wrs < VNIC_WRS && v_bytes < CHUNK {
-                    let Some(q) = self.qps.get(&qp) else { break };
-                    if !q.has_unsent() || q.attr.qp_state != QpState::Rts {
-                        break;
-                    }
-                    let (n, retired) = match self.step(now, qp, mem) {
-                        Step::Done(n) | Step::Sent(n) => (n, 1),
-                        Step::Partial(n) if n > 0 => (n, 0),
-                        Step::Partial(_) | Step::Blocked => {
-                            blocked = true;
-                            break;
-                        }
-                    };
-                    did = true;
-                    wrs += retired;
-                    v_wrs += retired;
-                    v_bytes = v_bytes.saturating_add(n);
-                }
-                if blocked {
-                    self.park(qp);
-                } else {
-                    // More work: back of its vRNIC's list (an empty or stopped QP is dropped
-                    // by `wake`).
-                    self.wake(qp);
-                }
-            }
-            pass_wrs += v_wrs;
-            pass_bytes = pass_bytes.saturating_add(v_bytes);
-            if let Some(v) = self.vnics.get_mut(&vid) {
-                v.queued = !v.ready.is_empty();
-                if v.queued {
-                    self.runq.push_back(vid);
-                }
-            }
+            let Some(t) = self.turn(now, mem) else { break };
+            did |= t.did;
+            wrs += t.wrs;
+            bytes = bytes.saturating_add(t.bytes);
         }
         did
+    }
+
+    /// One turn of the vRNIC at the front of the run queue: its ready QPs take turns, each
+    /// for at most [`QP_WRS`] work requests, the vRNIC for at most [`VNIC_WRS`] work requests
+    /// and [`CHUNK`] bytes ([`CHUNK_ALONE`] once no light tenant has had a turn with others
+    /// waiting for [`SOLO_TURNS`] turns); then it goes to the back
+    /// of the queue if it has more. A vRNIC that was idle is put at the front when its work
+    /// arrives, so a tenant with little traffic waits for at most the turn under way, however
+    /// many QPs or bytes the others have; idle QPs cost nothing. A large message moves in
+    /// chunks over several turns. `None` when no vRNIC has work. Fires no timers
+    /// ([`Engine::handle_timeout`] does).
+    pub fn turn(&mut self, now: Instant, mem: &mut dyn Memory) -> Option<Turn> {
+        let vid = self.runq.pop_front()?;
+        self.turns += 1;
+        let others_wait = !self.runq.is_empty();
+        self.turn_bytes = if self.light_tenant_competes() {
+            CHUNK
+        } else {
+            CHUNK_ALONE
+        };
+        let turns = self.vnics.get(&vid).map_or(0, |v| v.ready.len());
+        let mut t = Turn {
+            vnic: vid,
+            did: false,
+            wrs: 0,
+            bytes: 0,
+        };
+        for _ in 0..turns {
+            if t.wrs >= VNIC_WRS || t.bytes >= self.turn_bytes {
+                break;
+            }
+            let Some(qp) = self.vnics.get_mut(&vid).and_then(|v| v.ready.pop_front()) else {
+                break;
+            };
+            let Some(q) = self.qps.get_mut(&qp) else {
+                continue;
+            };
+            q.queued = false;
+            if q.parked {
+                // It began to wait after it was listed (an RNR NAK from a peer link).
+                continue;
+            }
+            let (mut wrs, mut blocked) = (0usize, false);
+            while wrs < QP_WRS && t.wrs < VNIC_WRS && t.bytes < self.turn_bytes {
+                let Some(q) = self.qps.get(&qp) else { break };
+                if !q.has_unsent() || q.attr.qp_state != QpState::Rts {
+                    break;
+                }
+                let (n, retired) = match self.step(now, qp, mem) {
+                    Step::Done(n) | Step::Sent(n) => (n, 1),
+                    Step::Partial(n) if n > 0 => (n, 0),
+                    Step::Partial(_) | Step::Blocked => {
+                        blocked = true;
+                        break;
+                    }
+                };
+                t.did = true;
+                wrs += retired;
+                t.wrs += retired;
+                t.bytes = t.bytes.saturating_add(n);
+            }
+            if blocked {
+                self.park(qp);
+            } else {
+                // More work: back of its vRNIC's list (an empty or stopped QP is dropped
+                // by `wake`).
+                self.wake(qp);
+            }
+        }
+        if let Some(v) = self.vnics.get_mut(&vid) {
+            v.queued = !v.ready.is_empty();
+            if v.queued {
+                self.runq.push_back(vid);
+            } else if others_wait {
+                // A light tenant (its work done in one turn) beside busy ones: theirs stay short.
+                self.light_at = self.turns;
+            }
+        }
+        Some(t)
+    }
+
+    /// Whether a light tenant competes with busy ones (one had a turn that did all its work
+    /// while others waited, in the last [`SOLO_TURNS`] turns): turns are short then, and a
+    /// driver should look for new work between them as often as it can afford.
+    #[must_use]
+    pub fn light_tenant_competes(&self) -> bool {
+        self.turns - self.light_at <= SOLO_TURNS
+    }
+
+    /// Whether `vnic` has work waiting for a turn (it is in the run queue). A driver that
+    /// looks for new work between turns need only look at vRNICs without: the others' new
+    /// work can wait for their next turn.
+    #[must_use]
+    pub fn has_turn_waiting(&self, vnic: VnicId) -> bool {
+        self.vnics.get(&vnic).is_some_and(|v| v.queued)
     }
 
     /// Puts a QP that may have work in its vRNIC's ready list (once), and the vRNIC in the run
@@ -261,17 +316,22 @@ impl Engine {
         mut qp: impl FnMut(QpId, u32, u32),
         mut srq: impl FnMut(SrqId, u32),
     ) {
-        for id in std::mem::take(&mut self.touched) {
+        // Taken and put back, so that their room is kept (no allocation per call).
+        let mut touched = std::mem::take(&mut self.touched);
+        for id in touched.drain(..) {
             if let Some(q) = self.qps.get_mut(&id) {
                 q.touched = false;
                 qp(id, q.sq_retired, q.rq_retired);
             }
         }
-        for id in std::mem::take(&mut self.touched_srqs) {
+        self.touched = touched;
+        let mut touched = std::mem::take(&mut self.touched_srqs);
+        for id in touched.drain(..) {
             if let Some(s) = self.srqs.get_mut(&id) {
                 s.touched = false;
                 srq(id, s.retired);
             }
         }
+        self.touched_srqs = touched;
     }
 }

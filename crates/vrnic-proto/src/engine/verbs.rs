@@ -15,8 +15,8 @@ impl Engine {
             Vnic {
                 lid,
                 gid,
-                keys: HashMap::new(),
-                mws: HashMap::new(),
+                keys: FxHashMap::default(),
+                mws: FxHashMap::default(),
                 ready: VecDeque::new(),
                 queued: false,
             },
@@ -220,6 +220,7 @@ impl Engine {
             _ => return Err(EINVAL),
         }
         let m = self.mrs.remove(&mr).ok_or(EINVAL)?;
+        self.memory_changed();
         if let Some(v) = self.vnics.get_mut(&m.vnic) {
             v.keys.remove(&m.key);
         }
@@ -377,6 +378,8 @@ impl Engine {
                 listed: false,
                 armed: None,
                 touched: false,
+                tx_mem: Translated::default(),
+                rx_mem: Translated::default(),
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -409,6 +412,8 @@ impl Engine {
         mask: u32,
         attr: &QpAttr,
     ) -> Result<(), Errno> {
+        // Access flags may change: translations checked against them are stale.
+        self.memory_changed();
         let q = self.own_qp(ctx, qp)?;
         let (cur, ty) = (q.attr.qp_state, q.ty);
         let next = if mask & qp_attr::STATE != 0 {
@@ -844,6 +849,7 @@ impl Engine {
                 return Err(EINVAL);
             }
         }
+        self.memory_changed();
         let Some(m) = self.mrs.get_mut(&mr) else {
             return Err(EINVAL);
         };
