@@ -17,7 +17,10 @@ impl Server {
         {
             warn!(ctx = ctx.0, kind, "async event ring full; event dropped");
         }
-        c.wake = true;
+        if !c.wake {
+            c.wake = true;
+            self.wakes.push(ctx);
+        }
     }
 
     /// Announces queued connection-manager events to their contexts.
@@ -28,20 +31,25 @@ impl Server {
     }
 
     pub(super) fn notify_ctx(&mut self, id: CtxId) {
-        if let Some(c) = self.ctxs.get_mut(&id) {
+        if let Some(c) = self.ctxs.get_mut(&id)
+            && !c.wake
+        {
             c.wake = true;
+            self.wakes.push(id);
         }
     }
 
+    /// Writes one byte to each context that has something new (costs those contexts only).
     pub(super) fn flush_wakes(&mut self) {
-        for c in self.ctxs.values_mut() {
-            if c.wake {
-                c.wake = false;
-                // A full socket buffer already holds a wake-up: WouldBlock is fine. A guest
-                // polls its notification words instead.
-                if let Link::Socket { stream, .. } = &mut c.link {
-                    let _ = stream.write(&[1u8]);
-                }
+        for id in self.wakes.drain(..) {
+            let Some(c) = self.ctxs.get_mut(&id) else {
+                continue;
+            };
+            c.wake = false;
+            // A full socket buffer already holds a wake-up: WouldBlock is fine. A guest
+            // polls its notification words instead.
+            if let Link::Socket { stream, .. } = &mut c.link {
+                let _ = stream.write(&[1u8]);
             }
         }
     }

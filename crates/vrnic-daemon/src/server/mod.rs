@@ -241,6 +241,8 @@ pub struct Server {
     engine: Engine,
     vnics: BTreeMap<VnicId, Vnic>,
     ctxs: HashMap<CtxId, Ctx>,
+    /// Contexts with `wake` set, to be written to by `flush_wakes`.
+    wakes: Vec<CtxId>,
     cqs: HashMap<CqId, CqSlot>,
     qps: BTreeMap<QpId, QpSlot>,
     srqs: BTreeMap<SrqId, SrqSlot>,
@@ -356,6 +358,7 @@ impl Server {
             engine: Engine::new(seed()),
             vnics: BTreeMap::new(),
             ctxs: HashMap::new(),
+            wakes: Vec::new(),
             cqs: HashMap::new(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),

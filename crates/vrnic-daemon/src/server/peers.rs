@@ -609,7 +609,7 @@ impl Server {
                 }
             }
             (State::Up, FrameRepr::Segment { grh, segment }) => {
-                let mut mem = Mem(&self.vnics);
+                let mut mem = Mem::new(&self.vnics);
                 self.engine
                     .handle_segment(now, host, grh.as_ref(), &segment, body, &mut mem);
                 Ok(State::Up)
@@ -754,7 +754,7 @@ impl Server {
                 l.cm_backlog.push_back(f);
             }
         }
-        let mem = &mut Mem(&self.vnics);
+        let mem = &mut Mem::new(&self.vnics);
         while let Some(t) = self.engine.poll_transmit() {
             if let Some(Some(l)) = p.links.get_mut(t.host.0 as usize)
                 && l.state == State::Up
@@ -858,8 +858,8 @@ fn enqueue(t: &vrnic_proto::Transmit, mem: &mut Mem, out: &mut OutQueue) -> bool
             let n = usize::try_from(n)
                 .unwrap_or(usize::MAX)
                 .min(range.len() - placed);
-            match mem.0.get(&loc.vnic) {
-                Some(v) => out.push_region(v.region.clone(), loc.off, n),
+            match mem.source(loc.vnic) {
+                Some(r) => out.push_region(r.clone(), loc.off, n),
                 None => out.push_zeros(n),
             }
             placed += n;
