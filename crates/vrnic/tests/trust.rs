@@ -444,9 +444,11 @@ fn pingpong_rtt(d: &Daemon) -> f64 {
 }
 
 /// Another tenant's idle QPs and flooding traffic leave an unrelated pair's round trip close to
-/// its idle figure. Before, 4096 idle QPs made it ~250x slower and flooders ~1000x; the bounds
-/// here are loose (the machine is shared and noisy): `bash scripts/bench-fairness` measures
-/// the figures (docs/performance.md).
+/// its idle figure. Once, 4096 idle QPs made it ~250x slower and flooders ~1000x; with the
+/// engine running vRNICs in turns but looking for newcomers only between passes, the flood
+/// still made it 30x (100x on CI's machine). The bounds here are loose (the machine is shared
+/// and noisy) but fail either: `bash scripts/bench-fairness` measures the figures
+/// (docs/performance.md: about 1.2x for both on the 2-core machine).
 #[test]
 fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
     require("ib_read_bw");
@@ -514,9 +516,6 @@ fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
         with_idle < 4.0 * idle,
         "idle QPs: {with_idle} us vs {idle} us"
     );
-    assert!(
-        flooded < 100.0 * idle,
-        "flooders: {flooded} us vs {idle} us"
-    );
+    assert!(flooded < 10.0 * idle, "flooders: {flooded} us vs {idle} us");
     assert!(d.alive());
 }
