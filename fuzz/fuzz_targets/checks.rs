@@ -7,7 +7,8 @@
 use vrnic_shm::Mailbox;
 use vrnic_shm::Region;
 use vrnic_wire::frame::{
-    CmMessage, ControlKind, Frame, FrameRepr, MAX_PAYLOAD, MIN_PMTU, peek_len,
+    CmMessage, ControlKind, Frame, FrameError, FrameRepr, MAX_PAYLOAD, MIN_PMTU, pad_bytes_ok,
+    peek_len,
 };
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
 
@@ -45,6 +46,9 @@ pub fn wqe_slots(data: &[u8]) {
 /// to exactly its bytes (decoding is strict: one encoding per value).
 pub fn frame(data: &[u8]) {
     let peeked = peek_len(data);
+    // What a receiver reading payloads into place parses: never a frame the whole parse
+    // refuses for anything but its pad, and the same value when both parse.
+    let head = FrameRepr::parse_head(data);
     let Ok(frame) = Frame::new_checked(data) else {
         return;
     };
@@ -53,9 +57,22 @@ pub fn frame(data: &[u8]) {
         Ok(Some(data.len())),
         "a checked frame's header names its length"
     );
-    let Ok(repr) = FrameRepr::parse(&frame) else {
-        return;
+    let repr = match FrameRepr::parse(&frame) {
+        Ok(r) => r,
+        Err(FrameError::PadBytes) => {
+            let h = head.expect("a frame refused for its pad alone has a head");
+            assert!(
+                !pad_bytes_ok(&data[h.payload_range().end..]),
+                "its pad is refused"
+            );
+            return;
+        }
+        Err(_) => {
+            assert!(head.is_err(), "a head of a refused frame: {head:?}");
+            return;
+        }
     };
+    assert_eq!(head, Ok(repr), "the head parses as the whole");
     assert_eq!(repr.check(), Ok(()));
     assert_eq!(repr.buffer_len(), data.len());
     let payload = repr.payload_range();

@@ -106,7 +106,7 @@ pub use header::{
     NakCode, Reth, Syndrome,
 };
 pub use opcode::{ExtHeader, Op, Opcode, Position, Transport};
-pub use segment::{DEFAULT_PKEY, Packet, SegmentRepr};
+pub use segment::{DEFAULT_PKEY, Packet, SegmentRepr, pad_bytes_ok};
 
 /// Bytes of the link header.
 pub const LINK_HEADER_LEN: usize = 8;
@@ -560,6 +560,47 @@ impl FrameRepr {
                 return Err(FrameError::GrhNotAllowed);
             }
             Some(g) => Some(GrhRepr::parse(g, frame.segment().len())?),
+        };
+        Ok(FrameRepr::Segment { grh, segment })
+    }
+
+    /// [`FrameRepr::parse`] of a frame from its first bytes `head`, for a receiver that reads a
+    /// segment's payload somewhere else: `head` must hold the link header and, for a segment,
+    /// its GRH and headers (bytes past them, up to the frame's end, are ignored). Everything is
+    /// checked but a segment's pad bytes, the frame's last [`Packet::pad_count`] bytes, which
+    /// the receiver checks once they arrive ([`pad_bytes_ok`]). A control frame's body is not
+    /// looked at (its kind's own parser does that).
+    pub fn parse_head(head: &[u8]) -> Result<Self, FrameError> {
+        let len = peek_len(head)?.ok_or(FrameError::Truncated {
+            needed: LINK_HEADER_LEN,
+            got: head.len(),
+        })?;
+        let frame = Frame::new_unchecked(&head[..head.len().min(len)]);
+        match FrameKind::from_u8(frame.kind()) {
+            None => return Err(FrameError::Kind(frame.kind())),
+            Some(FrameKind::Control(kind)) => {
+                return Ok(FrameRepr::Control(ControlRepr {
+                    kind,
+                    body_len: len - LINK_HEADER_LEN,
+                }));
+            }
+            Some(FrameKind::Segment) => {}
+        }
+        let grh_len = if frame.has_grh() { GRH_LEN } else { 0 };
+        let packet_len = len - LINK_HEADER_LEN - grh_len;
+        let segment = SegmentRepr::parse_head(frame.segment(), packet_len)?;
+        let grh = match frame.grh() {
+            None if frame.has_grh() => {
+                return Err(FrameError::Truncated {
+                    needed: LINK_HEADER_LEN + GRH_LEN,
+                    got: frame.buffer.len(),
+                });
+            }
+            None => None,
+            Some(_) if segment.opcode.transport() != Transport::Ud => {
+                return Err(FrameError::GrhNotAllowed);
+            }
+            Some(g) => Some(GrhRepr::parse(g, packet_len)?),
         };
         Ok(FrameRepr::Segment { grh, segment })
     }

@@ -47,38 +47,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// at all for opcodes without payload). Field values are [`SegmentRepr::parse`]'s job.
     pub fn check_len(&self) -> Result<(), FrameError> {
         let b = self.buffer.as_ref();
-        let got = b.len();
-        if got < BTH_LEN {
-            return Err(FrameError::Truncated {
-                needed: BTH_LEN,
-                got,
-            });
-        }
-        let opcode = Opcode::from_u8(b[0]).ok_or(FrameError::Opcode(b[0]))?;
-        let needed = opcode.header_len();
-        if got < needed {
-            return Err(FrameError::Headers {
-                opcode: b[0],
-                needed,
-                got,
-            });
-        }
-        let rest = got - needed;
-        let pad = self.pad_count();
-        if !opcode.has_payload() {
-            if rest != 0 {
-                return Err(FrameError::UnexpectedPayload {
-                    opcode: b[0],
-                    len: rest,
-                });
-            }
-            if pad != 0 {
-                return Err(FrameError::Pad { pad, len: 0 });
-            }
-        } else if rest % 4 != 0 || usize::from(pad) > rest {
-            return Err(FrameError::Pad { pad, len: rest });
-        }
-        Ok(())
+        check_head(b, b.len())
     }
 
     /// The buffer back.
@@ -272,6 +241,55 @@ pub struct SegmentRepr {
     pub payload_len: usize,
 }
 
+/// Whether the last bytes of a packet, its pad (the BTH's pad count of them, at most 3), are
+/// zero, as [`SegmentRepr::parse`] requires: for a receiver that parsed the head with
+/// [`SegmentRepr::parse_head`] and read the rest elsewhere.
+pub fn pad_bytes_ok(pad: &[u8]) -> bool {
+    pad.len() <= 3 && pad.iter().all(|&v| v == 0)
+}
+
+/// [`Packet::check_len`] for a packet of `got` bytes of which `b` holds the first (at least its
+/// headers, or the check fails with `Truncated`).
+fn check_head(b: &[u8], got: usize) -> Result<(), FrameError> {
+    if b.len() < BTH_LEN {
+        return Err(FrameError::Truncated {
+            needed: BTH_LEN,
+            got: b.len(),
+        });
+    }
+    let opcode = Opcode::from_u8(b[0]).ok_or(FrameError::Opcode(b[0]))?;
+    let needed = opcode.header_len();
+    if got < needed {
+        return Err(FrameError::Headers {
+            opcode: b[0],
+            needed,
+            got,
+        });
+    }
+    if b.len() < needed {
+        return Err(FrameError::Truncated {
+            needed,
+            got: b.len(),
+        });
+    }
+    let rest = got - needed;
+    let pad = (b[1] >> 4) & 0x3;
+    if !opcode.has_payload() {
+        if rest != 0 {
+            return Err(FrameError::UnexpectedPayload {
+                opcode: b[0],
+                len: rest,
+            });
+        }
+        if pad != 0 {
+            return Err(FrameError::Pad { pad, len: 0 });
+        }
+    } else if !rest.is_multiple_of(4) || usize::from(pad) > rest {
+        return Err(FrameError::Pad { pad, len: rest });
+    }
+    Ok(())
+}
+
 impl SegmentRepr {
     /// A packet of `opcode` to `dest_qpn` at `psn`, default P_Key, no flags, no headers and no
     /// payload yet: fill in what the opcode needs.
@@ -299,8 +317,23 @@ impl SegmentRepr {
     /// valid extension headers, and a payload within [`MAX_PAYLOAD`] ([`MAX_UD_PAYLOAD`] for
     /// UD). Does not copy the payload.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self, FrameError> {
-        packet.check_len()?;
         let b = packet.buffer.as_ref();
+        let repr = Self::parse_head(b, b.len())?;
+        let pad = usize::from(packet.pad_count());
+        if b[b.len() - pad..].iter().any(|&v| v != 0) {
+            return Err(FrameError::PadBytes);
+        }
+        Ok(repr)
+    }
+
+    /// [`SegmentRepr::parse`] of a packet of `packet_len` bytes from its first bytes `head`
+    /// (at least its headers): everything is checked but the pad bytes, which have not
+    /// arrived. A receiver that reads the payload somewhere else checks them once they do
+    /// ([`pad_bytes_ok`]).
+    pub fn parse_head(head: &[u8], packet_len: usize) -> Result<Self, FrameError> {
+        check_head(head, packet_len)?;
+        let packet = Packet::new_unchecked(head);
+        let b = head;
         let opcode = Opcode::from_u8(b[0]).ok_or(FrameError::Opcode(b[0]))?;
         if packet.tver() != 0 {
             return Err(FrameError::TransportVersion(packet.tver()));
@@ -316,10 +349,7 @@ impl SegmentRepr {
             return Err(FrameError::PKey(pkey));
         }
         let pad = usize::from(packet.pad_count());
-        if b[b.len() - pad..].iter().any(|&v| v != 0) {
-            return Err(FrameError::PadBytes);
-        }
-        let payload_len = b.len() - opcode.header_len() - pad;
+        let payload_len = packet_len - opcode.header_len() - pad;
         let max = max_payload(opcode);
         if payload_len > max {
             return Err(FrameError::PayloadTooLong {

@@ -488,3 +488,84 @@ fn accessors_of_a_checked_frame_name_its_parts() {
         (&[][..], &[][..], None)
     );
 }
+
+#[test]
+fn a_head_parses_as_the_whole_frame_from_any_prefix_that_holds_its_headers() {
+    for v in 0..=255u8 {
+        let Some(op) = Opcode::from_u8(v) else {
+            continue;
+        };
+        let lens: &[usize] = if op.has_payload() {
+            &[0, 1, 3, 4, 4095, 4096]
+        } else {
+            &[0]
+        };
+        for &len in lens {
+            let repr = if op.transport() == Transport::Ud {
+                ud_with_grh(v, len)
+            } else {
+                segment(v, len)
+            };
+            let b = emit(&repr);
+            let whole = parse(&b).unwrap();
+            let headers = whole.header_len();
+            for cut in 0..=b.len() {
+                let got = FrameRepr::parse_head(&b[..cut]);
+                if cut < headers {
+                    assert!(
+                        got.is_err(),
+                        "{v:#04x} len {len}: {cut} bytes are not its headers"
+                    );
+                } else {
+                    assert_eq!(got, Ok(whole), "{v:#04x} len {len} from {cut} bytes");
+                }
+            }
+            // Bytes past the frame (the next frame's) are not its own.
+            let mut more = b.clone();
+            more.extend_from_slice(&[0xff; 8]);
+            assert_eq!(FrameRepr::parse_head(&more), Ok(whole));
+        }
+    }
+}
+
+#[test]
+fn a_head_refuses_every_corruption_the_whole_parse_refuses_but_the_pad() {
+    let frames = [
+        emit(&segment(0x00, 256)),
+        emit(&segment(0x0a, 4096)),
+        emit(&segment(0x0b, 7)),
+        emit(&segment(0x10, 1)),
+        emit(&segment(0x12, 0)),
+        emit(&segment(0x16, 5)),
+        emit(&ud_with_grh(0x65, 2)),
+    ];
+    for good in frames {
+        let repr = parse(&good).unwrap();
+        let (headers, pad_at) = (repr.header_len(), repr.payload_range().end);
+        // Every bit of the link header, GRH and transport headers, and of the pad.
+        let bits = (0..headers * 8).chain(pad_at * 8..good.len() * 8);
+        for bit in bits {
+            let mut b = good.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            let head = FrameRepr::parse_head(&b);
+            if bit / 8 >= pad_at {
+                assert_eq!(parse(&b), Err(FrameError::PadBytes), "bit {bit}");
+                assert!(head.is_ok() && !pad_bytes_ok(&b[pad_at..]), "bit {bit}");
+                continue;
+            }
+            match (parse(&b), head) {
+                (Ok(whole), Ok(h)) => assert_eq!(whole, h, "bit {bit}"),
+                (Err(_), Err(_)) => {}
+                // A length that now cuts into or runs past the buffer: the head may parse
+                // (it does not need the rest), the whole cannot.
+                (Err(FrameError::Truncated { .. } | FrameError::Trailing(_)), Ok(_)) => {}
+                // A pad count that makes payload bytes pad: the receiver's pad check refuses it.
+                (Err(FrameError::PadBytes), Ok(h)) => {
+                    assert!(!pad_bytes_ok(&b[h.payload_range().end..]), "bit {bit}");
+                }
+                (w, h) => panic!("bit {bit}: whole {w:?}, head {h:?}"),
+            }
+        }
+        assert!(pad_bytes_ok(&good[pad_at..]));
+    }
+}
