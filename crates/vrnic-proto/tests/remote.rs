@@ -10,7 +10,7 @@ use common::VecMem;
 
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CtxId, Engine, HostId, MrKeys, PdId, QpId, VnicId};
+use vrnic_proto::{CtxId, Engine, HostId, Memory, MrKeys, PdId, QpId, VnicId};
 use vrnic_wire::frame::{Frame, FrameRepr};
 use vrnic_wire::{
     AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
@@ -33,6 +33,9 @@ struct Host {
     lid: u16,
     gid: [u8; 16],
     next_page: u64,
+    /// The first MR registered, and its access (for a re-registration that changes nothing).
+    first_mr: u32,
+    first_mr_access: u32,
 }
 
 fn host(id: u32, ty: QpType) -> Host {
@@ -63,6 +66,8 @@ fn host(id: u32, ty: QpType) -> Host {
         lid,
         gid,
         next_page: 1,
+        first_mr: 0,
+        first_mr_access: 0,
     }
 }
 
@@ -76,6 +81,9 @@ impl Host {
             .e
             .reg_mr(self.ctx, self.pd, addr, len, addr, acc, pages.clone())
             .unwrap();
+        if self.first_mr == 0 {
+            (self.first_mr, self.first_mr_access) = (keys.mr.0, acc);
+        }
         (keys, pages)
     }
 
@@ -162,6 +170,28 @@ struct Net {
     cut: bool,
     /// Frames delivered, a to b and b to a.
     sent: [usize; 2],
+    /// How receivers take payloads in, a to b and b to a.
+    into: [Into; 2],
+}
+
+/// How a receiver takes a segment's payload in.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Into {
+    /// Straight into the memory `Engine::placement` names wherever it names some (as the
+    /// daemon reads it from the socket), else copied from the frame.
+    place: bool,
+    /// Segments taken in that way so far.
+    placed: usize,
+    /// Breaks the placement with this number (0 = the first): `Half` hands it over with half
+    /// of its payload in place, `Stale` changes the receiver's memory generation (an access
+    /// re-registration that changes nothing else) before it is handed over.
+    break_at: Option<(usize, Break)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Break {
+    Half,
+    Stale,
 }
 
 impl Net {
@@ -186,6 +216,7 @@ impl Net {
             now,
             cut: false,
             sent: [0, 0],
+            into: [Into::default(); 2],
         }
     }
 
@@ -201,6 +232,7 @@ impl Net {
                 self.now,
                 self.cut,
                 &mut self.sent[0],
+                &mut self.into[0],
             );
             moved |= carry(
                 &mut self.b,
@@ -208,6 +240,7 @@ impl Net {
                 self.now,
                 self.cut,
                 &mut self.sent[1],
+                &mut self.into[1],
             );
             if !moved {
                 return;
@@ -225,7 +258,14 @@ impl Net {
 }
 
 /// Every frame `from` has to send, encoded, decoded and handed to `to`.
-fn carry(from: &mut Host, to: &mut Host, now: Instant, cut: bool, count: &mut usize) -> bool {
+fn carry(
+    from: &mut Host,
+    to: &mut Host,
+    now: Instant,
+    cut: bool,
+    count: &mut usize,
+    into: &mut Into,
+) -> bool {
     let mut moved = false;
     let mut buf = Vec::new();
     while let Some(t) = from.e.poll_transmit() {
@@ -242,8 +282,46 @@ fn carry(from: &mut Host, to: &mut Host, now: Instant, cut: bool, count: &mut us
             panic!("a segment");
         };
         let payload = &buf[repr.payload_range()];
-        to.e.handle_segment(now, from.id, grh.as_ref(), &segment, payload, &mut to.mem);
         *count += 1;
+        let mut runs = Vec::new();
+        let placement = into
+            .place
+            .then(|| to.e.placement(from.id, &segment, &mut runs))
+            .flatten();
+        let Some(p) = placement else {
+            to.e.handle_segment(now, from.id, grh.as_ref(), &segment, payload, &mut to.mem);
+            continue;
+        };
+        assert!(grh.is_none(), "a UD datagram is never read into place");
+        assert_eq!(
+            runs.iter().map(|&(_, n)| n).sum::<u64>(),
+            payload.len() as u64
+        );
+        let broken = into
+            .break_at
+            .filter(|&(k, _)| k == into.placed)
+            .map(|(_, b)| b);
+        into.placed += 1;
+        // What a readv into the runs does; half of it for a broken read.
+        let upto = if broken == Some(Break::Half) {
+            payload.len() / 2
+        } else {
+            payload.len()
+        };
+        let mut at = 0usize;
+        for (loc, n) in runs {
+            let n = (n as usize).min(upto.saturating_sub(at));
+            to.mem.write(loc, &payload[at..at + n]);
+            at += n;
+        }
+        if broken == Some(Break::Stale) {
+            // An access re-registration of the vRNIC's first MR: nothing it names changes.
+            let mr = vrnic_proto::MrId(to.first_mr);
+            to.e.rereg_mr(to.ctx, mr, None, Some(to.first_mr_access))
+                .expect("rereg");
+        }
+        let whole = broken != Some(Break::Half);
+        to.e.handle_placed_segment(now, from.id, &segment, p, whole, &mut to.mem);
     }
     moved
 }
@@ -913,4 +991,212 @@ fn memory_windows_and_send_with_invalidate_work_over_the_link() {
     n.run();
     assert_eq!(statuses(&n.a.cqes()), vec![(8, WcStatus::RemInvReqErr)]);
     assert_eq!(statuses(&n.b.cqes()), vec![(9, WcStatus::RemInvReqErr)]);
+}
+
+// ---- payloads read straight into place -----------------------------------------------------
+
+/// The traffic of the payload tests: from a, a plain WRITE of 1 MiB + 5 to an odd address of
+/// b, a READ of 300 KiB + 1 from b, a SEND of 100 KiB and a WRITE with immediate of 70 KiB.
+/// Checks every byte and completion; returns (a to b, b to a) placements.
+fn traffic_read_into_place(n: &mut Net) -> (usize, usize) {
+    let now = n.now;
+    let src = n.a.map(0x10_0000, 4 << 20, access::LOCAL_WRITE);
+    let dst = n.b.map(
+        0x80_0000,
+        4 << 20,
+        access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
+    );
+    let (wlen, rlen, slen, ilen) = ((1 << 20) + 5, (300 << 10) + 1, 100 << 10, 70 << 10);
+    let w = pattern(wlen, 3);
+    n.a.set(&src, 0x10_0000, 0x10_0000, &w);
+    let r = pattern(rlen, 4);
+    n.b.set(&dst, 0x80_0000, 0xa4_0000, &r);
+    let sd = pattern(slen, 5);
+    n.a.set(&src, 0x10_0000, 0x30_0000, &sd);
+    let id = pattern(ilen, 6);
+    n.a.set(&src, 0x10_0000, 0x38_0000, &id);
+    n.b.recv(now, 70, vec![sge(0xb0_0000, slen as u32, dst.0.lkey)]);
+    n.b.recv(now, 71, vec![]);
+    let lk = src.0.lkey;
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x10_0000, wlen as u32, lk)],
+            0x90_0003,
+            dst.0.rkey,
+        ),
+    );
+    n.a.post(
+        now,
+        wqe(
+            2,
+            SendOpcode::RdmaRead,
+            vec![sge(0x20_0007, rlen as u32, lk)],
+            0xa4_0000,
+            dst.0.rkey,
+        ),
+    );
+    n.a.post(
+        now,
+        wqe(
+            3,
+            SendOpcode::Send,
+            vec![sge(0x30_0000, slen as u32, lk)],
+            0,
+            0,
+        ),
+    );
+    n.a.post(
+        now,
+        wqe(
+            4,
+            SendOpcode::RdmaWriteWithImm,
+            vec![sge(0x38_0000, ilen as u32, lk)],
+            0xb8_0000,
+            dst.0.rkey,
+        ),
+    );
+    n.run();
+    same(&n.b.get(&dst, 0x80_0000, 0x90_0003, wlen), &w, "WRITE");
+    same(&n.a.get(&src, 0x10_0000, 0x20_0007, rlen), &r, "READ");
+    same(&n.b.get(&dst, 0x80_0000, 0xb0_0000, slen), &sd, "SEND");
+    same(
+        &n.b.get(&dst, 0x80_0000, 0xb8_0000, ilen),
+        &id,
+        "WRITE with immediate",
+    );
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        (1..=4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        statuses(&n.b.cqes()),
+        vec![(70, WcStatus::Success), (71, WcStatus::Success)]
+    );
+    (n.into[0].placed, n.into[1].placed)
+}
+
+#[test]
+fn writes_and_read_responses_read_into_place_land_exact_bytes_and_the_rest_is_copied() {
+    let mut n = Net::new(QpType::Rc);
+    n.into = [Into {
+        place: true,
+        ..Default::default()
+    }; 2];
+    let (to_b, to_a) = traffic_read_into_place(&mut n);
+    // The WRITE's 17 segments (16 of 64 KiB and one of 5 bytes), the first 64 KiB of the
+    // WRITE with immediate, and the READ's 5 responses; the SEND and the last segment of the
+    // WRITE with immediate (which takes a receive) were copied.
+    assert_eq!((to_b, to_a), (18, 5));
+    assert_eq!(n.a.e.retransmits(n.b.id), 0);
+}
+
+#[test]
+fn a_payload_read_into_place_in_part_or_past_a_memory_change_is_asked_for_again() {
+    for brk in [Break::Half, Break::Stale] {
+        for (dir, k) in [(0, 3), (1, 2)] {
+            let mut n = Net::new(QpType::Rc);
+            n.into = [Into {
+                place: true,
+                ..Default::default()
+            }; 2];
+            // Break the k-th placement of one direction: a WRITE segment (a to b) or a READ
+            // response (b to a).
+            n.into[dir].break_at = Some((k, brk));
+            let (to_b, to_a) = traffic_read_into_place(&mut n);
+            assert!(
+                n.a.e.retransmits(n.b.id) > 0,
+                "{brk:?} {dir}: the requester sent again"
+            );
+            // The broken segment was read into place a second time (after a rewind, any
+            // segments of the same WRITE after it too).
+            let placed = [to_b, to_a][dir];
+            assert!(placed > [18, 5][dir], "{brk:?} {dir}: {placed} placements");
+        }
+    }
+}
+
+#[test]
+fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_changes_nothing() {
+    use vrnic_wire::frame::{Op, Opcode, Reth, SegmentRepr, Transport};
+    let mut n = Net::new(QpType::Rc);
+    let dst = n.b.map(
+        0x80_0000,
+        1 << 20,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    let write = |op: Op, psn: u32, rkey: u32, len: usize| {
+        let mut s = SegmentRepr::new(Opcode::new(Transport::Rc, op).unwrap(), n.b.qpn, psn);
+        s.reth = Some(Reth {
+            va: 0x80_0100,
+            rkey,
+            dma_len: len as u32,
+        });
+        if op == Op::RdmaWriteOnlyWithImm {
+            s.imm = Some(1);
+        }
+        s.payload_len = len;
+        s
+    };
+    let from = n.a.id;
+    let mut runs = Vec::new();
+    // In sequence (the QP expects PSN 0x77), a valid key: the runs of those bytes.
+    let ok = write(Op::RdmaWriteOnly, 0x77, dst.0.rkey, 4096);
+    assert!(n.b.e.placement(from, &ok, &mut runs).is_some());
+    let first = runs.clone();
+    assert_eq!(first.iter().map(|&(_, l)| l).sum::<u64>(), 4096);
+    // Asking again gives the same: nothing was taken or moved on.
+    runs.clear();
+    assert!(n.b.e.placement(from, &ok, &mut runs).is_some());
+    assert_eq!(runs, first);
+    // Not offered: out of sequence, a wrong key, a key past the MR, with immediate data (it
+    // takes a receive), from another host, for no QP.
+    for (what, seg, host) in [
+        (
+            "ahead",
+            write(Op::RdmaWriteOnly, 0x78, dst.0.rkey, 4096),
+            from,
+        ),
+        (
+            "behind",
+            write(Op::RdmaWriteOnly, 0x76, dst.0.rkey, 4096),
+            from,
+        ),
+        (
+            "wrong key",
+            write(Op::RdmaWriteOnly, 0x77, dst.0.rkey ^ 0x100, 4096),
+            from,
+        ),
+        (
+            "past the MR",
+            write(Op::RdmaWriteOnly, 0x77, dst.0.rkey, 1 << 20),
+            from,
+        ),
+        (
+            "with immediate",
+            write(Op::RdmaWriteOnlyWithImm, 0x77, dst.0.rkey, 64),
+            from,
+        ),
+        (
+            "another host",
+            write(Op::RdmaWriteOnly, 0x77, dst.0.rkey, 64),
+            HostId(9),
+        ),
+    ] {
+        runs.clear();
+        assert!(n.b.e.placement(host, &seg, &mut runs).is_none(), "{what}");
+        assert!(runs.is_empty(), "{what}: nothing appended");
+    }
+    // Then the same segment handled as usual (its payload copied) is taken as the first.
+    let data = pattern(4096, 8);
+    n.b.e
+        .handle_segment(n.now, from, None, &ok, &data, &mut n.b.mem);
+    same(&n.b.get(&dst, 0x80_0000, 0x80_0100, 4096), &data, "bytes");
+    runs.clear();
+    assert!(
+        n.b.e.placement(from, &ok, &mut runs).is_none(),
+        "PSN 0x77 is taken now"
+    );
 }

@@ -46,6 +46,40 @@ pub struct Transmit {
     pub payload: TxPayload,
 }
 
+/// A segment's payload as the engine receives it from a peer link.
+#[derive(Debug, Clone, Copy)]
+enum Incoming<'a> {
+    /// In the frame, to be copied into place.
+    Bytes(&'a [u8]),
+    /// This many bytes, read by the driver into the runs of a [`Placement`] already.
+    Placed(usize),
+}
+
+impl Incoming<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Incoming::Bytes(b) => b.len(),
+            Incoming::Placed(n) => *n,
+        }
+    }
+}
+
+/// Leave to read a segment's payload from a peer link straight into registered memory: see
+/// [`Engine::placement`]. Valid while [`Engine::placement_holds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Placement {
+    generation: u64,
+}
+
+impl Placement {
+    /// A placement that never holds (no engine's memory generation is 0): for a driver's own
+    /// tests of how it reads payloads into place.
+    pub fn stale() -> Self {
+        Placement { generation: 0 }
+    }
+}
+
 impl Transmit {
     fn repr(&self) -> FrameRepr {
         FrameRepr::Segment {
@@ -526,11 +560,23 @@ impl Engine {
         payload: &[u8],
         mem: &mut dyn Memory,
     ) {
+        tracing::trace!(?host, qpn = seg.dest_qpn, psn = seg.psn, op = ?seg.opcode.op(), "segment");
+        self.dispatch(now, host, grh, seg, Incoming::Bytes(payload), mem);
+    }
+
+    fn dispatch(
+        &mut self,
+        now: Instant,
+        host: HostId,
+        grh: Option<&GrhRepr>,
+        seg: &SegmentRepr,
+        payload: Incoming,
+        mem: &mut dyn Memory,
+    ) {
         let Some(&qp) = self.by_qpn.get(&seg.dest_qpn) else {
             tracing::trace!(?host, qpn = seg.dest_qpn, "segment for no QP dropped");
             return;
         };
-        tracing::trace!(?host, qpn = seg.dest_qpn, psn = seg.psn, op = ?seg.opcode.op(), "segment");
         match seg.opcode.op() {
             WireOp::Acknowledge
             | WireOp::AtomicAcknowledge
@@ -542,13 +588,138 @@ impl Engine {
         }
     }
 
+    /// Where the payload of `seg`, arriving on `host`'s link, lands if the segment is handled
+    /// now, for the segments whose payload a driver may read straight into registered memory:
+    /// an RDMA WRITE segment without immediate data, in sequence, for a QP connected over that
+    /// link, into memory its R_Key allows (the responder's checks); or an RDMA READ response
+    /// for a READ in flight on such a QP, into that READ's local buffers. The runs, which sum
+    /// to the payload's length, are appended to `runs`. Changes no state: the driver reads the
+    /// payload into the runs, then hands the segment to [`Engine::handle_placed_segment`],
+    /// which checks and acts on it as [`Engine::handle_segment`] does. `None`: read the payload
+    /// into a buffer and call `handle_segment`.
+    pub fn placement(
+        &mut self,
+        host: HostId,
+        seg: &SegmentRepr,
+        runs: &mut Vec<(Loc, u64)>,
+    ) -> Option<Placement> {
+        let start = runs.len();
+        let &qp = self.by_qpn.get(&seg.dest_qpn)?;
+        let q = self.qps.get(&qp)?;
+        let n = seg.payload_len as u64;
+        if q.route != Route::Remote(host) || n == 0 {
+            return None;
+        }
+        use WireOp::*;
+        let ok = match seg.opcode.op() {
+            RdmaWriteFirst | RdmaWriteMiddle | RdmaWriteLast | RdmaWriteOnly => {
+                let ty = match seg.opcode.transport() {
+                    Transport::Rc => QpType::Rc,
+                    Transport::Uc => QpType::Uc,
+                    Transport::Ud => return None,
+                };
+                if q.ty != ty
+                    || !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                    || seg.psn != q.attr.rq_psn
+                {
+                    return None;
+                }
+                let first = seg.reth.is_some();
+                let (va, rkey, len) = match seg.reth {
+                    Some(r) => (r.va, r.rkey, u64::from(r.dma_len)),
+                    None => q.write_at?,
+                };
+                n <= len
+                    && self.remote_runs(qp, va, len, n, first, rkey, access::REMOTE_WRITE, runs)
+            }
+            RdmaReadResponseOnly => {
+                if q.ty != QpType::Rc || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
+                    return None;
+                }
+                let i = q.flights.iter().position(|f| {
+                    psn_cmp(seg.psn, f.first_psn) >= 0 && psn_cmp(seg.psn, f.next_psn) < 0
+                })?;
+                let (f, w) = (q.flights.get(i)?, q.sq.get(i)?.as_ref().ok()?);
+                let off = u64::from(seg.psn.wrapping_sub(f.first_psn) & 0xff_ffff) * SEGMENT;
+                let want = w.payload.len().saturating_sub(off).min(SEGMENT);
+                match &w.payload {
+                    SendPayload::Sges(sges) if w.opcode == SendOpcode::RdmaRead && want == n => {
+                        self.sge_runs(q.vnic, sges, off, n, runs).is_some()
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        if !ok {
+            runs.truncate(start);
+            return None;
+        }
+        Some(Placement {
+            generation: self.mem_gen,
+        })
+    }
+
+    /// Whether memory a [`Placement`] names may still be written: nothing was deregistered,
+    /// rebound or given other access since. A driver reading a payload into place over several
+    /// reads checks it before each, and once it is false reads the rest into a buffer it drops
+    /// (then hands the segment over with `whole` false).
+    #[must_use]
+    pub fn placement_holds(&self, placement: Placement) -> bool {
+        placement.generation == self.mem_gen
+    }
+
+    /// A segment whose payload the driver read into the runs [`Engine::placement`] named.
+    /// `whole`: all of it, while the placement held. Then the segment is checked and acted on
+    /// as [`Engine::handle_segment`] does, with nothing left to copy. Otherwise it is taken
+    /// as lost on the way, and asked for again at once: a request with a sequence NAK naming
+    /// its PSN (on RC; UC just loses it), a READ response by sending the READ again.
+    pub fn handle_placed_segment(
+        &mut self,
+        now: Instant,
+        host: HostId,
+        seg: &SegmentRepr,
+        placement: Placement,
+        whole: bool,
+        mem: &mut dyn Memory,
+    ) {
+        if whole && self.placement_holds(placement) {
+            let n = seg.payload_len;
+            self.dispatch(now, host, None, seg, Incoming::Placed(n), mem);
+            return;
+        }
+        let Some(&qp) = self.by_qpn.get(&seg.dest_qpn) else {
+            return;
+        };
+        tracing::debug!(
+            ?host,
+            qpn = seg.dest_qpn,
+            psn = seg.psn,
+            "segment read into place lost"
+        );
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if q.route != Route::Remote(host) || q.ty != QpType::Rc {
+            return;
+        }
+        if seg.opcode.op() == WireOp::RdmaReadResponseOnly {
+            self.rewind(qp, seg.psn);
+            self.wake(qp);
+        } else if seg.psn == q.attr.rq_psn && !q.nak_sent {
+            // What follows it in flight is out of sequence until it comes again.
+            q.nak_sent = true;
+            self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::PsnSequenceError));
+        }
+    }
+
     fn handle_remote_request(
         &mut self,
         host: HostId,
         qp: QpId,
         grh: Option<&GrhRepr>,
         seg: &SegmentRepr,
-        payload: &[u8],
+        payload: Incoming,
         mem: &mut dyn Memory,
     ) {
         let Some(q) = self.qps.get(&qp) else { return };
@@ -655,7 +826,10 @@ impl Engine {
             chunk: if op == Op::Read { len } else { n },
             qkey: seg.deth.map_or(0, |d| d.qkey),
             grh: grh_bytes,
-            payload: Payload::Bytes(payload),
+            payload: match payload {
+                Incoming::Bytes(b) => Payload::Bytes(b),
+                Incoming::Placed(n) => Payload::Placed(n as u64),
+            },
         };
         let mut back = std::mem::take(&mut self.scratch_dst);
         back.clear();
@@ -764,7 +938,7 @@ impl Engine {
         host: HostId,
         qp: QpId,
         seg: &SegmentRepr,
-        payload: &[u8],
+        payload: Incoming,
         mem: &mut dyn Memory,
     ) {
         let Some(q) = self.qps.get(&qp) else { return };
@@ -858,7 +1032,7 @@ impl Engine {
         qp: QpId,
         i: usize,
         psn: u32,
-        payload: &[u8],
+        payload: Incoming,
         mem: &mut dyn Memory,
     ) {
         let Some(q) = self.qps.get(&qp) else { return };
@@ -872,11 +1046,11 @@ impl Engine {
         if w.opcode != SendOpcode::RdmaRead || payload.len() as u64 != want {
             return;
         }
-        if let SendPayload::Sges(sges) = &w.payload {
+        if let (SendPayload::Sges(sges), Incoming::Bytes(b)) = (&w.payload, payload) {
             let mut local = std::mem::take(&mut self.scratch_local);
             local.clear();
             let _ = self.sge_runs(q.vnic, sges, off, want, &mut local);
-            scatter_bytes(mem, payload, &local);
+            scatter_bytes(mem, b, &local);
             self.scratch_local = local;
         }
         if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {

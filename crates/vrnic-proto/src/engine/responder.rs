@@ -439,5 +439,7 @@ fn place(mem: &mut dyn Memory, payload: Payload, dst: &[(Loc, u64)]) {
         Payload::Empty => {}
         Payload::Runs(src) => copy_runs(mem, src, dst, payload.len()),
         Payload::Bytes(b) => scatter_bytes(mem, b, dst),
+        // Read from the link into `dst` already (only where `Engine::placement` said).
+        Payload::Placed(_) => {}
     }
 }

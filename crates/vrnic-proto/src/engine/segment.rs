@@ -82,8 +82,11 @@ pub(super) enum Payload<'a> {
     Empty,
     /// The requester's region runs.
     Runs(&'a [(Loc, u64)]),
-    /// Inline data carried in the work request itself.
+    /// Inline data carried in the work request itself, or a frame's payload.
     Bytes(&'a [u8]),
+    /// This many bytes a driver already read from a peer link into the runs that
+    /// [`Engine::placement`](super::Engine::placement) named: nothing is left to copy.
+    Placed(u64),
 }
 
 impl Payload<'_> {
@@ -93,6 +96,7 @@ impl Payload<'_> {
             Payload::Empty => 0,
             Payload::Runs(r) => r.iter().map(|&(_, n)| n).sum(),
             Payload::Bytes(b) => b.len() as u64,
+            Payload::Placed(n) => *n,
         }
     }
 }
