@@ -505,6 +505,8 @@ pub struct PeerSummary {
     pub rtt_us: Option<u64>,
     /// Bytes received.
     pub bytes_in: u64,
+    /// Of those, payload bytes read from the socket straight into registered memory.
+    pub placed_in: u64,
     /// Bytes sent.
     pub bytes_out: u64,
     /// Segments sent again (after a NAK, an RNR NAK or a link that came back).

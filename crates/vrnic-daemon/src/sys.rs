@@ -249,7 +249,7 @@ pub fn host_addrs() -> Vec<std::net::IpAddr> {
     out
 }
 
-/// Most pieces one [`writev`] takes.
+/// Most pieces one [`writev`] or [`readv`] takes.
 pub const WRITEV_MAX: usize = 64;
 
 /// `writev` of `(address, length)` pieces (at most [`WRITEV_MAX`]; more are left out) to
@@ -276,5 +276,34 @@ pub unsafe fn writev(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::
         Err(std::io::Error::last_os_error())
     } else {
         Ok(w as usize)
+    }
+}
+
+/// `readv` from `fd` into `(address, length)` pieces (at most [`WRITEV_MAX`]; more are left
+/// out), filled in order: bytes read (0 at the end of the stream), or the error (`EFAULT` when a
+/// piece lies in a region its tenant truncated; bytes before it may have landed).
+///
+/// # Safety
+/// Every piece must be writable memory of this process for the duration of the call that no
+/// reference of the caller's points into: a buffer of the caller's it lends to the call, or a
+/// range of a region mapping the caller keeps mapped.
+pub unsafe fn readv(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; WRITEV_MAX];
+    let n = pieces.len().min(WRITEV_MAX);
+    for (v, &(addr, len)) in iov.iter_mut().zip(pieces) {
+        v.iov_base = addr as *mut libc::c_void;
+        v.iov_len = len;
+    }
+    // SAFETY: iov holds n valid entries; the kernel writes only the memory they name, which
+    // the caller guarantees is mapped, writable and not referenced (a hole is reported as
+    // EFAULT).
+    let r = unsafe { libc::readv(fd, iov.as_ptr(), n as libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
     }
 }

@@ -257,16 +257,17 @@ fn real_main() -> Result<()> {
                 bail!("unexpected reply")
             };
             println!(
-                "{:<22} {:<10} {:>9} {:>14} {:>14} {:>8} {:>5}",
-                "PEER", "STATE", "RTT_US", "BYTES_IN", "BYTES_OUT", "RESENT", "DROPS"
+                "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5}",
+                "PEER", "STATE", "RTT_US", "BYTES_IN", "PLACED_IN", "BYTES_OUT", "RESENT", "DROPS"
             );
             for p in list {
                 println!(
-                    "{:<22} {:<10} {:>9} {:>14} {:>14} {:>8} {:>5}",
+                    "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5}",
                     p.addr,
                     p.state,
                     p.rtt_us.map_or("-".to_string(), |r| r.to_string()),
                     p.bytes_in,
+                    p.placed_in,
                     p.bytes_out,
                     p.retransmits,
                     p.drops

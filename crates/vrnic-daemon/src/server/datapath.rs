@@ -159,6 +159,11 @@ impl Server {
             wrs += t.wrs;
             bytes = bytes.saturating_add(t.bytes);
             work |= self.publish();
+            if self.engine.has_transmit() {
+                // Frames for other hosts go to their links after the turn that made them, not
+                // at the end of the pass: the link carries a steady stream, not bursts.
+                work |= self.flush_peers(now);
+            }
             since += 1;
             if since >= every {
                 since = 0;

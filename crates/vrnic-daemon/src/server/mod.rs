@@ -43,6 +43,7 @@ mod control;
 mod datapath;
 mod directory;
 mod events;
+mod inbound;
 mod linkbuf;
 mod outqueue;
 mod pages;

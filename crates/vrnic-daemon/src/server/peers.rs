@@ -28,10 +28,12 @@ use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
 use vrnic_proto::HostId;
 use vrnic_wire::frame::{
-    CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME, peek_len,
+    CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME,
+    pad_bytes_ok, peek_len,
 };
 
 use super::datapath::Mem;
+use super::inbound::{HEADROOM, PLACE_MIN, Placing};
 use super::linkbuf::LinkBuf;
 use super::outqueue::OutQueue;
 use super::{Server, Tok};
@@ -96,11 +98,15 @@ struct Link {
     token: Token,
     state: State,
     inbuf: LinkBuf,
+    /// A segment whose payload is being read straight into place.
+    placing: Option<Placing>,
     out: OutQueue,
     last_rx: Instant,
     last_tx: Instant,
     last_ping: Instant,
     bytes_in: u64,
+    /// Payload bytes read straight into place.
+    placed_in: u64,
     bytes_out: u64,
     /// Times it went down.
     drops: u64,
@@ -126,8 +132,20 @@ pub(super) struct Peers {
     pending: HashMap<Token, Pending>,
     /// Keepalive timestamps count from here.
     epoch: Instant,
-    /// Scratch for `writev`'s pieces.
+    /// Scratch for `writev`'s and `readv`'s pieces.
     iov: Vec<(usize, usize)>,
+    /// Where payloads that can no longer go into place are read and dropped.
+    discard: Vec<u8>,
+    /// Room for the next placement's runs.
+    runs: Vec<(vrnic_proto::Loc, u64)>,
+}
+
+impl Link {
+    /// Forgets everything read and not yet taken (a new or closed connection).
+    fn reset_input(&mut self) {
+        self.inbuf.clear();
+        self.placing = None;
+    }
 }
 
 impl Peers {
@@ -162,6 +180,8 @@ impl Peers {
                     token: token(Tok::Peer),
                     state: State::Down { redial: now },
                     inbuf: LinkBuf::default(),
+                    placed_in: 0,
+                    placing: None,
                     out: OutQueue::default(),
                     last_rx: now,
                     last_tx: now,
@@ -183,6 +203,8 @@ impl Peers {
             pending: HashMap::new(),
             epoch: now,
             iov: Vec::with_capacity(crate::sys::WRITEV_MAX),
+            discard: vec![0; MAX_FRAME],
+            runs: Vec::new(),
         }))
     }
 
@@ -213,6 +235,7 @@ impl Peers {
                 .to_string(),
                 rtt_us: l.rtt.map(|d| d.as_micros() as u64),
                 bytes_in: l.bytes_in,
+                placed_in: l.placed_in,
                 bytes_out: l.bytes_out,
                 retransmits: engine.retransmits(l.host),
                 drops: l.drops,
@@ -390,7 +413,7 @@ impl Server {
                     }
                     l.stream = Some(s);
                     l.state = State::Hello;
-                    l.inbuf.clear();
+                    l.reset_input();
                     l.out.clear();
                     l.out.extend(&hello);
                     l.last_rx = now;
@@ -497,7 +520,7 @@ impl Server {
         }
         l.stream = Some(stream);
         l.state = State::Up;
-        l.inbuf.clear();
+        l.reset_input();
         l.inbuf.extend(&rest);
         l.out.clear();
         l.out.extend(&out);
@@ -508,65 +531,186 @@ impl Server {
         self.link_up(host);
     }
 
-    /// Reads what link `i` has (bounded), and hands every whole frame on.
+    /// Reads what link `i` has (bounded), and hands every whole frame on; the payloads of large
+    /// segments the engine can take in place are read straight there (`inbound`).
     fn read_link(&mut self, now: Instant, i: usize) -> Result<bool, Close> {
-        let Some(p) = &mut self.peers else {
-            return Ok(false);
-        };
-        let Some(Some(l)) = p.links.get_mut(i) else {
-            return Ok(false);
-        };
-        let Some(stream) = l.stream.as_mut() else {
-            return Ok(false);
-        };
-        let mut read = 0usize;
         let mut moved = false;
+        let mut read = 0usize;
         loop {
-            let r = stream.read(l.inbuf.spare(MAX_FRAME));
-            match r {
-                Ok(0) => return Err(Close::Gone("closed by the peer".into())),
-                Ok(n) => {
-                    l.inbuf.commit(n);
-                    l.bytes_in += n as u64;
-                    l.last_rx = now;
-                    read += n;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Close::Gone(e.to_string())),
-            }
+            moved |= self.take_frames(now, i)?;
+            let Some(n) = self.read_once(now, i)? else {
+                break;
+            };
+            read += n;
             if read >= READ_BUDGET {
+                moved |= self.take_frames(now, i)?;
                 break;
             }
         }
-        // Whole frames, in order.
+        Ok(moved)
+    }
+
+    /// One read from link `i`: into place (the rest of a payload, then the bytes after it)
+    /// or into its byte queue. `None`: nothing to read now.
+    fn read_once(&mut self, now: Instant, i: usize) -> Result<Option<usize>, Close> {
+        let (Some(p), vnics) = (&mut self.peers, &self.vnics) else {
+            return Ok(None);
+        };
+        let Some(Some(l)) = p.links.get_mut(i) else {
+            return Ok(None);
+        };
+        let Some(stream) = l.stream.as_mut() else {
+            return Ok(None);
+        };
+        loop {
+            let r = match l.placing.as_mut() {
+                Some(pl) if !pl.payload_done() => pl.read(
+                    stream.as_raw_fd(),
+                    vnics,
+                    &mut l.inbuf,
+                    &mut p.discard,
+                    &mut p.iov,
+                ),
+                _ => {
+                    // A payload waiting only for its pad: the bytes after it are the next
+                    // frame's, whose payload may be wanted in place (`HEADROOM`). Otherwise all
+                    // there is (a backlog is cheapest taken in one call and copied).
+                    let room = l.inbuf.spare(MAX_FRAME);
+                    let want = if l.placing.is_some() {
+                        HEADROOM
+                    } else {
+                        room.len()
+                    };
+                    match stream.read(&mut room[..want]) {
+                        Ok(n) => {
+                            l.inbuf.commit(n);
+                            Ok(Some(n))
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            return match r {
+                Ok(Some(0)) => Err(Close::Gone("closed by the peer".into())),
+                Ok(Some(n)) => {
+                    l.bytes_in += n as u64;
+                    l.last_rx = now;
+                    Ok(Some(n))
+                }
+                Ok(None) => Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(Close::Gone(e.to_string())),
+            };
+        }
+    }
+
+    /// Hands on what link `i` has in full: whole frames in order, and a segment whose payload
+    /// is in place once its pad is in. A large segment at the head whose payload has not all
+    /// come is set up to be read into place, if the engine can take it there. Returns whether
+    /// any frame was taken.
+    fn take_frames(&mut self, now: Instant, i: usize) -> Result<bool, Close> {
+        let Some(Some(l)) = self.peers.as_mut().and_then(|p| p.links.get_mut(i)) else {
+            return Ok(false);
+        };
         let mut inbuf = std::mem::take(&mut l.inbuf);
-        let (host, state) = (l.host, l.state);
-        let mut used = 0usize;
-        let mut state_now = state;
+        let mut placing = l.placing.take();
+        let (host, mut state) = (l.host, l.state);
+        let mut moved = false;
+        let mut placed_bytes = 0u64;
         let result = loop {
-            let buf = &inbuf.data()[used..];
+            if let Some(p) = &placing {
+                if !p.payload_done() || inbuf.data().len() < p.pad {
+                    break Ok(());
+                }
+                if !pad_bytes_ok(&inbuf.data()[..p.pad]) {
+                    break Err(Close::Broken("malformed frame: pad bytes".into()));
+                }
+                inbuf.consume(p.pad);
+                let Some(p) = placing.take() else {
+                    break Ok(());
+                };
+                let mut mem = Mem::new(&self.vnics);
+                self.engine.handle_placed_segment(
+                    now,
+                    host,
+                    &p.seg,
+                    p.placement,
+                    !p.broken,
+                    &mut mem,
+                );
+                placed_bytes += p.placed;
+                if let Some(peers) = &mut self.peers {
+                    peers.runs = p.into_runs();
+                }
+                moved = true;
+                continue;
+            }
+            let buf = inbuf.data();
             let len = match peek_len(buf) {
-                Ok(Some(len)) if buf.len() >= len => len,
-                Ok(_) => break Ok(()),
+                Ok(Some(len)) => len,
+                Ok(None) => break Ok(()),
                 Err(e) => break Err(Close::Broken(format!("malformed frame: {e}"))),
             };
-            let frame = &buf[..len];
-            match self.handle_frame(now, host, state_now, frame) {
-                Ok(s) => state_now = s,
-                Err(e) => break Err(e),
+            if buf.len() >= len {
+                match self.handle_frame(now, host, state, &buf[..len]) {
+                    Ok(s) => state = s,
+                    Err(e) => break Err(e),
+                }
+                inbuf.consume(len);
+                moved = true;
+                continue;
             }
-            used += len;
-            moved = true;
+            if state != State::Up || len < PLACE_MIN {
+                break Ok(());
+            }
+            match self.start_placing(host, buf, len) {
+                Some((p, used)) => {
+                    inbuf.consume(used);
+                    placing = Some(p);
+                }
+                None => break Ok(()),
+            }
         };
-        inbuf.consume(used);
         if let Some(Some(l)) = self.peers.as_mut().and_then(|p| p.links.get_mut(i)) {
             l.inbuf = inbuf;
-            if l.state != state_now {
-                l.state = state_now;
-            }
+            l.placing = placing;
+            l.state = state;
+            l.placed_in += placed_bytes;
         }
         result.map(|()| moved)
+    }
+
+    /// Sets up the payload of the segment at the head of `buf` (a frame of `len` bytes, not all
+    /// of it there) to be read into place, with the bytes of it already in `buf` copied there.
+    /// Returns the placement and how many bytes of `buf` it took; `None` if the engine takes
+    /// this segment only with its payload in a buffer (or its headers are not all in yet).
+    fn start_placing(&mut self, host: HostId, buf: &[u8], len: usize) -> Option<(Placing, usize)> {
+        // A malformed head is the whole-frame decoder's to refuse once the frame is in.
+        let head = FrameRepr::parse_head(buf).ok()?;
+        let FrameRepr::Segment { grh: None, segment } = head else {
+            return None;
+        };
+        if segment.payload_len < PLACE_MIN {
+            return None;
+        }
+        let mut runs = self
+            .peers
+            .as_mut()
+            .map(|p| std::mem::take(&mut p.runs))
+            .unwrap_or_default();
+        runs.clear();
+        let Some(placement) = self.engine.placement(host, &segment, &mut runs) else {
+            if let Some(p) = &mut self.peers {
+                p.runs = runs;
+            }
+            return None;
+        };
+        let range = head.payload_range();
+        let have = &buf[range.start..buf.len().min(range.end)];
+        let pad = len - range.end;
+        let p = Placing::start(segment, placement, runs, pad, have, &self.vnics);
+        Some((p, range.start + have.len()))
     }
 
     /// One whole frame from `host`'s link in state `state`; returns the link's next state.
@@ -712,7 +856,7 @@ impl Server {
         l.state = State::Down {
             redial: now + REDIAL,
         };
-        l.inbuf.clear();
+        l.reset_input();
         l.out.clear();
         l.drops += 1;
         let host = l.host;

@@ -171,6 +171,28 @@ impl Drop for Hosts {
 }
 
 impl Daemon {
+    /// A column of `vrnic peers` (by its header), one value per link.
+    pub fn peer_column(&self, name: &str) -> Vec<u64> {
+        let out = self.cli_output(&["peers"]).stdout;
+        let mut lines = out.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let i = header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column in\n{out}"));
+        lines
+            .map(|l| {
+                let v = l.split_whitespace().nth(i).unwrap_or_default();
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name} is not a number in\n{out}"))
+            })
+            .collect()
+    }
+
     /// Waits until every peer link of this daemon is up (`vrnic peers`).
     pub fn wait_peers_up(&self, limit: Duration) {
         let start = std::time::Instant::now();
