@@ -98,7 +98,7 @@
 //!     let (qp, qpn) = e.create_qp(ctx, pd, cq, cq, QpType::Rc, cap, true).unwrap();
 //!     // The app's page at 0x7000 is region page 4096 of its vRNIC.
 //!     let acc = access::LOCAL_WRITE | access::REMOTE_WRITE;
-//!     let keys = e.reg_mr(ctx, pd, 0x7000, 4096, 0x7000, acc, vec![4096]).unwrap();
+//!     let keys = e.reg_mr(ctx, pd, 0x7000, 4096, 0x7000, acc, &[(4096, 1)]).unwrap();
 //!     side.push((ctx, qp, qpn, cq, keys));
 //! }
 //! for i in 0..2 {

@@ -236,7 +236,7 @@ fn random_work_requests_never_reach_the_victim() {
             3 * PAGE,
             0x10_0000,
             access::LOCAL_WRITE,
-            attacker_pages.clone(),
+            &[(PAGE, 3)],
         )
         .unwrap();
     // The victim's MR allows every remote access: only its rkey protects it.
@@ -251,7 +251,7 @@ fn random_work_requests_never_reach_the_victim() {
             64 * PAGE,
             victim_addr,
             all,
-            (1..=64).map(|p| p * PAGE).collect(),
+            &[(PAGE, 64)],
         )
         .unwrap();
     connect(&mut e, now, &a, &b);

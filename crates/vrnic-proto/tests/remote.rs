@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::VecMem;
+use common::{VecMem, per_page};
 
 use std::time::{Duration, Instant};
 
@@ -79,7 +79,7 @@ impl Host {
         let pages: Vec<u64> = (0..n).rev().map(|i| (base + i) * 4096).collect();
         let keys = self
             .e
-            .reg_mr(self.ctx, self.pd, addr, len, addr, acc, pages.clone())
+            .reg_mr(self.ctx, self.pd, addr, len, addr, acc, &per_page(&pages))
             .unwrap();
         if self.first_mr == 0 {
             (self.first_mr, self.first_mr_access) = (keys.mr.0, acc);

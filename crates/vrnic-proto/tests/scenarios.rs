@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::VecMem;
+use common::{VecMem, per_page};
 
 use std::time::{Duration, Instant};
 
@@ -203,7 +203,7 @@ impl World {
         let pages: Vec<u64> = (0..n).rev().map(|i| (base + i) * 4096).collect();
         let keys = self
             .e
-            .reg_mr(s.ctx, s.pd, addr, len, addr, acc, pages.clone())
+            .reg_mr(s.ctx, s.pd, addr, len, addr, acc, &per_page(&pages))
             .unwrap();
         Mapping {
             on_a,
@@ -819,7 +819,7 @@ fn another_context_cannot_touch_my_objects() {
     assert!(e.dealloc_pd(other, s.pd).is_err());
     assert!(e.destroy_cq(other, s.cq).is_err());
     assert!(
-        e.reg_mr(other, s.pd, 0x1000, 10, 0x1000, 1, vec![4096])
+        e.reg_mr(other, s.pd, 0x1000, 10, 0x1000, 1, &per_page(&[4096]))
             .is_err()
     );
     assert_eq!(e.dealloc_pd(s.ctx, s.pd), Err(16), "the PD is in use");
@@ -1251,8 +1251,8 @@ impl Tenants {
             to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
             to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
             let acc = access::LOCAL_WRITE | access::REMOTE_WRITE;
-            let ka = e.reg_mr(a.ctx, a.pd, AT, BUF, AT, acc, pages.clone());
-            let kb = e.reg_mr(b.ctx, b.pd, AT, BUF, AT, acc, pages.clone());
+            let ka = e.reg_mr(a.ctx, a.pd, AT, BUF, AT, acc, &per_page(&pages));
+            let kb = e.reg_mr(b.ctx, b.pd, AT, BUF, AT, acc, &per_page(&pages));
             for v in [a.vnic, b.vnic] {
                 mem.0.insert(v, vec![0u8; (BUF + 4096) as usize]);
             }
@@ -1564,7 +1564,15 @@ fn reg_mr_checks_access_and_page_list() {
     let e = &mut w.e;
     // Remote write or atomic without local write.
     assert_eq!(
-        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, access::REMOTE_WRITE, vec![0]),
+        e.reg_mr(
+            ctx,
+            pd,
+            0x1000,
+            4096,
+            0x1000,
+            access::REMOTE_WRITE,
+            &per_page(&[0])
+        ),
         Err(22)
     );
     assert_eq!(
@@ -1575,36 +1583,44 @@ fn reg_mr_checks_access_and_page_list() {
             4096,
             0x1000,
             access::REMOTE_ATOMIC,
-            vec![0]
+            &per_page(&[0])
         ),
         Err(22)
     );
     // Wrong page count, unaligned page, zero length, address overflow.
-    assert_eq!(e.reg_mr(ctx, pd, 0x1001, 4096, 0x1001, 0, vec![0]), Err(22));
     assert_eq!(
-        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, 0, vec![12]),
+        e.reg_mr(ctx, pd, 0x1001, 4096, 0x1001, 0, &per_page(&[0])),
         Err(22)
     );
-    assert_eq!(e.reg_mr(ctx, pd, 0x1000, 0, 0x1000, 0, vec![]), Err(22));
     assert_eq!(
-        e.reg_mr(ctx, pd, u64::MAX - 10, 4096, 0, 0, vec![0, 4096]),
+        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, 0, &per_page(&[12])),
+        Err(22)
+    );
+    assert_eq!(
+        e.reg_mr(ctx, pd, 0x1000, 0, 0x1000, 0, &per_page(&[])),
+        Err(22)
+    );
+    assert_eq!(
+        e.reg_mr(ctx, pd, u64::MAX - 10, 4096, 0, 0, &per_page(&[0, 4096])),
         Err(22)
     );
     // Unknown access bits.
     assert_eq!(
-        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, 1 << 30, vec![0]),
+        e.reg_mr(ctx, pd, 0x1000, 4096, 0x1000, 1 << 30, &per_page(&[0])),
         Err(95)
     );
     // Another context's PD.
     assert!(
-        e.reg_mr(w.b.ctx, pd, 0x1000, 4096, 0x1000, 0, vec![0])
+        e.reg_mr(w.b.ctx, pd, 0x1000, 4096, 0x1000, 0, &per_page(&[0]))
             .is_err()
     );
     // An unaligned range over two pages, keys nonzero and distinct.
     let k1 = e
-        .reg_mr(ctx, pd, 0x1ff0, 32, 0x1ff0, 0, vec![0, 8192])
+        .reg_mr(ctx, pd, 0x1ff0, 32, 0x1ff0, 0, &per_page(&[0, 8192]))
         .unwrap();
-    let k2 = e.reg_mr(ctx, pd, 0x1000, 1, 0x1000, 0, vec![0]).unwrap();
+    let k2 = e
+        .reg_mr(ctx, pd, 0x1000, 1, 0x1000, 0, &per_page(&[0]))
+        .unwrap();
     assert!(k1.lkey != 0 && k2.lkey != 0 && k1.lkey != k2.lkey && k1.mr != k2.mr);
     assert_eq!(e.dealloc_pd(ctx, pd), Err(16), "MRs and a QP use it");
 }
@@ -2849,7 +2865,7 @@ fn a_window_serves_only_its_pd_and_its_type2_qp() {
             4096,
             0x40_0000,
             access::LOCAL_WRITE | access::MW_BIND,
-            mr.pages[..1].to_vec(),
+            &per_page(&mr.pages[..1]),
         )
         .unwrap();
     w.send(

@@ -254,38 +254,34 @@ pub(super) fn inside(m: &Mr, addr: u64, len: u64) -> bool {
 }
 
 /// Appends the region runs of `[addr, addr+len)` (in the MR's iova space) to `runs`, merging
-/// contiguous pages (and a first run that continues the last one already there); `None` if
-/// the range leaves the MR. Costs one comparison per page.
+/// contiguous ones (and a first run that continues the last one already there); `None` if the
+/// range leaves the MR. Costs a binary search, then one step per span it crosses.
 pub(super) fn translate(m: &Mr, addr: u64, len: u64, runs: &mut Vec<(Loc, u64)>) -> Option<()> {
     if !inside(m, addr, len) {
         return None;
     }
-    if len == 0 {
-        return Some(());
-    }
-    let app = m.addr.checked_add(addr - m.iova)?;
-    let app_end = app.checked_add(len)?;
-    let base = m.addr / PAGE;
-    let first = usize::try_from(app / PAGE - base).ok()?;
-    let last = usize::try_from((app_end - 1) / PAGE - base).ok()?;
-    let pages = m.pages.get(first..=last)?;
-    let (&head, rest) = pages.split_first()?;
-    // The current run is region bytes [start, end); the last page is trimmed at the end.
-    let mut start = head.checked_add(app % PAGE)?;
-    let mut end = head.saturating_add(PAGE);
-    let push = |runs: &mut Vec<(Loc, u64)>, off: u64, n: u64| match runs.last_mut() {
-        Some((loc, l)) if loc.vnic == m.vnic && loc.off.checked_add(*l) == Some(off) => *l += n,
-        _ => runs.push((Loc { vnic: m.vnic, off }, n)),
-    };
-    for &p in rest {
-        if p != end {
-            push(runs, start, end - start);
-            start = p;
+    // Byte offsets from the start of the MR's first page.
+    let base = m.addr / PAGE * PAGE;
+    let mut at = m.addr.checked_add(addr - m.iova)? - base;
+    let end = at.checked_add(len)?;
+    let mut i = m
+        .spans
+        .partition_point(|s| (s.first + s.pages) * PAGE <= at);
+    while at < end {
+        let s = m.spans.get(i)?;
+        let (start, stop) = (s.first * PAGE, (s.first + s.pages) * PAGE);
+        if at < start {
+            return None;
         }
-        end = p.saturating_add(PAGE);
+        let n = stop.min(end) - at;
+        let off = s.off.checked_add(at - start)?;
+        match runs.last_mut() {
+            Some((loc, l)) if loc.vnic == m.vnic && loc.off.checked_add(*l) == Some(off) => *l += n,
+            _ => runs.push((Loc { vnic: m.vnic, off }, n)),
+        }
+        at += n;
+        i += 1;
     }
-    let unused = PAGE - ((app_end - 1) % PAGE + 1);
-    push(runs, start, end - start - unused);
     Some(())
 }
 
@@ -343,6 +339,8 @@ mod tests {
     use super::*;
 
     fn mr(addr: u64, len: u64, iova: u64, pages: Vec<u64>) -> Mr {
+        let runs: Vec<(u64, u64)> = pages.iter().map(|&p| (p, 1)).collect();
+        let spans = super::super::verbs::spans_of(&runs, pages.len() as u64).unwrap();
         Mr {
             vnic: VnicId(1),
             ctx: CtxId(1),
@@ -352,7 +350,7 @@ mod tests {
             iova,
             access: 0,
             key: 1,
-            pages,
+            spans,
             windows: 0,
         }
     }

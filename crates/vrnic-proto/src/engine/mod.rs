@@ -127,10 +127,21 @@ struct Mr {
     iova: u64,
     access: u32,
     key: u32,
-    /// Region offset of each 4 KiB page from floor(addr).
-    pages: Vec<u64>,
+    /// The region pages behind its pages (counted from floor(addr)), as runs in order: one
+    /// entry per stretch contiguous in the region, so that its size and every lookup go with
+    /// the runs, not the pages.
+    spans: Vec<Span>,
     /// Memory windows bound to it (it cannot be deregistered or reregistered meanwhile).
     windows: u32,
+}
+
+/// Pages `first..first + pages` of an MR (counted from the page holding its first byte) are
+/// region pages `off..off + pages * PAGE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    first: u64,
+    off: u64,
+    pages: u64,
 }
 
 #[derive(Debug)]

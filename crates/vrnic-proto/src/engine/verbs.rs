@@ -161,13 +161,11 @@ impl Engine {
         len: u64,
         iova: u64,
         access: u32,
-        pages: Vec<u64>,
+        runs: &[(u64, u64)],
     ) -> Result<MrKeys, Errno> {
         let vnic = self.check_reg_mr(ctx, pd, addr, len, iova, access)?;
         let npages = (addr + len).div_ceil(PAGE) - addr / PAGE;
-        if pages.len() as u64 != npages || pages.iter().any(|p| p % PAGE != 0) {
-            return Err(EINVAL);
-        }
+        let spans = spans_of(runs, npages).ok_or(EINVAL)?;
         let mut key;
         loop {
             key = self.random() as u32;
@@ -198,7 +196,7 @@ impl Engine {
                 iova,
                 access,
                 key,
-                pages,
+                spans,
                 windows: 0,
             },
         );
@@ -867,4 +865,24 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// An MR's spans from the region runs `(offset, pages)` behind its `npages` pages, in order:
+/// adjacent runs contiguous in the region become one span. `None` unless every offset is page
+/// aligned, every run nonempty and without overflow, and the runs hold exactly `npages` pages.
+pub(super) fn spans_of(runs: &[(u64, u64)], npages: u64) -> Option<Vec<Span>> {
+    let mut spans: Vec<Span> = Vec::with_capacity(runs.len());
+    let mut first = 0u64;
+    for &(off, pages) in runs {
+        if !off.is_multiple_of(PAGE) || pages == 0 {
+            return None;
+        }
+        off.checked_add(pages.checked_mul(PAGE)?)?;
+        match spans.last_mut() {
+            Some(s) if s.off + s.pages * PAGE == off => s.pages += pages,
+            _ => spans.push(Span { first, off, pages }),
+        }
+        first = first.checked_add(pages)?;
+    }
+    (first == npages).then_some(spans)
 }

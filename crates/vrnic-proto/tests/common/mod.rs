@@ -20,3 +20,8 @@ impl Memory for VecMem {
         out.copy_from_slice(&self.0[&src.vnic][src.off as usize..src.off as usize + out.len()]);
     }
 }
+
+/// Region runs `(offset, pages)` for `Engine::reg_mr` from one region offset per page.
+pub fn per_page(pages: &[u64]) -> Vec<(u64, u64)> {
+    pages.iter().map(|&p| (p, 1)).collect()
+}
