@@ -77,9 +77,8 @@ impl Server {
                 link,
                 mailbox,
                 ev_prod: 0,
-                pages: HashMap::new(),
+                table: Default::default(),
                 mrs: HashMap::new(),
-                detaching: BTreeSet::new(),
                 cqs: HashSet::new(),
                 qps: HashSet::new(),
                 srqs: HashSet::new(),
@@ -265,14 +264,8 @@ impl Server {
                 free_bell(v, slot.bell);
             }
         }
-        let offs: Vec<u64> = ctx
-            .pages
-            .values()
-            .map(|(off, _)| *off)
-            .chain(ctx.detaching.iter().copied())
-            .collect();
-        for off in offs {
-            free_pages(v, off, 1);
+        for (off, pages) in ctx.table.drain() {
+            free_pages(v, off, pages);
         }
         ctx.mailbox.reset(&v.region, MailboxState::Free);
         debug!(

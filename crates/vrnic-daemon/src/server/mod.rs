@@ -15,7 +15,7 @@
 //! a new depth), [`events`] (async events and wake-ups back to contexts), [`datapath`] (the
 //! engine pass).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
@@ -47,6 +47,7 @@ mod inbound;
 mod linkbuf;
 mod outqueue;
 mod pages;
+mod pagetable;
 mod peers;
 mod registry;
 mod resize;
@@ -158,12 +159,11 @@ struct Ctx {
     link: Link,
     mailbox: Mailbox,
     ev_prod: u32,
-    /// App page address -> (region offset, registrations using it).
-    pages: HashMap<u64, (u64, u32)>,
+    /// Which region pages back its registered app pages, and those it deregistered but still
+    /// maps.
+    table: pagetable::PageTable,
     /// MR -> the app pages it holds.
     mrs: HashMap<MrId, (u64, u64)>,
-    /// Pages deregistered but still mapped by the app, by region offset.
-    detaching: BTreeSet<u64>,
     cqs: HashSet<CqId>,
     qps: HashSet<QpId>,
     srqs: HashSet<SrqId>,

@@ -51,21 +51,6 @@ pub(super) fn free_ring(v: &mut Vnic, off: u64, depth: u32, slot: usize) {
 /// host), or, where the file system cannot punch, overwritten with zeros. A page handed out
 /// again reads as zeros; drivers rely on it (they do not copy untouched pages on
 /// registration), and no context sees another's old bytes.
-/// The most runs of kept pages one registration may name (the driver sends few: one per
-/// earlier registration the new one overlaps).
-const MAX_REUSE_RUNS: usize = 256;
-
-/// Puts pages a failed registration took back from detached (see `Request::RegMr::reuse`)
-/// back there: the driver still maps them, so they must not be freed.
-fn unreuse(ctx: &mut Ctx, reused: &[(u64, u64)]) {
-    for &(va, off) in reused {
-        if ctx.pages.get(&va) == Some(&(off, 0)) {
-            ctx.pages.remove(&va);
-            ctx.detaching.insert(off);
-        }
-    }
-}
-
 pub(super) fn free_pages(v: &mut Vnic, off: u64, pages: u64) {
     let len = pages * layout::PAGE;
     if v.region.punch(off, len).is_err() {
@@ -123,82 +108,28 @@ impl Server {
         let npages = (end - first) / page;
         // The quota, before any page is looked at: at most the pages this context already
         // holds plus the heap's free ones can back it.
-        if npages > v.heap.free_bytes() / page + ctx.pages.len() as u64 {
+        if npages > v.heap.free_bytes() / page + ctx.table.mapped() {
             return err(
                 libc::ENOMEM,
                 format!("registering {len} bytes exceeds the vRNIC's free memory"),
             );
         }
-        // Pages of an earlier registration that the driver kept mapped go back into the page
-        // table as they are (reference count 0 until the loop below counts this MR). Only
-        // pages this context holds detached qualify, at addresses of this range not already
-        // backed: a driver cannot claim pages that are not its own.
-        let mut reused: Vec<(u64, u64)> = Vec::new();
-        for r in reuse.iter().take(MAX_REUSE_RUNS) {
-            for i in 0..u64::from(r.pages).min(npages) {
-                let (va, off) = (r.va.wrapping_add(i * page), r.off.wrapping_add(i * page));
-                if va < first
-                    || va >= end
-                    || ctx.pages.contains_key(&va)
-                    || !ctx.detaching.remove(&off)
-                {
-                    continue;
-                }
-                ctx.pages.insert(va, (off, 0));
-                reused.push((va, off));
-            }
-        }
-        let missing: Vec<u64> = (0..npages)
-            .map(|i| first + i * page)
-            .filter(|va| !ctx.pages.contains_key(va))
-            .collect();
-        let Some(allocated) = v.heap.alloc_runs(missing.len() as u64) else {
-            unreuse(ctx, &reused);
+        // Pages already registered are counted again; detached pages of an earlier
+        // registration that the driver kept mapped (`reuse`: only this context's, at
+        // addresses of this range not backed yet) are taken back; the rest is fresh.
+        let heap = &mut v.heap;
+        let Some(got) = ctx
+            .table
+            .register(first, npages, reuse, |n| heap.alloc_runs(n))
+        else {
             return err(
                 libc::ENOMEM,
                 format!("registering {len} bytes exceeds the vRNIC's free memory"),
             );
         };
-        // Hand out the fresh pages in address order.
-        let mut fresh_offs = allocated
-            .iter()
-            .flat_map(|&(off, n)| (0..n).map(move |i| off + i * page));
-        let mut runs: Vec<PageRun> = Vec::new();
-        let mut page_list = Vec::with_capacity(npages as usize);
-        for i in 0..npages {
-            let va = first + i * page;
-            let (off, fresh) = match ctx.pages.get_mut(&va) {
-                Some(e) => {
-                    e.1 += 1;
-                    (e.0, false)
-                }
-                None => {
-                    // Invariant: we allocated exactly one page per missing va.
-                    let off = fresh_offs.next().expect("one fresh page per missing va");
-                    ctx.pages.insert(va, (off, 1));
-                    (off, true)
-                }
-            };
-            page_list.push(off);
-            match runs.last_mut() {
-                Some(r)
-                    if r.fresh == fresh
-                        && r.va + u64::from(r.pages) * page == va
-                        && r.off + u64::from(r.pages) * page == off =>
-                {
-                    r.pages += 1
-                }
-                _ => runs.push(PageRun {
-                    va,
-                    off,
-                    pages: 1,
-                    fresh,
-                }),
-            }
-        }
         match self
             .engine
-            .reg_mr(id, pd, addr, len, iova, access, page_list)
+            .reg_mr(id, pd, addr, len, iova, access, &got.region)
         {
             Ok(keys) => {
                 ctx.mrs.insert(keys.mr, (first, npages));
@@ -206,28 +137,12 @@ impl Server {
                     mr: keys.mr.0,
                     lkey: keys.lkey,
                     rkey: keys.rkey,
-                    runs,
+                    runs: got.runs,
                 }
             }
             Err(e) => {
-                // Undo the page references taken above; reused pages go back to detached (the
-                // driver still maps them).
-                for &(va, _) in &reused {
-                    if let Some(entry) = ctx.pages.get_mut(&va) {
-                        entry.1 -= 1;
-                    }
-                }
-                unreuse(ctx, &reused);
-                for i in 0..npages {
-                    let va = first + i * page;
-                    if let Some(entry) = ctx.pages.get_mut(&va) {
-                        entry.1 -= 1;
-                        if entry.1 == 0 {
-                            let off = entry.0;
-                            ctx.pages.remove(&va);
-                            free_pages(v, off, 1);
-                        }
-                    }
+                for (off, pages) in ctx.table.undo(first, npages, got.taken) {
+                    free_pages(v, off, pages);
                 }
                 err(e, "reg_mr")
             }
@@ -235,7 +150,6 @@ impl Server {
     }
 
     pub(super) fn dereg_mr(&mut self, id: CtxId, mr: MrId) -> Reply {
-        let page = layout::PAGE;
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return err(libc::ENODEV, "no context");
         };
@@ -246,53 +160,23 @@ impl Server {
             return err(e, "dereg_mr");
         }
         ctx.mrs.remove(&mr);
-        let mut runs: Vec<PageRun> = Vec::new();
-        for i in 0..npages {
-            let va = first + i * page;
-            let Some(entry) = ctx.pages.get_mut(&va) else {
-                continue;
-            };
-            entry.1 -= 1;
-            if entry.1 > 0 {
-                continue;
-            }
-            let off = entry.0;
-            ctx.pages.remove(&va);
-            ctx.detaching.insert(off);
-            match runs.last_mut() {
-                Some(r)
-                    if r.va + u64::from(r.pages) * page == va
-                        && r.off + u64::from(r.pages) * page == off =>
-                {
-                    r.pages += 1
-                }
-                _ => runs.push(PageRun {
-                    va,
-                    off,
-                    pages: 1,
-                    fresh: false,
-                }),
-            }
+        Reply::Detach {
+            runs: ctx.table.deregister(first, npages),
         }
-        Reply::Detach { runs }
     }
 
     pub(super) fn release_pages(&mut self, id: CtxId, runs: &[PageRun]) -> Reply {
-        let page = layout::PAGE;
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return err(libc::ENODEV, "no context");
         };
         let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        // Work in proportion to the runs and to the pages really detaching, whatever the runs
-        // claim (a run of 2^20 pages that names none costs one lookup).
+        // Work in proportion to the runs and to the detached runs they really name, whatever
+        // they claim (a run of 2^20 pages that names none costs one lookup).
         for r in runs {
-            let end = r.off.saturating_add(u64::from(r.pages) * page);
-            let offs: Vec<u64> = ctx.detaching.range(r.off..end).copied().collect();
-            for off in offs {
-                ctx.detaching.remove(&off);
-                free_pages(v, off, 1);
+            for (off, pages) in ctx.table.release(r.off, u64::from(r.pages)) {
+                free_pages(v, off, pages);
             }
         }
         Reply::Ok
