@@ -207,9 +207,9 @@ impl Region {
     }
 
     /// Where `len` bytes at `off` sit in this process (address, length), for the kernel to
-    /// read them by vectored I/O, checked like every access. Nothing here dereferences it; a
-    /// caller hands it to a system call while it holds the region, and a range the tenant has
-    /// truncated away makes that call fail with `EFAULT` rather than fault.
+    /// read or fill them by vectored I/O, checked like every access. Nothing here dereferences
+    /// it; a caller hands it to a system call while it holds the region, and a range the
+    /// tenant has truncated away makes that call fail with `EFAULT` rather than fault.
     pub fn io_range(&self, off: u64, len: u64) -> Result<(usize, usize), RegionError> {
         let p = self.check(off, len)?;
         Ok((p as usize, len as usize))
