@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the Docker image the container tests run (default tag vrnic-test:latest) from the
 # host's own files: no image registry is reachable here, so nothing is pulled. The image holds
-# /bin/sh, a few coreutils, the programs of the Debian packages ibverbs-utils, perftest and
-# rdmacm-utils, and every shared library they load; not the vrnic driver library, which
+# /bin/sh, a few coreutils, the programs of the Debian packages ibverbs-utils, perftest,
+# rdmacm-utils and ucx-utils (with UCX's transport modules, which it loads by dlopen), and
+# every shared library they load; not the vrnic driver library, which
 # `vrnic docker-args` bind-mounts at run time. An unchanged rebuild is skipped (the image
 # carries a hash of its inputs as a label).
 set -euo pipefail
 tag=${1:-vrnic-test:latest}
 
-pkgs=(ibverbs-utils perftest rdmacm-utils)
+pkgs=(ibverbs-utils perftest rdmacm-utils ucx-utils)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,6 +28,8 @@ for p in "${pkgs[@]}"; do
         [ -f "$f" ] && [ -x "$f" ] && progs+=("$f")
     done < <(dpkg -L "$p" | grep '^/usr/bin/')
 done
+# UCX's transport modules (dlopened from .../ucx/ beside libuct, so ldd does not list them).
+while read -r f; do progs+=("$f"); done < <(dpkg -L libucx0 | grep '/ucx/libuct_.*\.so\.0$')
 # Libraries a preloaded Rust cdylib needs besides what the programs load.
 extra=(libgcc_s.so.1 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1)
 

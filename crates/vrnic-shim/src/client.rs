@@ -25,6 +25,7 @@ use vrnic_shm::layout::hdr;
 use vrnic_shm::{Mailbox, Region, Ring};
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
 
+use crate::cq_events::CqEvents;
 use crate::sys::{self, EventFd};
 
 /// Environment variable naming the vRNIC directory (set by `vrnic run`).
@@ -171,6 +172,7 @@ struct Watch {
     ring: Ring,
     seen: u32,
     channel: Arc<Channel>,
+    events: Arc<CqEvents>,
 }
 
 /// Async events waiting for `ibv_get_async_event`.
@@ -397,7 +399,7 @@ impl Conn {
     }
 
     /// Starts forwarding `ring`'s notifications (CQ `cq`, an `ibv_cq` address) to `channel`.
-    pub fn watch(&self, cq: usize, ring: Ring, channel: Arc<Channel>) {
+    pub fn watch(&self, cq: usize, ring: Ring, channel: Arc<Channel>, events: Arc<CqEvents>) {
         let seen = ring.notify(&self.region).load(Ordering::Acquire);
         if let Ok(mut w) = self.watch_map().lock() {
             w.insert(
@@ -406,6 +408,7 @@ impl Conn {
                     ring,
                     seen,
                     channel,
+                    events,
                 },
             );
         }
@@ -519,7 +522,8 @@ impl Conn {
         }
     }
 
-    /// Forwards the events of armed CQs to their completion channels.
+    /// Forwards the events of armed CQs to their completion channels (those with a
+    /// completion behind them: [`CqEvents::forward`]).
     fn forward_cqs(&self) {
         let Ok(mut watches) = self.watch_map().lock() else {
             return;
@@ -528,12 +532,7 @@ impl Conn {
             let now = w.ring.notify(&self.region).load(Ordering::Acquire);
             let n = now.wrapping_sub(w.seen).min(1024);
             w.seen = now;
-            for _ in 0..n {
-                if let Ok(mut q) = w.channel.queue.lock() {
-                    q.push_back(cq);
-                }
-                w.channel.efd.signal();
-            }
+            w.events.forward(cq, n, &w.ring, &self.region, &w.channel);
         }
     }
 
@@ -788,8 +787,6 @@ pub struct CompQueue {
     pub cons: u32,
     /// Empty polls in a row (to yield the CPU now and then).
     pub empty: u32,
-    /// The mode of the app's last arm (re-armed when a completion event turns out empty).
-    pub solicited_only: bool,
 }
 
 impl CompQueue {
@@ -892,18 +889,8 @@ impl CompQueue {
         }
     }
 
-    /// Arms the CQ again in the mode of the app's last [`arm`](Self::arm).
-    pub fn rearm(&self, region: &Region) {
-        self.store_arm(region, self.solicited_only);
-    }
-
     /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
-    pub fn arm(&mut self, region: &Region, solicited_only: bool) {
-        self.solicited_only = solicited_only;
-        self.store_arm(region, solicited_only);
-    }
-
-    fn store_arm(&self, region: &Region, solicited_only: bool) {
+    pub fn arm(&self, region: &Region, solicited_only: bool) {
         self.ring
             .arm(region)
             .store(if solicited_only { 2 } else { 1 }, Ordering::SeqCst);
@@ -962,7 +949,6 @@ mod tests {
             ring,
             cons: start,
             empty: 0,
-            solicited_only: false,
         };
         assert_eq!(q.clean(&r, 1), 3);
         assert_eq!(q.cons, start + 3);

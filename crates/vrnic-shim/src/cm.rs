@@ -317,8 +317,32 @@ fn attach(v: &mut VId) -> Result<(), i32> {
 
 // ---- channels --------------------------------------------------------------------------------
 
+/// The lowest fd number an event channel gets: three quarters of the way to the process's fd
+/// limit (at most `FD_SETSIZE`, 1024), above the fds an app opens itself.
+///
+/// librdmacm's rsocket names each socket by its id's event-channel fd, and Debian 12's
+/// `librspreload` (rdma-core v44) maps `select` results back to the app's fds by walking fd
+/// numbers upward until one maps to that channel fd. An fd it does not track maps to itself, so
+/// when the channel fd is lower than the app's fd for the socket, the walk stops at the channel
+/// fd and sets that bit instead: the app never sees the socket ready (rdma-core fixed the walk
+/// in v63, commit 7ea19e1). An accepted rsocket's channel is made before the app's `accept`
+/// opens its fd, so without this floor every accepted socket is lost to `select` (iperf3's
+/// server saw no data). A kernel-backed librdmacm has the same bug; high fds keep it away.
+fn channel_fd_floor() -> c_int {
+    // SAFETY: getrlimit writes one rlimit into our local.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        r.rlim_cur.min(1024) as c_int
+    } else {
+        1024
+    };
+    soft * 3 / 4
+}
+
 fn new_channel() -> Result<*mut VChannel, i32> {
-    let efd = EventFd::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
+    let efd = EventFd::new_above(channel_fd_floor())
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
     let fd = efd.fd();
     Ok(Box::into_raw(Box::new(VChannel {
         ch: rdma_event_channel { fd },

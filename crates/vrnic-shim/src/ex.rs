@@ -588,6 +588,8 @@ fn load(cq: *mut ibv_cq_ex, retire_current: bool) -> c_int {
         }
         *cur = q.peek(&conn.region);
         let Some(c) = *cur else {
+            // SAFETY: cq is ours and live.
+            withdraw_if_empty(unsafe { &*cq.cast::<VCq>() }, cq, &q, conn);
             return libc::ENOENT;
         };
         // SAFETY: cq is live; the app reads these two fields after this call returns.
@@ -626,7 +628,16 @@ extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
             q.consume();
         }
         q.publish(&conn.region);
+        // SAFETY: cq is ours and live.
+        withdraw_if_empty(unsafe { &*cq.cast::<VCq>() }, cq, &q, conn);
     })
+}
+
+/// A poll that left the CQ empty withdraws its events still queued (`cq_events`).
+fn withdraw_if_empty(v: &VCq, cq: *mut ibv_cq_ex, q: &CompQueue, conn: &Conn) {
+    if let Some(ch) = &v.channel {
+        v.events.after_poll(cq as usize, &q.ring, &conn.region, ch);
+    }
 }
 
 /// Reads a field of the current completion (0 when there is none).

@@ -109,7 +109,9 @@ struct VChannel {
 pub(crate) struct VCq {
     pub(crate) cq: ibv_cq_ex,
     pub(crate) q: Mutex<CompQueue>,
-    channel: Option<Arc<Channel>>,
+    pub(crate) channel: Option<Arc<Channel>>,
+    /// Its events on their way to `channel` (shared with the notifier's watch).
+    pub(crate) events: Arc<crate::cq_events::CqEvents>,
     delivered: std::sync::atomic::AtomicU32,
     /// The completion `start_poll`/`next_poll` loaded (still in the ring until `next_poll` or
     /// `end_poll` retires it), for the `read_*` calls.
@@ -1132,16 +1134,17 @@ pub extern "C" fn vrnic_ibv_create_cq(
                 ring,
                 cons: 0,
                 empty: 0,
-                solicited_only: false,
             }),
             channel: chan.clone(),
+            events: Arc::default(),
             delivered: std::sync::atomic::AtomicU32::new(0),
             cur: Mutex::new(None),
         });
+        let events = v.events.clone();
         let p = Box::into_raw(v);
         if let Some(chan) = chan {
             c.conn.ensure_notifier();
-            c.conn.watch(p as usize, ring, chan);
+            c.conn.watch(p as usize, ring, chan, events);
         }
         if let Ok(mut m) = c.cqs.lock() {
             m.insert(h, p as usize);
@@ -1174,9 +1177,13 @@ pub extern "C" fn vrnic_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             unsafe { (*channel).refcnt -= 1 };
             // SAFETY: as above.
             let chan = unsafe { &(*channel.cast::<VChannel>()).chan };
-            if let Ok(mut q) = chan.queue.lock() {
+            let removed = chan.queue.lock().map_or(0, |mut q| {
+                let before = q.len();
                 q.retain(|&p| p != cq as usize);
-            }
+                before - q.len()
+            });
+            // The fd no longer reports them either.
+            chan.efd.take_nowait(removed);
         }
         // SAFETY: boxed by create_cq; the app gives it up now.
         drop(unsafe { Box::from_raw(cq.cast::<VCq>()) });
@@ -1196,21 +1203,21 @@ pub extern "C" fn vrnic_ibv_get_cq_event(
         }
         // SAFETY: ch is ours and live.
         let chan = unsafe { &(*ch.cast::<VChannel>()).chan };
+        // Every queued event has a completion behind it (`cq_events`): return it, as a device
+        // does; an app that saw the fd readable must not block here.
         let cq = loop {
             if let Err(e) = chan.efd.wait() {
                 return minus_one(e);
             }
-            let Some(p) = chan.queue.lock().ok().and_then(|mut q| q.pop_front()) else {
-                return minus_one(libc::EAGAIN);
-            };
-            let cq = p as *mut VCq;
-            // A blocking wait returns only events with a completion behind them (some apps,
-            // `ibv_rc_pingpong -e -t` among them, treat an empty poll after an event as fatal).
-            // SAFETY: queued CQs are live (destroy_cq removes them from the queue).
-            if chan.efd.nonblocking() || !unsafe { stale_event(cq) } {
-                break cq;
+            match chan.queue.lock().ok().and_then(|mut q| q.pop_front()) {
+                Some(p) => break p as *mut VCq,
+                // A poll withdrew the event between the fd's wake-up and here.
+                None if chan.efd.nonblocking() => return minus_one(libc::EAGAIN),
+                None => continue,
             }
         };
+        // SAFETY: queued CQs are live (destroy_cq removes them from the queue).
+        unsafe { &*cq }.events.taken();
         // SAFETY: queued CQs are live (destroy_cq removes them from the queue).
         unsafe {
             (*cq).delivered.fetch_add(1, Ordering::Relaxed);
@@ -1223,26 +1230,6 @@ pub extern "C" fn vrnic_ibv_get_cq_event(
         unsafe { ctx_out.write(user) };
         0
     })
-}
-
-/// Whether an event of `cq` has nothing behind it: the app re-armed, then a poll took the
-/// completion that raised the event. Such an event is dropped, and the CQ armed again in the
-/// app's last mode (the dropped event used up its arm), unless a completion arrived meanwhile.
-///
-/// # Safety
-/// `cq` must be a live CQ of ours.
-unsafe fn stale_event(cq: *mut VCq) -> bool {
-    // SAFETY: per the contract.
-    let v = unsafe { &*cq };
-    // SAFETY: the CQ's context outlives it.
-    let conn = &unsafe { context(v.cq.context) }.conn;
-    let Ok(q) = v.q.lock() else { return false };
-    if !q.is_empty(&conn.region) {
-        return false;
-    }
-    q.rearm(&conn.region);
-    // A completion that landed before the arm raised no event of its own: deliver this one.
-    q.is_empty(&conn.region)
 }
 
 #[unsafe(no_mangle)]
@@ -1267,7 +1254,8 @@ pub extern "C" fn vrnic_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
         let v = unsafe { &*cq.cast::<VCq>() };
         // SAFETY: the CQ's context outlives it.
         let conn = &unsafe { context(v.cq.context) }.conn;
-        if let Ok(mut q) = v.q.lock() {
+        v.events.set_mode(solicited_only != 0);
+        if let Ok(q) = v.q.lock() {
             q.arm(&conn.region, solicited_only != 0);
         }
         conn.ensure_notifier();
@@ -1285,7 +1273,7 @@ pub extern "C" fn vrnic_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c
         // SAFETY: the CQ's context outlives it.
         let conn = &unsafe { context(v.cq.context) }.conn;
         let Ok(mut q) = v.q.lock() else { return -1 };
-        q.poll(&conn.region, n as usize, |i, c| {
+        let got = q.poll(&conn.region, n as usize, |i, c| {
             let w = ibv_wc {
                 wr_id: c.wr_id,
                 status: c.status as c_uint,
@@ -1305,7 +1293,11 @@ pub extern "C" fn vrnic_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c
             let slot = unsafe { wc.add(i) };
             // SAFETY: as above: slot is in the app's array.
             unsafe { slot.write(w) };
-        }) as c_int
+        });
+        if let Some(ch) = &v.channel {
+            v.events.after_poll(cq as usize, &q.ring, &conn.region, ch);
+        }
+        got as c_int
     })
 }
 

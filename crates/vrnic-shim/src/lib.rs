@@ -28,6 +28,7 @@ mod ah;
 pub mod client;
 mod cm;
 pub mod cm_abi;
+mod cq_events;
 mod dm;
 mod ex;
 mod ffi;

@@ -31,6 +31,22 @@ impl EventFd {
         })
     }
 
+    /// A new event fd numbered `min_fd` or above where the process's fd limit allows (else
+    /// numbered as [`EventFd::new`] numbers it).
+    pub fn new_above(min_fd: RawFd) -> std::io::Result<EventFd> {
+        let mut e = EventFd::new()?;
+        if e.fd < min_fd {
+            // SAFETY: F_DUPFD_CLOEXEC on our own open fd has no memory preconditions.
+            let high = unsafe { libc::fcntl(e.fd, libc::F_DUPFD_CLOEXEC, min_fd) };
+            if high >= 0 {
+                // SAFETY: we own the low fd and nothing else refers to it yet.
+                unsafe { libc::close(e.fd) };
+                e.fd = high;
+            }
+        }
+        Ok(e)
+    }
+
     /// The fd handed to the app.
     pub fn fd(&self) -> RawFd {
         self.fd

@@ -122,11 +122,18 @@ enum Cmd {
         name: String,
     },
     /// Print the `docker run` / `podman run` options that give a container this vRNIC (its
-    /// directory bind-mounted at /run/vrnic-device, the driver library mounted and preloaded):
-    /// `docker run $(vrnic docker-args NAME) IMAGE CMD`.
+    /// directory bind-mounted at /run/vrnic-device, the driver library mounted and preloaded,
+    /// and the device files): `docker run $(vrnic docker-args NAME) IMAGE CMD`.
     DockerArgs {
         /// The vRNIC (made with `vrnic create`).
         name: String,
+        /// Also give the container the vRNIC where RDMA stacks look for a device: the node
+        /// /dev/infiniband/uverbs-NAME (`--device`) and a view of /sys/class/infiniband/NAME,
+        /// written under the state dir and bound read-only over the container's /sys/class
+        /// (which then shows only `infiniband`). `auto`: when the view can be written there;
+        /// `on`: fail otherwise.
+        #[arg(long, value_enum, default_value_t = DeviceFiles::Auto)]
+        device_files: DeviceFiles,
     },
     /// Print the QEMU options that give a VM this vRNIC: its region as an `ivshmem-plain` PCI
     /// device; the driver library inside the guest finds it through sysfs (1af4:1110, BAR2).
@@ -197,11 +204,11 @@ fn real_main() -> Result<()> {
             let iso = container.then_some(container::Isolation { own_net: !host_net });
             run(&state_dir, vrnic, iso, device_files, &cmd)
         }
-        Cmd::DockerArgs { name } => {
-            let v = find(&state_dir, &name)?;
+        Cmd::DockerArgs { name, device_files } => {
+            let (v, live) = find_among(&state_dir, &name)?;
             let driver = driver_path()?;
             let inside = format!("/usr/lib/vrnic/{DRIVER}");
-            println!(
+            let mut args = format!(
                 "--mount type=bind,source={},target={} \
                  --mount type=bind,source={},target={inside},readonly \
                  --env LD_PRELOAD={inside}",
@@ -209,6 +216,32 @@ fn real_main() -> Result<()> {
                 container::DEVICE_MOUNT,
                 driver.display()
             );
+            if device_files != DeviceFiles::Off {
+                let view = presence::DeviceView {
+                    name: v.name.clone(),
+                    lid: v.lid,
+                    gid: v.gid,
+                };
+                match presence::container_view(&presence::views_dir(&state_dir), &view, &live) {
+                    Ok(dir) => args.push_str(&format!(
+                        " --device /dev/null:/dev/infiniband/{} \
+                         --mount type=bind,source={},target=/sys/class,readonly",
+                        view.dev_name(),
+                        dir.display()
+                    )),
+                    Err(e) if device_files == DeviceFiles::On => {
+                        return Err(e).context("writing the vRNIC's sysfs view for the container");
+                    }
+                    Err(e) => eprintln!(
+                        "vrnic docker-args: no /dev/infiniband and /sys/class/infiniband for {} \
+                         (cannot write its sysfs view under {}: {e}); verbs work, stacks that \
+                         look for them (UCX, Open MPI) will not find the device",
+                        v.name,
+                        state_dir.display()
+                    ),
+                }
+            }
+            println!("{args}");
             Ok(())
         }
         Cmd::VmArgs { name } => {
@@ -312,13 +345,24 @@ fn driver_path() -> Result<PathBuf> {
 
 /// The vRNIC `name`, which must exist.
 fn find(state_dir: &std::path::Path, name: &str) -> Result<vrnic_api::VnicSummary> {
+    Ok(find_among(state_dir, name)?.0)
+}
+
+/// The vRNIC `name`, which must exist, and the names of all the daemon's vRNICs.
+fn find_among(
+    state_dir: &std::path::Path,
+    name: &str,
+) -> Result<(vrnic_api::VnicSummary, Vec<String>)> {
     let mut c = AdminClient::connect(state_dir)?;
     let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
         bail!("unexpected reply")
     };
-    list.into_iter()
+    let names = list.iter().map(|v| v.name.clone()).collect();
+    let v = list
+        .into_iter()
         .find(|v| v.name == name)
-        .with_context(|| format!("no vRNIC {name} (make it with `vrnic create {name}`)"))
+        .with_context(|| format!("no vRNIC {name} (make it with `vrnic create {name}`)"))?;
+    Ok((v, names))
 }
 
 fn run(

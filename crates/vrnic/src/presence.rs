@@ -27,6 +27,13 @@
 //! unless asked for it (`--device-files on`), and then fails saying so. `run --container`
 //! puts the same node and files into the container's own `/dev` and a `/sys` of its own.
 //!
+//! A container engine cannot bind anything at `/sys/class/infiniband`: the container's `/sys`
+//! is a read-only sysfs without that directory, and the engine fails to make the mount point.
+//! So `vrnic docker-args` writes the view into a directory of the state dir
+//! ([`container_view`]) and has the engine bind that directory over `/sys/class` (which
+//! exists), read-only, and make the node with `--device`: the container's `/sys/class` then
+//! holds only `infiniband`, as under `run --container`; the rest of its `/sys` is its own.
+//!
 //! Runs in the CLI before it `exec`s the command (single-threaded); its unsafe code is the
 //! `unshare` and `mount` calls, one per block.
 
@@ -236,6 +243,52 @@ pub fn write_sysfs(class: &Path, v: &DeviceView) -> io::Result<()> {
     Ok(())
 }
 
+/// The directory of the state dir that holds the views [`container_view`] writes: its name has
+/// a dot, which no vRNIC name has, and the daemon leaves alone a directory that holds no
+/// region or socket.
+pub fn views_dir(state_dir: &Path) -> std::path::PathBuf {
+    state_dir.join(".views")
+}
+
+/// Writes the sysfs view of `v` for a container engine to bind at `/sys/class`:
+/// `VIEWS/<name>/infiniband/<name>/...` (made afresh; readable by everyone, as sysfs is), and
+/// removes the views of vRNICs not in `live`. Returns the directory to bind.
+pub fn container_view(
+    views: &Path,
+    v: &DeviceView,
+    live: &[String],
+) -> io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(views)?;
+    std::fs::set_permissions(views, std::fs::Permissions::from_mode(0o755))?;
+    for e in std::fs::read_dir(views)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == v.name || !live.contains(&name) {
+            std::fs::remove_dir_all(e.path())?;
+        }
+    }
+    let class = views.join(&v.name);
+    std::fs::create_dir(&class)?;
+    write_sysfs(&class, v)?;
+    open_to_all(&class)?;
+    Ok(class)
+}
+
+/// Directories 0755 and files 0644 under `dir` (whatever the umask): processes of any user in
+/// the container read the view.
+fn open_to_all(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    for e in std::fs::read_dir(dir)?.flatten() {
+        if e.file_type()?.is_dir() {
+            open_to_all(&e.path())?;
+        } else {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    Ok(())
+}
+
 /// The CPUs as sysfs masks them (`local_cpus`): comma-separated 32-bit hex words, highest
 /// first, every online CPU set.
 fn local_cpus() -> String {
@@ -326,5 +379,39 @@ mod tests {
         );
         assert_eq!(v.dev_name(), "uverbs-vrnic0");
         std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_container_view_is_fresh_readable_by_all_and_drops_views_of_gone_vrnics() {
+        use std::os::unix::fs::PermissionsExt;
+        let views = std::env::temp_dir().join(format!("vrnic-views-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&views);
+        let view = |name: &str, lid| DeviceView {
+            name: name.into(),
+            lid,
+            gid: [0; 16],
+        };
+        let live = ["a".to_string(), "b".to_string()];
+        container_view(&views, &view("a", 1), &live).expect("a");
+        let gone = container_view(&views, &view("gone", 2), &["gone".to_string()]).expect("gone");
+        assert!(gone.join("infiniband/gone/ports/1/lid").exists());
+        // Made again with a new LID: the old files go; "gone" is no longer live and goes too.
+        let old = umask(0o077);
+        let b = container_view(&views, &view("b", 3), &live).expect("b");
+        let a = container_view(&views, &view("a", 4), &live).expect("a again");
+        umask(old);
+        let lid = std::fs::read_to_string(a.join("infiniband/a/ports/1/lid")).expect("lid");
+        assert_eq!(lid.trim(), "0x4");
+        assert!(b.join("infiniband/b").is_dir());
+        assert!(!gone.exists());
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&a.join("infiniband/a/ports/1")), 0o755);
+        assert_eq!(mode(&a.join("infiniband/a/ports/1/state")), 0o644);
+        std::fs::remove_dir_all(&views).expect("clean up");
+    }
+
+    fn umask(m: libc::mode_t) -> libc::mode_t {
+        // SAFETY: umask has no memory preconditions.
+        unsafe { libc::umask(m) }
     }
 }

@@ -142,8 +142,9 @@ fn rc_pingpong_new_send_extended_cq_first_byte_of_every_page_checked() {
 fn rc_pingpong_new_send_extended_cq_events_first_byte_of_every_page_checked() {
     // With -e -t, rc_pingpong treats ENOENT from ibv_start_poll after a CQ event as fatal, but
     // an event can follow a completion its previous poll loop already took (the CQ was re-armed
-    // before that loop; the window is wide here, where a send completes at once): a blocking
-    // ibv_get_cq_event drops such an event and re-arms.
+    // before that loop; the window is wide here, where a send completes at once): the driver
+    // queues an event only while its CQ holds a completion and withdraws it when a poll empties
+    // the CQ first (`cq_events.rs`), re-arming. Without that, this test fails every run.
     pingpong(&["-N", "-t", "-e", "-c"]);
 }
 

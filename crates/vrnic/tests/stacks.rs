@@ -4,6 +4,8 @@
 //! (`ucx-utils`) uses it unmodified: `ucx_info -d` lists `rc_verbs` and `ud_verbs`, and
 //! `ucx_perftest` runs `tag_lat`, `tag_bw` and `put_bw` between two `vrnic run` processes
 //! with `UCX_TLS=rc_verbs,ud_verbs,self`, its own log naming the verbs transport it used.
+//! Open MPI, the diagnostic tools and librdmacm's rsocket (`rstream`, `riostream`, and
+//! `librspreload` under a plain TCP ping-pong and under `iperf3`) run over it too.
 
 mod common;
 
@@ -583,4 +585,117 @@ fn librspreload_carries_a_plain_tcp_program_over_the_vrnic() {
         .parse()
         .unwrap_or_else(|_| panic!("no half round trip printed\n{pair}"));
     assert!(half > 0.0, "{pair}");
+}
+
+/// Debian's `librspreload` (librdmacm's socket preload).
+const RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+
+/// The kernel's TCP sockets (any state, listeners too) of `prog`'s processes with `port` at
+/// either end, as `ss` lists them. (Only `prog`'s: another test's connection may have drawn
+/// `port` as its ephemeral port.)
+fn kernel_tcp_of(prog: &str, port: u16) -> Vec<String> {
+    let ss = std::process::Command::new(require("ss"))
+        .args(["-Htanp"])
+        .output()
+        .expect("run ss");
+    String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!(":{port} ")) && l.contains(&format!("((\"{prog}\"")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Unmodified `iperf3 -s -1` and `iperf3 -c 127.0.0.1 -J CLIENT_ARGS`, both under
+/// `librspreload` through `vrnic run`: iperf3's control and data connections become rsockets
+/// over the two processes' vRNICs. Asserts both exit 0 and no kernel TCP socket of iperf3 (not
+/// even a listener) exists on the port while the client runs; returns the client's JSON report.
+fn iperf3_over_librspreload(client_args: &[&str]) -> serde_json::Value {
+    let iperf3 = require("iperf3");
+    assert!(
+        Path::new(RSPRELOAD).exists(),
+        "librspreload is missing (librdmacm1, installed with rdmacm-utils)"
+    );
+    let iperf3 = iperf3.to_str().expect("utf-8 path");
+    let d = Daemon::start();
+    let port = port();
+    let p = port.to_string();
+    let with_preload = |args: &[&str]| {
+        let mut c = d.run(args);
+        c.env("LD_PRELOAD", RSPRELOAD);
+        c
+    };
+    let srv = common::Proc::spawn(
+        with_preload(&[iperf3, "-s", "-1", "-p", &p]),
+        "iperf3 server",
+    );
+    // The server listens through rsocket, so there is no kernel port to wait for: retry the
+    // client while the server is not up yet. While the client runs, look for kernel sockets.
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    let client = loop {
+        let mut args = vec![iperf3, "-c", "127.0.0.1", "-p", &p, "-J"];
+        args.extend(client_args);
+        let mut c = common::Proc::spawn(with_preload(&args), "iperf3 client");
+        while !c.exited() && start.elapsed() < Duration::from_secs(60) {
+            seen.extend(kernel_tcp_of("iperf3", port));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = c.wait_bounded(Duration::from_secs(5));
+        let refused = out.stdout.contains("unable to connect to server");
+        if !out.ok() && refused && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        break out;
+    };
+    let server = srv.wait_bounded(Duration::from_secs(20));
+    let pair = common::Pair { server, client };
+    pair.assert_ok();
+    assert!(
+        seen.is_empty(),
+        "kernel TCP sockets on port {p}: librspreload fell back to TCP\n{}\n{pair}",
+        seen.join("\n")
+    );
+    serde_json::from_str(&pair.client.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 -J printed no JSON ({e})\n{pair}"))
+}
+
+/// The bytes iperf3's JSON report counts in `end.KEY` (`sum_sent`: written by the sender,
+/// `sum_received`: read by the receiver).
+fn iperf3_bytes(report: &serde_json::Value, key: &str) -> u64 {
+    report["end"][key]["bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no end.{key}.bytes in\n{report:#}"))
+}
+
+/// What the receiver read is what the sender wrote, but for what was still in flight when the
+/// test ended (iperf3 stops counting when the end message arrives on the control connection,
+/// which can overtake the last write on the data connection): rsocket's flow control keeps
+/// that below its receive buffer (128 KiB by default; 1 MiB allowed here).
+fn assert_iperf3_received_what_was_sent(report: &serde_json::Value) {
+    let (sent, received) = (
+        iperf3_bytes(report, "sum_sent"),
+        iperf3_bytes(report, "sum_received"),
+    );
+    assert!(
+        0 < received && received <= sent && sent - received <= 1 << 20,
+        "sent {sent}, received {received}\n{report:#}"
+    );
+}
+
+/// iperf3 (control connection, data connection, `select` on both, non-blocking sockets) over
+/// `librspreload`: 256 MiB from client to server.
+#[test]
+fn librspreload_carries_iperf3_over_the_vrnic() {
+    let report = iperf3_over_librspreload(&["-n", "256M"]);
+    assert_eq!(iperf3_bytes(&report, "sum_sent"), 256 << 20, "{report:#}");
+    assert_iperf3_received_what_was_sent(&report);
+}
+
+/// The same with the server sending (`-R`) for two seconds: the accepted socket writes, the
+/// client reads.
+#[test]
+fn librspreload_carries_iperf3_reversed_for_two_seconds() {
+    let report = iperf3_over_librspreload(&["-R", "-t", "2"]);
+    assert_iperf3_received_what_was_sent(&report);
 }

@@ -49,14 +49,21 @@ impl Drop for Container {
 
 /// `docker run --rm --network host $(vrnic docker-args VNIC) IMAGE args...`, named.
 pub fn docker_run(d: &Daemon, vnic: &str, args: &[&str]) -> (Command, Container) {
+    docker_run_with(d, &[vnic], args)
+}
+
+/// [`docker_run`] with `vrnic docker-args DOCKER_ARGS...` (a vRNIC name and options).
+pub fn docker_run_with(d: &Daemon, docker_args: &[&str], args: &[&str]) -> (Command, Container) {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let name = format!(
         "vrnic-test-{}-{}",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     );
-    let flags = d.cli_output(&["docker-args", vnic]);
-    assert!(flags.ok(), "vrnic docker-args {vnic}\n{}", flags.text());
+    let mut cli = vec!["docker-args"];
+    cli.extend(docker_args);
+    let flags = d.cli_output(&cli);
+    assert!(flags.ok(), "vrnic {}\n{}", cli.join(" "), flags.text());
     let mut c = Command::new("docker");
     c.args(["run", "--rm", "--network", "host", "--name", &name])
         .args(flags.stdout.split_whitespace())
