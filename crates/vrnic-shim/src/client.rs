@@ -301,7 +301,7 @@ impl Conn {
     /// Makes sure a notifier thread runs in this process. `fork` leaves the opener's notifier
     /// behind: in a child the completion channels of CQs it creates would never become
     /// readable (a lost wake-up: an event-mode wait hangs). The child gets a notifier of its
-    /// own, which polls the notification words (every [`GUEST_POLL`], as a VM guest's does:
+    /// own, which polls the notification words (every `GUEST_POLL`, as a VM guest's does:
     /// the daemon's wake-up bytes go to the socket the parent's notifier reads). It serves the
     /// CQs the child creates (in a watch map of its own); those created before the fork stay the
     /// parent's.

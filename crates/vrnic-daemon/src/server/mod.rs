@@ -9,11 +9,13 @@
 //! and then reads that word can never be missed (brief §9, lost wake-ups).
 //!
 //! This file holds what the daemon owns (vRNICs, contexts, ring slots, admin connections) and
-//! the loop; each job on that state has a room of its own: [`registry`] (vRNICs come and go),
-//! [`admin_socket`] (the CLI), [`attach`] (contexts come and go), [`control`] (requests from
-//! a mailbox), [`pages`] (registered memory and rings), [`resize`] (CQ and SRQ rings moved to
-//! a new depth), [`events`] (async events and wake-ups back to contexts), [`datapath`] (the
-//! engine pass).
+//! the loop; each job on that state has a room of its own: `registry` (vRNICs come and go),
+//! `admin_socket` (the CLI), `attach` (contexts come and go), `control` (requests from
+//! a mailbox), `pages` and `pagetable` (registered memory and rings), `resize` (CQ and SRQ
+//! rings moved to a new depth), `events` (async events and wake-ups back to contexts),
+//! `datapath` (the engine pass), `peers`, `linkbuf`, `outqueue` and `inbound` (links to other
+//! hosts' daemons: frames out and in, payloads from and into registered memory), `directory`
+//! (who is where).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
