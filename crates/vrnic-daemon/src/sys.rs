@@ -307,3 +307,13 @@ pub unsafe fn readv(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::i
         Ok(r as usize)
     }
 }
+
+/// Extends the daemon's mapping of `region` over its first `end` bytes (`Region::grow`; the
+/// mapping may move). `false` if the address space has no room.
+pub fn grow_region(region: &vrnic_shm::Region, end: u64) -> bool {
+    // SAFETY: the daemon keeps no address or reference from a region across a request: every
+    // access computes its address from an offset when it is made (copies, rings, atomics, and
+    // the iovecs of a link's readv/writev at the call), and the loop calls this between
+    // accesses, from the control path.
+    unsafe { region.grow(end) }.is_ok()
+}

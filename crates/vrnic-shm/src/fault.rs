@@ -87,6 +87,14 @@ impl Guarded {
         )))
     }
 
+    /// The mapping moved to (or grew into) `base..base+len` (the old range is gone already).
+    pub(crate) fn moved(&self, base: usize, len: usize) {
+        // A fault in between cannot happen: the caller touches the mapping only after this.
+        BASE[self.0].store(0, Ordering::Release);
+        END[self.0].store(base + len, Ordering::Release);
+        BASE[self.0].store(base, Ordering::Release);
+    }
+
     /// Whether a `SIGBUS` hit this mapping (its contents are zeros from then on).
     pub(crate) fn poisoned(&self) -> bool {
         POISONED[self.0].load(Ordering::Acquire)

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::fault::Guarded;
 use crate::layout::{self, hdr};
@@ -44,10 +44,19 @@ pub enum RegionError {
 }
 
 /// A mapped region file. Dropping it unmaps the file and closes it.
+///
+/// A driver maps the whole file. The daemon maps only what its vRNIC uses
+/// ([`Region::create_partial`]) and extends the mapping as the vRNIC's heap grows
+/// ([`Region::grow`]), so that thousands of vRNICs with 16 GiB regions cost the daemon's address
+/// space what they use, not 16 GiB each.
 #[derive(Debug)]
 pub struct Region {
-    base: *mut u8,
+    /// Where the mapping starts; moves only in [`Region::grow`].
+    base: AtomicPtr<u8>,
+    /// The file's size.
     size: u64,
+    /// Bytes mapped from the start of the file; accesses beyond are refused.
+    mapped: AtomicU64,
     file: File,
     /// Its entry in the daemon's `SIGBUS` guard (none where no guard is installed).
     guard: Option<Guarded>,
@@ -92,7 +101,51 @@ impl Region {
             .open(path)
             .map_err(io("create", path))?;
         file.set_len(size).map_err(io("truncate", path))?;
-        let region = Self::map(file, size, path)?;
+        let region = Self::map(file, size, size, path)?;
+        region.write_header(name, lid, gid, guid)?;
+        Ok(region)
+    }
+
+    /// [`Region::create`], with only the first `mapped` bytes mapped in this process (rounded
+    /// up to 2 MiB, at least the header and mailboxes, at most the file): what the daemon does,
+    /// extending the mapping with [`Region::grow`] as it hands out heap pages.
+    pub fn create_partial(
+        path: &Path,
+        size: u64,
+        name: &str,
+        lid: u16,
+        gid: [u8; 16],
+        guid: u64,
+        mapped: u64,
+    ) -> Result<Region, RegionError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let size = size.max(layout::MIN_REGION_SIZE).next_multiple_of(2 << 20);
+        let mapped = mapped
+            .max(layout::HEAP_OFF)
+            .next_multiple_of(2 << 20)
+            .min(size);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io("create", path))?;
+        file.set_len(size).map_err(io("truncate", path))?;
+        let region = Self::map(file, size, mapped, path)?;
+        region.write_header(name, lid, gid, guid)?;
+        Ok(region)
+    }
+
+    fn write_header(
+        &self,
+        name: &str,
+        lid: u16,
+        gid: [u8; 16],
+        guid: u64,
+    ) -> Result<(), RegionError> {
+        let region = self;
+        let size = self.size;
         let mut name_bytes = [0u8; hdr::NAME_LEN];
         let n = name.len().min(hdr::NAME_LEN - 1);
         name_bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
@@ -114,7 +167,7 @@ impl Region {
             .store(1, std::sync::atomic::Ordering::Release);
         // The magic goes last: a reader that sees it sees a complete header.
         region.write_bytes(hdr::MAGIC, &layout::MAGIC)?;
-        Ok(region)
+        Ok(())
     }
 
     /// Opens and maps an existing region file (a host file or a VM's PCI BAR `resource2`).
@@ -132,7 +185,7 @@ impl Region {
         if size < layout::MIN_REGION_SIZE {
             return Err(RegionError::Format(path.display().to_string()));
         }
-        let region = Self::map(file, size, path)?;
+        let region = Self::map(file, size, size, path)?;
         let mut magic = [0u8; 8];
         region.read_bytes(hdr::MAGIC, &mut magic)?;
         if magic != layout::MAGIC || region.read_u32(hdr::VERSION)? != layout::VERSION {
@@ -141,13 +194,13 @@ impl Region {
         Ok(region)
     }
 
-    fn map(file: File, size: u64, path: &Path) -> Result<Region, RegionError> {
+    fn map(file: File, size: u64, mapped: u64, path: &Path) -> Result<Region, RegionError> {
         // SAFETY: a fresh shared mapping chosen by the kernel (no MAP_FIXED), of a file we hold
         // open; it aliases no Rust object.
         let base = unsafe {
             raw_mmap(
                 std::ptr::null_mut(),
-                size as usize,
+                mapped as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_NORESERVE,
                 file.as_raw_fd(),
@@ -157,20 +210,85 @@ impl Region {
         if base == libc::MAP_FAILED {
             return Err(last_os("mmap", path));
         }
-        let guard = match Guarded::watch(base as usize, size as usize) {
+        let guard = match Guarded::watch(base as usize, mapped as usize) {
             Ok(g) => g,
             Err(e) => {
                 // SAFETY: the mapping just made above, referenced by nothing yet.
-                unsafe { raw_munmap(base, size as usize) };
+                unsafe { raw_munmap(base, mapped as usize) };
                 return Err(io("guard", path)(e));
             }
         };
         Ok(Region {
-            base: base.cast(),
+            base: AtomicPtr::new(base.cast()),
             size,
+            mapped: AtomicU64::new(mapped),
             file,
             guard,
         })
+    }
+
+    /// Bytes of the file this process maps (from its start).
+    pub fn mapped(&self) -> u64 {
+        self.mapped.load(Ordering::Acquire)
+    }
+
+    /// Maps at least the first `len` bytes of the file (a partial mapping grows by doubling,
+    /// at most to the file's size). The mapping may move. Fails, changing nothing, if the
+    /// address space has no room, or if the region is poisoned.
+    ///
+    /// # Safety
+    /// No address or reference obtained from this region before the call (from
+    /// [`Region::atomic_u32`], [`Region::io_range`], [`Region::base_addr`]) may be used after
+    /// it: they may point into memory that is no longer mapped.
+    pub unsafe fn grow(&self, len: u64) -> Result<(), RegionError> {
+        let old = self.mapped();
+        if len <= old {
+            return Ok(());
+        }
+        if len > self.size {
+            return Err(RegionError::Bounds {
+                off: 0,
+                len,
+                size: self.size,
+            });
+        }
+        if self.poisoned() {
+            return Err(RegionError::Format(
+                "a poisoned region does not grow".into(),
+            ));
+        }
+        let new = len
+            .max(old.saturating_mul(2))
+            .next_multiple_of(2 << 20)
+            .min(self.size);
+        let base = self.base.load(Ordering::Acquire);
+        // SAFETY: base..base+old is this region's own mapping; the caller guarantees nothing
+        // made from it is used after the call. MREMAP_MAYMOVE returns a new address or fails
+        // leaving the old mapping as it was.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mremap,
+                base as libc::c_long,
+                old as libc::c_long,
+                new as libc::c_long,
+                libc::c_long::from(libc::MREMAP_MAYMOVE),
+            )
+        };
+        if r == -1 {
+            return Err(RegionError::Io {
+                op: "mremap",
+                path: "region".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let moved = r as *mut u8;
+        // The guard learns the new range before anything touches it.
+        if let Some(g) = &self.guard {
+            g.moved(moved as usize, new as usize);
+        }
+        self.base.store(moved, Ordering::Release);
+        self.mapped.store(new, Ordering::Release);
+        Ok(())
     }
 
     /// Whether the daemon's `SIGBUS` guard caught an access to this region whose pages were
@@ -190,18 +308,21 @@ impl Region {
         &self.file
     }
 
-    /// The address where this process maps the region (for address arithmetic only).
+    /// The address where this process maps the region (for address arithmetic only; it moves
+    /// when a partial mapping grows).
     pub fn base_addr(&self) -> usize {
-        self.base as usize
+        self.base.load(Ordering::Acquire) as usize
     }
 
     fn check(&self, off: u64, len: u64) -> Result<*mut u8, RegionError> {
         match off.checked_add(len) {
-            Some(end) if end <= self.size => Ok(self.base.wrapping_add(off as usize)),
+            Some(end) if end <= self.mapped() => {
+                Ok(self.base.load(Ordering::Acquire).wrapping_add(off as usize))
+            }
             _ => Err(RegionError::Bounds {
                 off,
                 len,
-                size: self.size,
+                size: self.mapped(),
             }),
         }
     }
@@ -253,12 +374,13 @@ impl Region {
             return Err(RegionError::Bounds {
                 off,
                 len: 4,
-                size: self.size,
+                size: self.mapped(),
             });
         }
         // SAFETY: p is in bounds and 4-byte aligned (the mapping is page aligned); AtomicU32 has
         // no invalid bit patterns and tolerates concurrent writers, and the mapping outlives the
-        // returned borrow of self.
+        // returned borrow of self (it moves only in `grow`, whose caller must not use such a
+        // reference after it).
         Ok(unsafe { AtomicU32::from_ptr(p.cast()) })
     }
 
@@ -377,8 +499,14 @@ impl Drop for Region {
     fn drop(&mut self) {
         // Unwatched before it is unmapped: the guard never claims an address we gave back.
         drop(self.guard.take());
-        // SAFETY: base/size are the mapping created in `map`; no borrow of it outlives self.
-        unsafe { raw_munmap(self.base.cast(), self.size as usize) };
+        // SAFETY: base/mapped are the mapping created in `map` (moved by `grow`); no borrow of
+        // it outlives self.
+        unsafe {
+            raw_munmap(
+                self.base.load(Ordering::Acquire).cast(),
+                self.mapped() as usize,
+            )
+        };
     }
 }
 
@@ -516,6 +644,70 @@ mod tests {
         std::fs::remove_file(&p).unwrap();
         let r2 = Region::create(&p, 0, "vr1", 1, [0; 16], 1).unwrap();
         assert!(!r2.poisoned());
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn a_partial_mapping_refuses_what_it_does_not_map_and_grows_keeping_its_bytes() {
+        let p = tmp("grow");
+        let r = Region::create_partial(&p, 1 << 30, "vr0", 3, [0; 16], 1, 0).unwrap();
+        assert_eq!(r.size(), 1 << 30);
+        let first = r.mapped();
+        assert!((layout::HEAP_OFF..1 << 30).contains(&first), "{first}");
+        r.write_bytes(first - 4, b"edge").unwrap();
+        assert!(
+            r.read_bytes(first, &mut [0u8; 1]).is_err(),
+            "past the mapping"
+        );
+        assert!(Region::copy(&r, first - 4, &r, first, 4).is_err());
+        // SAFETY: nothing made from `r` is used across the calls (accesses take offsets).
+        unsafe { r.grow(first + (100 << 20)) }.unwrap();
+        assert!(r.mapped() >= first + (100 << 20));
+        let mut b = [0u8; 4];
+        r.read_bytes(first - 4, &mut b).unwrap();
+        assert_eq!(&b, b"edge", "the bytes before the growth stay");
+        r.write_bytes(first + (99 << 20), b"far").unwrap();
+        // The file's own bytes are what any other mapping of it sees.
+        let o = Region::open(&p).unwrap();
+        let mut c = [0u8; 3];
+        o.read_bytes(first + (99 << 20), &mut c).unwrap();
+        assert_eq!(&c, b"far");
+        assert_eq!(o.read_u32(hdr::LID).unwrap() & 0xffff, 3);
+        // SAFETY: as above.
+        assert!(unsafe { r.grow((1 << 30) + 1) }.is_err(), "past the file");
+        // SAFETY: as above.
+        unsafe { r.grow(1 << 30) }.unwrap();
+        assert_eq!(r.mapped(), 1 << 30);
+        drop((r, o));
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn the_guard_follows_a_mapping_that_grew() {
+        crate::fault::install().unwrap();
+        let p = tmp("grow-guard");
+        let r = Region::create_partial(&p, 1 << 30, "vr0", 1, [0; 16], 1, 0).unwrap();
+        let off = r.mapped() + (300 << 20);
+        // SAFETY: nothing made from `r` is used across the call.
+        unsafe { r.grow(off + 4096) }.unwrap();
+        r.write_bytes(off, b"live").unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        // In the grown part, at its new address: caught, not fatal.
+        let mut b = [0xffu8; 4];
+        r.read_bytes(off, &mut b).unwrap();
+        assert_eq!(b, [0; 4]);
+        assert!(r.poisoned());
+        assert!(
+            // SAFETY: as above.
+            unsafe { r.grow(off + (8 << 20)) }.is_err(),
+            "a poisoned region does not grow"
+        );
+        drop(r);
         std::fs::remove_file(p).unwrap();
     }
 

@@ -71,8 +71,8 @@ enum Cmd {
         /// Most shared receive queues per vRNIC [default: 4096].
         #[arg(long)]
         max_srq: Option<u32>,
-        /// Most vRNICs at once (times --region-gib, at most 64 TiB: each region is mapped in
-        /// the daemon) [default: 4096].
+        /// Most vRNICs at once (at most 65536; each region is mapped in the daemon as far as
+        /// its vRNIC uses it) [default: 4096].
         #[arg(long)]
         max_vrnics: Option<u32>,
         /// This host's address for peer links to other hosts' daemons (ADDR:PORT).

@@ -5,9 +5,20 @@
 
 use super::*;
 
+/// Extends the daemon's mapping of `region` over its first `end` bytes (the heap handed out
+/// pages up to there). `false` if the address space has no room: the caller gives the pages
+/// back and the request fails with `ENOMEM`.
+pub(super) fn cover(region: &Region, end: u64) -> bool {
+    sys::grow_region(region, end)
+}
+
 pub(super) fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> {
     let bytes = layout::ring_bytes(depth, slot);
     let off = v.heap.alloc_contiguous(bytes / layout::PAGE)?;
+    if !cover(&v.region, off + bytes) {
+        v.heap.free(off, bytes / layout::PAGE);
+        return None;
+    }
     let ring = Ring::new(&v.region, off, depth, slot).ok()?;
     ring.reset(&v.region);
     Some(ring)
@@ -117,11 +128,23 @@ impl Server {
         // Pages already registered are counted again; detached pages of an earlier
         // registration that the driver kept mapped (`reuse`: only this context's, at
         // addresses of this range not backed yet) are taken back; the rest is fresh.
-        let heap = &mut v.heap;
-        let Some(got) = ctx
-            .table
-            .register(first, npages, reuse, |n| heap.alloc_runs(n))
-        else {
+        let (heap, region) = (&mut v.heap, &v.region);
+        let Some(got) = ctx.table.register(first, npages, reuse, |n| {
+            let runs = heap.alloc_runs(n)?;
+            let end = runs
+                .iter()
+                .map(|&(off, p)| off + p * page)
+                .max()
+                .unwrap_or(0);
+            if cover(region, end) {
+                Some(runs)
+            } else {
+                for &(off, p) in &runs {
+                    heap.free(off, p);
+                }
+                None
+            }
+        }) else {
             return err(
                 libc::ENOMEM,
                 format!("registering {len} bytes exceeds the vRNIC's free memory"),

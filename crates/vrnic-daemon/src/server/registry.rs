@@ -72,13 +72,14 @@ impl Server {
             return Err(e).context("mount the vRNIC's tmpfs (its memory quota)");
         }
         let region = std::sync::Arc::new(
-            match Region::create(
+            match Region::create_partial(
                 &dir.join(REGION_FILE),
                 self.opts.region_size,
                 name,
                 lid,
                 gid,
                 guid,
+                layout::HEAP_OFF,
             ) {
                 Ok(r) => r,
                 Err(e) => {
