@@ -260,23 +260,11 @@ pub const WRITEV_MAX: usize = 64;
 /// Every piece must be readable memory of this process for the duration of the call: a live
 /// buffer of the caller's, or a range of a region mapping the caller keeps mapped.
 pub unsafe fn writev(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::io::Result<usize> {
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; WRITEV_MAX];
-    let n = pieces.len().min(WRITEV_MAX);
-    for (v, &(addr, len)) in iov.iter_mut().zip(pieces) {
-        v.iov_base = addr as *mut libc::c_void;
-        v.iov_len = len;
-    }
+    let (iov, n) = iovecs(pieces);
     // SAFETY: iov holds n valid entries; the kernel only reads the memory they name, which the
     // caller guarantees is mapped (a hole is reported as EFAULT).
     let w = unsafe { libc::writev(fd, iov.as_ptr(), n as libc::c_int) };
-    if w < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(w as usize)
-    }
+    byte_count(w)
 }
 
 /// `readv` from `fd` into `(address, length)` pieces (at most [`WRITEV_MAX`]; more are left
@@ -288,24 +276,12 @@ pub unsafe fn writev(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::
 /// reference of the caller's points into: a buffer of the caller's it lends to the call, or a
 /// range of a region mapping the caller keeps mapped.
 pub unsafe fn readv(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::io::Result<usize> {
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; WRITEV_MAX];
-    let n = pieces.len().min(WRITEV_MAX);
-    for (v, &(addr, len)) in iov.iter_mut().zip(pieces) {
-        v.iov_base = addr as *mut libc::c_void;
-        v.iov_len = len;
-    }
+    let (iov, n) = iovecs(pieces);
     // SAFETY: iov holds n valid entries; the kernel writes only the memory they name, which
     // the caller guarantees is mapped, writable and not referenced (a hole is reported as
     // EFAULT).
     let r = unsafe { libc::readv(fd, iov.as_ptr(), n as libc::c_int) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
+    byte_count(r)
 }
 
 /// Extends the daemon's mapping of `region` over its first `end` bytes (`Region::grow`; the
@@ -316,4 +292,26 @@ pub fn grow_region(region: &vrnic_shm::Region, end: u64) -> bool {
     // the iovecs of a link's readv/writev at the call), and the loop calls this between
     // accesses, from the control path.
     unsafe { region.grow(end) }.is_ok()
+}
+
+/// The first [`WRITEV_MAX`] pieces as iovecs, and how many there are.
+fn iovecs(pieces: &[(usize, usize)]) -> ([libc::iovec; WRITEV_MAX], usize) {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; WRITEV_MAX];
+    for (v, &(addr, len)) in iov.iter_mut().zip(pieces) {
+        v.iov_base = addr as *mut libc::c_void;
+        v.iov_len = len;
+    }
+    (iov, pieces.len().min(WRITEV_MAX))
+}
+
+/// A vectored call's result: bytes, or the error it left in errno.
+fn byte_count(r: isize) -> std::io::Result<usize> {
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
 }
