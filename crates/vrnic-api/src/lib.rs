@@ -478,6 +478,12 @@ pub enum AdminRequest {
     Create {
         /// Name.
         name: String,
+        /// Its tenants' group (`None`: `default`).
+        #[serde(default)]
+        group: Option<String>,
+        /// Its virtual IPv4 address in the group (`None`: one from the group's subnet).
+        #[serde(default)]
+        ip: Option<std::net::Ipv4Addr>,
     },
     /// Remove a vRNIC (its users lose it).
     Remove {
@@ -489,9 +495,18 @@ pub enum AdminRequest {
     Hold {
         /// Name.
         name: Option<String>,
+        /// The group a vRNIC created for it joins (`None`: `default`); an existing vRNIC must
+        /// already be in it, if given.
+        #[serde(default)]
+        group: Option<String>,
+        /// The virtual IP a vRNIC created for it gets.
+        #[serde(default)]
+        ip: Option<std::net::Ipv4Addr>,
     },
     /// List the peer links to other hosts' daemons.
     Peers,
+    /// List the whole directory: this host's vRNICs and those other hosts announced.
+    ListAll,
 }
 
 /// One peer link in a listing.
@@ -532,6 +547,31 @@ pub struct VnicSummary {
     pub persistent: bool,
     /// Its directory (to bind-mount or preload against).
     pub dir: String,
+    /// Its tenants' group.
+    #[serde(default)]
+    pub group: String,
+    /// Its virtual IP in the group (what rdma_cm resolves within the group).
+    #[serde(default)]
+    pub ip: String,
+}
+
+/// One vRNIC of the whole directory (`vrnic ls --all`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectoryEntry {
+    /// The host it is on: `local`, or the peer daemon's address.
+    pub host: String,
+    /// Its name on that host.
+    pub name: String,
+    /// LID.
+    pub lid: u16,
+    /// GID index 0.
+    pub gid: [u8; 16],
+    /// Virtual IP.
+    pub ip: String,
+    /// Tenants' group.
+    pub group: String,
+    /// QPs now (known for this host's vRNICs only).
+    pub qps: Option<usize>,
 }
 
 /// An answer on the admin socket.
@@ -548,6 +588,8 @@ pub enum AdminReply {
     Vnic(VnicSummary),
     /// Peer links.
     Peers(Vec<PeerSummary>),
+    /// The whole directory.
+    Directory(Vec<DirectoryEntry>),
 }
 
 /// Formats a GID the way `ibv_devinfo` does (`fe80:0000:...`).

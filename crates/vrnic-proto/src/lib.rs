@@ -154,7 +154,7 @@ mod state;
 pub use engine::{
     CHUNK, CHUNK_ALONE, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_MW, MAX_PD, MAX_QP,
     MAX_QP_WR, MAX_SRQ, MW_TYPE_1, MW_TYPE_2, PAGE, PASS_BYTES, PASS_WRS, Placement, QP_WRS,
-    SEGMENT, SOLO_TURNS, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
+    Refusal, Refused, SEGMENT, SOLO_TURNS, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.
@@ -200,7 +200,10 @@ id! {
     /// A memory window.
     MwId,
     /// Another daemon (a host), as the transport numbers its peer links.
-    HostId
+    HostId,
+    /// A tenants' group: routes join vRNICs of one group only (the daemon numbers the groups'
+    /// names; 0 is the default group).
+    GroupId
 }
 
 /// A byte location: offset `off` in the shared region of `vnic`.

@@ -8,7 +8,9 @@ use common::{VecMem, per_page};
 
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CqId, CtxId, Engine, Event, Loc, Memory, MrKeys, PdId, QpId, VnicId};
+use vrnic_proto::{
+    CqId, CtxId, Engine, Event, GroupId, Loc, Memory, MrKeys, PdId, QpId, Refused, VnicId,
+};
 use vrnic_wire::{
     AhAttr, Cqe, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode, SendPayload,
     SendWqe, Sge, WC_WITH_IMM, WcOpcode, WcStatus, access, qp_attr,
@@ -41,9 +43,14 @@ fn side(e: &mut Engine, id: u32, lid: u16) -> Side {
 }
 
 fn side_of(e: &mut Engine, id: u32, lid: u16, qp_type: QpType, depth: u32) -> Side {
+    side_in(e, id, lid, qp_type, depth, GroupId(0))
+}
+
+/// A side whose vRNIC is in `group`.
+fn side_in(e: &mut Engine, id: u32, lid: u16, qp_type: QpType, depth: u32, group: GroupId) -> Side {
     let vnic = VnicId(id);
     let ctx = CtxId(id);
-    e.add_vnic(vnic, lid, [id as u8; 16]);
+    e.add_vnic_in_group(vnic, lid, [id as u8; 16], group);
     let pd = e.alloc_pd(vnic, ctx).unwrap();
     let cq = e.create_cq(vnic, ctx, 256).unwrap();
     let cap = QpCap {
@@ -2887,4 +2894,150 @@ fn a_window_serves_only_its_pd_and_its_type2_qp() {
     let a = w.a.cq;
     assert_eq!(statuses(&mut w, a)[0].1, WcStatus::RemAccessErr);
     assert_eq!(w.get(&mr, 0x40_0000, 16), vec![0; 16]);
+}
+
+/// Two vRNICs in different groups: an RC connection between them behaves as one to a peer
+/// that does not exist (the SEND is retried, then fails with `RETRY_EXC_ERR`, and nothing
+/// lands), a UD datagram through an AH is dropped (the sender completes, the receiver gets
+/// nothing), and each refusal is kept for the daemon's log with both ends and both groups.
+#[test]
+fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
+    let mut e = Engine::new(3);
+    let a = side_in(&mut e, 1, 10, QpType::Rc, 16, GroupId(1));
+    let b = side_in(&mut e, 2, 20, QpType::Rc, 16, GroupId(2));
+    let now = Instant::now();
+    to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
+    to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
+    let (refusals, n) = e.take_refusals();
+    assert_eq!(n, 2, "both RTRs were refused");
+    assert_eq!(
+        refusals[0],
+        vrnic_proto::Refusal {
+            from: a.vnic,
+            from_group: GroupId(1),
+            to: Refused::Local(b.vnic),
+            to_group: GroupId(2),
+        }
+    );
+    assert_eq!(e.take_refusals().1, 0, "taken once");
+    let mem = VecMem(
+        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
+            .into_iter()
+            .collect(),
+    );
+    let mut w = World { e, mem, now, a, b };
+    let dst = w.map(false, 0x20_0000, 4096, access::LOCAL_WRITE);
+    w.recv(false, 9, vec![sge(0x20_0000, 4096, dst.keys.lkey)]);
+    w.send(
+        true,
+        SendWqe {
+            payload: SendPayload::Inline(vec![7; 32]),
+            ..wqe(1, SendOpcode::Send, vec![], 0, 0)
+        },
+    );
+    w.run();
+    w.advance(Duration::from_secs(2));
+    let c: Vec<(u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        c,
+        vec![(1, WcStatus::RetryExcErr)],
+        "the receive stays posted"
+    );
+    assert_eq!(w.get(&dst, 0x20_0000, 32), vec![0; 32], "nothing landed");
+
+    // UD: an AH to the other group's vRNIC is made (as for any unreachable address), and what
+    // is sent through it is dropped.
+    let mut e = Engine::new(4);
+    let a = side_in(&mut e, 1, 10, QpType::Ud, 16, GroupId(1));
+    let b = side_in(&mut e, 2, 20, QpType::Ud, 16, GroupId(2));
+    let mem = VecMem(
+        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
+            .into_iter()
+            .collect(),
+    );
+    let mut w = World {
+        e,
+        mem,
+        now: Instant::now(),
+        a,
+        b,
+    };
+    ud_ready(&mut w, true, 0x11);
+    ud_ready(&mut w, false, 0x11);
+    let dst = w.map(false, 0x20_0000, 8192, access::LOCAL_WRITE);
+    w.recv(false, 5, vec![sge(0x20_0000, 8192, dst.keys.lkey)]);
+    let ah =
+        w.e.create_ah(
+            w.a.ctx,
+            w.a.pd,
+            AhAttr {
+                dlid: 20,
+                port_num: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut s = wqe(2, SendOpcode::Send, vec![], 0, 0);
+    s.payload = SendPayload::Inline(vec![3; 16]);
+    s.ud = vrnic_wire::UdAddr {
+        ah: ah.0,
+        remote_qpn: w.b.qpn,
+        remote_qkey: 0x11,
+    };
+    w.send(true, s);
+    w.run();
+    let c: Vec<(CqId, u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(cq, c)| (cq, c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        c,
+        vec![(w.a.cq, 2, WcStatus::Success)],
+        "the sender completes, the receiver gets nothing"
+    );
+    assert_eq!(w.get(&dst, 0x20_0000 + 40, 16), vec![0; 16]);
+    let (r, _) = w.e.take_refusals();
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].from, r[0].to), (w.a.vnic, Refused::Local(w.b.vnic)));
+}
+
+/// The same two vRNICs in one group reach each other: groups refuse only across.
+#[test]
+fn routes_within_a_group_work() {
+    let mut e = Engine::new(5);
+    let a = side_in(&mut e, 1, 10, QpType::Rc, 16, GroupId(7));
+    let b = side_in(&mut e, 2, 20, QpType::Rc, 16, GroupId(7));
+    let now = Instant::now();
+    to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
+    to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
+    assert_eq!(e.take_refusals().1, 0);
+    let mem = VecMem(
+        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
+            .into_iter()
+            .collect(),
+    );
+    let mut w = World { e, mem, now, a, b };
+    let dst = w.map(false, 0x20_0000, 4096, access::LOCAL_WRITE);
+    w.recv(false, 9, vec![sge(0x20_0000, 4096, dst.keys.lkey)]);
+    w.send(
+        true,
+        SendWqe {
+            payload: SendPayload::Inline(vec![7; 32]),
+            ..wqe(1, SendOpcode::Send, vec![], 0, 0)
+        },
+    );
+    w.run();
+    let mut c: Vec<(u64, WcStatus)> = w
+        .cqes()
+        .into_iter()
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    c.sort_by_key(|&(id, _)| id);
+    assert_eq!(c, vec![(1, WcStatus::Success), (9, WcStatus::Success)]);
+    assert_eq!(w.get(&dst, 0x20_0000, 32), vec![7; 32]);
 }

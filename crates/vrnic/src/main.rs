@@ -88,6 +88,14 @@ enum Cmd {
         /// exits; without it, a fresh vRNIC is made for this command.
         #[arg(long)]
         vrnic: Option<String>,
+        /// The tenants' group of the vRNIC made for it (an existing one must be in it)
+        /// [default: default].
+        #[arg(long)]
+        group: Option<String>,
+        /// The virtual IP of the vRNIC made for it, unique in its group [default: one from
+        /// the group's subnet].
+        #[arg(long)]
+        ip: Option<std::net::Ipv4Addr>,
         /// Run it as a container without a container engine: new mount, PID, UTS and network
         /// namespaces, with only this vRNIC's directory visible (at /run/vrnic-device). Root.
         #[arg(long)]
@@ -106,8 +114,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
     },
-    /// List vRNICs.
-    Ls,
+    /// List vRNICs (name, LID, GID, QPs, users, virtual IP, group).
+    Ls {
+        /// The whole directory: also the vRNICs other hosts announced.
+        #[arg(long)]
+        all: bool,
+    },
     /// List the peer links to other hosts' daemons (state, keepalive round trip, bytes,
     /// segments sent again, times down).
     Peers,
@@ -115,6 +127,13 @@ enum Cmd {
     Create {
         /// Its name (also the device name apps see).
         name: String,
+        /// Its tenants' group: connections join vRNICs of one group only [default: default].
+        #[arg(long)]
+        group: Option<String>,
+        /// Its virtual IP (what rdma_cm resolves within the group), unique in the group
+        /// [default: one from the group's subnet, 100.64.0.0/10].
+        #[arg(long)]
+        ip: Option<std::net::Ipv4Addr>,
     },
     /// Remove a vRNIC.
     Rm {
@@ -196,13 +215,15 @@ fn real_main() -> Result<()> {
         }
         Cmd::Run {
             vrnic,
+            group,
+            ip,
             container,
             host_net,
             device_files,
             cmd,
         } => {
             let iso = container.then_some(container::Isolation { own_net: !host_net });
-            run(&state_dir, vrnic, iso, device_files, &cmd)
+            run(&state_dir, (vrnic, group, ip), iso, device_files, &cmd)
         }
         Cmd::DockerArgs { name, device_files } => {
             let (v, live) = find_among(&state_dir, &name)?;
@@ -263,23 +284,48 @@ fn real_main() -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Ls => {
+        Cmd::Ls { all: false } => {
             let mut c = AdminClient::connect(&state_dir)?;
             let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
                 bail!("unexpected reply")
             };
             println!(
-                "{:<16} {:>6} {:<40} {:>4} {:>5}",
-                "NAME", "LID", "GID", "QPS", "USERS"
+                "{:<16} {:>6} {:<40} {:>4} {:>5}  {:<15} GROUP",
+                "NAME", "LID", "GID", "QPS", "USERS", "IP"
             );
             for v in list {
                 println!(
-                    "{:<16} {:>6} {:<40} {:>4} {:>5}",
+                    "{:<16} {:>6} {:<40} {:>4} {:>5}  {:<15} {}",
                     v.name,
                     v.lid,
                     gid_string(&v.gid),
                     v.qps,
-                    v.users
+                    v.users,
+                    v.ip,
+                    v.group
+                );
+            }
+            Ok(())
+        }
+        Cmd::Ls { all: true } => {
+            let mut c = AdminClient::connect(&state_dir)?;
+            let AdminReply::Directory(list) = c.call(&AdminRequest::ListAll)? else {
+                bail!("unexpected reply")
+            };
+            println!(
+                "{:<22} {:<16} {:>6} {:<40} {:<15} {:<12} {:>4}",
+                "HOST", "NAME", "LID", "GID", "IP", "GROUP", "QPS"
+            );
+            for v in list {
+                println!(
+                    "{:<22} {:<16} {:>6} {:<40} {:<15} {:<12} {:>4}",
+                    v.host,
+                    v.name,
+                    v.lid,
+                    gid_string(&v.gid),
+                    v.ip,
+                    v.group,
+                    v.qps.map_or("-".to_string(), |q| q.to_string())
                 );
             }
             Ok(())
@@ -308,14 +354,16 @@ fn real_main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Create { name } => {
+        Cmd::Create { name, group, ip } => {
             let mut c = AdminClient::connect(&state_dir)?;
-            if let AdminReply::Vnic(v) = c.call(&AdminRequest::Create { name })? {
+            if let AdminReply::Vnic(v) = c.call(&AdminRequest::Create { name, group, ip })? {
                 println!(
-                    "{} lid {} gid {} dir {}",
+                    "{} lid {} gid {} group {} ip {} dir {}",
                     v.name,
                     v.lid,
                     gid_string(&v.gid),
+                    v.group,
+                    v.ip,
                     v.dir
                 );
             }
@@ -367,7 +415,7 @@ fn find_among(
 
 fn run(
     state_dir: &std::path::Path,
-    vrnic: Option<String>,
+    (vrnic, group, ip): (Option<String>, Option<String>, Option<std::net::Ipv4Addr>),
     iso: Option<container::Isolation>,
     device_files: DeviceFiles,
     cmd: &[String],
@@ -380,7 +428,12 @@ fn run(
         );
     }
     let mut admin = AdminClient::connect(state_dir)?;
-    let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold { name: vrnic })? else {
+    let AdminReply::Vnic(v) = admin.call(&AdminRequest::Hold {
+        name: vrnic,
+        group,
+        ip,
+    })?
+    else {
         bail!("unexpected reply")
     };
     let view = match device_files {

@@ -36,6 +36,8 @@ impl Hostile {
         let mut hold = UnixStream::connect(dir.join("vrnic.sock")).expect("admin socket");
         let req = serde_json::to_vec(&AdminRequest::Hold {
             name: Some(name.into()),
+            group: None,
+            ip: None,
         })
         .unwrap();
         hold.write_all(&req).unwrap();

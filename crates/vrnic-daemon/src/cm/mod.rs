@@ -15,6 +15,9 @@
 //! (`remote.rs`): the id's peer is then a [`Peer::Remote`] id, and each step that would queue
 //! the peer's event sends the message that queues it there.
 //!
+//! Ids belong to a vRNIC and its tenants' group (`groups.rs`): a group is a network of its
+//! own, with its ports, its virtual IPs and its listeners.
+//!
 //! Not here: QP transitions. The driver moves its QPs (INIT/RTR/RTS from the peer's numbers in
 //! the events, ERR on disconnect), exactly as librdmacm does over the kernel.
 
@@ -23,10 +26,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use vrnic_api::{CmEvent, CmParam, cm_event};
-use vrnic_proto::{CtxId, HostId};
+#[cfg(test)]
+use vrnic_proto::VnicId;
+use vrnic_proto::{CtxId, GroupId, HostId, Refused};
 use vrnic_wire::frame::CmMessage;
 
+mod groups;
 mod remote;
+
+pub use groups::{CmRefusal, DEFAULT_GROUP, Owner, VipAt};
 
 /// `RDMA_PS_UDP`: its ids use UD QPs and SIDR-style resolution (no connection).
 pub const PS_UDP: u16 = 0x111;
@@ -81,6 +89,8 @@ enum Peer {
 #[derive(Debug)]
 struct Id {
     ctx: CtxId,
+    /// Its vRNIC, group and virtual IP.
+    owner: Owner,
     ps: u16,
     lid: u16,
     gid: [u8; 16],
@@ -105,6 +115,10 @@ struct Id {
 /// A connection request as a listener receives it, from an id here or on another host.
 #[derive(Debug, Clone)]
 struct Offer {
+    /// The requester's group (`None`: a group no vRNIC here is in).
+    group: Option<GroupId>,
+    /// The requester, for the log.
+    who: Refused,
     ps: u16,
     src: Option<SocketAddr>,
     dst: SocketAddr,
@@ -137,6 +151,22 @@ pub struct Cm {
     remote_ips: HashMap<IpAddr, HostId>,
     /// Messages for other hosts' brokers.
     outgoing: Vec<(HostId, CmMessage)>,
+    /// Group names by number and numbers by name.
+    group_names: HashMap<GroupId, String>,
+    groups: HashMap<String, GroupId>,
+    /// Virtual IPs, by group.
+    vips: HashMap<(GroupId, Ipv4Addr), VipAt>,
+    /// Requests refused across groups, for the log.
+    refusals: Vec<CmRefusal>,
+}
+
+/// Why a request found no listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Miss {
+    /// None serves it (yet).
+    None,
+    /// Only a listener of another group would: this one.
+    OtherGroup(u32),
 }
 
 /// Whether `ip` is an address of this host (or unspecified): binding a socket to it works.
@@ -190,11 +220,13 @@ fn text(a: Option<SocketAddr>) -> String {
 impl Cm {
     /// A broker with no ids.
     pub fn new() -> Cm {
-        Cm {
+        let mut cm = Cm {
             next: 1,
             next_port: EPHEMERAL,
             ..Cm::default()
-        }
+        };
+        cm.name_group(GroupId(0), DEFAULT_GROUP);
+        cm
     }
 
     /// `(context, id)` pairs with new events since the last call.
@@ -242,15 +274,33 @@ impl Cm {
         }
     }
 
-    /// `rdma_create_id` for a context on the vRNIC with `lid`/`gid`.
+    /// `rdma_create_id` in the default group, for tests.
+    #[cfg(test)]
     pub fn create(&mut self, ctx: CtxId, ps: u16, lid: u16, gid: [u8; 16]) -> Result<u32, Errno> {
+        let owner = Owner {
+            vnic: VnicId(u32::from(lid)),
+            group: GroupId(0),
+            vip: Ipv4Addr::UNSPECIFIED,
+        };
+        self.create_owned(ctx, ps, lid, gid, owner)
+    }
+
+    /// `rdma_create_id` for a context on the vRNIC with `lid`/`gid`, `owner`.
+    pub fn create_owned(
+        &mut self,
+        ctx: CtxId,
+        ps: u16,
+        lid: u16,
+        gid: [u8; 16],
+        owner: Owner,
+    ) -> Result<u32, Errno> {
         if !matches!(ps, 0x106 | 0x111 | 0x13f | 0x0002) {
             return Err(libc::EINVAL);
         }
         if self.ids.values().filter(|i| i.ctx == ctx).count() >= MAX_IDS_PER_CTX {
             return Err(libc::ENOMEM);
         }
-        self.create_unlimited(ctx, ps, lid, gid)
+        self.create_unlimited(ctx, ps, lid, gid, owner)
     }
 
     fn create_unlimited(
@@ -259,6 +309,7 @@ impl Cm {
         ps: u16,
         lid: u16,
         gid: [u8; 16],
+        owner: Owner,
     ) -> Result<u32, Errno> {
         let mut id = self.next;
         while id == 0 || self.ids.contains_key(&id) {
@@ -269,6 +320,7 @@ impl Cm {
             id,
             Id {
                 ctx,
+                owner,
                 ps,
                 lid,
                 gid,
@@ -287,43 +339,52 @@ impl Cm {
         Ok(id)
     }
 
-    fn free_port(&mut self, ps: u16, ip: IpAddr) -> Option<u16> {
+    fn free_port(&mut self, ps: u16, group: GroupId, ip: IpAddr) -> Option<u16> {
         for _ in 0..(u16::MAX - EPHEMERAL) {
             let p = self.next_port;
             self.next_port = if p == u16::MAX { EPHEMERAL } else { p + 1 };
             let a = SocketAddr::new(ip, p);
-            if !self.in_use(ps, &a) {
+            if !self.in_use(ps, group, &a) {
                 return Some(p);
             }
         }
         None
     }
 
-    fn in_use(&self, ps: u16, a: &SocketAddr) -> bool {
-        self.ids
-            .values()
-            .any(|i| i.ps == ps && i.holds_port && i.local.is_some_and(|l| overlaps(&l, a)))
+    /// Whether group `group` holds port `a` in port space `ps` (each group has its own).
+    fn in_use(&self, ps: u16, group: GroupId, a: &SocketAddr) -> bool {
+        self.ids.values().any(|i| {
+            i.ps == ps
+                && i.owner.group == group
+                && i.holds_port
+                && i.local.is_some_and(|l| overlaps(&l, a))
+        })
     }
 
-    /// `rdma_bind_addr`: `EADDRNOTAVAIL` for an address not of this host, `EADDRINUSE` for a
-    /// port taken in this port space, `EINVAL` if already bound.
+    /// `rdma_bind_addr`: `EADDRNOTAVAIL` for an address neither of this host nor the id's
+    /// vRNIC's virtual IP, `EADDRINUSE` for a port its group took in this port space, `EINVAL`
+    /// if already bound.
     pub fn bind(&mut self, ctx: CtxId, id: u32, addr: SocketAddr) -> Result<SocketAddr, Errno> {
-        let ps = {
+        let (ps, owner) = {
             let i = self.own(ctx, id)?;
             if i.state != State::Idle {
                 return Err(libc::EINVAL);
             }
-            i.ps
+            (i.ps, i.owner)
         };
-        if !is_local(addr.ip()) {
+        let own_vip =
+            addr.ip().to_canonical() == IpAddr::V4(owner.vip) && !owner.vip.is_unspecified();
+        if !own_vip && !is_local(addr.ip()) {
             return Err(libc::EADDRNOTAVAIL);
         }
         let port = match addr.port() {
-            0 => self.free_port(ps, addr.ip()).ok_or(libc::EADDRINUSE)?,
+            0 => self
+                .free_port(ps, owner.group, addr.ip())
+                .ok_or(libc::EADDRINUSE)?,
             p => p,
         };
         let bound = SocketAddr::new(addr.ip(), port);
-        if self.in_use(ps, &bound) {
+        if self.in_use(ps, owner.group, &bound) {
             return Err(libc::EADDRINUSE);
         }
         let i = self.own(ctx, id)?;
@@ -348,8 +409,8 @@ impl Cm {
         let parked = std::mem::take(&mut self.parked);
         for (p, t) in parked {
             let served = match &p {
-                Parked::Local(a) => self.request(*a),
-                Parked::Remote(offer) => self.offer(offer.clone()).is_some(),
+                Parked::Local(a) => self.request(*a).is_ok(),
+                Parked::Remote(offer) => self.offer(offer.clone()).is_ok(),
                 Parked::Sent(_) => false,
             };
             if !served {
@@ -359,10 +420,11 @@ impl Cm {
         Ok(())
     }
 
-    /// `rdma_resolve_addr`: binds the id (to `src`, to the destination's own address if it is
-    /// this host's, or to the address this host reaches another host's from) and queues
-    /// `ADDR_RESOLVED`, or `ADDR_ERROR` (status `-EHOSTUNREACH`) for an address that is
-    /// neither this host's nor an announced one of another configured host.
+    /// `rdma_resolve_addr`: binds the id (to `src`, to its own virtual IP for a virtual IP of
+    /// its group, to the destination's own address if it is this host's, or to the address
+    /// this host reaches another host's from) and queues `ADDR_RESOLVED`, or `ADDR_ERROR`
+    /// (status `-EHOSTUNREACH`) for an address that is neither a virtual IP of its group, nor
+    /// this host's, nor an announced one of another configured host.
     pub fn resolve_addr(
         &mut self,
         ctx: CtxId,
@@ -370,16 +432,27 @@ impl Cm {
         src: Option<SocketAddr>,
         dst: SocketAddr,
     ) -> Result<SocketAddr, Errno> {
-        let state = self.own(ctx, id)?.state;
+        let (state, owner) = {
+            let i = self.own(ctx, id)?;
+            (i.state, i.owner)
+        };
         if !matches!(state, State::Idle | State::Bound) {
             return Err(libc::EINVAL);
         }
-        let here = !dst.ip().is_unspecified() && is_local(dst.ip());
-        let route = if here { None } else { self.host_of(dst.ip()) };
+        let vip = self.vip(owner.group, dst.ip());
+        let (here, route) = match vip {
+            Some(VipAt::Here(_)) => (true, None),
+            Some(VipAt::There(h)) => (false, Some(h)),
+            None => {
+                let here = !dst.ip().is_unspecified() && is_local(dst.ip());
+                (here, if here { None } else { self.host_of(dst.ip()) })
+            }
+        };
         let reachable = here || route.is_some();
         if state == State::Idle {
             let ip = match src {
                 Some(s) if !s.ip().is_unspecified() => s.ip(),
+                _ if vip.is_some() => IpAddr::V4(owner.vip),
                 _ if here => dst.ip(),
                 _ if route.is_some() => source_for(dst).unwrap_or(if dst.is_ipv4() {
                     Ipv4Addr::UNSPECIFIED.into()
@@ -450,7 +523,12 @@ impl Cm {
         if let Some(host) = route {
             self.send_request(host, id);
             self.parked.push((Parked::Sent(id), now + REMOTE_ANSWER));
-        } else if !self.request(id) {
+        } else if let Err(miss) = self.request(id) {
+            if let Miss::OtherGroup(l) = miss
+                && let Some(o) = self.offer_of(id)
+            {
+                self.refuse_across(&o, l);
+            }
             self.parked.push((Parked::Local(id), now + CONNECT_HOLD));
         }
         Ok(())
@@ -489,43 +567,80 @@ impl Cm {
         }
     }
 
+    /// The request connecting id `id` makes.
+    fn offer_of(&self, id: u32) -> Option<Offer> {
+        let i = self.ids.get(&id)?;
+        Some(Offer {
+            group: Some(i.owner.group),
+            who: Refused::Local(i.owner.vnic),
+            ps: i.ps,
+            src: i.local,
+            dst: i.remote?,
+            lid: i.lid,
+            gid: i.gid,
+            param: i.param.clone(),
+            from: Peer::Local(id),
+        })
+    }
+
     /// Delivers the request of connecting id `id` to the listener here that serves its
-    /// destination; false if none does (yet).
-    fn request(&mut self, id: u32) -> bool {
-        let Some(offer) = self.ids.get(&id).and_then(|i| {
-            Some(Offer {
-                ps: i.ps,
-                src: i.local,
-                dst: i.remote?,
-                lid: i.lid,
-                gid: i.gid,
-                param: i.param.clone(),
-                from: Peer::Local(id),
-            })
-        }) else {
-            return false;
-        };
-        let Some(child) = self.offer(offer) else {
-            return false;
-        };
+    /// destination; why not if none does (yet).
+    fn request(&mut self, id: u32) -> Result<(), Miss> {
+        let offer = self.offer_of(id).ok_or(Miss::None)?;
+        let child = self.offer(offer)?;
         if let Some(i) = self.ids.get_mut(&id) {
             i.peer = Some(Peer::Local(child));
         }
-        true
+        Ok(())
     }
 
-    /// Hands a connection request to the listener that serves its destination: a new id in
-    /// the listener's context, and `CONNECT_REQUEST` on the listener. `None` if no listener
-    /// serves it (yet).
-    fn offer(&mut self, o: Offer) -> Option<u32> {
-        let (lid_handle, lctx, llid, lgid) = self
+    /// Logs a request that only listener `l`, of another group, would have served.
+    fn refuse_across(&mut self, o: &Offer, l: u32) {
+        let Some(lst) = self.ids.get(&l) else { return };
+        let r = CmRefusal {
+            requester: o.who,
+            requester_group: o.group.map_or_else(|| "?".into(), |g| self.group_name(g)),
+            listener: lst.owner.vnic,
+            listener_group: self.group_name(lst.owner.group),
+        };
+        self.refused(r);
+    }
+
+    /// Hands a connection request to the listener of its group that serves its destination
+    /// (for a virtual IP, a listener of the vRNIC that has it): a new id in the listener's
+    /// context, and `CONNECT_REQUEST` on the listener. A [`Miss`] if no listener serves it
+    /// (yet), or only one of another group.
+    fn offer(&mut self, o: Offer) -> Result<u32, Miss> {
+        let target = o.group.and_then(|g| self.vip(g, o.dst.ip()));
+        let serving = |l: &Id| {
+            l.ps == o.ps
+                && l.state == State::Listening
+                && l.local.is_some_and(|a| serves(&a, &o.dst))
+        };
+        let found = self
             .ids
             .iter()
-            .filter(|(_, l)| l.ps == o.ps && l.state == State::Listening)
-            .find(|(_, l)| l.local.is_some_and(|a| serves(&a, &o.dst)))
-            .map(|(&k, l)| (k, l.ctx, l.lid, l.gid))?;
+            .filter(|(_, l)| serving(l) && Some(l.owner.group) == o.group)
+            .find(|(_, l)| match target {
+                Some(VipAt::Here(v)) => l.owner.vnic == v,
+                _ => true,
+            })
+            .map(|(&k, l)| (k, l.ctx, l.lid, l.gid, l.owner));
+        let Some((lid_handle, lctx, llid, lgid, lowner)) = found else {
+            if target.is_none()
+                && let Some((&k, _)) = self
+                    .ids
+                    .iter()
+                    .find(|(_, l)| serving(l) && Some(l.owner.group) != o.group)
+            {
+                return Err(Miss::OtherGroup(k));
+            }
+            return Err(Miss::None);
+        };
         // The new id belongs to the listener's context; its id limit does not refuse a peer.
-        let child = self.create_unlimited(lctx, o.ps, llid, lgid).ok()?;
+        let child = self
+            .create_unlimited(lctx, o.ps, llid, lgid, lowner)
+            .map_err(|_| Miss::None)?;
         if let Some(c) = self.ids.get_mut(&child) {
             c.state = State::Requested;
             c.local = Some(o.dst);
@@ -548,7 +663,7 @@ impl Cm {
             l.events.push_back(ev);
             self.notes.push((lctx, lid_handle));
         }
-        Some(child)
+        Ok(child)
     }
 
     /// `rdma_accept` on a requested id: the requester gets `CONNECT_RESPONSE` (the driver

@@ -10,12 +10,12 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use vrnic_api::{CmParam, cm_event};
-use vrnic_proto::HostId;
+use vrnic_proto::{GroupId, HostId, Refused};
 use vrnic_wire::frame::{CmMessage, CmParams, MAX_PRIVATE_DATA};
 
 use super::{
-    CONNECT_HOLD, Cm, MAX_IDS_PER_CTX, Offer, PS_UDP, Parked, Peer, REJ_INVALID_SERVICE_ID, State,
-    swapped,
+    CONNECT_HOLD, Cm, MAX_IDS_PER_CTX, Miss, Offer, PS_UDP, Parked, Peer, REJ_INVALID_SERVICE_ID,
+    State, swapped,
 };
 
 /// The wire form of connection parameters (private data past the CM's limit is cut).
@@ -74,14 +74,16 @@ impl Cm {
             return;
         };
         i.peer = Some(Peer::Remote { host, id: 0 });
+        let (ps, lid, gid, param, group) = (i.ps, i.lid, i.gid, wire(&i.param), i.owner.group);
         let m = CmMessage::Req {
             from: id,
-            ps: i.ps,
+            ps,
             src,
             dst,
-            lid: i.lid,
-            gid: i.gid,
-            param: wire(&i.param),
+            lid,
+            gid,
+            group: self.group_name(group),
+            param,
         };
         self.outgoing.push((host, m));
     }
@@ -217,8 +219,12 @@ impl Cm {
                 dst,
                 lid,
                 gid,
+                group,
                 param,
-            } => self.remote_request(host, from, ps, src, dst, (lid, gid), param, now),
+            } => {
+                let group = self.group_named(&group);
+                self.remote_request(host, from, ps, src, dst, (lid, gid), group, param, now)
+            }
             CmMessage::Rep {
                 from,
                 to,
@@ -325,6 +331,7 @@ impl Cm {
         src: std::net::SocketAddr,
         dst: std::net::SocketAddr,
         (lid, gid): (u16, [u8; 16]),
+        group: Option<GroupId>,
         param: CmParams,
         now: Instant,
     ) {
@@ -352,6 +359,8 @@ impl Cm {
             return;
         }
         let offer = Offer {
+            group,
+            who: Refused::Remote { host, lid },
             ps,
             src: Some(src),
             dst,
@@ -360,7 +369,10 @@ impl Cm {
             param: unwire(param),
             from: me,
         };
-        if self.offer(offer.clone()).is_none() {
+        if let Err(miss) = self.offer(offer.clone()) {
+            if let Miss::OtherGroup(l) = miss {
+                self.refuse_across(&offer, l);
+            }
             self.parked
                 .push((Parked::Remote(offer), now + CONNECT_HOLD));
         }
@@ -671,6 +683,7 @@ mod tests {
             dst: a("10.0.0.2:7000"),
             lid: 5,
             gid: [5; 16],
+            group: "default".into(),
             param: p.clone(),
         };
         hb.handle_remote(A, req.clone(), now);
@@ -684,6 +697,7 @@ mod tests {
                 dst: a("10.0.0.2:7000"),
                 lid: 5,
                 gid: [5; 16],
+                group: "default".into(),
                 param: p.clone(),
             };
             hb.handle_remote(A, m, now);

@@ -137,13 +137,16 @@ impl Server {
                     .map(|p| p.status(&self.engine))
                     .unwrap_or_default(),
             ),
-            AdminRequest::Create { name } => match self.create_vnic(&name, true) {
-                Ok(v) => self
-                    .summary(v)
-                    .map(AdminReply::Vnic)
-                    .unwrap_or(AdminReply::Ok),
-                Err(e) => AdminReply::Err(format!("{e:#}")),
-            },
+            AdminRequest::ListAll => AdminReply::Directory(self.directory_listing()),
+            AdminRequest::Create { name, group, ip } => {
+                match self.create_vnic(&name, true, group.as_deref(), ip) {
+                    Ok(v) => self
+                        .summary(v)
+                        .map(AdminReply::Vnic)
+                        .unwrap_or(AdminReply::Ok),
+                    Err(e) => AdminReply::Err(format!("{e:#}")),
+                }
+            }
             AdminRequest::Remove { name } => {
                 match self.vnics.iter().find(|(_, v)| v.name == name) {
                     Some((&id, _)) => {
@@ -153,7 +156,7 @@ impl Server {
                     None => AdminReply::Err(format!("no vRNIC named {name}")),
                 }
             }
-            AdminRequest::Hold { name } => {
+            AdminRequest::Hold { name, group, ip } => {
                 if self.admins.get(&conn).is_some_and(|c| c.held.is_some()) {
                     return AdminReply::Err("this connection already holds a vRNIC".into());
                 }
@@ -164,7 +167,27 @@ impl Server {
                         .map(|(&id, _)| id)
                 });
                 let id = match existing {
-                    Some(id) => id,
+                    Some(id) => {
+                        let v = &self.vnics[&id];
+                        let in_group = self.directory.group_name(v.group);
+                        if let Some(g) = &group
+                            && g != in_group
+                        {
+                            return AdminReply::Err(format!(
+                                "vRNIC {} is in group {in_group}, not {g}",
+                                v.name
+                            ));
+                        }
+                        if let Some(ip) = ip
+                            && ip != v.vip
+                        {
+                            return AdminReply::Err(format!(
+                                "vRNIC {} has the address {}, not {ip}",
+                                v.name, v.vip
+                            ));
+                        }
+                        id
+                    }
                     None => {
                         let name = name.unwrap_or_else(|| {
                             (0..)
@@ -172,7 +195,7 @@ impl Server {
                                 .find(|n| !self.vnics.values().any(|v| &v.name == n))
                                 .unwrap_or_default()
                         });
-                        match self.create_vnic(&name, false) {
+                        match self.create_vnic(&name, false, group.as_deref(), ip) {
                             Ok(id) => id,
                             Err(e) => return AdminReply::Err(format!("{e:#}")),
                         }

@@ -287,7 +287,12 @@ impl Server {
                 let Some(v) = self.vnics.get(&vnic) else {
                     return err(libc::ENODEV, "vRNIC gone");
                 };
-                match self.cm.create(id, ps, v.lid, v.gid) {
+                let owner = crate::cm::Owner {
+                    vnic,
+                    group: v.group,
+                    vip: v.vip,
+                };
+                match self.cm.create_owned(id, ps, v.lid, v.gid, owner) {
                     Ok(h) => Reply::Handle(h),
                     Err(e) => err(e, "rdma_create_id"),
                 }

@@ -8,16 +8,30 @@
 //! broker's address resolution. A host's entries are replaced wholesale when its link comes
 //! up again, since it then announces everything anew: nothing stale survives a reconnect.
 //!
+//! It also keeps the tenants' groups: each vRNIC belongs to one (named; `default` unless
+//! given), and gets a virtual IPv4 address that is unique within its group only, so two
+//! tenants may use the same addresses. Group names are numbered here ([`GroupId`]) for the
+//! engine's routes and the CM broker, which both refuse to join vRNICs of different groups.
+//!
 //! This is the embedded directory of a static host list; a cluster store would feed the same
 //! calls.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
 
-use vrnic_proto::HostId;
+use anyhow::{Result, bail};
+use tracing::warn;
+use vrnic_proto::{GroupId, HostId, Refused, VnicId};
 
 use super::Server;
+use crate::cm::{DEFAULT_GROUP, VipAt};
+
+/// Most group names a daemon keeps (its own vRNICs' and those other hosts announced).
+pub(super) const MAX_GROUPS: usize = 65536;
+/// Every group's virtual addresses come from this /10 (each group is an address space of its
+/// own): host index `h` gives out `100.(64+h).x.y`.
+const VIP_BASE: u32 = u32::from_be_bytes([100, 64, 0, 0]);
 
 /// A vRNIC's addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +42,18 @@ pub(super) struct Identity {
     pub(super) guid: u64,
 }
 
+/// A vRNIC another host announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RemoteVnic {
+    pub(super) name: String,
+    pub(super) group: GroupId,
+    pub(super) vip: Ipv4Addr,
+}
+
 /// What one other host announced.
 #[derive(Debug, Default)]
 struct Announced {
-    vnics: HashSet<(u16, [u8; 16])>,
+    vnics: HashMap<(u16, [u8; 16]), RemoteVnic>,
     addrs: HashSet<IpAddr>,
 }
 
@@ -46,6 +68,11 @@ pub(super) struct Directory {
     /// Where the search for a free LID starts (LIDs are not reused at once).
     next: u16,
     remote: HashMap<HostId, Announced>,
+    /// Group names and their numbers (0 is [`DEFAULT_GROUP`]).
+    groups: HashMap<String, GroupId>,
+    group_names: Vec<String>,
+    /// Virtual IPs in use, by group.
+    vips: HashMap<(GroupId, Ipv4Addr), VipAt>,
 }
 
 impl Directory {
@@ -57,7 +84,97 @@ impl Directory {
             lids,
             used: BTreeSet::new(),
             remote: HashMap::new(),
+            groups: HashMap::from([(DEFAULT_GROUP.to_string(), GroupId(0))]),
+            group_names: vec![DEFAULT_GROUP.to_string()],
+            vips: HashMap::new(),
         }
+    }
+
+    /// The number of group `name`, numbering it if new; `None` past [`MAX_GROUPS`].
+    pub(super) fn group(&mut self, name: &str) -> Option<GroupId> {
+        if let Some(&g) = self.groups.get(name) {
+            return Some(g);
+        }
+        if self.group_names.len() >= MAX_GROUPS {
+            return None;
+        }
+        let g = GroupId(self.group_names.len() as u32);
+        self.groups.insert(name.to_string(), g);
+        self.group_names.push(name.to_string());
+        Some(g)
+    }
+
+    /// The name of group `g`.
+    pub(super) fn group_name(&self, g: GroupId) -> &str {
+        self.group_names
+            .get(g.0 as usize)
+            .map_or("?", String::as_str)
+    }
+
+    /// A virtual IP in `group` for this host's vRNIC `vnic`: `want`, if it is a unicast
+    /// address nobody in the group uses, or the first free one of this host's share of the
+    /// group's subnet.
+    pub(super) fn take_vip(
+        &mut self,
+        group: GroupId,
+        want: Option<Ipv4Addr>,
+        vnic: VnicId,
+    ) -> Result<Ipv4Addr> {
+        let ip = match want {
+            Some(ip) => {
+                if ip.is_unspecified()
+                    || ip.is_loopback()
+                    || ip.is_multicast()
+                    || ip.is_broadcast()
+                    || ip.octets()[0] == 0
+                {
+                    bail!("{ip} is not a unicast address a vRNIC can have");
+                }
+                if self.vips.contains_key(&(group, ip)) {
+                    bail!("{ip} is already used in group {}", self.group_name(group));
+                }
+                ip
+            }
+            None => {
+                let share = VIP_BASE | ((self.host as u32 & 0x3f) << 16);
+                (1..0xffffu32)
+                    .filter(|k| !matches!(k & 0xff, 0 | 0xff))
+                    .map(|k| Ipv4Addr::from(share | k))
+                    .find(|ip| !self.vips.contains_key(&(group, *ip)))
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "group {} has no free address left in this host's share",
+                            self.group_name(group)
+                        )
+                    })?
+            }
+        };
+        self.vips.insert((group, ip), VipAt::Here(vnic));
+        Ok(ip)
+    }
+
+    /// A removed vRNIC's virtual IP is free again.
+    pub(super) fn release_vip(&mut self, group: GroupId, ip: Ipv4Addr) {
+        self.vips.remove(&(group, ip));
+    }
+
+    /// Every vRNIC other hosts announced, with its host.
+    pub(super) fn remote_vnics(
+        &self,
+    ) -> impl Iterator<Item = (HostId, u16, [u8; 16], &RemoteVnic)> {
+        self.remote
+            .iter()
+            .flat_map(|(&h, a)| a.vnics.iter().map(move |(&(lid, gid), v)| (h, lid, gid, v)))
+    }
+
+    /// The announced vRNIC of `host` with LID `lid`.
+    pub(super) fn remote_vnic(&self, host: HostId, lid: u16) -> Option<&RemoteVnic> {
+        self.remote
+            .get(&host)?
+            .vnics
+            .iter()
+            .find(|((l, _), _)| *l == lid)
+            .map(|(_, v)| v)
     }
 
     /// Addresses for this host's vRNIC number `serial`: a LID no vRNIC here holds, and a GUID
@@ -96,14 +213,142 @@ impl Directory {
 }
 
 impl Server {
-    /// Host `host` announced a vRNIC (`add`) or its removal.
-    pub(super) fn directory_vnic(&mut self, host: HostId, add: bool, lid: u16, gid: [u8; 16]) {
-        let known = self.directory.remote.entry(host).or_default();
-        if add {
-            known.vnics.insert((lid, gid));
-            self.engine.add_remote_vnic(host, lid, gid);
-        } else if known.vnics.remove(&(lid, gid)) {
-            self.engine.remove_remote_vnic(lid, gid);
+    /// Host `host` announced a vRNIC (`Some`: its name, group and virtual IP) or its removal
+    /// (`None`). False if it names one group too many.
+    pub(super) fn directory_vnic(
+        &mut self,
+        host: HostId,
+        lid: u16,
+        gid: [u8; 16],
+        added: Option<(&str, &str, Ipv4Addr)>,
+    ) -> bool {
+        match added {
+            Some((name, group, vip)) => {
+                let Some(g) = self.directory.group(group) else {
+                    return false;
+                };
+                self.cm.name_group(g, group);
+                let v = RemoteVnic {
+                    name: name.to_string(),
+                    group: g,
+                    vip,
+                };
+                let known = self.directory.remote.entry(host).or_default();
+                if let Some(old) = known.vnics.insert((lid, gid), v) {
+                    self.directory.vips.remove(&(old.group, old.vip));
+                    self.cm.remove_vip(old.group, old.vip);
+                }
+                // A clash (the same address given on two hosts) leaves the first owner.
+                self.directory
+                    .vips
+                    .entry((g, vip))
+                    .or_insert(VipAt::There(host));
+                self.cm.add_vip(g, vip, VipAt::There(host));
+                self.engine.add_remote_vnic_in_group(host, lid, gid, g);
+            }
+            None => {
+                let known = self.directory.remote.entry(host).or_default();
+                if let Some(old) = known.vnics.remove(&(lid, gid)) {
+                    if self.directory.vips.get(&(old.group, old.vip)) == Some(&VipAt::There(host)) {
+                        self.directory.vips.remove(&(old.group, old.vip));
+                        self.cm.remove_vip(old.group, old.vip);
+                    }
+                    self.engine.remove_remote_vnic(lid, gid);
+                }
+            }
+        }
+        true
+    }
+
+    /// The whole directory: this host's vRNICs, then what other hosts announced.
+    pub(super) fn directory_listing(&self) -> Vec<vrnic_api::DirectoryEntry> {
+        let mut out: Vec<vrnic_api::DirectoryEntry> = self
+            .vnics
+            .iter()
+            .map(|(&id, v)| vrnic_api::DirectoryEntry {
+                host: "local".into(),
+                name: v.name.clone(),
+                lid: v.lid,
+                gid: v.gid,
+                ip: v.vip.to_string(),
+                group: self.directory.group_name(v.group).to_string(),
+                qps: Some(self.engine.qp_count(id)),
+            })
+            .collect();
+        let host_name = |h: HostId| {
+            self.peers
+                .as_ref()
+                .and_then(|p| p.hosts.get(h.0 as usize))
+                .map_or_else(|| format!("host {}", h.0), |a| a.to_string())
+        };
+        let mut remote: Vec<_> = self.directory.remote_vnics().collect();
+        remote.sort_by_key(|&(h, lid, _, _)| (h, lid));
+        out.extend(
+            remote
+                .into_iter()
+                .map(|(h, lid, gid, v)| vrnic_api::DirectoryEntry {
+                    host: host_name(h),
+                    name: v.name.clone(),
+                    lid,
+                    gid,
+                    ip: v.vip.to_string(),
+                    group: self.directory.group_name(v.group).to_string(),
+                    qps: None,
+                }),
+        );
+        out.sort_by(|a, b| {
+            (a.host != "local", &a.host, a.lid).cmp(&(b.host != "local", &b.host, b.lid))
+        });
+        out
+    }
+
+    /// Logs the connections refused across groups since the last call: one line each, naming
+    /// both vRNICs and both groups.
+    pub(super) fn log_refusals(&mut self) {
+        let name = |s: &Server, r: Refused| match r {
+            Refused::Local(v) => s
+                .vnics
+                .get(&v)
+                .map_or_else(|| format!("#{}", v.0), |x| x.name.clone()),
+            Refused::Remote { host, lid } => {
+                let n = s
+                    .directory
+                    .remote_vnic(host, lid)
+                    .map_or_else(|| format!("lid {lid}"), |x| x.name.clone());
+                let h = s
+                    .peers
+                    .as_ref()
+                    .and_then(|p| p.hosts.get(host.0 as usize))
+                    .map_or_else(|| format!("host {}", host.0), |a| a.ip().to_string());
+                format!("{n}@{h}")
+            }
+        };
+        if self.engine.has_refusals() {
+            let (list, n) = self.engine.take_refusals();
+            for r in &list {
+                warn!(
+                    "route refused across groups: vRNIC {} (group {}) -> vRNIC {} (group {})",
+                    name(self, Refused::Local(r.from)),
+                    self.directory.group_name(r.from_group),
+                    name(self, r.to),
+                    self.directory.group_name(r.to_group),
+                );
+            }
+            if n > list.len() as u64 {
+                warn!(
+                    "{} more routes refused across groups",
+                    n - list.len() as u64
+                );
+            }
+        }
+        for r in self.cm.take_refusals() {
+            warn!(
+                "connection request refused across groups: vRNIC {} (group {}) -> vRNIC {} (group {})",
+                name(self, r.requester),
+                r.requester_group,
+                name(self, Refused::Local(r.listener)),
+                r.listener_group,
+            );
         }
     }
 
@@ -122,7 +367,11 @@ impl Server {
     /// broke). Connections already routed to it keep their routes.
     pub(super) fn directory_forget(&mut self, host: HostId) {
         if let Some(known) = self.directory.remote.remove(&host) {
-            for (lid, gid) in known.vnics {
+            for ((lid, gid), v) in known.vnics {
+                if self.directory.vips.get(&(v.group, v.vip)) == Some(&VipAt::There(host)) {
+                    self.directory.vips.remove(&(v.group, v.vip));
+                    self.cm.remove_vip(v.group, v.vip);
+                }
                 self.engine.remove_remote_vnic(lid, gid);
             }
         }
@@ -149,5 +398,44 @@ mod tests {
         assert_eq!(&a.gid[..2], &[0xfe, 0x80]);
         assert_eq!(a.gid[8..], u64::from_be(a.guid).to_be_bytes());
         assert_ne!(a.gid, b.gid);
+    }
+
+    #[test]
+    fn virtual_ips_are_unique_within_a_group_only() {
+        let mut d = Directory::new(3, 10..13);
+        let red = d.group("red").unwrap();
+        let blue = d.group("blue").unwrap();
+        assert_eq!(d.group("red"), Some(red), "a name keeps its number");
+        assert_eq!(d.group(DEFAULT_GROUP), Some(GroupId(0)));
+        let a = d.take_vip(red, None, VnicId(1)).unwrap();
+        assert_eq!(a, Ipv4Addr::new(100, 67, 0, 1), "host 3's share");
+        let b = d.take_vip(red, None, VnicId(2)).unwrap();
+        assert_eq!(b, Ipv4Addr::new(100, 67, 0, 2));
+        assert_eq!(
+            d.take_vip(blue, None, VnicId(3)).unwrap(),
+            a,
+            "another group, same address"
+        );
+        let want = Ipv4Addr::new(10, 9, 0, 1);
+        assert_eq!(d.take_vip(red, Some(want), VnicId(4)).unwrap(), want);
+        assert!(
+            d.take_vip(red, Some(want), VnicId(5)).is_err(),
+            "taken in red"
+        );
+        assert_eq!(
+            d.take_vip(blue, Some(want), VnicId(6)).unwrap(),
+            want,
+            "free in blue"
+        );
+        assert!(
+            d.take_vip(red, Some(Ipv4Addr::LOCALHOST), VnicId(7))
+                .is_err()
+        );
+        d.release_vip(red, want);
+        assert_eq!(
+            d.take_vip(red, Some(want), VnicId(8)).unwrap(),
+            want,
+            "released"
+        );
     }
 }

@@ -30,7 +30,9 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use tracing::{debug, info, warn};
 use vrnic_api::{AdminReply, AdminRequest, PageRun, Reply, Request, VnicSummary};
-use vrnic_proto::{AhId, CqId, CtxId, Engine, Loc, Memory, MrId, PdId, QpId, SrqId, VnicId};
+use vrnic_proto::{
+    AhId, CqId, CtxId, Engine, GroupId, Loc, Memory, MrId, PdId, QpId, SrqId, VnicId,
+};
 use vrnic_shm::layout::{self, hdr};
 use vrnic_shm::{Mailbox, MailboxState, Region, Ring};
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
@@ -40,6 +42,7 @@ use crate::heap::Heap;
 use crate::sys;
 
 mod admin_socket;
+mod announce;
 mod attach;
 mod control;
 mod datapath;
@@ -135,6 +138,9 @@ struct Vnic {
     lid: u16,
     gid: [u8; 16],
     guid: u64,
+    /// Its tenants' group and its virtual IP in it.
+    group: GroupId,
+    vip: std::net::Ipv4Addr,
     heap: Heap,
     /// Its directory is a tmpfs of its own, sized to its region (its memory quota).
     quota_mount: bool,
@@ -465,6 +471,9 @@ impl Server {
                 self.cm.expire(now);
                 self.flush_cm_notes();
                 self.flush_wakes();
+            }
+            if self.engine.has_refusals() || self.cm.has_refusals() {
+                self.log_refusals();
             }
             let worked = self.engine_pass(now);
             if self.flush_peers(now) || worked || self.peers_backlogged() {

@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ use vrnic_wire::frame::{
     pad_bytes_ok, peek_len,
 };
 
+use super::announce::{Entry, announce};
 use super::datapath::Mem;
 use super::inbound::{HEADROOM, PLACE_MIN, Placing};
 use super::linkbuf::LinkBuf;
@@ -46,11 +47,9 @@ const DEAD_AFTER: Duration = Duration::from_secs(2);
 const REDIAL: Duration = Duration::from_millis(100);
 /// Most bytes read from one link in one pass.
 const READ_BUDGET: usize = 4 << 20;
-/// The link-control protocol's version (in the hello).
-const PROTOCOL: u8 = 1;
-/// One announcement: op (1 vRNIC added, 2 vRNIC removed: LID, GID; 3 an address of the
-/// host: zero LID, the IP as 16 bytes, an IPv4 one mapped), LID, GID.
-const ANNOUNCE_ENTRY: usize = 19;
+/// The link-control protocol's version (in the hello): 2 announces vRNICs with their names,
+/// groups and virtual IPs (`announce.rs`).
+const PROTOCOL: u8 = 2;
 /// Payloads of at least this many bytes go from the region to the socket by `writev`; smaller
 /// ones are copied into the frame (an iovec costs more than a small copy).
 const ZERO_COPY_MIN: u64 = 16 << 10;
@@ -126,7 +125,7 @@ struct Pending {
 /// The peer links of a daemon configured with peers.
 pub(super) struct Peers {
     me: usize,
-    hosts: Vec<SocketAddr>,
+    pub(super) hosts: Vec<SocketAddr>,
     listener: TcpListener,
     links: Vec<Option<Link>>,
     pending: HashMap<Token, Pending>,
@@ -245,7 +244,7 @@ impl Peers {
 }
 
 /// A control frame of `kind` with `body`, appended to `out`.
-fn control(out: &mut Vec<u8>, kind: ControlKind, body: &[u8]) {
+pub(super) fn control(out: &mut Vec<u8>, kind: ControlKind, body: &[u8]) {
     let repr = FrameRepr::Control(ControlRepr {
         kind,
         body_len: body.len(),
@@ -279,8 +278,17 @@ impl Server {
     /// Appends announcements of every local vRNIC (op 1) and of this host's addresses
     /// (op 3, for rdma_cm) to `out`.
     fn announce_all(&self, out: &mut Vec<u8>) {
-        let mut entries: Vec<(u8, u16, [u8; 16])> =
-            self.vnics.values().map(|v| (1, v.lid, v.gid)).collect();
+        let mut entries: Vec<Entry> = self
+            .vnics
+            .values()
+            .map(|v| Entry::Added {
+                lid: v.lid,
+                gid: v.gid,
+                vip: v.vip,
+                name: &v.name,
+                group: self.directory.group_name(v.group),
+            })
+            .collect();
         let mut addrs = crate::sys::host_addrs();
         if let Some(p) = &self.peers {
             let listen = p.hosts[p.me].ip();
@@ -289,11 +297,7 @@ impl Server {
             }
         }
         for ip in addrs {
-            let v6 = match ip {
-                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                IpAddr::V6(v6) => v6,
-            };
-            entries.push((3, 0, v6.octets()));
+            entries.push(Entry::Addr(ip));
         }
         announce(out, &entries);
     }
@@ -314,13 +318,13 @@ impl Server {
         self.engine.handle_link_up(host);
     }
 
-    /// Tells every up link that a vRNIC was created (`add`) or removed.
-    pub(super) fn announce_vnic(&mut self, add: bool, lid: u16, gid: [u8; 16]) {
+    /// Tells every up link that a vRNIC was created or removed.
+    pub(super) fn announce_vnic(&mut self, e: Entry) {
         let Some(p) = &mut self.peers else { return };
+        let mut f = Vec::new();
+        announce(&mut f, &[e]);
         for l in p.links.iter_mut().flatten() {
             if l.state == State::Up {
-                let mut f = Vec::new();
-                announce(&mut f, &[(if add { 1 } else { 2 }, lid, gid)]);
                 l.out.extend(&f);
             }
         }
@@ -759,26 +763,26 @@ impl Server {
                 Ok(State::Up)
             }
             (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Announce => {
-                if !body.len().is_multiple_of(ANNOUNCE_ENTRY) {
+                let Some(entries) = super::announce::parse(body) else {
                     return Err(Close::Broken("a malformed announcement".into()));
-                }
-                for e in body.chunks_exact(ANNOUNCE_ENTRY) {
-                    let lid = u16::from_be_bytes([e[1], e[2]]);
-                    let mut gid = [0u8; 16];
-                    gid.copy_from_slice(&e[3..19]);
-                    match e[0] {
-                        1 => self.directory_vnic(host, true, lid, gid),
-                        2 => self.directory_vnic(host, false, lid, gid),
-                        3 if lid == 0 => {
-                            let ip = IpAddr::V6(Ipv6Addr::from(gid)).to_canonical();
-                            if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
-                                return Err(Close::Broken(
-                                    "an announced address of no host".into(),
-                                ));
+                };
+                for e in entries {
+                    match e {
+                        Entry::Added {
+                            lid,
+                            gid,
+                            vip,
+                            name,
+                            group,
+                        } => {
+                            if !self.directory_vnic(host, lid, gid, Some((name, group, vip))) {
+                                return Err(Close::Broken("too many groups announced".into()));
                             }
-                            self.directory_addr(host, ip);
                         }
-                        _ => return Err(Close::Broken("a malformed announcement".into())),
+                        Entry::Removed { lid, gid } => {
+                            self.directory_vnic(host, lid, gid, None);
+                        }
+                        Entry::Addr(ip) => self.directory_addr(host, ip),
                     }
                 }
                 Ok(State::Up)
@@ -968,20 +972,6 @@ fn parse_hello(buf: &[u8]) -> Result<Option<(u16, u16, usize)>, ()> {
             )))
         }
         _ => Err(()),
-    }
-}
-
-/// Appends announcement frames for `entries` (op, LID, GID).
-fn announce(out: &mut Vec<u8>, entries: &[(u8, u16, [u8; 16])]) {
-    let per_frame = (vrnic_wire::frame::MAX_PAYLOAD / ANNOUNCE_ENTRY).max(1);
-    for chunk in entries.chunks(per_frame) {
-        let mut body = Vec::with_capacity(chunk.len() * ANNOUNCE_ENTRY);
-        for (op, lid, gid) in chunk {
-            body.push(*op);
-            body.extend_from_slice(&lid.to_be_bytes());
-            body.extend_from_slice(gid);
-        }
-        control(out, ControlKind::Announce, &body);
     }
 }
 

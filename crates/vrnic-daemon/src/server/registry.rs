@@ -45,9 +45,21 @@ pub(super) fn cleanup_stale(dir: &Path) -> usize {
 pub(super) const QUOTA_SLACK: u64 = 1 << 20;
 
 impl Server {
-    pub(super) fn create_vnic(&mut self, name: &str, persistent: bool) -> Result<VnicId> {
+    /// Creates vRNIC `name` in `group` (`None`: the default group) with virtual IP `ip`
+    /// (`None`: one from the group's subnet).
+    pub(super) fn create_vnic(
+        &mut self,
+        name: &str,
+        persistent: bool,
+        group: Option<&str>,
+        ip: Option<std::net::Ipv4Addr>,
+    ) -> Result<VnicId> {
         if !config::valid_name(name) {
             bail!("invalid vRNIC name {name:?}: use 1-63 letters, digits, '-' or '_'");
+        }
+        let group_name = group.unwrap_or(crate::cm::DEFAULT_GROUP);
+        if !config::valid_name(group_name) {
+            bail!("invalid group name {group_name:?}: use 1-63 letters, digits, '-' or '_'");
         }
         if self.vnics.values().any(|v| v.name == name) {
             bail!("vRNIC {name} already exists");
@@ -58,8 +70,30 @@ impl Server {
                 self.opts.max_vrnics
             );
         }
+        let group = self
+            .directory
+            .group(group_name)
+            .context("the daemon knows its limit of groups")?;
+        self.cm.name_group(group, group_name);
         let id = VnicId(self.next_vnic);
         self.next_vnic += 1;
+        let vip = self.directory.take_vip(group, ip, id)?;
+        // Given back below unless the vRNIC is made.
+        let made = self.make_vnic(id, name, persistent, group, vip);
+        if made.is_err() {
+            self.directory.release_vip(group, vip);
+        }
+        made
+    }
+
+    fn make_vnic(
+        &mut self,
+        id: VnicId,
+        name: &str,
+        persistent: bool,
+        group: GroupId,
+        vip: std::net::Ipv4Addr,
+    ) -> Result<VnicId> {
         let super::directory::Identity { lid, gid, guid } = self
             .directory
             .assign(id.0)
@@ -102,9 +136,17 @@ impl Server {
         self.poll
             .registry()
             .register(&mut listener, token, Interest::READABLE)?;
-        self.engine.add_vnic(id, lid, gid);
-        self.announce_vnic(true, lid, gid);
-        info!(vnic = name, lid, "vRNIC created");
+        self.engine.add_vnic_in_group(id, lid, gid, group);
+        self.cm.add_vip(group, vip, crate::cm::VipAt::Here(id));
+        let group_name = self.directory.group_name(group).to_string();
+        self.announce_vnic(super::announce::Entry::Added {
+            lid,
+            gid,
+            vip,
+            name,
+            group: &group_name,
+        });
+        info!(vnic = name, lid, group = group_name, %vip, "vRNIC created");
         self.vnics.insert(
             id,
             Vnic {
@@ -114,6 +156,8 @@ impl Server {
                 lid,
                 gid,
                 guid,
+                group,
+                vip,
                 heap,
                 quota_mount,
                 bells: Vec::new(),
@@ -148,7 +192,12 @@ impl Server {
             drop(v.region);
             remove_vnic_dir(&v.dir, v.quota_mount);
             self.directory.release(v.lid);
-            self.announce_vnic(false, v.lid, v.gid);
+            self.directory.release_vip(v.group, v.vip);
+            self.cm.remove_vip(v.group, v.vip);
+            self.announce_vnic(super::announce::Entry::Removed {
+                lid: v.lid,
+                gid: v.gid,
+            });
             info!(vnic = v.name, "vRNIC removed");
         }
     }
@@ -195,6 +244,8 @@ impl Server {
             users: v.holders + v.contexts.len(),
             persistent: v.persistent,
             dir: v.dir.display().to_string(),
+            group: self.directory.group_name(v.group).to_string(),
+            ip: v.vip.to_string(),
         })
     }
 }

@@ -3,6 +3,7 @@
 //! them in turn (`sched`), the two ends of a message (`requester`, `responder`), and the
 //! translation of registered memory into region runs (`memory`).
 
+mod groups;
 mod memory;
 mod mw;
 mod queues;
@@ -13,6 +14,7 @@ mod sched;
 mod segment;
 mod verbs;
 
+pub use groups::{Refusal, Refused};
 use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
 use mw::Mw;
 pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
@@ -36,8 +38,8 @@ use vrnic_wire::{
 use crate::errno::*;
 use crate::state;
 use crate::{
-    AhId, CqId, CtxId, Errno, Event, HostId, Loc, Memory, MrId, MrKeys, MwId, PdId, QpId, SrqId,
-    VnicId,
+    AhId, CqId, CtxId, Errno, Event, GroupId, HostId, Loc, Memory, MrId, MrKeys, MwId, PdId, QpId,
+    SrqId, VnicId,
 };
 
 /// Deepest work queue.
@@ -100,6 +102,8 @@ const _: () = assert!(MAX_MSG_SIZE as u64 <= u32::MAX as u64);
 struct Vnic {
     lid: u16,
     gid: [u8; 16],
+    /// Its tenants' group: routes reach only vRNICs of the same group.
+    group: GroupId,
     /// Memory keys -> MR.
     keys: FxHashMap<u32, MrId>,
     /// Memory-window key indices (R_Key >> 8) -> window.
@@ -378,9 +382,14 @@ pub struct Engine {
     scratch_dst: Vec<(Loc, u64)>,
     scratch_local: Vec<(Loc, u64)>,
     scratch_place: Vec<(Loc, u64)>,
-    /// vRNICs behind peer links, by address.
-    remote_lids: HashMap<u16, HostId>,
-    remote_gids: HashMap<[u8; 16], HostId>,
+    /// vRNICs behind peer links, by address: their host and group (and, by GID, their LID).
+    remote_lids: HashMap<u16, (HostId, GroupId)>,
+    remote_gids: HashMap<[u8; 16], (HostId, GroupId, u16)>,
+    /// Routes refused because the two ends are in different groups, for the daemon to log
+    /// ([`Engine::take_refusals`]); at most [`MAX_REFUSALS`] wait.
+    refusals: Vec<Refusal>,
+    /// Refusals since the last take, kept or not.
+    refused: u64,
     /// Frames to send over peer links, in order.
     outbox: VecDeque<Transmit>,
     /// Responder QPs that owe a coalesced ACK.
@@ -475,6 +484,8 @@ impl Engine {
             scratch_place: Vec::new(),
             remote_lids: HashMap::new(),
             remote_gids: HashMap::new(),
+            refusals: Vec::new(),
+            refused: 0,
             outbox: VecDeque::new(),
             acks_due: Vec::new(),
             resent: HashMap::new(),

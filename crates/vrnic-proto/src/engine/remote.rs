@@ -202,9 +202,9 @@ pub(super) struct Flight {
 
 impl Engine {
     /// Makes a vRNIC behind a peer link known: routes to its LID and GID go there.
+    /// (In the default group; see [`Engine::add_remote_vnic_in_group`].)
     pub fn add_remote_vnic(&mut self, host: HostId, lid: u16, gid: [u8; 16]) {
-        self.remote_lids.insert(lid, host);
-        self.remote_gids.insert(gid, host);
+        self.add_remote_vnic_in_group(host, lid, gid, GroupId(0));
     }
 
     /// Forgets a remote vRNIC (its daemon said it is gone). QPs already routed to it keep
@@ -1194,12 +1194,8 @@ impl Engine {
     }
 
     /// The LID of a remote vRNIC with this GID, if known.
-    fn lid_of_remote_gid(&self, gid: &[u8; 16]) -> Option<u16> {
-        let host = self.remote_gids.get(gid)?;
-        self.remote_lids
-            .iter()
-            .find(|&(_, h)| h == host)
-            .map(|(&l, _)| l)
+    pub(super) fn lid_of_remote_gid(&self, gid: &[u8; 16]) -> Option<u16> {
+        self.remote_gids.get(gid).map(|&(_, _, lid)| lid)
     }
 
     /// Segments sent again over the link to `host` so far.

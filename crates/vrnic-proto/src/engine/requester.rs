@@ -25,14 +25,17 @@ impl Engine {
         let (local, remote) = if ah.is_global {
             (
                 self.by_gid.get(&ah.grh.dgid),
-                self.remote_gids.get(&ah.grh.dgid),
+                self.remote_gids.get(&ah.grh.dgid).map(|&(h, _, _)| h),
             )
         } else {
-            (self.by_lid.get(&ah.dlid), self.remote_lids.get(&ah.dlid))
+            (
+                self.by_lid.get(&ah.dlid),
+                self.remote_lids.get(&ah.dlid).map(|&(h, _)| h),
+            )
         };
         match (local, remote) {
             (Some(&v), _) => Route::Local(v),
-            (None, Some(&h)) => Route::Remote(h),
+            (None, Some(h)) => Route::Remote(h),
             (None, None) => Route::Nowhere,
         }
     }

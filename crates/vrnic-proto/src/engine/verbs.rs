@@ -15,6 +15,7 @@ impl Engine {
             Vnic {
                 lid,
                 gid,
+                group: GroupId(0),
                 keys: FxHashMap::default(),
                 mws: FxHashMap::default(),
                 ready: VecDeque::new(),
@@ -448,8 +449,13 @@ impl Engine {
         }
         // Where its segments go: resolved now, from the address it will have.
         let route = match (next, mask & qp_attr::AV != 0) {
-            (QpState::Rtr | QpState::Rts | QpState::Sqd, true) => self.resolve(&attr.ah_attr),
-            (QpState::Rtr | QpState::Rts | QpState::Sqd, false) => self.resolve(&q.attr.ah_attr),
+            (QpState::Rtr | QpState::Rts | QpState::Sqd, true) => {
+                self.route_from(q.vnic, &attr.ah_attr, true)
+            }
+            (QpState::Rtr | QpState::Rts | QpState::Sqd, false) => {
+                let ah = q.attr.ah_attr;
+                self.route_from(q.vnic, &ah, false)
+            }
             _ => Route::Nowhere,
         };
         let Some(q) = self.qps.get_mut(&qp) else {
@@ -785,7 +791,7 @@ impl Engine {
             return Err(ENOMEM);
         }
         let id = AhId(self.id());
-        let route = self.resolve(&attr);
+        let route = self.route_from(vnic, &attr, true);
         self.ahs.insert(
             id,
             Ah {

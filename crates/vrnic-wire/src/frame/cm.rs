@@ -12,7 +12,9 @@
 //!   REQ, or a DREQ from a requester that never got an answer). Ids are the brokers' own
 //!   handles; the receiver checks that the id it finds is connected to `from` on the sending
 //!   host before it acts.
-//! - REQ: port space 2, source address 19, destination address 19, LID 2, GID 16, parameters.
+//! - REQ: port space 2, source address 19, destination address 19, LID 2, GID 16, the
+//!   requester's group (length 1, then 1 to [`MAX_NAME`] bytes of `[A-Za-z0-9_-]`: a listener
+//!   takes requests of its own group only), parameters.
 //! - REP: LID 2, GID 16, parameters. REJ: status 4, parameters. RTU: parameters. DREQ: none.
 //! - An address is a family byte (4 or 6), 16 address bytes (an IPv4 address in the last four,
 //!   the rest zero) and a port.
@@ -32,6 +34,16 @@ use super::FrameError;
 /// The most private data a CM message carries (an IB CM REQ's 92 bytes plus the rdma_cm
 /// header would fit; 196 is what `rdma_connect` accepts on the largest MAD).
 pub const MAX_PRIVATE_DATA: usize = 196;
+
+/// The longest vRNIC or group name (as `vrnic create` allows).
+pub const MAX_NAME: usize = 63;
+
+/// Whether `b` is a vRNIC or group name: 1 to [`MAX_NAME`] letters, digits, `-` or `_`.
+pub fn valid_name(b: &[u8]) -> bool {
+    (1..=MAX_NAME).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_')
+}
 
 const ADDR_LEN: usize = 19;
 const PARAM_FIXED: usize = 13;
@@ -72,6 +84,8 @@ pub enum CmMessage {
         lid: u16,
         /// The requester's GID.
         gid: [u8; 16],
+        /// The requester's group ([`valid_name`]).
+        group: String,
         /// Its parameters.
         param: CmParams,
     },
@@ -165,6 +179,11 @@ impl CmMessage {
         if param.private_data.len() > MAX_PRIVATE_DATA {
             return Err(FrameError::Inconsistent("CM private data"));
         }
+        if let CmMessage::Req { group, .. } = self
+            && !valid_name(group.as_bytes())
+        {
+            return Err(FrameError::Inconsistent("CM group name"));
+        }
         Ok(())
     }
 
@@ -184,6 +203,7 @@ impl CmMessage {
                 dst,
                 lid,
                 gid,
+                group,
                 param,
                 ..
             } => {
@@ -192,6 +212,8 @@ impl CmMessage {
                 emit_addr(out, dst);
                 out.extend_from_slice(&lid.to_be_bytes());
                 out.extend_from_slice(gid);
+                out.push(group.len() as u8);
+                out.extend_from_slice(group.as_bytes());
                 emit_param(out, param);
             }
             CmMessage::Rep {
@@ -228,6 +250,7 @@ impl CmMessage {
                     dst: r.addr()?,
                     lid: r.u16()?,
                     gid: r.gid()?,
+                    group: r.name()?,
                     param: r.param()?,
                 }
             }
@@ -317,6 +340,16 @@ impl Reader<'_> {
         Ok(u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
     }
 
+    fn name(&mut self) -> Result<String, FrameError> {
+        let n = self.u8()? as usize;
+        let b = self.take(n)?;
+        if !valid_name(b) {
+            return Err(FrameError::Inconsistent("CM group name"));
+        }
+        // Checked ASCII above.
+        Ok(b.iter().map(|&c| char::from(c)).collect())
+    }
+
     fn gid(&mut self) -> Result<[u8; 16], FrameError> {
         let mut g = [0u8; 16];
         g.copy_from_slice(self.take(16)?);
@@ -387,6 +420,7 @@ mod tests {
                 dst: "[fe80::1]:7471".parse().unwrap(),
                 lid: 0x1234,
                 gid: [9; 16],
+                group: "red".into(),
                 param: param(),
             },
             CmMessage::Rep {
@@ -435,7 +469,13 @@ mod tests {
             x[at] = v;
             assert!(CmMessage::parse(&x).is_err(), "byte {at} = {v}");
         }
-        let p = 9 + 2 + 19 + 19 + 2 + 16;
+        let g = 9 + 2 + 19 + 19 + 2 + 16;
+        for (at, v) in [(g, 0u8), (g, 64), (g + 1, b' '), (g + 2, 0xff)] {
+            let mut x = b.clone();
+            x[at] = v;
+            assert!(CmMessage::parse(&x).is_err(), "group byte {at} = {v}");
+        }
+        let p = g + 1 + 3;
         let mut x = b.clone();
         x[p + 4] = 1;
         assert!(CmMessage::parse(&x).is_err(), "QP number past 24 bits");
@@ -451,5 +491,12 @@ mod tests {
             },
         };
         assert!(too_long.check().is_err());
+        for bad in ["", "a b", &"x".repeat(MAX_NAME + 1)] {
+            let mut m = all()[0].clone();
+            if let CmMessage::Req { group, .. } = &mut m {
+                *group = bad.to_string();
+            }
+            assert!(m.check().is_err(), "group {bad:?}");
+        }
     }
 }

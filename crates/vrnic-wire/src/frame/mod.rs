@@ -100,7 +100,7 @@ mod header;
 mod opcode;
 mod segment;
 
-pub use cm::{CmMessage, CmParams, MAX_PRIVATE_DATA};
+pub use cm::{CmMessage, CmParams, MAX_NAME, MAX_PRIVATE_DATA, valid_name};
 pub use header::{
     Aeth, AtomicAckEth, AtomicEth, Deth, FLOW_LABEL_MASK, GRH_IPVER, GRH_NEXT_HEADER, GrhRepr,
     NakCode, Reth, Syndrome,
