@@ -37,9 +37,13 @@ fn pair(
     )
 }
 
-/// `rping -V -v -C count` between vRNIC `s` (listening on `addr`) and `c`, for each of
-/// `runs` at once: every server starts, then every client; returns each pair.
-fn rpings(runs: &[((&Daemon, &str), (&Daemon, &str), &str)], addr: &str, port: &str) -> Vec<Pair> {
+/// A vRNIC of a daemon.
+type On<'a> = (&'a Daemon, &'a str);
+
+/// `rping -V -v -C count` between vRNIC `s` (listening on `addr`) and `c`, for each
+/// `(s, c, count)` of `runs` at once: every server starts, then every client; returns each
+/// pair.
+fn rpings(runs: &[(On, On, &str)], addr: &str, port: &str) -> Vec<Pair> {
     let servers: Vec<Proc> = runs
         .iter()
         .map(|&((d, s), _, count)| {
