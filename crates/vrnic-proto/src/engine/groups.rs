@@ -108,7 +108,7 @@ impl Engine {
         }
     }
 
-    /// The routes refused across groups since the last call (at most [`MAX_REFUSALS`]), and
+    /// The routes refused across groups since the last call (at most `MAX_REFUSALS`, 256), and
     /// how many there were in all.
     pub fn take_refusals(&mut self) -> (Vec<Refusal>, u64) {
         let n = std::mem::take(&mut self.refused);

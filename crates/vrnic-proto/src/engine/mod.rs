@@ -386,7 +386,7 @@ pub struct Engine {
     remote_lids: HashMap<u16, (HostId, GroupId)>,
     remote_gids: HashMap<[u8; 16], (HostId, GroupId, u16)>,
     /// Routes refused because the two ends are in different groups, for the daemon to log
-    /// ([`Engine::take_refusals`]); at most [`MAX_REFUSALS`] wait.
+    /// ([`Engine::take_refusals`]); at most `groups::MAX_REFUSALS` wait.
     refusals: Vec<Refusal>,
     /// Refusals since the last take, kept or not.
     refused: u64,
