@@ -2896,19 +2896,34 @@ fn a_window_serves_only_its_pd_and_its_type2_qp() {
     assert_eq!(w.get(&mr, 0x40_0000, 16), vec![0; 16]);
 }
 
+/// Two vRNICs, `a` in group `ga` and `b` in `gb`, with a QP each of `ty` (RC ones taken to
+/// RTS towards each other).
+fn grouped(ga: GroupId, gb: GroupId, ty: QpType) -> World {
+    let mut e = Engine::new(3);
+    let a = side_in(&mut e, 1, 10, ty, 16, ga);
+    let b = side_in(&mut e, 2, 20, ty, 16, gb);
+    let now = Instant::now();
+    if ty == QpType::Rc {
+        to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
+        to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
+    }
+    let mem = VecMem(
+        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
+            .into_iter()
+            .collect(),
+    );
+    World { e, mem, now, a, b }
+}
+
 /// Two vRNICs in different groups: an RC connection between them behaves as one to a peer
 /// that does not exist (the SEND is retried, then fails with `RETRY_EXC_ERR`, and nothing
 /// lands), a UD datagram through an AH is dropped (the sender completes, the receiver gets
 /// nothing), and each refusal is kept for the daemon's log with both ends and both groups.
 #[test]
 fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
-    let mut e = Engine::new(3);
-    let a = side_in(&mut e, 1, 10, QpType::Rc, 16, GroupId(1));
-    let b = side_in(&mut e, 2, 20, QpType::Rc, 16, GroupId(2));
-    let now = Instant::now();
-    to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
-    to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
-    let (refusals, n) = e.take_refusals();
+    let mut w = grouped(GroupId(1), GroupId(2), QpType::Rc);
+    let (a, b) = (&w.a, &w.b);
+    let (refusals, n) = w.e.take_refusals();
     assert_eq!(n, 2, "both RTRs were refused");
     assert_eq!(
         refusals[0],
@@ -2919,13 +2934,7 @@ fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
             to_group: GroupId(2),
         }
     );
-    assert_eq!(e.take_refusals().1, 0, "taken once");
-    let mem = VecMem(
-        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
-            .into_iter()
-            .collect(),
-    );
-    let mut w = World { e, mem, now, a, b };
+    assert_eq!(w.e.take_refusals().1, 0, "taken once");
     let dst = w.map(false, 0x20_0000, 4096, access::LOCAL_WRITE);
     w.recv(false, 9, vec![sge(0x20_0000, 4096, dst.keys.lkey)]);
     w.send(
@@ -2951,21 +2960,7 @@ fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
 
     // UD: an AH to the other group's vRNIC is made (as for any unreachable address), and what
     // is sent through it is dropped.
-    let mut e = Engine::new(4);
-    let a = side_in(&mut e, 1, 10, QpType::Ud, 16, GroupId(1));
-    let b = side_in(&mut e, 2, 20, QpType::Ud, 16, GroupId(2));
-    let mem = VecMem(
-        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
-            .into_iter()
-            .collect(),
-    );
-    let mut w = World {
-        e,
-        mem,
-        now: Instant::now(),
-        a,
-        b,
-    };
+    let mut w = grouped(GroupId(1), GroupId(2), QpType::Ud);
     ud_ready(&mut w, true, 0x11);
     ud_ready(&mut w, false, 0x11);
     let dst = w.map(false, 0x20_0000, 8192, access::LOCAL_WRITE);
@@ -3009,19 +3004,8 @@ fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
 /// The same two vRNICs in one group reach each other: groups refuse only across.
 #[test]
 fn routes_within_a_group_work() {
-    let mut e = Engine::new(5);
-    let a = side_in(&mut e, 1, 10, QpType::Rc, 16, GroupId(7));
-    let b = side_in(&mut e, 2, 20, QpType::Rc, 16, GroupId(7));
-    let now = Instant::now();
-    to_rts(&mut e, now, &a, b.qpn, b.lid, access::REMOTE_WRITE, 7);
-    to_rts(&mut e, now, &b, a.qpn, a.lid, access::REMOTE_WRITE, 7);
-    assert_eq!(e.take_refusals().1, 0);
-    let mem = VecMem(
-        [(a.vnic, vec![0u8; REGION]), (b.vnic, vec![0u8; REGION])]
-            .into_iter()
-            .collect(),
-    );
-    let mut w = World { e, mem, now, a, b };
+    let mut w = grouped(GroupId(7), GroupId(7), QpType::Rc);
+    assert_eq!(w.e.take_refusals().1, 0);
     let dst = w.map(false, 0x20_0000, 4096, access::LOCAL_WRITE);
     w.recv(false, 9, vec![sge(0x20_0000, 4096, dst.keys.lkey)]);
     w.send(
