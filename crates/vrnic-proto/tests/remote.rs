@@ -347,6 +347,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u
         compare_add: 0,
         swap: 0,
         ud: Default::default(),
+        xrc_srqn: 0,
         payload: SendPayload::Sges(sges),
     }
 }

@@ -242,6 +242,7 @@ fn begin(
             compare_add: cmp,
             swap,
             ud: UdAddr::default(),
+            xrc_srqn: 0,
             payload: SendPayload::Sges(Vec::new()),
         });
     });

@@ -1816,6 +1816,7 @@ pub extern "C" fn vrnic_post_send(
                 compare_add,
                 swap,
                 ud,
+                xrc_srqn: 0,
                 payload,
             };
             sq.push_send(&conn.region, &wqe);

@@ -246,7 +246,12 @@ impl Engine {
             let (Some(psn), Route::Remote(host)) = (q.ack_due.take(), q.route) else {
                 continue;
             };
-            let seg = answer(q.attr.dest_qp_num, psn, Syndrome::Ack { credits: 31 });
+            let seg = answer(
+                answer_transport(q),
+                q.attr.dest_qp_num,
+                psn,
+                Syndrome::Ack { credits: 31 },
+            );
             return Some(Transmit {
                 host,
                 grh: None,
@@ -287,7 +292,7 @@ impl Engine {
             return Step::Blocked;
         };
         let idx = q.sq_sent;
-        let (vnic, pd, uc) = (q.vnic, q.pd, q.ty == QpType::Uc);
+        let (vnic, pd, uc, xrc) = (q.vnic, q.pd, q.ty == QpType::Uc, q.ty == QpType::XrcSend);
         let wqe = match q.sq.get(idx) {
             Some(Ok(w)) => w.clone(),
             Some(Err(_)) if idx == 0 => {
@@ -343,7 +348,11 @@ impl Engine {
             len.saturating_sub(sent).min(SEGMENT)
         };
         let (first, last) = (sent == 0, atomic || sent + n >= len);
-        let t = if uc { Transport::Uc } else { Transport::Rc };
+        let t = match (uc, xrc) {
+            (true, _) => Transport::Uc,
+            (_, true) => Transport::Xrc,
+            _ => Transport::Rc,
+        };
         let imm = matches!(
             wqe.opcode,
             SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm
@@ -387,6 +396,9 @@ impl Engine {
         seg.ack_req = last;
         seg.solicited = last && wqe.flags.contains(SendFlags::SOLICITED);
         let ext = opcode.ext_headers();
+        if ext.contains(&vrnic_wire::frame::ExtHeader::XrcEth) {
+            seg.xrc_srqn = Some(wqe.xrc_srqn & 0xff_ffff);
+        }
         if ext.contains(&vrnic_wire::frame::ExtHeader::Reth) {
             seg.reth = Some(Reth {
                 va: wqe.remote_addr.wrapping_add(sent),
@@ -616,7 +628,9 @@ impl Engine {
                 let ty = match seg.opcode.transport() {
                     Transport::Rc => QpType::Rc,
                     Transport::Uc => QpType::Uc,
-                    Transport::Ud => return None,
+                    // Where an XRC WRITE lands depends on the SRQ it names, checked when it
+                    // is handled: read into a buffer.
+                    Transport::Ud | Transport::Xrc => return None,
                 };
                 if q.ty != ty
                     || !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
@@ -633,7 +647,7 @@ impl Engine {
                     && self.remote_runs(qp, va, len, n, first, rkey, access::REMOTE_WRITE, runs)
             }
             RdmaReadResponseOnly => {
-                if q.ty != QpType::Rc || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
+                if !q.ty.is_reliable() || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
                     return None;
                 }
                 let i = q.flights.iter().position(|f| {
@@ -700,7 +714,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.route != Route::Remote(host) || q.ty != QpType::Rc {
+        if q.route != Route::Remote(host) || !q.ty.is_reliable() {
             return;
         }
         if seg.opcode.op() == WireOp::RdmaReadResponseOnly {
@@ -727,6 +741,7 @@ impl Engine {
             Transport::Rc => QpType::Rc,
             Transport::Uc => QpType::Uc,
             Transport::Ud => QpType::Ud,
+            Transport::Xrc => QpType::XrcSend,
         };
         use WireOp::*;
         let wop = seg.opcode.op();
@@ -773,7 +788,7 @@ impl Engine {
             (Op::Write, None, _) => match q.write_at {
                 Some(at) => at,
                 None => {
-                    if transport == QpType::Rc {
+                    if transport.is_reliable() {
                         self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
                     }
                     return;
@@ -811,6 +826,7 @@ impl Engine {
         let req = Request {
             op,
             transport,
+            xrc_srqn: seg.xrc_srqn.unwrap_or(0),
             first,
             last,
             src: Src::Remote(host),
@@ -870,7 +886,8 @@ impl Engine {
             Some(Response::ReadData) => {
                 if let Some(q) = self.qps.get_mut(&qp)
                     && let Route::Remote(host) = q.route
-                    && let Some(opcode) = Opcode::new(Transport::Rc, WireOp::RdmaReadResponseOnly)
+                    && let Some(opcode) =
+                        Opcode::new(answer_transport(q), WireOp::RdmaReadResponseOnly)
                 {
                     q.ack_due = None;
                     let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
@@ -890,7 +907,8 @@ impl Engine {
             Some(Response::AtomicAck(orig)) => {
                 if let Some(q) = self.qps.get_mut(&qp)
                     && let Route::Remote(host) = q.route
-                    && let Some(opcode) = Opcode::new(Transport::Rc, WireOp::AtomicAcknowledge)
+                    && let Some(opcode) =
+                        Opcode::new(answer_transport(q), WireOp::AtomicAcknowledge)
                 {
                     q.ack_due = None;
                     let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
@@ -919,14 +937,14 @@ impl Engine {
             return;
         };
         let Route::Remote(host) = q.route else { return };
-        if q.ty != QpType::Rc {
+        if !q.ty.is_reliable() {
             return;
         }
         q.ack_due = None;
         self.outbox.push_back(Transmit {
             host,
             grh: None,
-            segment: answer(q.attr.dest_qp_num, psn, syndrome),
+            segment: answer(answer_transport(q), q.attr.dest_qp_num, psn, syndrome),
             payload: TxPayload::Empty,
         });
     }
@@ -943,7 +961,7 @@ impl Engine {
     ) {
         let Some(q) = self.qps.get(&qp) else { return };
         if q.route != Route::Remote(host)
-            || q.ty != QpType::Rc
+            || !q.ty.is_reliable()
             || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd)
         {
             return;
@@ -1218,15 +1236,33 @@ fn ack_budget(q: &Qp) -> Duration {
     )
 }
 
-/// The RC ACK opcode (checked at compile time).
+/// The RC and XRC ACK opcodes (checked at compile time).
 const ACK: Opcode = match Opcode::new(Transport::Rc, WireOp::Acknowledge) {
     Some(o) => o,
     None => panic!("RC has ACKs"),
 };
+const XRC_ACK: Opcode = match Opcode::new(Transport::Xrc, WireOp::Acknowledge) {
+    Some(o) => o,
+    None => panic!("XRC has ACKs"),
+};
 
-/// An ACK-opcode segment (ACK, RNR NAK, NAK) for `psn` to `dest_qpn`.
-fn answer(dest_qpn: u32, psn: u32, syndrome: Syndrome) -> SegmentRepr {
-    let mut s = SegmentRepr::new(ACK, dest_qpn, psn);
+/// The transport of a responder's answers: XRC for an XRC receive QP, RC otherwise.
+fn answer_transport(q: &Qp) -> Transport {
+    if q.ty == QpType::XrcRecv {
+        Transport::Xrc
+    } else {
+        Transport::Rc
+    }
+}
+
+/// An ACK-opcode segment (ACK, RNR NAK, NAK) on `transport` for `psn` to `dest_qpn`.
+fn answer(transport: Transport, dest_qpn: u32, psn: u32, syndrome: Syndrome) -> SegmentRepr {
+    let opcode = if transport == Transport::Xrc {
+        XRC_ACK
+    } else {
+        ACK
+    };
+    let mut s = SegmentRepr::new(opcode, dest_qpn, psn);
     s.aeth = Some(Aeth { syndrome, msn: 0 });
     s
 }
