@@ -261,8 +261,11 @@ struct Qp {
     /// Requester over a peer link: the PSN an RNR NAK named; its wait ends when that PSN is
     /// acknowledged.
     rnr_psn: Option<u32>,
-    /// Requester over a peer link: when the QP fails for want of any answer.
+    /// Requester over a peer link: when it sends again what is unanswered (the local ACK
+    /// timeout), or fails once it did so `retry_cnt` times.
     ack_until: Option<Instant>,
+    /// Requester over a peer link: local ACK timeouts since the last answer.
+    ack_tries: u8,
     /// Responder over a peer link: the RDMA WRITE in progress (next VA, R_Key, bytes left).
     write_at: Option<(u64, u32, u64)>,
     /// Responder over a peer link: the PSN its next (coalesced) ACK acknowledges.
@@ -330,6 +333,7 @@ impl Qp {
         self.rnr_psn = None;
         self.flights.clear();
         self.ack_until = None;
+        self.ack_tries = 0;
         self.write_at = None;
         self.ack_due = None;
     }

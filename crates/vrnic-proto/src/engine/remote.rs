@@ -498,6 +498,7 @@ impl Engine {
         }
         if q.ack_until.is_none() {
             q.ack_until = Some(now + ack_budget(q));
+            q.ack_tries = 0;
             let until = now + ack_budget(q);
             self.arm(qp, until);
         }
@@ -1156,9 +1157,40 @@ impl Engine {
         } else {
             let until = now + ack_budget(q);
             q.ack_until = Some(until);
+            q.ack_tries = 0;
             self.arm(qp, until);
         }
         self.wake(qp);
+    }
+
+    /// The local ACK timeout of a requester over a peer link expired with nothing answered:
+    /// it sends again from the first unanswered message (a responder that was not ready, not
+    /// yet at RTR, dropped it, as a fabric loses a packet), or, after `retry_cnt` such tries,
+    /// fails with `RETRY_EXC_ERR`. Returns whether the QP is still up.
+    pub(super) fn ack_timeout(&mut self, now: Instant, qp: QpId) -> bool {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return false;
+        };
+        // Every timeout that expired by now counts (a driver late to call counts them all),
+        // each from the one before, so the whole budget stays `(retry_cnt + 1) * timeout`.
+        let step = ack_budget(q);
+        let mut until = q.ack_until.unwrap_or(now);
+        while until <= now {
+            if q.ack_tries >= q.attr.retry_cnt {
+                self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+                return false;
+            }
+            q.ack_tries += 1;
+            until += step;
+        }
+        q.ack_until = Some(until);
+        let first = q.flights.iter().find(|f| !f.done).map(|f| f.first_psn);
+        tracing::debug!(?qp, tries = q.ack_tries, "local ACK timeout: sending again");
+        self.arm(qp, until);
+        if let Some(psn) = first {
+            self.rewind(qp, psn);
+        }
+        true
     }
 
     /// Goes back to `psn`: the WQE it belongs to sends again from that segment on, and those
@@ -1229,11 +1261,10 @@ impl Engine {
     }
 }
 
-/// How long a requester waits for an answer before `RETRY_EXC_ERR`.
+/// How long a requester over a peer link waits for an answer before it sends again (the
+/// local ACK timeout; after `retry_cnt` of them, `RETRY_EXC_ERR`).
 fn ack_budget(q: &Qp) -> Duration {
-    Duration::from_micros(
-        state::ack_timeout_us(q.attr.timeout).saturating_mul(u64::from(q.attr.retry_cnt) + 1),
-    )
+    Duration::from_micros(state::ack_timeout_us(q.attr.timeout))
 }
 
 /// The RC and XRC ACK opcodes (checked at compile time).

@@ -408,6 +408,7 @@ impl Engine {
                 rnr_psn: None,
                 flights: Flights::new(),
                 ack_until: None,
+                ack_tries: 0,
                 write_at: None,
                 ack_due: None,
                 rx: None,
