@@ -128,10 +128,17 @@ static void creation_rules(struct side *s)
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
 		fail("create_qp_ex UD with RDMA_WRITE: not EOPNOTSUPP");
-	a = qp_attr(s, IBV_QPT_XRC_SEND, IBV_QP_EX_WITH_SEND);
+	/* XRC send QPs exist (xrc_check.c); memory windows are not among their operations. */
+	a = qp_attr(s, IBV_QPT_XRC_SEND, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW);
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
-		fail("create_qp_ex XRC_SEND: not EOPNOTSUPP");
+		fail("create_qp_ex XRC_SEND with BIND_MW: not EOPNOTSUPP");
+	a = qp_attr(s, IBV_QPT_XRC_SEND, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ);
+	struct ibv_qp *xs = ibv_create_qp_ex(s->ctx, &a);
+	if (!xs || xs->qp_type != IBV_QPT_XRC_SEND || !ibv_qp_to_qp_ex(xs))
+		fail("create_qp_ex XRC_SEND with SEND and RDMA_READ (errno %d)", errno);
+	if (ibv_destroy_qp(xs))
+		fail("destroy the XRC send QP");
 	a = qp_attr(s, IBV_QPT_RC, 0);
 	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
 	a.max_tso_header = 64;
@@ -149,7 +156,7 @@ static void creation_rules(struct side *s)
 		fail("ibv_qp_to_qp_ex of a QP made without SEND_OPS_FLAGS is not NULL");
 	if (ibv_destroy_qp(plain))
 		fail("destroy_qp");
-	ok("creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused with EOPNOTSUPP; no "
+	ok("creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC_SEND BIND_MW, TSO refused with EOPNOTSUPP; no "
 	   "qp_ex without SEND_OPS_FLAGS");
 }
 

@@ -149,6 +149,9 @@ pub enum Request {
         /// SRQ handle its receives come from, if any.
         #[serde(default)]
         srq: Option<u32>,
+        /// XRC domain handle of an XRC receive QP (which has no PD or CQs).
+        #[serde(default)]
+        xrcd: Option<u32>,
     },
     /// `ibv_modify_qp`.
     ModifyQp {
@@ -169,7 +172,7 @@ pub enum Request {
         /// Handle.
         qp: u32,
     },
-    /// `ibv_create_srq`.
+    /// `ibv_create_srq`, or `ibv_create_srq_ex` (basic or XRC).
     CreateSrq {
         /// PD handle.
         pd: u32,
@@ -179,6 +182,24 @@ pub enum Request {
         max_sge: u32,
         /// Limit event threshold (0: disarmed).
         limit: u32,
+        /// An XRC SRQ: its domain handle and the CQ handle its receives complete on.
+        #[serde(default)]
+        xrc: Option<(u32, u32)>,
+    },
+    /// `ibv_open_xrcd`: answered by [`Reply::Handle`].
+    OpenXrcd {
+        /// The (device, inode) of the file named by the app's fd; `None` for a private
+        /// domain (fd -1). Contexts of one vRNIC that name the same file share the domain.
+        key: Option<(u64, u64)>,
+        /// `O_CREAT`.
+        create: bool,
+        /// `O_EXCL`.
+        excl: bool,
+    },
+    /// `ibv_close_xrcd`.
+    CloseXrcd {
+        /// Handle.
+        xrcd: u32,
     },
     /// `ibv_modify_srq`.
     ModifySrq {
@@ -376,6 +397,9 @@ pub enum Reply {
         depth: u32,
         /// Doorbell index to ring after publishing receives.
         bell: u32,
+        /// Its SRQ number (`ibv_get_srq_num`).
+        #[serde(default)]
+        srqn: u32,
     },
     /// A connection-manager address (`SocketAddr` text form).
     CmAddr(String),

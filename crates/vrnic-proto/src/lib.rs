@@ -9,7 +9,8 @@
 //! or a shared receive queue; RNR waits when none is posted, and retries as soon as one is),
 //! RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the two atomics, memory windows (type 1 and
 //! 2: bind work requests, local invalidation, SEND with Invalidate, remote access through a
-//! window's rkey); UD datagrams go through
+//! window's rkey), XRC (domains, XRC SRQs named by number from an XRC send QP's work
+//! requests, XRC receive QPs that deliver into the SRQs of their own domain); UD datagrams go through
 //! address handles, with a GRH in the receive buffer and Q_Key checks. lkey/rkey, PD, access-flag and bounds checks produce the completion statuses
 //! a real device (rxe) produces; an error completes its work request, flushes the rest with
 //! `WR_FLUSH_ERR`, moves the QP to ERR and raises [`Event::QpFatal`].
@@ -136,6 +137,7 @@
 //!     compare_add: 0,
 //!     swap: 0,
 //!     ud: Default::default(),
+//!     xrc_srqn: 0,
 //!     payload: SendPayload::Sges(vec![Sge { addr: 0x7010, length: 5, lkey: src.lkey }]),
 //! };
 //! e.handle_send_wqe(now, qp, Ok(wqe));
@@ -153,8 +155,9 @@ mod state;
 
 pub use engine::{
     CHUNK, CHUNK_ALONE, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_MW, MAX_PD, MAX_QP,
-    MAX_QP_WR, MAX_SRQ, MW_TYPE_1, MW_TYPE_2, PAGE, PASS_BYTES, PASS_WRS, Placement, QP_WRS,
-    Refusal, Refused, SEGMENT, SOLO_TURNS, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
+    MAX_QP_WR, MAX_SRQ, MAX_XRCD, MW_TYPE_1, MW_TYPE_2, PAGE, PASS_BYTES, PASS_WRS, Placement,
+    QP_WRS, Refusal, Refused, SEGMENT, SOLO_TURNS, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS,
+    WINDOW,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.
@@ -165,6 +168,7 @@ pub mod errno {
     #![allow(missing_docs)]
     pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
+    pub const EBADF: i32 = 9;
     pub const ENOMEM: i32 = 12;
     pub const EBUSY: i32 = 16;
     pub const EINVAL: i32 = 22;
@@ -203,7 +207,10 @@ id! {
     HostId,
     /// A tenants' group: routes join vRNICs of one group only (the daemon numbers the groups'
     /// names; 0 is the default group).
-    GroupId
+    GroupId,
+    /// An XRC domain as one context opened it (`struct ibv_xrcd`); several may name one
+    /// domain.
+    XrcdId
 }
 
 /// A byte location: offset `off` in the shared region of `vnic`.

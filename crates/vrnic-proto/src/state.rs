@@ -1,5 +1,5 @@
 //! The QP state machine: which transitions `ibv_modify_qp` may request, and which attribute
-//! mask bits each requires and allows for RC, UC and UD (IB spec 11.2.4.2, as the Linux
+//! mask bits each requires and allows for RC, UC, UD and both halves of XRC (IB spec 11.2.4.2, as the Linux
 //! kernel's `ib_modify_qp_is_ok` table encodes it).
 
 use vrnic_wire::QpState::{self, *};
@@ -86,6 +86,30 @@ pub fn ud_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
     })
 }
 
+/// `(required, optional)` mask bits for `cur -> next` on an XRC send QP (the initiator): RC's,
+/// but it has no receive side, so RTR takes no RNR timer and no responder resources.
+pub fn xrc_send_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    Some(match (cur, next) {
+        (Init, Rtr) => (
+            AV | PATH_MTU | DEST_QPN | RQ_PSN,
+            ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
+        ),
+        _ => return rc_masks(cur, next),
+    })
+}
+
+/// `(required, optional)` mask bits for `cur -> next` on an XRC receive QP (the target): RC's,
+/// but it sends nothing of its own, so RTS takes no retry counts or initiator resources.
+pub fn xrc_recv_masks(cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    Some(match (cur, next) {
+        (Rtr, Rts) => (
+            SQ_PSN | TIMEOUT,
+            CUR_STATE | ACCESS_FLAGS | MIN_RNR_TIMER | ALT_PATH | PATH_MIG_STATE,
+        ),
+        _ => return rc_masks(cur, next),
+    })
+}
+
 /// Checks `mask` for `cur -> next` on a QP of type `ty`: every required bit present, nothing
 /// outside required, optional and `STATE`.
 pub fn check(ty: QpType, cur: QpState, next: QpState, mask: u32) -> bool {
@@ -93,6 +117,8 @@ pub fn check(ty: QpType, cur: QpState, next: QpState, mask: u32) -> bool {
         QpType::Rc => rc_masks(cur, next),
         QpType::Uc => uc_masks(cur, next),
         QpType::Ud => ud_masks(cur, next),
+        QpType::XrcSend => xrc_send_masks(cur, next),
+        QpType::XrcRecv => xrc_recv_masks(cur, next),
     };
     let Some((req, opt)) = masks else {
         return false;
@@ -199,6 +225,27 @@ mod tests {
         assert!(!check(QpType::Ud, Init, Rtr, STATE | AV | DEST_QPN));
         assert!(check(QpType::Ud, Rtr, Rts, STATE | SQ_PSN));
         assert!(!check(QpType::Ud, Rtr, Rts, STATE | SQ_PSN | TIMEOUT));
+    }
+
+    #[test]
+    fn xrc_halves_take_the_masks_ibv_xsrq_pingpong_gives() {
+        let init = STATE | PKEY_INDEX | PORT | ACCESS_FLAGS;
+        for ty in [QpType::XrcSend, QpType::XrcRecv] {
+            assert!(check(ty, Reset, Init, init));
+            assert!(!check(ty, Reset, Init, init & !ACCESS_FLAGS));
+        }
+        let send_rtr = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN;
+        assert!(check(QpType::XrcSend, Init, Rtr, send_rtr));
+        assert!(!check(QpType::XrcSend, Init, Rtr, send_rtr | MIN_RNR_TIMER));
+        let recv_rtr = send_rtr | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+        assert!(check(QpType::XrcRecv, Init, Rtr, recv_rtr));
+        assert!(!check(QpType::XrcRecv, Init, Rtr, send_rtr));
+        let send_rts = STATE | TIMEOUT | SQ_PSN | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC;
+        assert!(check(QpType::XrcSend, Rtr, Rts, send_rts));
+        assert!(!check(QpType::XrcSend, Rtr, Rts, STATE | TIMEOUT | SQ_PSN));
+        assert!(check(QpType::XrcRecv, Rtr, Rts, STATE | TIMEOUT | SQ_PSN));
+        assert!(!check(QpType::XrcRecv, Rtr, Rts, send_rts));
+        assert!(!check(QpType::XrcRecv, Rtr, Rts, STATE | SQ_PSN));
     }
 
     #[test]

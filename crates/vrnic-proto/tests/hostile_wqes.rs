@@ -216,6 +216,7 @@ fn random_wqe(r: &mut Rng, attacker_lkey: u32, victim_addr: u64, victim_key: u32
             remote_qpn: r.next() as u32,
             remote_qkey: r.next() as u32,
         },
+        xrc_srqn: 0,
         payload,
     }
 }

@@ -347,6 +347,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u
         compare_add: 0,
         swap: 0,
         ud: Default::default(),
+        xrc_srqn: 0,
         payload: SendPayload::Sges(sges),
     }
 }
@@ -1199,4 +1200,41 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
         n.b.e.placement(from, &ok, &mut runs).is_none(),
         "PSN 0x77 is taken now"
     );
+}
+
+/// A responder not yet at RTR drops what comes, as a fabric loses it; the requester sends it
+/// again when its local ACK timeout (timeout 14: 67 ms) expires, and it lands once the
+/// responder is up (`ibv_xsrq_pingpong`'s server sends before its client reaches RTR).
+#[test]
+fn a_request_dropped_before_the_responder_reached_rtr_is_sent_again_after_the_ack_timeout() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let (bctx, bqp) = (n.b.ctx, n.b.qp);
+    n.b.e
+        .modify_qp(now, bctx, bqp, qp_attr::STATE, &QpAttr::default())
+        .unwrap();
+    let src = n.a.map(0x10_0000, 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x80_0000, 4096, access::LOCAL_WRITE);
+    n.a.set(&src, 0x10_0000, 0x10_0000, b"late");
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::Send,
+            vec![sge(0x10_0000, 4, src.0.lkey)],
+            0,
+            0,
+        ),
+    );
+    n.run();
+    let (aq, al) = (n.a.qpn, n.a.lid);
+    let all = access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+    n.b.connect(now, aq, al, all);
+    n.b.recv(now, 7, vec![sge(0x80_0000, 4096, dst.0.lkey)]);
+    n.run();
+    assert!(n.a.cqes().is_empty(), "dropped, not sent again yet");
+    n.advance(Duration::from_millis(70));
+    assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0000, 4), b"late");
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    assert_eq!(statuses(&n.b.cqes()), vec![(7, WcStatus::Success)]);
 }

@@ -189,6 +189,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u
         compare_add: 0,
         swap: 0,
         ud: Default::default(),
+        xrc_srqn: 0,
         payload: SendPayload::Sges(sges),
     }
 }
@@ -2273,6 +2274,7 @@ fn bind(
         compare_add: len,
         swap: u64::from(mw.0) << 32 | u64::from(lkey),
         ud: Default::default(),
+        xrc_srqn: 0,
         payload: SendPayload::Sges(vec![]),
     }
 }

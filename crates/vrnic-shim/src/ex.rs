@@ -82,6 +82,13 @@ fn send_ops(qp_type: c_uint) -> u64 {
         }
         IBV_QPT_UC => send | write | mw,
         IBV_QPT_UD => send,
+        // XRC: what RC does but memory windows (a window's PD would be the target SRQ's).
+        IBV_QPT_XRC_SEND => {
+            send | write
+                | IBV_QP_EX_WITH_RDMA_READ
+                | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+        }
         _ => 0,
     }
 }
@@ -102,9 +109,12 @@ pub extern "C" fn vrnic_create_qp_ex(
         }
         // SAFETY: attr is the app's.
         let x = unsafe { &mut *attr };
-        let known =
-            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if x.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || x.pd.is_null() {
+        let known = IBV_QP_INIT_ATTR_PD
+            | IBV_QP_INIT_ATTR_XRCD
+            | IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let xrc_recv = x.qp_type == IBV_QPT_XRC_RECV;
+        if !xrc_recv && (x.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || x.pd.is_null()) {
             return null_err(libc::EINVAL);
         }
         if x.comp_mask & !known != 0
@@ -112,14 +122,27 @@ pub extern "C" fn vrnic_create_qp_ex(
         {
             return null_err(libc::EOPNOTSUPP);
         }
-        if !matches!(x.qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
-            // XRC, raw packet, driver QPs.
+        if !matches!(
+            x.qp_type,
+            IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV
+        ) {
+            // Raw packet, driver QPs.
             return null_err(libc::EOPNOTSUPP);
         }
         let extended = x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
         let ops = if extended { x.send_ops_flags } else { 0 };
         if ops & !send_ops(x.qp_type) != 0 {
             return null_err(libc::EOPNOTSUPP);
+        }
+        if matches!(x.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
+            let qp = crate::xrc::create_qp(ctx, x);
+            if !qp.is_null() {
+                // SAFETY: qp was just made: a live VQp.
+                let v = unsafe { &mut *qp.cast::<VQp>() };
+                v.extended = extended && !xrc_recv;
+                builders(&mut v.qp);
+            }
+            return qp;
         }
         // The plain path, from the fields both structs share.
         // SAFETY: plain C data; zero is valid.
@@ -140,7 +163,14 @@ pub extern "C" fn vrnic_create_qp_ex(
         let v = unsafe { &mut *qp.cast::<VQp>() };
         // As mlx5: only a QP asked for with SEND_OPS_FLAGS has the extended view.
         v.extended = extended;
-        let t = &mut v.qp;
+        builders(&mut v.qp);
+        qp
+    })
+}
+
+/// Fills an extended QP's `ibv_wr_*` table.
+fn builders(t: &mut ibv_qp_ex) {
+    {
         t.comp_mask = 0;
         t.wr_start = Some(wr_start);
         t.wr_complete = Some(wr_complete);
@@ -163,8 +193,7 @@ pub extern "C" fn vrnic_create_qp_ex(
         t.wr_send_tso = Some(wr_send_tso);
         t.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
         t.wr_atomic_write = Some(wr_atomic_write);
-        qp
-    })
+    }
 }
 
 /// `ibv_qp_to_qp_ex`: the extended view of a QP made by `ibv_create_qp_ex` with
@@ -242,6 +271,7 @@ fn begin(
             compare_add: cmp,
             swap,
             ud: UdAddr::default(),
+            xrc_srqn: 0,
             payload: SendPayload::Sges(Vec::new()),
         });
     });
@@ -482,8 +512,24 @@ extern "C" fn wr_send_tso(q: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: 
     poison(q, libc::EOPNOTSUPP);
 }
 
-extern "C" fn wr_set_xrc_srqn(q: *mut ibv_qp_ex, _srqn: u32) {
-    poison(q, libc::EOPNOTSUPP);
+/// The XRC SRQ at the target of the WQE being built (XRC send QPs only; elsewhere the batch
+/// fails with `EOPNOTSUPP`).
+extern "C" fn wr_set_xrc_srqn(q: *mut ibv_qp_ex, srqn: u32) {
+    with_batch(q, |v, b| {
+        let r = match b.wqes.last_mut() {
+            _ if v.qp.qp_base.qp_type != IBV_QPT_XRC_SEND => Err(libc::EOPNOTSUPP),
+            Some(w) => {
+                w.xrc_srqn = srqn;
+                Ok(())
+            }
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = r
+            && b.err == 0
+        {
+            b.err = e;
+        }
+    });
 }
 
 extern "C" fn wr_atomic_write(q: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _data: *const c_void) {

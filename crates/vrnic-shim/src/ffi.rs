@@ -270,6 +270,9 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.query_device_ex = Some(vrnic_query_device_ex);
         vctx.create_srq_ex = Some(crate::srq::vrnic_create_srq_ex);
         vctx.create_qp_ex = Some(crate::ex::vrnic_create_qp_ex);
+        vctx.open_xrcd = Some(crate::xrc::vrnic_open_xrcd);
+        vctx.close_xrcd = Some(crate::xrc::vrnic_close_xrcd);
+        vctx.get_srq_num = Some(crate::srq::vrnic_get_srq_num);
         vctx.create_cq_ex = Some(crate::ex::vrnic_create_cq_ex);
         vctx.alloc_dm = Some(crate::dm::vrnic_alloc_dm);
         vctx.free_dm = Some(crate::dm::vrnic_free_dm);
@@ -368,8 +371,8 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.max_qp = i.max_qp as c_int;
     a.max_qp_wr = i.max_qp_wr as c_int;
     a.device_cap_flags = limits::DEVICE_CAP_FLAGS;
-    // `ibv_modify_srq` with `IBV_SRQ_MAX_WR` (srq.rs); memory windows (mw.rs).
-    a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | crate::mw::CAP_FLAGS;
+    // `ibv_modify_srq` with `IBV_SRQ_MAX_WR` (srq.rs); memory windows (mw.rs); XRC (xrc.rs).
+    a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | crate::mw::CAP_FLAGS | IBV_DEVICE_XRC;
     a.max_mw = crate::mw::MAX_MW;
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
@@ -1311,6 +1314,22 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         }
         // SAFETY: init is a caller-owned ibv_qp_init_attr.
         let ia = unsafe { &mut *init };
+        if ia.qp_type == IBV_QPT_XRC_SEND {
+            // `ibv_create_qp_ex` with a PD alone comes here (verbs.h): the XRC path.
+            // SAFETY: plain C data; zero is valid.
+            let mut x: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+            x.qp_context = ia.qp_context;
+            x.send_cq = ia.send_cq;
+            x.cap = ia.cap;
+            x.qp_type = ia.qp_type;
+            x.sq_sig_all = ia.sq_sig_all;
+            x.comp_mask = IBV_QP_INIT_ATTR_PD;
+            x.pd = pd;
+            // SAFETY: pd is ours and live.
+            let qp = crate::xrc::create_qp(unsafe { &*pd }.context, &mut x);
+            ia.cap = x.cap;
+            return qp;
+        }
         if ia.send_cq.is_null() || ia.recv_cq.is_null() {
             return null_err(libc::EINVAL);
         }
@@ -1340,8 +1359,6 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
         // SAFETY: as above.
         let rcq = unsafe { &*ia.recv_cq }.handle;
         let (ctx, pdh) = (pdr.context, pdr.handle);
-        // SAFETY: the PD's context outlives it.
-        let c = unsafe { context(ctx) };
         let req = Request::CreateQp {
             pd: pdh,
             send_cq: scq,
@@ -1350,64 +1367,79 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
             srq,
+            xrcd: None,
         };
-        let (h, qpn, sq, sq_depth, rq, rq_depth, cap, bell) = match c.conn.call(&req) {
-            Ok(Reply::Qp {
-                qp,
-                qpn,
-                sq,
-                sq_depth,
-                rq,
-                rq_depth,
-                cap,
-                bell,
-            }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap, bell),
-            Ok(_) => return null_err(libc::EPROTO),
-            Err(e) => return null_err(e),
-        };
-        let (Ok(sq), Ok(rq)) = (
-            Ring::new(&c.conn.region, sq, sq_depth, SQ_SLOT),
-            Ring::new(&c.conn.region, rq, rq_depth, RQ_SLOT),
-        ) else {
-            let _ = c.conn.call(&Request::DestroyQp { qp: h });
-            return null_err(libc::EPROTO);
-        };
-        ia.cap.max_send_wr = cap.max_send_wr;
-        ia.cap.max_recv_wr = cap.max_recv_wr;
-        ia.cap.max_send_sge = cap.max_send_sge;
-        ia.cap.max_recv_sge = cap.max_recv_sge;
-        ia.cap.max_inline_data = cap.max_inline_data;
-        // SAFETY: plain C data plus pthread objects (all-zero is their initializer in glibc).
-        let mut qp: ibv_qp = unsafe { std::mem::zeroed() };
-        qp.context = ctx;
-        qp.qp_context = ia.qp_context;
-        qp.pd = pd;
-        qp.send_cq = ia.send_cq;
-        qp.recv_cq = ia.recv_cq;
-        qp.srq = ia.srq;
-        qp.handle = h;
-        qp.qp_num = qpn;
-        qp.state = IBV_QPS_RESET;
-        qp.qp_type = ia.qp_type;
-        // SAFETY: plain C data (the QP, fn pointers as Option, ints): zero is valid.
-        let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
-        qpx.qp_base = qp;
-        let v = Box::new(VQp {
-            qp: qpx,
-            sq: Mutex::new(WorkQueue::new(sq, bell, cap.max_send_wr)),
-            rq: Mutex::new(WorkQueue::new(rq, bell, cap.max_recv_wr)),
-            cap,
-            sq_sig_all: ia.sq_sig_all != 0,
-            state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),
-            extended: false,
-            batch: Default::default(),
-        });
-        let p = Box::into_raw(v);
-        if let Ok(mut m) = c.qps.lock() {
-            m.insert(h, p as usize);
-        }
-        p.cast()
+        make_qp(ctx, pd, ia, &req)
     })
+}
+
+/// Makes the QP `req` asks for (`CreateQp`), of the type and with the CQs, SRQ and capacities
+/// `ia` names (which gets the capacities granted), in context `ctx` under `pd` (NULL for an
+/// XRC receive QP): the daemon's answer, its rings mapped, the `ibv_qp` handed to the app.
+pub(crate) fn make_qp(
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    ia: &mut ibv_qp_init_attr,
+    req: &Request,
+) -> *mut ibv_qp {
+    // SAFETY: ctx is ours (the caller's PD's or the XRC domain's).
+    let c = unsafe { context(ctx) };
+    let (h, qpn, sq, sq_depth, rq, rq_depth, cap, bell) = match c.conn.call(req) {
+        Ok(Reply::Qp {
+            qp,
+            qpn,
+            sq,
+            sq_depth,
+            rq,
+            rq_depth,
+            cap,
+            bell,
+        }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap, bell),
+        Ok(_) => return null_err(libc::EPROTO),
+        Err(e) => return null_err(e),
+    };
+    let (Ok(sq), Ok(rq)) = (
+        Ring::new(&c.conn.region, sq, sq_depth, SQ_SLOT),
+        Ring::new(&c.conn.region, rq, rq_depth, RQ_SLOT),
+    ) else {
+        let _ = c.conn.call(&Request::DestroyQp { qp: h });
+        return null_err(libc::EPROTO);
+    };
+    ia.cap.max_send_wr = cap.max_send_wr;
+    ia.cap.max_recv_wr = cap.max_recv_wr;
+    ia.cap.max_send_sge = cap.max_send_sge;
+    ia.cap.max_recv_sge = cap.max_recv_sge;
+    ia.cap.max_inline_data = cap.max_inline_data;
+    // SAFETY: plain C data plus pthread objects (all-zero is their initializer in glibc).
+    let mut qp: ibv_qp = unsafe { std::mem::zeroed() };
+    qp.context = ctx;
+    qp.qp_context = ia.qp_context;
+    qp.pd = pd;
+    qp.send_cq = ia.send_cq;
+    qp.recv_cq = ia.recv_cq;
+    qp.srq = ia.srq;
+    qp.handle = h;
+    qp.qp_num = qpn;
+    qp.state = IBV_QPS_RESET;
+    qp.qp_type = ia.qp_type;
+    // SAFETY: plain C data (the QP, fn pointers as Option, ints): zero is valid.
+    let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    qpx.qp_base = qp;
+    let v = Box::new(VQp {
+        qp: qpx,
+        sq: Mutex::new(WorkQueue::new(sq, bell, cap.max_send_wr)),
+        rq: Mutex::new(WorkQueue::new(rq, bell, cap.max_recv_wr)),
+        cap,
+        sq_sig_all: ia.sq_sig_all != 0,
+        state: std::sync::atomic::AtomicU32::new(IBV_QPS_RESET),
+        extended: false,
+        batch: Default::default(),
+    });
+    let p = Box::into_raw(v);
+    if let Ok(mut m) = c.qps.lock() {
+        m.insert(h, p as usize);
+    }
+    p.cast()
 }
 
 pub(crate) fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
@@ -1718,6 +1750,11 @@ pub extern "C" fn vrnic_post_send(
         }
         // SAFETY: qp is ours and live.
         let v = unsafe { &*qp.cast::<VQp>() };
+        let xrc_send = v.qp.qp_base.qp_type == IBV_QPT_XRC_SEND;
+        if v.qp.qp_base.qp_type == IBV_QPT_XRC_RECV {
+            // An XRC receive QP has no send queue.
+            return fail(wr, libc::EINVAL);
+        }
         let state = v.state.load(Ordering::Acquire);
         if state != IBV_QPS_RTS
             && state != IBV_QPS_SQD
@@ -1816,6 +1853,12 @@ pub extern "C" fn vrnic_post_send(
                 compare_add,
                 swap,
                 ud,
+                xrc_srqn: if xrc_send {
+                    // SAFETY: on an XRC send QP the app filled `qp_type.xrc` (verbs.h).
+                    unsafe { w.qp_type.xrc.remote_srqn }
+                } else {
+                    0
+                },
                 payload,
             };
             sq.push_send(&conn.region, &wqe);
@@ -1843,8 +1886,11 @@ pub extern "C" fn vrnic_post_recv(
         }
         // SAFETY: qp is ours and live.
         let v = unsafe { &*qp.cast::<VQp>() };
-        // Receives of a QP on an SRQ are posted to the SRQ.
-        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET || !v.qp.qp_base.srq.is_null() {
+        // Receives of a QP on an SRQ are posted to the SRQ; XRC QPs have no receive queue.
+        if v.state.load(Ordering::Acquire) == IBV_QPS_RESET
+            || !v.qp.qp_base.srq.is_null()
+            || matches!(v.qp.qp_base.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV)
+        {
             return fail(wr, libc::EINVAL);
         }
         // SAFETY: the QP's context outlives it.

@@ -40,5 +40,6 @@ mod resize;
 mod srq;
 mod symbols;
 mod sys;
+mod xrc;
 
 pub use symbols::EXPORTS;

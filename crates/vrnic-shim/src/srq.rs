@@ -2,7 +2,9 @@
 //! `ibv_destroy_srq` (control path, remoted to the daemon) and `post_srq_recv` (data path: a
 //! receive ring in the region that the engine reads for every QP attached to the SRQ).
 //!
-//! Only basic SRQs exist: XRC and tag-matching SRQs fail with `EOPNOTSUPP`. Resizing
+//! Basic and XRC SRQs exist (an XRC SRQ names its domain and the CQ its receives complete on,
+//! and has a number, `ibv_get_srq_num`, that XRC senders name); tag-matching SRQs fail with
+//! `EOPNOTSUPP`. Resizing
 //! (`IBV_SRQ_MAX_WR`, the device reports `IBV_DEVICE_SRQ_RESIZE`) grows or shrinks the SRQ
 //! keeping its posted receives: the daemon takes every receive published into the engine and
 //! moves the SRQ to a ring of the new depth whose indices carry on from the old one.
@@ -26,6 +28,8 @@ struct VSrq {
     srq: ibv_srq,
     rq: Mutex<WorkQueue>,
     max_sge: u32,
+    /// Its SRQ number.
+    srqn: u32,
 }
 
 fn create(
@@ -33,6 +37,7 @@ fn create(
     pd: *mut ibv_pd,
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
+    xrc: Option<(u32, u32)>,
 ) -> *mut ibv_srq {
     // SAFETY: ctx is ours (the PD's context).
     let c = unsafe { context(ctx) };
@@ -48,14 +53,16 @@ fn create(
         max_wr: attr.max_wr,
         max_sge: attr.max_sge,
         limit: attr.srq_limit,
+        xrc,
     };
-    let (h, ring, depth, bell) = match c.conn.call(&req) {
+    let (h, ring, depth, bell, srqn) = match c.conn.call(&req) {
         Ok(Reply::Srq {
             srq,
             ring,
             depth,
             bell,
-        }) => (srq, ring, depth, bell),
+            srqn,
+        }) => (srq, ring, depth, bell, srqn),
         Ok(_) => return null_err(libc::EPROTO),
         Err(e) => return null_err(e),
     };
@@ -74,6 +81,7 @@ fn create(
         srq: s,
         rq: Mutex::new(WorkQueue::new(ring, bell, attr.max_wr)),
         max_sge: attr.max_sge,
+        srqn,
     }));
     if let Ok(mut m) = c.srqs.lock() {
         m.insert(h, p as usize);
@@ -94,7 +102,7 @@ pub extern "C" fn vrnic_ibv_create_srq(
         let ia = unsafe { &mut *init };
         // SAFETY: pd is ours and live.
         let ctx = unsafe { &*pd }.context;
-        create(ctx, pd, ia.srq_context, &mut ia.attr)
+        create(ctx, pd, ia.srq_context, &mut ia.attr, None)
     })
 }
 
@@ -118,13 +126,30 @@ pub extern "C" fn vrnic_create_srq_ex(
         {
             return null_err(libc::EINVAL);
         }
-        if ia.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ia.srq_type != IBV_SRQT_BASIC {
+        let ty = if ia.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 {
+            ia.srq_type
+        } else {
+            IBV_SRQT_BASIC
+        };
+        let xrc = match ty {
+            IBV_SRQT_BASIC => None,
+            IBV_SRQT_XRC => {
+                // An XRC SRQ names its domain and its CQ (rdma-core's `ibv_cmd_create_srq_ex`).
+                let need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+                if ia.comp_mask & need != need || ia.xrcd.is_null() || ia.cq.is_null() {
+                    return null_err(libc::EINVAL);
+                }
+                // SAFETY: a non-NULL XRC domain and CQ in the app's attributes are ours, live.
+                let x = unsafe { crate::xrc::handle(ia.xrcd) };
+                // SAFETY: as above.
+                Some((x, unsafe { (*ia.cq).handle }))
+            }
+            _ => return null_err(libc::EOPNOTSUPP),
+        };
+        if ia.comp_mask & IBV_SRQ_INIT_ATTR_TM != 0 {
             return null_err(libc::EOPNOTSUPP);
         }
-        if ia.comp_mask & (IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_TM) != 0 {
-            return null_err(libc::EOPNOTSUPP);
-        }
-        create(ctx, ia.pd, ia.srq_context, &mut ia.attr)
+        create(ctx, ia.pd, ia.srq_context, &mut ia.attr, xrc)
     })
 }
 
@@ -253,5 +278,19 @@ pub extern "C" fn vrnic_post_srq_recv(
         // SAFETY: the SRQ's context outlives it.
         let conn = &unsafe { context(v.srq.context) }.conn;
         post_recv_list(&v.rq, conn, wr, bad, v.max_sge)
+    })
+}
+
+/// `verbs_context.get_srq_num` (the `ibv_get_srq_num` inline): the number XRC senders name.
+pub extern "C" fn vrnic_get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> c_int {
+    guard(libc::EIO, || {
+        if srq.is_null() || srq_num.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: srq is one of ours (VSrq starts with ibv_srq).
+        let n = unsafe { &*srq.cast::<VSrq>() }.srqn;
+        // SAFETY: srq_num is the caller's.
+        unsafe { srq_num.write(n) };
+        0
     })
 }

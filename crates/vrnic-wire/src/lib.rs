@@ -25,6 +25,7 @@
 //!     compare_add: 0,
 //!     swap: 0,
 //!     ud: Default::default(),
+//!     xrc_srqn: 0,
 //!     payload: vrnic_wire::SendPayload::Sges(vec![Sge { addr: 0x1000, length: 64, lkey: 3 }]),
 //! };
 //! let mut slot = [0u8; SQ_SLOT];
@@ -263,7 +264,8 @@ impl SendPayload {
 /// Slot layout (little endian): `wr_id` u64 @0, opcode u8 @8, flags u8 @9, `num_sge` u8 @10,
 /// `imm_data` u32 @12 (kept as the app wrote it, big endian on the wire), `remote_addr` u64 @16,
 /// `rkey` u32 @24, `inline_len` u32 @28, `compare_add` u64 @32, `swap` u64 @40, UD address
-/// handle u32 @48, remote QPN u32 @52, remote Q_Key u32 @56, then SGEs or inline bytes from @64.
+/// handle u32 @48, remote QPN u32 @52, remote Q_Key u32 @56, XRC SRQ number u32 @60, then SGEs
+/// or inline bytes from @64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendWqe {
     /// The app's identifier, echoed in the completion.
@@ -284,6 +286,9 @@ pub struct SendWqe {
     pub swap: u64,
     /// Destination of a UD send (unused on connected QPs).
     pub ud: UdAddr,
+    /// The XRC SRQ number at the target of an XRC send (`qp_type.xrc.remote_srqn`; unused on
+    /// other QPs).
+    pub xrc_srqn: u32,
     /// The data.
     pub payload: SendPayload,
 }
@@ -336,6 +341,7 @@ impl SendWqe {
                 remote_qpn: get_u32(slot, 52),
                 remote_qkey: get_u32(slot, 56),
             },
+            xrc_srqn: get_u32(slot, 60),
             payload,
         })
     }
@@ -355,6 +361,7 @@ impl SendWqe {
         put_u32(slot, 48, self.ud.ah);
         put_u32(slot, 52, self.ud.remote_qpn);
         put_u32(slot, 56, self.ud.remote_qkey);
+        put_u32(slot, 60, self.xrc_srqn);
         match &self.payload {
             SendPayload::Sges(sges) => {
                 assert!(sges.len() <= MAX_SGE, "caller checks the SGE limit");
@@ -622,6 +629,20 @@ pub enum QpType {
     Rc = 2,
     Uc = 3,
     Ud = 4,
+    /// `IBV_QPT_XRC_SEND` (the XRC initiator): a send queue only; each work request names
+    /// the XRC SRQ that receives it at the target.
+    XrcSend = 9,
+    /// `IBV_QPT_XRC_RECV` (the XRC target): no queues of its own; a message lands in the XRC
+    /// SRQ its requester names, of the same XRC domain.
+    XrcRecv = 10,
+}
+
+impl QpType {
+    /// Whether it is reliable and connected (RC and both XRC halves): acknowledged, with RDMA
+    /// READ and atomics.
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
 }
 
 /// Capacities of a QP (`struct ibv_qp_cap`).
@@ -803,6 +824,7 @@ mod tests {
             compare_add: 1,
             swap: 2,
             ud: Default::default(),
+            xrc_srqn: 0x00ab_cdef,
             payload: SendPayload::Sges(
                 (0..MAX_SGE as u32)
                     .map(|i| Sge {

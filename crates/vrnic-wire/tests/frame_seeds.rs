@@ -153,6 +153,52 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
                 segment,
             }
         }),
+        (
+            "xrc-send-only",
+            seg(Xrc, SendOnly, 66, |s| {
+                s.ack_req = true;
+                s.xrc_srqn = Some(0x2a);
+            }),
+        ),
+        (
+            "xrc-send-first",
+            seg(Xrc, SendFirst, 256, |s| s.xrc_srqn = Some(0x2a)),
+        ),
+        (
+            "xrc-write-only-imm",
+            seg(Xrc, RdmaWriteOnlyWithImm, 5, |s| {
+                s.xrc_srqn = Some(0x2a);
+                reth(s);
+                s.imm = Some(7);
+            }),
+        ),
+        (
+            "xrc-read-request",
+            seg(Xrc, RdmaReadRequest, 0, |s| {
+                s.xrc_srqn = Some(0x2a);
+                reth(s);
+            }),
+        ),
+        (
+            "xrc-fetch-add",
+            seg(Xrc, FetchAdd, 0, |s| {
+                s.xrc_srqn = Some(0x2a);
+                atomic(s);
+            }),
+        ),
+        (
+            "xrc-read-response-only",
+            seg(Xrc, RdmaReadResponseOnly, 7, aeth(ack)),
+        ),
+        (
+            "xrc-nak-invalid",
+            seg(
+                Xrc,
+                Acknowledge,
+                0,
+                aeth(Syndrome::Nak(NakCode::InvalidRequest)),
+            ),
+        ),
         ("control-hello", control(ControlKind::Hello, 16)),
         ("control-keepalive", control(ControlKind::Keepalive, 0)),
         ("control-announce", control(ControlKind::Announce, 40)),

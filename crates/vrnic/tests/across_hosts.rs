@@ -75,6 +75,39 @@ fn srq_pingpong_across_hosts() {
     across("ibv_srq_pingpong", &["-n", "100"]);
 }
 
+/// Unmodified `ibv_xsrq_pingpong` between hosts: every message crosses the peer link as XRC
+/// frames (an XRCETH naming the peer's SRQ), lands in that SRQ and completes on its CQ; both
+/// sides must print `success`.
+fn xsrq_across(args: &[&str]) {
+    require("ibv_xsrq_pingpong");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let mut server = vec!["ibv_xsrq_pingpong", "-p", &p];
+    server.extend_from_slice(args);
+    let mut client = server.clone();
+    let addr = hosts.addr(0);
+    client.push(&addr);
+    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
+    pair.assert_ok();
+    for out in [&pair.server, &pair.client] {
+        assert!(
+            out.stdout.contains("SRQN") && out.stdout.lines().any(|l| l == "success"),
+            "no success\n{pair}"
+        );
+    }
+}
+
+#[test]
+fn xsrq_pingpong_across_hosts() {
+    xsrq_across(&["-n", "100", "-s", "20000"]);
+}
+
+#[test]
+fn xsrq_pingpong_across_hosts_in_event_mode() {
+    xsrq_across(&["-n", "50", "-e"]);
+}
+
 #[test]
 fn perftest_write_read_send_atomic_bw_across_hosts() {
     for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw"] {

@@ -114,8 +114,8 @@ fn ibv_devinfo_shows_honest_attributes() {
         "fw_ver {fw:?} is not numeric"
     );
     // RC_RNR_NAK_GEN, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID (0x1c00), SRQ_RESIZE (1 << 13),
-    // MEM_WINDOW (1 << 17), MEM_WINDOW_TYPE_2B (1 << 24).
-    assert_eq!(field("device_cap_flags:"), "0x01023c00");
+    // MEM_WINDOW (1 << 17), XRC (1 << 20), MEM_WINDOW_TYPE_2B (1 << 24).
+    assert_eq!(field("device_cap_flags:"), "0x01123c00");
     for flag in [
         "PORT_ACTIVE_EVENT",
         "SYS_IMAGE_GUID",
@@ -123,6 +123,7 @@ fn ibv_devinfo_shows_honest_attributes() {
         "SRQ_RESIZE",
         "MEM_WINDOW",
         "MEM_WINDOW_TYPE_2B",
+        "XRC",
     ] {
         assert!(
             out.stdout.lines().any(|l| l.trim() == flag),

@@ -45,7 +45,7 @@ fn wr_builders_and_extended_cq_move_exact_bytes_and_report_every_field() {
     check(
         "rc",
         &[
-            "creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused",
+            "creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC_SEND BIND_MW, TSO refused",
             "receive of wr_rdma_write_imm",
             "receive of wr_send_imm from 3 SGEs",
             "receives of inline data, an inline list, and an SGE send with the inline flag",
@@ -56,7 +56,7 @@ fn wr_builders_and_extended_cq_move_exact_bytes_and_report_every_field() {
             "100 single-byte writes landed",
         ],
         &[
-            "creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC, TSO refused",
+            "creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC_SEND BIND_MW, TSO refused",
             "wr_rdma_write: completion opcode, length, qp_num; stamped between two raw clock reads",
             "wr_rdma_write_imm",
             "wr_send_imm with wr_set_sge_list of 3 SGEs",
@@ -67,7 +67,7 @@ fn wr_builders_and_extended_cq_move_exact_bytes_and_report_every_field() {
             "wr_abort: nothing posted",
             "a batch with wr_atomic_write",
             "a batch with wr_send_tso",
-            "a batch with wr_set_xrc_srqn",
+            "a batch with wr_set_xrc_srqn", // on an RC QP: EOPNOTSUPP
             "the QP works after aborted and failed batches",
             "receive of the server's wr_send_imm",
             "completion event on an extended CQ",

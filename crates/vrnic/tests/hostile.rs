@@ -116,6 +116,7 @@ fn rc_qp(h: &mut Hostile) -> (u32, Ring, Ring) {
         cap,
         sq_sig_all: false,
         srq: None,
+        xrcd: None,
     };
     let Reply::Qp {
         qp,
@@ -286,6 +287,7 @@ fn garbage_from_a_client_fails_only_its_own_objects() {
         max_wr: 4,
         max_sge: 1,
         limit: 0,
+        xrc: None,
     })
     else {
         panic!("srq")
@@ -371,6 +373,7 @@ fn requests_past_the_device_limits_are_refused_by_the_daemon() {
         cap,
         sq_sig_all: false,
         srq: None,
+        xrcd: None,
     };
     for (what, f) in [
         (
@@ -400,6 +403,7 @@ fn requests_past_the_device_limits_are_refused_by_the_daemon() {
                 max_wr: srq.0,
                 max_sge: srq.1,
                 limit: srq.2,
+                xrc: None,
             }),
             what,
         );

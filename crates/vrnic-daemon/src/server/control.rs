@@ -1,5 +1,5 @@
 //! Control requests from a context's mailbox: each is checked against the context that sent it
-//! and answered in the same mailbox (PD, CQ, QP, SRQ, AH, connection management).
+//! and answered in the same mailbox (PD, CQ, QP, SRQ, XRC domain, AH, connection management).
 
 use super::*;
 
@@ -122,6 +122,16 @@ impl Server {
                     Err(e) => err(e, "alloc_pd"),
                 }
             }
+            Request::OpenXrcd { key, create, excl } => {
+                match self.engine.open_xrcd(vnic, id, key, create, excl) {
+                    Ok(x) => Reply::Handle(x.0),
+                    Err(e) => err(e, "open_xrcd"),
+                }
+            }
+            Request::CloseXrcd { xrcd } => cm_reply(
+                self.engine.close_xrcd(id, vrnic_proto::XrcdId(xrcd)),
+                "close_xrcd",
+            ),
             Request::DeallocPd { pd } => match self.engine.dealloc_pd(id, PdId(pd)) {
                 Ok(()) => {
                     if let Some(c) = self.ctxs.get_mut(&id) {
@@ -188,12 +198,14 @@ impl Server {
                 cap,
                 sq_sig_all,
                 srq,
+                xrcd,
             } => self.create_qp(
                 id,
                 PdId(pd),
                 CqId(send_cq),
                 CqId(recv_cq),
                 srq.map(SrqId),
+                xrcd.map(vrnic_proto::XrcdId),
                 qp_type,
                 cap,
                 sq_sig_all,
@@ -247,7 +259,8 @@ impl Server {
                 max_wr,
                 max_sge,
                 limit,
-            } => self.create_srq(id, PdId(pd), max_wr, max_sge, limit),
+                xrc,
+            } => self.create_srq(id, PdId(pd), max_wr, max_sge, limit, xrc),
             Request::ModifySrq { srq, resize, limit } => {
                 self.modify_srq(id, SrqId(srq), resize, limit)
             }
@@ -409,6 +422,7 @@ impl Server {
         max_wr: u32,
         max_sge: u32,
         limit: u32,
+        xrc: Option<(u32, u32)>,
     ) -> Reply {
         let Some(ctx) = self.ctxs.get(&id) else {
             return err(libc::ENODEV, "no context");
@@ -431,8 +445,26 @@ impl Server {
             free_bell(v, bell);
             return err(libc::ENOMEM, "no memory for the SRQ ring");
         };
-        match self.engine.create_srq(id, pd, max_wr, max_sge, limit) {
-            Ok((srq, _)) => {
+        let made = match xrc {
+            Some((xrcd, cq)) => self
+                .engine
+                .create_xrc_srq(
+                    id,
+                    vrnic_proto::XrcdId(xrcd),
+                    pd,
+                    CqId(cq),
+                    max_wr,
+                    max_sge,
+                    limit,
+                )
+                .map(|(s, _, n)| (s, n)),
+            None => self
+                .engine
+                .create_srq(id, pd, max_wr, max_sge, limit)
+                .and_then(|(s, _)| Ok((s, self.engine.srq_num(id, s)?))),
+        };
+        match made {
+            Ok((srq, srqn)) => {
                 set_bell(v, bell, Bell::Srq(srq));
                 self.srqs.insert(
                     srq,
@@ -454,6 +486,7 @@ impl Server {
                     ring: ring.offset(),
                     depth,
                     bell,
+                    srqn,
                 }
             }
             Err(e) => {
@@ -518,10 +551,12 @@ impl Server {
         send_cq: CqId,
         recv_cq: CqId,
         srq: Option<SrqId>,
+        xrcd: Option<vrnic_proto::XrcdId>,
         qp_type: vrnic_wire::QpType,
         mut cap: vrnic_wire::QpCap,
         sq_sig_all: bool,
     ) -> Reply {
+        use vrnic_wire::QpType;
         let Some(ctx) = self.ctxs.get(&id) else {
             return err(libc::ENODEV, "no context");
         };
@@ -537,10 +572,15 @@ impl Server {
         {
             return err(libc::EINVAL, "QP capabilities exceed the device limits");
         }
-        if srq.is_some() {
-            // Receives come from the SRQ: the QP's own receive ring stays minimal and unused.
+        let xrc = matches!(qp_type, QpType::XrcSend | QpType::XrcRecv);
+        if srq.is_some() || xrc {
+            // Receives come from an SRQ: the QP's own receive ring stays minimal and unused.
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
+        }
+        if qp_type == QpType::XrcRecv {
+            // An XRC target has no send queue either.
+            cap = vrnic_wire::QpCap::default();
         }
         let sq_depth = cap.max_send_wr.max(1).next_power_of_two();
         let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
@@ -559,17 +599,27 @@ impl Server {
             free_bell(v, bell);
             return err(libc::ENOMEM, "no memory for the receive ring");
         };
-        cap.max_send_wr = cap.max_send_wr.max(1);
-        cap.max_send_sge = cap.max_send_sge.max(1);
-        if srq.is_none() {
+        if qp_type != QpType::XrcRecv {
+            cap.max_send_wr = cap.max_send_wr.max(1);
+            cap.max_send_sge = cap.max_send_sge.max(1);
+            cap.max_inline_data = vrnic_wire::MAX_INLINE as u32;
+        }
+        if srq.is_none() && !xrc {
             cap.max_recv_wr = cap.max_recv_wr.max(1);
             cap.max_recv_sge = cap.max_recv_sge.max(1);
         }
-        cap.max_inline_data = vrnic_wire::MAX_INLINE as u32;
-        match self
-            .engine
-            .create_qp_srq(id, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all)
-        {
+        let made = match (qp_type, xrcd) {
+            (QpType::XrcRecv, Some(x)) => self.engine.create_xrc_recv_qp(id, x),
+            (QpType::XrcRecv, None) => Err(libc::EINVAL),
+            (QpType::XrcSend, None) => self
+                .engine
+                .create_xrc_send_qp(id, pd, send_cq, cap, sq_sig_all),
+            (_, Some(_)) => Err(libc::EINVAL),
+            _ => self
+                .engine
+                .create_qp_srq(id, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all),
+        };
+        match made {
             Ok((qp, qpn)) => {
                 set_bell(v, bell, Bell::Qp(qp));
                 self.qps.insert(

@@ -171,6 +171,7 @@ impl Server {
             ring: slot.ring.offset(),
             depth: slot.ring.depth(),
             bell: slot.bell,
+            srqn: self.engine.srq_num(id, srq).unwrap_or(0),
         }
     }
 }

@@ -207,7 +207,7 @@ impl Engine {
     }
 
     /// The responder's MR for `[addr, addr+len)` under `rkey`, if the responder QP allows
-    /// `need`, the MR is in its PD, allows `need` and holds the whole range.
+    /// `need`, the MR is in its PD (an XRC receive QP's: its SRQ's), allows `need` and holds the whole range.
     pub(super) fn remote_mr(
         &self,
         peer: QpId,
@@ -226,7 +226,7 @@ impl Engine {
             return self.window_mr(peer, addr, len, rkey, need);
         };
         let m = self.mrs.get(mr)?;
-        (m.pd == p.pd && m.access & need != 0 && inside(m, addr, len)).then_some(m)
+        (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len)).then_some(m)
     }
 }
 

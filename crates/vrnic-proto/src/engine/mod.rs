@@ -13,6 +13,7 @@ mod responder;
 mod sched;
 mod segment;
 mod verbs;
+mod xrc;
 
 pub use groups::{Refusal, Refused};
 use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
@@ -23,6 +24,8 @@ pub use remote::{Placement, SEGMENT, Transmit, TxPayload, WINDOW};
 use responder::Rx;
 pub use sched::Turn;
 use segment::Route;
+pub use xrc::MAX_XRCD;
+use xrc::Xrcd;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -39,7 +42,7 @@ use crate::errno::*;
 use crate::state;
 use crate::{
     AhId, CqId, CtxId, Errno, Event, GroupId, HostId, Loc, Memory, MrId, MrKeys, MwId, PdId, QpId,
-    SrqId, VnicId,
+    SrqId, VnicId, XrcdId,
 };
 
 /// Deepest work queue.
@@ -173,6 +176,21 @@ struct Srq {
     users: u32,
     /// Its ring broke: it takes no more receives.
     broken: bool,
+    /// Its SRQ number (`ibv_get_srq_num`), unique on this daemon.
+    srqn: u32,
+    /// An XRC SRQ: its domain and the CQ its receives complete on.
+    xrc: Option<XrcSrq>,
+}
+
+/// What makes an SRQ an XRC SRQ.
+#[derive(Debug, Clone, Copy)]
+struct XrcSrq {
+    /// The domain handle it was created with (counted as a user of it).
+    xrcd: XrcdId,
+    /// The domain itself (shared by every handle that opened it).
+    domain: u32,
+    /// Where its receives complete.
+    cq: CqId,
 }
 
 #[derive(Debug)]
@@ -203,8 +221,15 @@ enum Wait {
 
 #[derive(Debug)]
 struct Qp {
-    /// RC, UC (nothing is acknowledged, so nothing the responder does is reported) or UD.
+    /// RC, UC (nothing is acknowledged, so nothing the responder does is reported), UD, or
+    /// either half of XRC (an XRC send QP requests as RC does; an XRC receive QP answers as
+    /// RC does, its receives taken from the XRC SRQ each request names).
     ty: QpType,
+    /// An XRC receive QP: its domain handle (counted as a user) and the domain.
+    xrcd: Option<(XrcdId, u32)>,
+    /// An XRC receive QP: the SRQ of the request it is serving (resolved and checked for
+    /// every request segment; its receives, PD and CQ are the responder's).
+    xrc_srq: Option<SrqId>,
     /// Receives come from this SRQ instead of `rq`.
     srq: Option<SrqId>,
     vnic: VnicId,
@@ -236,8 +261,11 @@ struct Qp {
     /// Requester over a peer link: the PSN an RNR NAK named; its wait ends when that PSN is
     /// acknowledged.
     rnr_psn: Option<u32>,
-    /// Requester over a peer link: when the QP fails for want of any answer.
+    /// Requester over a peer link: when it sends again what is unanswered (the local ACK
+    /// timeout), or fails once it did so `retry_cnt` times.
     ack_until: Option<Instant>,
+    /// Requester over a peer link: local ACK timeouts since the last answer.
+    ack_tries: u8,
     /// Responder over a peer link: the RDMA WRITE in progress (next VA, R_Key, bytes left).
     write_at: Option<(u64, u32, u64)>,
     /// Responder over a peer link: the PSN its next (coalesced) ACK acknowledges.
@@ -305,6 +333,7 @@ impl Qp {
         self.rnr_psn = None;
         self.flights.clear();
         self.ack_until = None;
+        self.ack_tries = 0;
         self.write_at = None;
         self.ack_due = None;
     }
@@ -346,7 +375,11 @@ pub struct Engine {
     qps: FxHashMap<QpId, Qp>,
     srqs: FxHashMap<SrqId, Srq>,
     ahs: FxHashMap<AhId, Ah>,
+    xrcds: FxHashMap<XrcdId, Xrcd>,
     by_qpn: FxHashMap<u32, QpId>,
+    /// SRQs by number (what XRC requests name).
+    by_srqn: FxHashMap<u32, SrqId>,
+    next_srqn: u32,
     completions: VecDeque<(CqId, Cqe, bool)>,
     events: VecDeque<(CtxId, Event)>,
     /// vRNICs with QPs that may have work, served in turn by [`Engine::process`]: a vRNIC
@@ -463,7 +496,10 @@ impl Engine {
             qps: FxHashMap::default(),
             srqs: FxHashMap::default(),
             ahs: FxHashMap::default(),
+            xrcds: FxHashMap::default(),
             by_qpn: FxHashMap::default(),
+            by_srqn: FxHashMap::default(),
+            next_srqn: 0x40,
             completions: VecDeque::new(),
             events: VecDeque::new(),
             runq: VecDeque::new(),

@@ -259,7 +259,7 @@ impl Engine {
         need: u32,
     ) -> Option<&Mr> {
         let p = self.qps.get(&peer)?;
-        let (vnic, pd) = (p.vnic, p.pd);
+        let (vnic, pd) = (p.vnic, self.responder_pd(p));
         let id = self.vnics.get(&vnic)?.mws.get(&(rkey >> 8))?;
         let w = self.mws.get(id)?;
         let b = w.bound?;

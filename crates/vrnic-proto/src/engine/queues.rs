@@ -86,6 +86,12 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
+        if matches!(q.ty, QpType::XrcSend | QpType::XrcRecv) {
+            // Neither half of XRC has a receive queue (the driver refuses such posts first).
+            q.rq_retired = q.rq_retired.wrapping_add(1);
+            touch(&mut self.touched, qp, q);
+            return;
+        }
         match (q.attr.qp_state, wqe) {
             (QpState::Reset, _) => {
                 q.rq_retired = q.rq_retired.wrapping_add(1);
@@ -184,7 +190,7 @@ impl Engine {
         if let Some(rx) = q.rx.take() {
             // The receive a message was landing in: taken from the queue already.
             let c = cqe(rx.wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
-            self.completions.push_back((q.recv_cq, c, false));
+            self.completions.push_back((rx.cq, c, false));
         }
         while let Some(w) = q.sq.pop_front() {
             let status = match sq_last {

@@ -246,7 +246,12 @@ impl Engine {
             let (Some(psn), Route::Remote(host)) = (q.ack_due.take(), q.route) else {
                 continue;
             };
-            let seg = answer(q.attr.dest_qp_num, psn, Syndrome::Ack { credits: 31 });
+            let seg = answer(
+                answer_transport(q),
+                q.attr.dest_qp_num,
+                psn,
+                Syndrome::Ack { credits: 31 },
+            );
             return Some(Transmit {
                 host,
                 grh: None,
@@ -287,7 +292,7 @@ impl Engine {
             return Step::Blocked;
         };
         let idx = q.sq_sent;
-        let (vnic, pd, uc) = (q.vnic, q.pd, q.ty == QpType::Uc);
+        let (vnic, pd, uc, xrc) = (q.vnic, q.pd, q.ty == QpType::Uc, q.ty == QpType::XrcSend);
         let wqe = match q.sq.get(idx) {
             Some(Ok(w)) => w.clone(),
             Some(Err(_)) if idx == 0 => {
@@ -343,7 +348,11 @@ impl Engine {
             len.saturating_sub(sent).min(SEGMENT)
         };
         let (first, last) = (sent == 0, atomic || sent + n >= len);
-        let t = if uc { Transport::Uc } else { Transport::Rc };
+        let t = match (uc, xrc) {
+            (true, _) => Transport::Uc,
+            (_, true) => Transport::Xrc,
+            _ => Transport::Rc,
+        };
         let imm = matches!(
             wqe.opcode,
             SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm
@@ -387,6 +396,9 @@ impl Engine {
         seg.ack_req = last;
         seg.solicited = last && wqe.flags.contains(SendFlags::SOLICITED);
         let ext = opcode.ext_headers();
+        if ext.contains(&vrnic_wire::frame::ExtHeader::XrcEth) {
+            seg.xrc_srqn = Some(wqe.xrc_srqn & 0xff_ffff);
+        }
         if ext.contains(&vrnic_wire::frame::ExtHeader::Reth) {
             seg.reth = Some(Reth {
                 va: wqe.remote_addr.wrapping_add(sent),
@@ -486,6 +498,7 @@ impl Engine {
         }
         if q.ack_until.is_none() {
             q.ack_until = Some(now + ack_budget(q));
+            q.ack_tries = 0;
             let until = now + ack_budget(q);
             self.arm(qp, until);
         }
@@ -616,7 +629,9 @@ impl Engine {
                 let ty = match seg.opcode.transport() {
                     Transport::Rc => QpType::Rc,
                     Transport::Uc => QpType::Uc,
-                    Transport::Ud => return None,
+                    // Where an XRC WRITE lands depends on the SRQ it names, checked when it
+                    // is handled: read into a buffer.
+                    Transport::Ud | Transport::Xrc => return None,
                 };
                 if q.ty != ty
                     || !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
@@ -633,7 +648,7 @@ impl Engine {
                     && self.remote_runs(qp, va, len, n, first, rkey, access::REMOTE_WRITE, runs)
             }
             RdmaReadResponseOnly => {
-                if q.ty != QpType::Rc || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
+                if !q.ty.is_reliable() || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
                     return None;
                 }
                 let i = q.flights.iter().position(|f| {
@@ -700,7 +715,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.route != Route::Remote(host) || q.ty != QpType::Rc {
+        if q.route != Route::Remote(host) || !q.ty.is_reliable() {
             return;
         }
         if seg.opcode.op() == WireOp::RdmaReadResponseOnly {
@@ -727,6 +742,7 @@ impl Engine {
             Transport::Rc => QpType::Rc,
             Transport::Uc => QpType::Uc,
             Transport::Ud => QpType::Ud,
+            Transport::Xrc => QpType::XrcSend,
         };
         use WireOp::*;
         let wop = seg.opcode.op();
@@ -773,7 +789,7 @@ impl Engine {
             (Op::Write, None, _) => match q.write_at {
                 Some(at) => at,
                 None => {
-                    if transport == QpType::Rc {
+                    if transport.is_reliable() {
                         self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
                     }
                     return;
@@ -811,6 +827,7 @@ impl Engine {
         let req = Request {
             op,
             transport,
+            xrc_srqn: seg.xrc_srqn.unwrap_or(0),
             first,
             last,
             src: Src::Remote(host),
@@ -870,7 +887,8 @@ impl Engine {
             Some(Response::ReadData) => {
                 if let Some(q) = self.qps.get_mut(&qp)
                     && let Route::Remote(host) = q.route
-                    && let Some(opcode) = Opcode::new(Transport::Rc, WireOp::RdmaReadResponseOnly)
+                    && let Some(opcode) =
+                        Opcode::new(answer_transport(q), WireOp::RdmaReadResponseOnly)
                 {
                     q.ack_due = None;
                     let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
@@ -890,7 +908,8 @@ impl Engine {
             Some(Response::AtomicAck(orig)) => {
                 if let Some(q) = self.qps.get_mut(&qp)
                     && let Route::Remote(host) = q.route
-                    && let Some(opcode) = Opcode::new(Transport::Rc, WireOp::AtomicAcknowledge)
+                    && let Some(opcode) =
+                        Opcode::new(answer_transport(q), WireOp::AtomicAcknowledge)
                 {
                     q.ack_due = None;
                     let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
@@ -919,14 +938,14 @@ impl Engine {
             return;
         };
         let Route::Remote(host) = q.route else { return };
-        if q.ty != QpType::Rc {
+        if !q.ty.is_reliable() {
             return;
         }
         q.ack_due = None;
         self.outbox.push_back(Transmit {
             host,
             grh: None,
-            segment: answer(q.attr.dest_qp_num, psn, syndrome),
+            segment: answer(answer_transport(q), q.attr.dest_qp_num, psn, syndrome),
             payload: TxPayload::Empty,
         });
     }
@@ -943,7 +962,7 @@ impl Engine {
     ) {
         let Some(q) = self.qps.get(&qp) else { return };
         if q.route != Route::Remote(host)
-            || q.ty != QpType::Rc
+            || !q.ty.is_reliable()
             || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd)
         {
             return;
@@ -1138,9 +1157,40 @@ impl Engine {
         } else {
             let until = now + ack_budget(q);
             q.ack_until = Some(until);
+            q.ack_tries = 0;
             self.arm(qp, until);
         }
         self.wake(qp);
+    }
+
+    /// The local ACK timeout of a requester over a peer link expired with nothing answered:
+    /// it sends again from the first unanswered message (a responder that was not ready, not
+    /// yet at RTR, dropped it, as a fabric loses a packet), or, after `retry_cnt` such tries,
+    /// fails with `RETRY_EXC_ERR`. Returns whether the QP is still up.
+    pub(super) fn ack_timeout(&mut self, now: Instant, qp: QpId) -> bool {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return false;
+        };
+        // Every timeout that expired by now counts (a driver late to call counts them all),
+        // each from the one before, so the whole budget stays `(retry_cnt + 1) * timeout`.
+        let step = ack_budget(q);
+        let mut until = q.ack_until.unwrap_or(now);
+        while until <= now {
+            if q.ack_tries >= q.attr.retry_cnt {
+                self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+                return false;
+            }
+            q.ack_tries += 1;
+            until += step;
+        }
+        q.ack_until = Some(until);
+        let first = q.flights.iter().find(|f| !f.done).map(|f| f.first_psn);
+        tracing::debug!(?qp, tries = q.ack_tries, "local ACK timeout: sending again");
+        self.arm(qp, until);
+        if let Some(psn) = first {
+            self.rewind(qp, psn);
+        }
+        true
     }
 
     /// Goes back to `psn`: the WQE it belongs to sends again from that segment on, and those
@@ -1211,22 +1261,39 @@ impl Engine {
     }
 }
 
-/// How long a requester waits for an answer before `RETRY_EXC_ERR`.
+/// How long a requester over a peer link waits for an answer before it sends again (the
+/// local ACK timeout; after `retry_cnt` of them, `RETRY_EXC_ERR`).
 fn ack_budget(q: &Qp) -> Duration {
-    Duration::from_micros(
-        state::ack_timeout_us(q.attr.timeout).saturating_mul(u64::from(q.attr.retry_cnt) + 1),
-    )
+    Duration::from_micros(state::ack_timeout_us(q.attr.timeout))
 }
 
-/// The RC ACK opcode (checked at compile time).
+/// The RC and XRC ACK opcodes (checked at compile time).
 const ACK: Opcode = match Opcode::new(Transport::Rc, WireOp::Acknowledge) {
     Some(o) => o,
     None => panic!("RC has ACKs"),
 };
+const XRC_ACK: Opcode = match Opcode::new(Transport::Xrc, WireOp::Acknowledge) {
+    Some(o) => o,
+    None => panic!("XRC has ACKs"),
+};
 
-/// An ACK-opcode segment (ACK, RNR NAK, NAK) for `psn` to `dest_qpn`.
-fn answer(dest_qpn: u32, psn: u32, syndrome: Syndrome) -> SegmentRepr {
-    let mut s = SegmentRepr::new(ACK, dest_qpn, psn);
+/// The transport of a responder's answers: XRC for an XRC receive QP, RC otherwise.
+fn answer_transport(q: &Qp) -> Transport {
+    if q.ty == QpType::XrcRecv {
+        Transport::Xrc
+    } else {
+        Transport::Rc
+    }
+}
+
+/// An ACK-opcode segment (ACK, RNR NAK, NAK) on `transport` for `psn` to `dest_qpn`.
+fn answer(transport: Transport, dest_qpn: u32, psn: u32, syndrome: Syndrome) -> SegmentRepr {
+    let opcode = if transport == Transport::Xrc {
+        XRC_ACK
+    } else {
+        ACK
+    };
+    let mut s = SegmentRepr::new(opcode, dest_qpn, psn);
     s.aeth = Some(Aeth { syndrome, msn: 0 });
     s
 }

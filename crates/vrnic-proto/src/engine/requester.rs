@@ -64,7 +64,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
-        if let (Route::Remote(host), QpType::Rc | QpType::Uc) = (q.route, q.ty) {
+        if let (Route::Remote(host), QpType::Rc | QpType::Uc | QpType::XrcSend) = (q.route, q.ty) {
             // Memory-window operations are executed here, in order: once all before them are
             // answered. (A SEND with Invalidate crosses the link with its IETH on RC; UC has
             // no such opcode, so there it fails with LOC_QP_OP_ERR.)
@@ -125,6 +125,10 @@ impl Engine {
             wqe.opcode,
             SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
         );
+        if ty == QpType::XrcRecv {
+            // An XRC receive QP has no send queue (the driver refuses such posts first).
+            return Outcome::Fail(WcStatus::LocQpOpErr);
+        }
         if ty == QpType::Uc && needs_write {
             // UC has no responses: READ and atomics are invalid on it.
             return Outcome::Fail(WcStatus::LocQpOpErr);
@@ -193,7 +197,7 @@ impl Engine {
         let Some(q) = self.qps.get(&qp) else {
             return Outcome::Blocked;
         };
-        let (vnic, uc, route) = (q.vnic, q.ty == QpType::Uc, q.route);
+        let (vnic, uc, xrc, route) = (q.vnic, q.ty == QpType::Uc, q.ty == QpType::XrcSend, q.route);
         let (qpn, dst_qpn, psn) = (q.qpn, q.attr.dest_qp_num, q.attr.sq_psn);
         let len = wqe.payload.len();
         let done = q.progress.map_or(0, |p| p.done);
@@ -239,7 +243,12 @@ impl Engine {
         let last = done + n >= len || atomic;
         let req = Request {
             op,
-            transport: if uc { QpType::Uc } else { QpType::Rc },
+            transport: match (uc, xrc) {
+                (true, _) => QpType::Uc,
+                (_, true) => QpType::XrcSend,
+                _ => QpType::Rc,
+            },
+            xrc_srqn: if xrc { wqe.xrc_srqn & 0xff_ffff } else { 0 },
             first: done == 0,
             last,
             src: Src::Local { vnic, qpn },
@@ -356,7 +365,7 @@ impl Engine {
                 }
             }
             Response::RnrNak { timer } => {
-                let on = match self.qps.get(&peer).and_then(|p| p.srq) {
+                let on = match self.qps.get(&peer).and_then(|p| p.srq.or(p.xrc_srq)) {
                     Some(s) => RecvQueue::Srq(s),
                     None => RecvQueue::Qp(peer),
                 };
@@ -511,6 +520,7 @@ impl Engine {
         let req = Request {
             op: Op::Send,
             transport: QpType::Ud,
+            xrc_srqn: 0,
             first: true,
             last: true,
             src: Src::Local { vnic, qpn },

@@ -12,6 +12,8 @@ use super::*;
 pub(super) struct Rx {
     pub(super) wqe: RecvWqe,
     pub(super) off: u64,
+    /// The CQ it completes on: the QP's receive CQ, or an XRC SRQ's.
+    pub(super) cq: CqId,
 }
 
 impl Engine {
@@ -26,9 +28,12 @@ impl Engine {
         back: &mut Vec<(Loc, u64)>,
     ) -> Option<Response> {
         let p = self.qps.get(&peer)?;
-        if p.ty != req.transport
-            || !matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-        {
+        // An XRC request lands on an XRC receive QP, and nothing else does.
+        let lands = match p.ty {
+            QpType::XrcRecv => req.transport == QpType::XrcSend,
+            ty => ty == req.transport,
+        };
+        if !lands || !matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return None;
         }
         if req.transport == QpType::Ud {
@@ -69,6 +74,15 @@ impl Engine {
                 return Some(Response::Nak(Nak::Sequence));
             }
             _ => return Some(self.duplicate(peer, req, back)),
+        }
+        if req.transport == QpType::XrcSend
+            && let Err(nak) = self.xrc_target(peer, req.xrc_srqn)
+        {
+            tracing::debug!(
+                srqn = req.xrc_srqn,
+                "XRC request for no SRQ of the receive QP's domain"
+            );
+            return Some(self.refuse(peer, nak));
         }
         let r = match req.op {
             Op::Send | Op::SendInv => self.place_send(peer, req, mem),
@@ -124,7 +138,8 @@ impl Engine {
         let Some(p) = self.qps.get(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
-        let (pvnic, ppd, timer) = (p.vnic, p.pd, p.attr.min_rnr_timer);
+        let (pvnic, ppd, timer) = (p.vnic, self.responder_pd(p), p.attr.min_rnr_timer);
+        let cq = self.responder_cq(p);
         let uc = p.ty == QpType::Uc;
         if req.first {
             if let Some(q) = self.qps.get_mut(&peer) {
@@ -154,7 +169,7 @@ impl Engine {
                     return self.refuse(peer, Nak::RemoteOperational);
                 }
                 if let Some(q) = self.qps.get_mut(&peer) {
-                    q.rx = Some(Rx { wqe, off: 0 });
+                    q.rx = Some(Rx { wqe, off: 0, cq });
                 }
             }
         }
@@ -195,7 +210,11 @@ impl Engine {
         if req.last {
             self.finish_recv(peer, rx.wqe, WcStatus::Success, Some(off), req);
         } else if let Some(q) = self.qps.get_mut(&peer) {
-            q.rx = Some(Rx { wqe: rx.wqe, off });
+            q.rx = Some(Rx {
+                wqe: rx.wqe,
+                off,
+                cq: rx.cq,
+            });
         }
         Response::Ack
     }
@@ -369,6 +388,7 @@ impl Engine {
         let Some(p) = self.qps.get(&peer) else {
             return;
         };
+        let cq = self.responder_cq(p);
         let opcode = if req.op == Op::Write {
             WcOpcode::RecvRdmaWithImm
         } else {
@@ -394,13 +414,14 @@ impl Engine {
             }
             solicited = req.solicited;
         }
-        self.completions.push_back((p.recv_cq, c, solicited));
+        self.completions.push_back((cq, c, solicited));
     }
 
-    /// The receive a message to `qp` would land in: the head of its SRQ or of its own queue.
+    /// The receive a message to `qp` would land in: the head of its SRQ (for an XRC receive
+    /// QP, the SRQ it serves) or of its own queue.
     pub(super) fn recv_head(&self, qp: QpId) -> Option<&RecvWqe> {
         let q = self.qps.get(&qp)?;
-        match q.srq {
+        match q.srq.or(q.xrc_srq) {
             Some(s) => self.srqs.get(&s)?.rq.front(),
             None => q.rq.front(),
         }
@@ -414,7 +435,7 @@ impl Engine {
     /// raises `SRQ_LIMIT_REACHED` (once; the limit disarms).
     pub(super) fn pop_recv(&mut self, qp: QpId) -> Option<RecvWqe> {
         let q = self.qps.get_mut(&qp)?;
-        let Some(sid) = q.srq else {
+        let Some(sid) = q.srq.or(q.xrc_srq) else {
             let r = q.rq.pop_front()?;
             q.rq_retired = q.rq_retired.wrapping_add(1);
             touch(&mut self.touched, qp, q);

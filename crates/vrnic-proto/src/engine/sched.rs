@@ -45,9 +45,9 @@ impl Engine {
                 Some(_) => {}
                 None => continue,
             }
-            // Over a peer link: no answer to what is in flight for the whole budget.
+            // Over a peer link: no answer to what is in flight within the local ACK timeout.
             if q.ack_until.is_some_and(|t| t <= now) {
-                self.fail_qp(qp, Some(WcStatus::RetryExcErr));
+                self.ack_timeout(now, qp);
                 continue;
             }
             // Each expiry is one more try: a QP that got no answer at all fails; one that got

@@ -106,8 +106,10 @@ impl Payload<'_> {
 pub(super) struct Request<'a> {
     /// What it asks.
     pub(super) op: Op,
-    /// RC, UC or UD (the BTH opcode's transport bits).
+    /// RC, UC or UD (the BTH opcode's transport bits), or `XrcSend` for XRC.
     pub(super) transport: QpType,
+    /// XRC: the XRCETH's SRQ number (0 on other transports).
+    pub(super) xrc_srqn: u32,
     /// The first segment of its message (BTH opcode FIRST or ONLY).
     pub(super) first: bool,
     /// The last segment of its message (BTH opcode LAST or ONLY).

@@ -35,6 +35,12 @@ impl Engine {
         ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
         ctxs.extend(self.cqs.values().filter(|c| c.vnic == vnic).map(|c| c.ctx));
         ctxs.extend(self.srqs.values().filter(|s| s.vnic == vnic).map(|s| s.ctx));
+        ctxs.extend(
+            self.xrcds
+                .values()
+                .filter(|x| x.vnic == vnic)
+                .map(|x| x.ctx),
+        );
         ctxs.sort();
         ctxs.dedup();
         for c in ctxs {
@@ -73,7 +79,18 @@ impl Engine {
         for mr in mrs {
             let _ = self.dereg_mr(ctx, mr);
         }
+        let srqs: Vec<SrqId> = self
+            .srqs
+            .iter()
+            .filter(|(_, s)| s.ctx == ctx)
+            .map(|(&id, _)| id)
+            .collect();
+        for srq in srqs {
+            let _ = self.destroy_srq(ctx, srq);
+        }
         self.srqs.retain(|_, s| s.ctx != ctx);
+        self.by_srqn.retain(|_, s| self.srqs.contains_key(s));
+        self.close_ctx_xrcds(ctx);
         self.ahs.retain(|_, a| a.ctx != ctx);
         self.cqs.retain(|_, c| c.ctx != ctx);
         self.pds.retain(|_, p| p.ctx != ctx);
@@ -310,11 +327,16 @@ impl Engine {
         }
         if let Some(s) = srq {
             match self.srqs.get(&s) {
-                Some(s) if s.ctx == ctx && s.vnic == vnic => {}
+                // An XRC SRQ serves XRC receive QPs only.
+                Some(s) if s.ctx == ctx && s.vnic == vnic && s.xrc.is_none() => {}
                 _ => return Err(EINVAL),
             }
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
+        }
+        if qp_type == QpType::XrcRecv || (qp_type == QpType::XrcSend && srq.is_some()) {
+            // An XRC receive QP has no PD or CQ: `create_xrc_recv_qp`.
+            return Err(EINVAL);
         }
         if cap.max_send_wr > MAX_QP_WR
             || cap.max_recv_wr > MAX_QP_WR
@@ -324,6 +346,25 @@ impl Engine {
         {
             return Err(EINVAL);
         }
+        self.insert_qp(
+            vnic, ctx, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all,
+        )
+    }
+
+    /// Makes a QP of checked parts, counting it as a user of its PD, CQs and SRQ.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn insert_qp(
+        &mut self,
+        vnic: VnicId,
+        ctx: CtxId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+        qp_type: QpType,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<(QpId, u32), Errno> {
         if self.qp_count(vnic) >= MAX_QP || self.by_qpn.len() >= 0xff_0000 {
             return Err(ENOMEM);
         }
@@ -338,6 +379,8 @@ impl Engine {
             id,
             Qp {
                 ty: qp_type,
+                xrcd: None,
+                xrc_srq: None,
                 srq,
                 vnic,
                 ctx,
@@ -365,6 +408,7 @@ impl Engine {
                 rnr_psn: None,
                 flights: Flights::new(),
                 ack_until: None,
+                ack_tries: 0,
                 write_at: None,
                 ack_due: None,
                 rx: None,
@@ -557,6 +601,7 @@ impl Engine {
                 c.users = c.users.saturating_sub(1);
             }
         }
+        self.release_xrc_qp(q.xrcd);
         let _ = now;
         Ok(())
     }
@@ -616,11 +661,19 @@ impl Engine {
         if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > MAX_SGE || limit >= max_wr {
             return Err(EINVAL);
         }
-        if self.srqs.values().filter(|s| s.vnic == vnic).count() >= MAX_SRQ {
+        if self.srqs.values().filter(|s| s.vnic == vnic).count() >= MAX_SRQ
+            || self.by_srqn.len() >= 0xff_0000
+        {
             return Err(ENOMEM);
         }
         let id = SrqId(self.id());
         let depth = max_wr.next_power_of_two();
+        let mut srqn = self.next_srqn;
+        while self.by_srqn.contains_key(&srqn) || srqn == 0 {
+            srqn = (srqn + 1) & 0xff_ffff;
+        }
+        self.next_srqn = (srqn + 1) & 0xff_ffff;
+        self.by_srqn.insert(srqn, id);
         self.srqs.insert(
             id,
             Srq {
@@ -636,6 +689,8 @@ impl Engine {
                 users: 0,
                 broken: false,
                 touched: false,
+                srqn,
+                xrc: None,
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -709,10 +764,14 @@ impl Engine {
                 if s.users > 0 {
                     return Err(EBUSY);
                 }
-                let pd = s.pd;
+                let (pd, srqn, xrc) = (s.pd, s.srqn, s.xrc);
                 self.srqs.remove(&srq);
+                self.by_srqn.remove(&srqn);
                 if let Some(p) = self.pds.get_mut(&pd) {
                     p.users = p.users.saturating_sub(1);
+                }
+                if let Some(x) = xrc {
+                    self.release_xrc_srq(x);
                 }
                 self.events
                     .retain(|(_, e)| !matches!(e, Event::SrqLimit { srq: x } | Event::SrqError { srq: x } if *x == srq));

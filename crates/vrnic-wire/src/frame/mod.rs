@@ -38,9 +38,11 @@
 //! | AtomicETH | 28 | VA 64, R_Key 32, swap or add 64, compare 64 |
 //! | AtomicAckETH | 8 | original data 64 |
 //! | ImmDt, IETH | 4 | immediate data; R_Key to invalidate |
+//! | XRCETH | 4 | reserved 8 (zero), XRC SRQ number 24 |
 //!
 //! The opcodes are the spec's numbers for RC (`0x00..=0x14`, `0x16`, `0x17`), UC
-//! (`0x20..=0x2b`) and UD (`0x64`, `0x65`); [`Opcode::ext_headers`] and
+//! (`0x20..=0x2b`), UD (`0x64`, `0x65`) and XRC (`0xa0..=0xb4`, `0xb6`, `0xb7`: RC's
+//! operations, requests with an XRCETH right after the BTH); [`Opcode::ext_headers`] and
 //! [`Opcode::has_payload`] are the table of what follows each.
 //!
 //! Where the IB wire differs:
@@ -135,6 +137,8 @@ pub const IMM_DT_LEN: usize = 4;
 pub const DETH_LEN: usize = 8;
 /// Bytes of the invalidate extended transport header.
 pub const IETH_LEN: usize = 4;
+/// XRC extended transport header: reserved 8 bits, XRC SRQ number 24 bits.
+pub const XRCETH_LEN: usize = 4;
 
 /// Most payload bytes in one segment (and the largest path MTU a link may use).
 pub const MAX_PAYLOAD: usize = 64 * 1024;
@@ -147,7 +151,7 @@ pub const QPN_MASK: u32 = 0xff_ffff;
 /// PSNs are 24 bits.
 pub const PSN_MASK: u32 = 0xff_ffff;
 
-/// The longest BTH plus extension headers of any opcode (a CmpSwap's 40 bytes).
+/// The longest BTH plus extension headers of any opcode (an XRC CmpSwap's 44 bytes).
 pub const MAX_SEGMENT_HEADERS: usize = {
     let mut max = 0;
     let mut v = 0;
@@ -164,7 +168,7 @@ pub const MAX_SEGMENT_HEADERS: usize = {
 /// Most bytes in one frame: link header, the longest headers and [`MAX_PAYLOAD`].
 pub const MAX_FRAME: usize = LINK_HEADER_LEN + MAX_SEGMENT_HEADERS + MAX_PAYLOAD;
 
-const _: () = assert!(MAX_SEGMENT_HEADERS == BTH_LEN + ATOMIC_ETH_LEN);
+const _: () = assert!(MAX_SEGMENT_HEADERS == BTH_LEN + XRCETH_LEN + ATOMIC_ETH_LEN);
 const _: () = assert!(MAX_FRAME <= 0xff_ffff, "the length field has 24 bits");
 const UD_SEGMENT_MAX: usize = BTH_LEN + DETH_LEN + IMM_DT_LEN + MAX_UD_PAYLOAD;
 const _: () = assert!(

@@ -4,6 +4,7 @@
 /// The transport service of an opcode: its top three bits.
 ///
 /// Reliable datagram (`010`) and the other codes are not implemented and do not decode.
+/// XRC (`101`) has RC's operations; its requests carry an XRCETH right after the BTH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Transport {
@@ -13,6 +14,8 @@ pub enum Transport {
     Uc = 0x20,
     /// Unreliable datagram (`011`).
     Ud = 0x60,
+    /// Extended reliable connected (`101`).
+    Xrc = 0xa0,
 }
 
 impl Transport {
@@ -22,6 +25,7 @@ impl Transport {
             0x00 => Some(Self::Rc),
             0x20 => Some(Self::Uc),
             0x60 => Some(Self::Ud),
+            0xa0 => Some(Self::Xrc),
             _ => None,
         }
     }
@@ -125,11 +129,11 @@ impl Op {
         })
     }
 
-    /// Whether the transport offers this operation: RC all of them, UC SEND and RDMA WRITE,
-    /// UD only `SEND Only` (with or without immediate).
+    /// Whether the transport offers this operation: RC and XRC all of them, UC SEND and RDMA
+    /// WRITE, UD only `SEND Only` (with or without immediate).
     pub const fn exists_on(self, transport: Transport) -> bool {
         match transport {
-            Transport::Rc => true,
+            Transport::Rc | Transport::Xrc => true,
             Transport::Uc => (self as u8) <= Op::RdmaWriteOnlyWithImm as u8,
             Transport::Ud => matches!(self, Op::SendOnly | Op::SendOnlyWithImm),
         }
@@ -183,6 +187,8 @@ pub enum ExtHeader {
     ImmDt,
     /// Invalidate extended transport header: the R_Key to invalidate.
     Ieth,
+    /// XRC extended transport header: the XRC SRQ number at the target (XRC requests).
+    XrcEth,
 }
 
 impl ExtHeader {
@@ -196,6 +202,7 @@ impl ExtHeader {
             ExtHeader::AtomicAckEth => super::ATOMIC_ACK_ETH_LEN,
             ExtHeader::ImmDt => super::IMM_DT_LEN,
             ExtHeader::Ieth => super::IETH_LEN,
+            ExtHeader::XrcEth => super::XRCETH_LEN,
         }
     }
 }
@@ -241,11 +248,20 @@ impl Opcode {
         self.op
     }
 
-    /// The opcode table: the extension headers that follow the BTH, in wire order.
+    /// The opcode table: the extension headers that follow the BTH, in wire order. An XRC
+    /// request has the XRCETH first, then what its RC twin has; XRC responses are RC's.
     pub const fn ext_headers(self) -> &'static [ExtHeader] {
         use ExtHeader::*;
         use Op::*;
         match (self.transport, self.op) {
+            (Transport::Xrc, SendFirst | SendMiddle | SendLast | SendOnly) => &[XrcEth],
+            (Transport::Xrc, SendLastWithImm | SendOnlyWithImm) => &[XrcEth, ImmDt],
+            (Transport::Xrc, RdmaWriteFirst | RdmaWriteOnly | RdmaReadRequest) => &[XrcEth, Reth],
+            (Transport::Xrc, RdmaWriteMiddle | RdmaWriteLast) => &[XrcEth],
+            (Transport::Xrc, RdmaWriteLastWithImm) => &[XrcEth, ImmDt],
+            (Transport::Xrc, RdmaWriteOnlyWithImm) => &[XrcEth, Reth, ImmDt],
+            (Transport::Xrc, CompareSwap | FetchAdd) => &[XrcEth, AtomicEth],
+            (Transport::Xrc, SendLastWithInvalidate | SendOnlyWithInvalidate) => &[XrcEth, Ieth],
             (Transport::Ud, SendOnly) => &[Deth],
             (Transport::Ud, SendOnlyWithImm) => &[Deth, ImmDt],
             (_, SendFirst | SendMiddle | SendLast | SendOnly) => &[],
@@ -335,7 +351,7 @@ mod tests {
     }
 
     #[test]
-    fn exactly_the_37_implemented_opcodes_decode_and_round_trip() {
+    fn exactly_the_60_implemented_opcodes_decode_and_round_trip() {
         let valid: Vec<u8> = (0..=255u8)
             .filter(|&v| Opcode::from_u8(v).is_some())
             .collect();
@@ -343,7 +359,10 @@ mod tests {
             .chain([0x16, 0x17])
             .chain(0x20..=0x2b)
             .chain([0x64, 0x65])
+            .chain(0xa0..=0xb4)
+            .chain([0xb6, 0xb7])
             .collect();
+        assert_eq!(expected.len(), 60);
         assert_eq!(valid, expected);
         for v in valid {
             assert_eq!(Opcode::from_u8(v).unwrap().to_u8(), v);
@@ -355,7 +374,7 @@ mod tests {
         // Reserved RC code, RD SEND Only, UC READ request, UC ACK, UD SEND First, UD WRITE,
         // CNP (RoCE), vendor-defined.
         for v in [
-            0x15, 0x18, 0x1f, 0x44, 0x2c, 0x31, 0x60, 0x6a, 0x81, 0xc0, 0xff,
+            0x15, 0x18, 0x1f, 0x44, 0x2c, 0x31, 0x60, 0x6a, 0x81, 0xb5, 0xb8, 0xc0, 0xff,
         ] {
             assert_eq!(Opcode::from_u8(v), None, "{v:#04x}");
         }
@@ -378,6 +397,26 @@ mod tests {
         assert_eq!(o(0x65).ext_offset(Reth), None);
         assert!(!o(0x0c).has_payload() && !o(0x11).has_payload() && !o(0x14).has_payload());
         assert!(o(0x0e).has_payload() && o(0x64).has_payload());
+    }
+
+    #[test]
+    fn xrc_requests_carry_the_xrceth_first_and_responses_do_not() {
+        let o = |v| Opcode::from_u8(v).unwrap();
+        use ExtHeader::*;
+        assert_eq!(o(0xa4).transport(), Transport::Xrc);
+        assert_eq!(o(0xa4).op(), Op::SendOnly);
+        assert_eq!(o(0xa4).ext_headers(), &[XrcEth]);
+        assert_eq!(o(0xa5).ext_headers(), &[XrcEth, ImmDt]);
+        assert_eq!(o(0xaa).ext_headers(), &[XrcEth, Reth]);
+        assert_eq!(o(0xab).ext_headers(), &[XrcEth, Reth, ImmDt]);
+        assert_eq!(o(0xac).ext_headers(), &[XrcEth, Reth]);
+        assert_eq!(o(0xb3).ext_headers(), &[XrcEth, AtomicEth]);
+        assert_eq!(o(0xb7).ext_headers(), &[XrcEth, Ieth]);
+        assert_eq!(o(0xb1).ext_headers(), &[Aeth]);
+        assert_eq!(o(0xb0).ext_headers(), &[Aeth]);
+        assert_eq!(o(0xb2).ext_headers(), &[Aeth, AtomicAckEth]);
+        assert_eq!(o(0xb3).header_len(), 12 + 4 + 28);
+        assert_eq!(o(0xab).ext_offset(Reth), Some(12 + 4));
     }
 
     #[test]

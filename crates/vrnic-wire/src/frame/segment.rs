@@ -237,6 +237,8 @@ pub struct SegmentRepr {
     pub imm: Option<u32>,
     /// IETH: the R_Key to invalidate (SEND with Invalidate).
     pub invalidate_rkey: Option<u32>,
+    /// XRCETH: the XRC SRQ number at the target (XRC requests; 24 bits).
+    pub xrc_srqn: Option<u32>,
     /// Payload bytes, pad excluded.
     pub payload_len: usize,
 }
@@ -309,6 +311,7 @@ impl SegmentRepr {
             atomic_ack: None,
             imm: None,
             invalidate_rkey: None,
+            xrc_srqn: None,
             payload_len: 0,
         }
     }
@@ -377,6 +380,13 @@ impl SegmentRepr {
                 }
                 ExtHeader::ImmDt => repr.imm = Some(be32(chunk::<4>(b, off)?, 0)),
                 ExtHeader::Ieth => repr.invalidate_rkey = Some(be32(chunk::<4>(b, off)?, 0)),
+                ExtHeader::XrcEth => {
+                    let x = chunk::<4>(b, off)?;
+                    if x[0] != 0 {
+                        return Err(FrameError::Reserved("XRCETH"));
+                    }
+                    repr.xrc_srqn = Some(be32(x, 0));
+                }
             }
             off += h.size();
         }
@@ -399,6 +409,7 @@ impl SegmentRepr {
             ),
             (ExtHeader::ImmDt, self.imm.is_some(), "ImmDt"),
             (ExtHeader::Ieth, self.invalidate_rkey.is_some(), "IETH"),
+            (ExtHeader::XrcEth, self.xrc_srqn.is_some(), "XRCETH"),
         ];
         for (h, is, name) in present {
             if hs.contains(&h) != is {
@@ -413,6 +424,9 @@ impl SegmentRepr {
         }
         if self.pkey & 0x7fff == 0 {
             return Err(FrameError::PKey(self.pkey));
+        }
+        if self.xrc_srqn.is_some_and(|n| n > QPN_MASK) {
+            return Err(FrameError::Inconsistent("XRC SRQ number"));
         }
         if self.deth.is_some_and(|d| d.src_qpn > QPN_MASK) {
             return Err(FrameError::Inconsistent("source QPN"));
@@ -519,6 +533,7 @@ impl SegmentRepr {
                 }
                 ExtHeader::ImmDt => put32(dst, 0, self.imm.unwrap_or_default()),
                 ExtHeader::Ieth => put32(dst, 0, self.invalidate_rkey.unwrap_or_default()),
+                ExtHeader::XrcEth => put32(dst, 0, self.xrc_srqn.unwrap_or_default()),
             }
             off += h.size();
         }
@@ -580,6 +595,7 @@ pub(super) mod tests {
             atomic_ack: has(ExtHeader::AtomicAckEth).then_some(AtomicAckEth { orig: 99 }),
             imm: has(ExtHeader::ImmDt).then_some(0xdead_beef),
             invalidate_rkey: has(ExtHeader::Ieth).then_some(0x0000_0203),
+            xrc_srqn: has(ExtHeader::XrcEth).then_some(0x00_0a0b),
             payload_len: if opcode.has_payload() { payload_len } else { 0 },
             ..SegmentRepr::new(opcode, 0xab_cdef, 0xff_fffe)
         }
@@ -627,6 +643,29 @@ pub(super) mod tests {
         let b = emit(&r);
         assert_eq!(&b[12..16], &[0x0a, 0x0b, 0x0c, 0x0d]);
         assert_eq!(b.len(), 20);
+    }
+
+    #[test]
+    fn xrceth_is_a_24_bit_srq_number_after_the_bth_with_its_reserved_byte_zero() {
+        let o = Opcode::from_u8(0xa4).unwrap();
+        let mut r = SegmentRepr::new(o, 0x12, 3);
+        r.xrc_srqn = Some(0x00_abcd);
+        r.payload_len = 4;
+        let mut b = emit(&r);
+        assert_eq!(&b[12..16], &[0, 0x00, 0xab, 0xcd]);
+        assert_eq!(
+            SegmentRepr::parse(&Packet::new_checked(&b[..]).unwrap()),
+            Ok(r)
+        );
+        b[12] = 1;
+        assert_eq!(
+            SegmentRepr::parse(&Packet::new_checked(&b[..]).unwrap()),
+            Err(FrameError::Reserved("XRCETH"))
+        );
+        r.xrc_srqn = Some(0x100_0000);
+        assert_eq!(r.check(), Err(FrameError::Inconsistent("XRC SRQ number")));
+        r.xrc_srqn = None;
+        assert_eq!(r.check(), Err(FrameError::Inconsistent("XRCETH")));
     }
 
     #[test]

@@ -93,7 +93,7 @@ fn every_opcode_round_trips_through_emit_and_parse() {
             }
         }
     }
-    assert_eq!(seen, 37);
+    assert_eq!(seen, 60);
 }
 
 #[test]
