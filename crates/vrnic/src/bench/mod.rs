@@ -287,8 +287,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     std::thread::spawn(move || {
         let sig = signals.wait();
         eprintln!("\nvrnic bench: signal {sig}: stopping and removing what it started");
-        procs::teardown();
-        std::process::exit(128 + sig);
+        procs::teardown_and_exit(128 + sig);
     });
 
     let quick = args.quick;

@@ -4,7 +4,7 @@
 //!
 //! Everything is registered in one process-wide [`Registry`] as it is made and unregistered as
 //! its guard drops, so an early return, a panic (the release profile unwinds) and a signal
-//! (the thread of [`super::sys::Blocked::wait`] calls [`teardown`]) all leave nothing behind:
+//! (the thread of [`super::sys::Blocked::wait`] calls [`teardown_and_exit`]) all leave nothing behind:
 //! apps are killed with their groups, daemons get SIGTERM (they unmount their tmpfs) and then
 //! SIGKILL, state dirs a killed daemon left mounted are unmounted lazily, namespaces deleted.
 
@@ -52,9 +52,11 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Removes everything registered (processes, dirs, namespaces) and refuses new children; for
-/// the signal thread, just before the process exits.
-pub fn teardown() {
+/// Removes everything registered (processes, dirs, namespaces) and exits with `code`; for the
+/// signal thread. The registry stays locked until the exit, so the main thread, which touches
+/// it whenever a guard drops, cannot end the process first (with another status, or while the
+/// removal goes on).
+pub fn teardown_and_exit(code: i32) -> ! {
     let mut r = registry();
     r.closing = true;
     for &(pid, stop) in &r.procs {
@@ -82,9 +84,7 @@ pub fn teardown() {
     for n in &r.netns {
         let _ = Command::new("ip").args(["netns", "del", n]).status();
     }
-    r.procs.clear();
-    r.dirs.clear();
-    r.netns.clear();
+    std::process::exit(code)
 }
 
 /// Whether `pid` is alive and not a zombie (this thread cannot reap another's children).
