@@ -2,7 +2,9 @@
 //! subcommands talk to a running daemon over its admin socket, and `run` preloads the driver
 //! library into a command, alone or (`--container`) in its own namespaces; `docker-args` and
 //! `vm-args` print what a container engine or QEMU needs to give a container or a VM a vRNIC.
+//! `bench` measures vrnic against this machine's limits on private daemons of its own.
 
+mod bench;
 mod container;
 mod presence;
 
@@ -154,6 +156,11 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = DeviceFiles::Auto)]
         device_files: DeviceFiles,
     },
+    /// Measure vrnic against this machine's limits: unmodified perftest sweeps, the control
+    /// path, many pairs and (as root) two hosts in network namespaces, each figure beside a
+    /// limit measured in the same run (memcpy, the cache-line round trip, TCP), on private
+    /// daemons of its own (the state dir is not used).
+    Bench(bench::BenchArgs),
     /// Print the QEMU options that give a VM this vRNIC: its region as an `ivshmem-plain` PCI
     /// device; the driver library inside the guest finds it through sysfs (1af4:1110, BAR2).
     VmArgs {
@@ -225,6 +232,7 @@ fn real_main() -> Result<()> {
             let iso = container.then_some(container::Isolation { own_net: !host_net });
             run(&state_dir, (vrnic, group, ip), iso, device_files, &cmd)
         }
+        Cmd::Bench(args) => bench::main(args),
         Cmd::DockerArgs { name, device_files } => {
             let (v, live) = find_among(&state_dir, &name)?;
             let driver = driver_path()?;

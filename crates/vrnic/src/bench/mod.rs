@@ -1,0 +1,479 @@
+//! `vrnic bench`: vrnic's figures against this machine's limits, measured in one run.
+//!
+//! It starts private daemons on temporary state dirs (no running daemon is needed, and none is
+//! touched), and runs, each `--runs` times (figures are medians with min..max):
+//!
+//! - [`limits`]: memcpy at each size, the cross-process cache-line round trip, a shared-memory
+//!   ring between two processes, TCP on loopback;
+//! - [`perftest`]: unmodified perftest sweeps 2 B to 8 MiB (write/read/send bandwidth;
+//!   write/send/read latency, atomic latency) and the message rate;
+//! - [`ctrl`]: the control path (open, QP to RTS, registration);
+//! - [`scale`]: many pairs at once, the aggregate timed by the wall clock;
+//! - [`hosts`] (root): two daemons in network namespaces the bench makes, joined by a veth,
+//!   against TCP on that veth.
+//!
+//! It prints a table ([`report`]) where each figure stands beside its limit as a ratio, and can
+//! write the figures as JSON and plots as SVG ([`svg`]). `--pin` puts the engine (the daemons)
+//! and the apps on chosen cores with `taskset`.
+//!
+//! Everything it starts or makes is removed when it ends, by an error, a panic or a signal
+//! ([`procs`]; the signal wait is in [`sys`], the bench's only unsafe code). Its C programs
+//! (`bench/*.c`) are built into the binary and compiled with `cc` at run time ([`tools`]).
+//!
+//! It asserts nothing about speed: targets are reported, never enforced.
+
+mod ctrl;
+mod hosts;
+mod limits;
+mod perftest;
+mod procs;
+mod report;
+mod scale;
+mod svg;
+mod sys;
+mod tools;
+
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use procs::{Daemon, Launch, Scratch};
+use report::Report;
+use tools::Tools;
+
+/// What `vrnic bench` measures besides the limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Section {
+    /// perftest sweeps, message rate, latency.
+    Perftest,
+    /// The control path (`bench/ctrl.c`).
+    Ctrl,
+    /// Many pairs at once.
+    Scale,
+    /// Two hosts in network namespaces (root).
+    Hosts,
+}
+
+/// `vrnic bench`'s options.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// About a minute: fewer iterations and shorter runs, one run, no scale or across-host
+    /// runs unless --sections asks for them.
+    #[arg(long)]
+    quick: bool,
+    /// Runs of every measurement; the table shows their median and min..max [default: 3; 1
+    /// with --quick].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: Option<u32>,
+    /// The engine and the apps on chosen cores (`taskset`), e.g. `engine=2,apps=4,6`: the
+    /// daemon on core 2, a pair's server on core 4 and its client on core 6 (a list of one
+    /// core is shared; the scale runs put every app on all the app cores; across hosts each
+    /// daemon takes the next engine core).
+    #[arg(long, value_parser = Pin::parse)]
+    pin: Option<Pin>,
+    /// What to run besides the limits [default: all (hosts only as root); with --quick:
+    /// perftest,ctrl].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    sections: Option<Vec<Section>>,
+    /// Pair counts of the scale runs [default: 2,4,8,16,32,64,128; with --quick 2,8].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=512))]
+    pairs: Option<Vec<u32>>,
+    /// Write every figure (each run's samples, medians, limits, ratios) to FILE as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write bandwidth.svg and latency.svg (against message size, with their limits) into DIR.
+    #[arg(long, value_name = "DIR")]
+    svg: Option<PathBuf>,
+    /// Show every size of the sweeps in the table (the JSON always has them).
+    #[arg(long)]
+    all_sizes: bool,
+}
+
+/// Cores for the engine and for the apps (`--pin engine=LIST,apps=LIST`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Pin {
+    pub engine: Vec<u32>,
+    pub apps: Vec<u32>,
+}
+
+impl Pin {
+    /// Parses `engine=2,apps=4,6` (either part may be left out; lists also take `a-b`).
+    fn parse(s: &str) -> Result<Pin, String> {
+        let mut pin = Pin::default();
+        let mut cur: Option<&mut Vec<u32>> = None;
+        for part in s.split(',') {
+            let item = match part.split_once('=') {
+                Some(("engine", v)) => {
+                    cur = Some(&mut pin.engine);
+                    v
+                }
+                Some(("apps", v)) => {
+                    cur = Some(&mut pin.apps);
+                    v
+                }
+                Some((k, _)) => return Err(format!("unknown part {k:?} (engine=..., apps=...)")),
+                None => part,
+            };
+            let list = cur
+                .as_deref_mut()
+                .ok_or("start with engine= or apps= (e.g. engine=2,apps=4,6)")?;
+            let bad = || format!("{item:?} is not a core number or range");
+            match item.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b): (u32, u32) =
+                        (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                    if a > b {
+                        return Err(bad());
+                    }
+                    list.extend(a..=b);
+                }
+                None => list.push(item.parse().map_err(|_| bad())?),
+            }
+        }
+        Ok(pin)
+    }
+
+    /// Checks every core is online (`/sys/devices/system/cpu/online`).
+    fn check(&self) -> Result<()> {
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .context("read /sys/devices/system/cpu/online")?;
+        let cpus = Pin::parse(&format!("engine={}", online.trim()))
+            .map_err(anyhow::Error::msg)?
+            .engine;
+        for c in self.engine.iter().chain(&self.apps) {
+            if !cpus.contains(c) {
+                bail!("--pin: core {c} is not online (online: {})", online.trim());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every part of a bench run shares.
+pub struct Ctx {
+    /// This `vrnic` binary (daemons and `vrnic run`).
+    pub vrnic: PathBuf,
+    pub scratch: Scratch,
+    pub tools: Tools,
+    pub pin: Pin,
+    pub quick: bool,
+}
+
+/// A `taskset -c` list.
+fn cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Ctx {
+    /// The cores of daemon `i` (the `i`-th engine core), if pinned.
+    pub fn engine(&self, i: usize) -> Option<String> {
+        let e = &self.pin.engine;
+        (!e.is_empty()).then(|| e[i % e.len()].to_string())
+    }
+
+    /// The cores of a pair's app `i` (0: server, 1: client), if pinned.
+    pub fn app(&self, i: usize) -> Option<String> {
+        let a = &self.pin.apps;
+        (!a.is_empty()).then(|| a[i % a.len()].to_string())
+    }
+
+    /// All the app cores, if pinned.
+    pub fn apps(&self) -> Option<String> {
+        (!self.pin.apps.is_empty()).then(|| cpu_list(&self.pin.apps))
+    }
+
+    /// The cores of a two-process limit standing for app and engine (the cache-line round
+    /// trip, the ring): the first engine core and the first app core, if pinned.
+    pub fn pair_cpus(&self) -> Option<String> {
+        let cores: Vec<u32> = self
+            .pin
+            .engine
+            .first()
+            .into_iter()
+            .chain(self.pin.apps.first())
+            .copied()
+            .collect();
+        (!cores.is_empty()).then(|| cpu_list(&cores))
+    }
+}
+
+/// What the JSON file holds.
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    /// The format's version.
+    vrnic_bench: u32,
+    /// When the run started (UTC, RFC 3339).
+    started: String,
+    duration_s: f64,
+    machine: Machine,
+    options: JsonOptions<'a>,
+    #[serde(flatten)]
+    report: &'a Report,
+}
+
+#[derive(Serialize)]
+struct JsonOptions<'a> {
+    quick: bool,
+    runs: u32,
+    pin: &'a Pin,
+    sections: &'a [Section],
+    pairs: &'a [u32],
+}
+
+#[derive(Serialize)]
+struct Machine {
+    cpus: usize,
+    cpu_model: String,
+    kernel: String,
+    vrnic_version: &'static str,
+}
+
+impl Machine {
+    fn probe() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+                .unwrap_or_default(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            vrnic_version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a time since the epoch.
+fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Says on stderr what the bench does now, and since when it runs.
+fn progress(t0: Instant, what: &str) {
+    eprintln!("vrnic bench: {:>4.0} s: {what}", t0.elapsed().as_secs_f64());
+}
+
+/// Runs `vrnic bench`. Call it before this process has made any thread: it blocks the signals
+/// that end it, and a thread of its own takes them and removes what the bench made.
+pub fn main(args: BenchArgs) -> Result<()> {
+    let signals = sys::block_exit_signals().context("block SIGINT/SIGTERM")?;
+    std::thread::spawn(move || {
+        let sig = signals.wait();
+        eprintln!("\nvrnic bench: signal {sig}: stopping and removing what it started");
+        procs::teardown_and_exit(128 + sig);
+    });
+
+    let quick = args.quick;
+    let runs = args.runs.unwrap_or(if quick { 1 } else { 3 });
+    let root = sys::is_root();
+    let sections: Vec<Section> = match &args.sections {
+        Some(s) => s.clone(),
+        None if quick => vec![Section::Perftest, Section::Ctrl],
+        None => {
+            let mut all = vec![Section::Perftest, Section::Ctrl, Section::Scale];
+            if root {
+                all.push(Section::Hosts);
+            } else {
+                eprintln!("vrnic bench: not root: no across-host runs (network namespaces)");
+            }
+            all
+        }
+    };
+    if sections.contains(&Section::Hosts) && !root {
+        bail!("--sections hosts: the across-host runs make network namespaces, which needs root");
+    }
+    let pairs: Vec<u32> = match &args.pairs {
+        Some(p) => p.clone(),
+        None if quick => vec![2, 8],
+        None => vec![2, 4, 8, 16, 32, 64, 128],
+    };
+    let pin = args.pin.clone().unwrap_or_default();
+    pin.check()?;
+    if pin.engine.is_empty() != pin.apps.is_empty() {
+        eprintln!("vrnic bench: --pin gives cores to only one side; the other runs anywhere");
+    }
+    perftest::require()?;
+    if !pin.engine.is_empty() || !pin.apps.is_empty() {
+        tools::require(&["taskset"])?;
+    }
+    if sections.contains(&Section::Hosts) {
+        tools::require(&["ip", "nsenter"])?;
+    }
+    if let Some(p) = &args.json {
+        // Fail now, not after the whole run, if the file cannot be written.
+        std::fs::write(p, b"").with_context(|| format!("cannot write {}", p.display()))?;
+    }
+
+    let exe = std::env::current_exe().context("locate the vrnic binary")?;
+    let started = SystemTime::now();
+    let t0 = Instant::now();
+    let scratch = Scratch::new()?;
+    let tools = Tools::build(&scratch.dir.join("tools"))?;
+    let ctx = Ctx {
+        vrnic: exe,
+        scratch,
+        tools,
+        pin: pin.clone(),
+        quick,
+    };
+    let mut report = Report::default();
+    let has = |s| sections.contains(&s);
+
+    for r in 0..runs {
+        progress(t0, &format!("run {}/{runs}: limits", r + 1));
+        limits::measure(&ctx, &mut report);
+    }
+    if has(Section::Perftest) || has(Section::Ctrl) {
+        let d = Daemon::start(
+            &ctx.scratch,
+            &ctx.vrnic,
+            Launch::default().on(ctx.engine(0)),
+            &[],
+        )?;
+        for r in 0..runs {
+            if has(Section::Perftest) {
+                progress(t0, &format!("run {}/{runs}: perftest", r + 1));
+                perftest::measure(&ctx, &d, &mut report);
+            }
+            if has(Section::Ctrl) {
+                progress(t0, &format!("run {}/{runs}: control path", r + 1));
+                ctrl::measure(&ctx, &d, &mut report);
+            }
+        }
+    }
+    if has(Section::Scale) {
+        // A fresh daemon: nothing left from the runs before; room for the largest count.
+        let most = pairs.iter().max().copied().unwrap_or(0) * 2 + 16;
+        let extra = ["--max-vrnics".to_string(), most.max(4096).to_string()];
+        let d = Daemon::start(
+            &ctx.scratch,
+            &ctx.vrnic,
+            Launch::default().on(ctx.engine(0)),
+            &extra,
+        )?;
+        for r in 0..runs {
+            progress(t0, &format!("run {}/{runs}: scale {pairs:?} pairs", r + 1));
+            scale::measure(&ctx, &d, &pairs, &mut report);
+        }
+    }
+    if has(Section::Hosts) {
+        progress(t0, "across hosts: namespaces, veth, two daemons");
+        match hosts::Hosts::new(&ctx) {
+            Ok(h) => {
+                for r in 0..runs {
+                    progress(t0, &format!("run {}/{runs}: across hosts", r + 1));
+                    h.measure(&ctx, &mut report);
+                }
+            }
+            Err(e) => report.error("across hosts", e),
+        }
+    }
+
+    perftest::set_limits(&mut report);
+    ctrl::set_limits(&mut report);
+    scale::set_limits(&mut report, &pairs);
+    hosts::set_limits(&mut report);
+    if args.all_sizes {
+        for f in &mut report.figures {
+            if matches!(f.section, "bandwidth" | "latency") {
+                f.shown = true;
+            }
+        }
+    }
+
+    println!(
+        "vrnic bench{}: medians of {runs} run{} on {} cores{}; limits measured in the same run",
+        if quick { " --quick" } else { "" },
+        if runs == 1 { "" } else { "s" },
+        Machine::probe().cpus,
+        if pin.engine.is_empty() && pin.apps.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (engine on {}, apps on {})",
+                cpu_list(&pin.engine),
+                cpu_list(&pin.apps)
+            )
+        }
+    );
+    print!("{}", report.table());
+
+    if let Some(p) = &args.json {
+        let out = JsonOut {
+            vrnic_bench: 1,
+            started: rfc3339(started),
+            duration_s: t0.elapsed().as_secs_f64(),
+            machine: Machine::probe(),
+            options: JsonOptions {
+                quick,
+                runs,
+                pin: &pin,
+                sections: &sections,
+                pairs: &pairs,
+            },
+            report: &report,
+        };
+        let text = serde_json::to_string_pretty(&out).context("encode the JSON")?;
+        std::fs::write(p, text + "\n").with_context(|| format!("write {}", p.display()))?;
+        println!("JSON: {}", p.display());
+    }
+    if let Some(dir) = &args.svg {
+        for p in svg::write(&report, dir)? {
+            println!("SVG: {}", p.display());
+        }
+    }
+    if !report.errors.is_empty() {
+        bail!("{} measurement(s) failed (above)", report.errors.len());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_takes_lists_and_ranges() {
+        let p = Pin::parse("engine=2,apps=4,6").unwrap();
+        assert_eq!((p.engine, p.apps), (vec![2], vec![4, 6]));
+        let p = Pin::parse("apps=0-2,engine=3").unwrap();
+        assert_eq!((p.engine, p.apps), (vec![3], vec![0, 1, 2]));
+        assert!(Pin::parse("4,6").is_err());
+        assert!(Pin::parse("engine=x").is_err());
+        assert!(Pin::parse("cores=1").is_err());
+    }
+
+    #[test]
+    fn dates_are_utc_rfc3339() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        assert_eq!(rfc3339(t), "2026-11-18T11:06:40Z");
+    }
+}

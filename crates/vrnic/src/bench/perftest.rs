@@ -1,0 +1,273 @@
+//! Unmodified perftest (and `ibv_rc_pingpong`) through vrnic: a server and a client, each
+//! under `vrnic run` on a vRNIC of its own, and their figures against the limits.
+//!
+//! - Bandwidth sweeps, 2 B to 8 MiB (`-a`): `ib_write_bw`, `ib_read_bw`, `ib_send_bw`; each
+//!   size against memcpy of that size (the engine makes one copy per byte).
+//! - Message rate: `ib_write_bw -s 2` for a fixed time, against a shared-memory ring of 64 B
+//!   slots between two processes (what an app and an engine exchange per work request).
+//! - Latency sweeps (`-a`): `ib_write_lat`, `ib_send_lat` (typical one-way: half a ping-pong),
+//!   `ib_read_lat`, and `ib_atomic_lat` (a round trip each; 8 B). With `--quick` only
+//!   `ib_write_lat` sweeps, the others measure 2 B. The limit is the cache-line floor
+//!   (half the cross-process cache-line round trip for one-way figures, all of it for round
+//!   trips) plus one copy of the message at memcpy speed.
+//! - Outside `--quick`, `ibv_rc_pingpong` 1 B: the round trip of the first benchmark.
+//!
+//! perftest reports bandwidth in MiB/s ("MB/sec", 2^20 bytes); the bench converts it to MB/s
+//! (1e6 bytes), the unit of its memcpy limit.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use super::limits::{self, MEMCPY, RTT};
+use super::procs::{Daemon, Stop, port, wait_listening};
+use super::report::{Better, Limit, Report, size_text};
+use super::{Ctx, tools};
+
+/// perftest's MB (2^20 bytes) in MB (1e6 bytes).
+pub const MIB_PER_MB: f64 = 1.048576;
+
+pub const BW_PROGRAMS: [&str; 3] = ["ib_write_bw", "ib_read_bw", "ib_send_bw"];
+/// Latency programs that report half a ping-pong (one-way).
+pub const ONE_WAY: [&str; 2] = ["ib_write_lat", "ib_send_lat"];
+/// Latency programs that report a round trip.
+pub const ROUND_TRIP: [&str; 2] = ["ib_read_lat", "ib_atomic_lat"];
+/// The message-rate figure's name.
+pub const RATE: &str = "ib_write_bw -s 2 message rate";
+/// The `ibv_rc_pingpong` figure's name.
+pub const PINGPONG: &str = "ibv_rc_pingpong round trip";
+
+/// The sizes the table shows of each sweep (the JSON and the plots have all).
+const SHOWN_BW: [u64; 4] = [2, 65536, 1 << 20, 8 << 20];
+const SHOWN_LAT: [u64; 3] = [2, 4096, 65536];
+
+/// Every perftest program the bench runs (checked before it starts).
+pub const PROGRAMS: [&str; 8] = [
+    "ib_write_bw",
+    "ib_read_bw",
+    "ib_send_bw",
+    "ib_write_lat",
+    "ib_send_lat",
+    "ib_read_lat",
+    "ib_atomic_lat",
+    "ibv_rc_pingpong",
+];
+
+/// One side of a pair: its daemon, and its cores.
+pub struct Side<'a> {
+    pub daemon: &'a Daemon,
+    pub cpus: Option<String>,
+}
+
+/// Runs `args -p PORT` under `vrnic run` as a server, waits until it listens, then `args -p
+/// PORT HOST` as its client (retried while it only could not connect yet), everything within
+/// `limit`; returns the client's output.
+pub fn pair(
+    ctx: &Ctx,
+    server: Side,
+    client: Side,
+    host: &str,
+    args: &[String],
+    limit: Duration,
+) -> Result<String> {
+    let start = Instant::now();
+    let p = port()?;
+    let mut sargs = args.to_vec();
+    sargs.extend(["-p".into(), p.to_string()]);
+    let mut cargs = sargs.clone();
+    cargs.push(host.into());
+    let name = &args[0];
+    let mut srv = ctx.scratch.spawn(
+        server.daemon.run(server.cpus, &sargs),
+        &format!("{name} server"),
+        Stop::Kill,
+    )?;
+    wait_listening(&mut srv, p, Duration::from_secs(30))?;
+    let out = loop {
+        let left = limit.saturating_sub(start.elapsed());
+        let c = ctx.scratch.spawn(
+            client.daemon.run(client.cpus.clone(), &cargs),
+            &format!("{name} client"),
+            Stop::Kill,
+        )?;
+        let f = c.finish(left);
+        let refused = !f.ok()
+            && !f.timed_out
+            && (f.stderr.contains("Couldn't connect") || f.stdout.contains("Couldn't connect"));
+        if refused && start.elapsed() < Duration::from_secs(10) && !srv.exited() {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        if let Err(e) = f.check(&format!("{name} client")) {
+            let s = srv.finish(Duration::from_secs(2));
+            bail!("{e:#}\n  server:\n{}", s.tail());
+        }
+        break f.stdout;
+    };
+    let s = srv.finish(Duration::from_secs(10));
+    s.check(&format!("{name} server"))?;
+    Ok(out)
+}
+
+/// perftest's result rows: lines whose first field is a whole number, as numbers.
+pub fn rows(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.chars().all(|c| c.is_ascii_digit()))
+        })
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .filter(|r: &Vec<f64>| r.len() >= 5)
+        .collect()
+}
+
+/// One run of every program into `report`.
+pub fn measure(ctx: &Ctx, d: &Daemon, report: &mut Report) {
+    let limit = Duration::from_secs(if ctx.quick { 120 } else { 300 });
+    let side = |i| Side {
+        daemon: d,
+        cpus: ctx.app(i),
+    };
+    let run = |args: &[&str]| -> Result<String> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        pair(ctx, side(0), side(1), "localhost", &args, limit)
+    };
+    let bw_iters = if ctx.quick { "200" } else { "5000" };
+    for prog in BW_PROGRAMS {
+        match run(&[prog, "-a", "-n", bw_iters]) {
+            Ok(out) => {
+                for r in rows(&out) {
+                    let size = r[0] as u64;
+                    report
+                        .sample(
+                            "bandwidth",
+                            prog,
+                            Some(size),
+                            "MB/s",
+                            Better::Higher,
+                            r[3] * MIB_PER_MB,
+                        )
+                        .shown = SHOWN_BW.contains(&size);
+                }
+            }
+            Err(e) => report.error(&format!("{prog} -a"), e),
+        }
+    }
+    let secs = if ctx.quick { "1" } else { "2" };
+    match run(&["ib_write_bw", "-s", "2", "-D", secs]) {
+        Ok(out) => match rows(&out).last() {
+            Some(r) => {
+                report
+                    .sample("rate", RATE, None, "Mpps", Better::Higher, r[4])
+                    .shown = true;
+            }
+            None => report.error(RATE, anyhow::anyhow!("no result row:\n{out}")),
+        },
+        Err(e) => report.error(RATE, e),
+    }
+    // With --quick only ib_write_lat sweeps the sizes (on two busy cores a sweep takes 10-20 s:
+    // the apps and the engine spin on them, and a stall is a scheduler tick); the others
+    // measure 2 B.
+    let lat_iters = if ctx.quick { "200" } else { "1000" };
+    for prog in ONE_WAY.iter().chain(&ROUND_TRIP) {
+        let args: &[&str] = match *prog {
+            "ib_atomic_lat" => &[prog, "-n", lat_iters],
+            "ib_write_lat" if ctx.quick => &[prog, "-a", "-n", "100"],
+            _ if ctx.quick => &[prog, "-s", "2", "-n", lat_iters],
+            _ => &[prog, "-a", "-n", lat_iters],
+        };
+        match run(args) {
+            Ok(out) => {
+                for r in rows(&out) {
+                    let size = r[0] as u64;
+                    report
+                        .sample("latency", prog, Some(size), "us", Better::Lower, r[4])
+                        .shown = SHOWN_LAT.contains(&size) || *prog == "ib_atomic_lat";
+                }
+            }
+            Err(e) => report.error(&format!("{prog} -a"), e),
+        }
+    }
+    if !ctx.quick {
+        match run(&["ibv_rc_pingpong", "-s", "1", "-n", "20000"]) {
+            // "40000 bytes in 0.05 seconds = 6.1 Mbit/sec\n20000 iters in 0.05 seconds = 2.6 usec/iter"
+            Ok(out) => match out
+                .lines()
+                .find(|l| l.contains("iters in"))
+                .and_then(|l| l.split_whitespace().rev().nth(1)?.parse::<f64>().ok())
+            {
+                Some(us) => {
+                    report
+                        .sample("latency", PINGPONG, Some(1), "us", Better::Lower, us)
+                        .shown = true;
+                }
+                None => report.error(PINGPONG, anyhow::anyhow!("no 'iters in' line:\n{out}")),
+            },
+            Err(e) => report.error(PINGPONG, e),
+        }
+    }
+}
+
+/// Sets the limits of every figure `measure` made, from the limits in `report`.
+pub fn set_limits(report: &mut Report) {
+    let sizes: Vec<u64> = report
+        .figures
+        .iter()
+        .filter(|f| matches!(f.section, "bandwidth" | "latency"))
+        .filter_map(|f| f.size)
+        .collect();
+    let rtt_ns = report.median("limits", RTT, None);
+    for size in sizes {
+        let mc = report.median("limits", MEMCPY, Some(size));
+        if let Some(mc) = mc {
+            for prog in BW_PROGRAMS {
+                let what = format!("memcpy {}", size_text(size));
+                report.limit("bandwidth", prog, Some(size), measured(what, mc));
+            }
+        }
+        let Some(rtt_ns) = rtt_ns else { continue };
+        // One copy of the message at memcpy speed (1 MB/s is 1 byte/us).
+        let copy_us = mc.map_or(0.0, |mc| size as f64 / mc);
+        for (progs, share, floor) in [
+            (&ONE_WAY[..], 0.5, "half cache-line RTT"),
+            (&ROUND_TRIP[..], 1.0, "cache-line RTT"),
+            (&[PINGPONG][..], 1.0, "cache-line RTT"),
+        ] {
+            let what = if size > 64 {
+                format!("{floor} + copy")
+            } else {
+                floor.to_string()
+            };
+            for prog in progs {
+                let v = rtt_ns * share / 1000.0 + copy_us;
+                report.limit("latency", prog, Some(size), measured(what.clone(), v));
+            }
+        }
+    }
+    if let Some(ring) = report.median("limits", &limits::ring_name(64), None) {
+        report.limit(
+            "rate",
+            RATE,
+            None,
+            measured("ring, 64 B slots".into(), ring),
+        );
+    }
+}
+
+fn measured(what: String, value: f64) -> Limit {
+    Limit {
+        what,
+        value,
+        measured: true,
+    }
+}
+
+/// An error unless perftest and `ibv_rc_pingpong` are installed.
+pub fn require() -> Result<()> {
+    tools::require(&PROGRAMS)
+}

@@ -1,0 +1,161 @@
+//! Many pairs at once (the uniRDMA evaluation's figure): N unmodified `ib_write_bw -s 131072
+//! -n ITERS` pairs, each side on a vRNIC of its own, for each pair count N.
+//!
+//! The aggregate is timed by the wall clock: every byte the clients moved over the time from
+//! the first client's start to the last one's end (start-up included). Summing each client's
+//! own average, as `scripts/bench-scale` used to, overstates it: the clients start one after
+//! another, so the first ones run alone for a while (that sum is kept in the JSON, not shown).
+//! The limit is single-thread memcpy of the pairs' working set (N x 128 KiB, read and written
+//! by the engine), measured in the same run; past the caches it is memory bandwidth.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use super::Ctx;
+use super::limits;
+use super::perftest::{MIB_PER_MB, rows};
+use super::procs::{Daemon, Proc, Stop, port, wait_listening};
+use super::report::{Better, Limit, Report, num};
+
+/// Each pair's message size.
+const SIZE: u64 = 128 << 10;
+
+/// The aggregate figure's name for `n` pairs.
+fn name(n: u32) -> String {
+    format!("{n} pairs ib_write_bw 128 KiB, aggregate by wall clock")
+}
+
+fn sum_name(n: u32) -> String {
+    format!("{n} pairs ib_write_bw 128 KiB, sum of the clients' own averages")
+}
+
+/// One run of every pair count into `report`.
+pub fn measure(ctx: &Ctx, d: &Daemon, counts: &[u32], report: &mut Report) {
+    let sizes: Vec<u64> = counts.iter().map(|&n| u64::from(n) * SIZE).collect();
+    match limits::memcpy(ctx, &sizes) {
+        Ok(list) => {
+            for (&n, (_, mbps)) in counts.iter().zip(list) {
+                let what = format!("memcpy of {n} x 128 KiB");
+                report
+                    .sample("limits", &what, None, "MB/s", Better::Higher, mbps)
+                    .pairs = Some(n);
+            }
+        }
+        Err(e) => report.error("memcpy for the scale runs", e),
+    }
+    for &n in counts {
+        match pairs(ctx, d, n) {
+            Ok((wall, sum)) => {
+                let f = report.sample("scale", &name(n), None, "MB/s", Better::Higher, wall);
+                f.pairs = Some(n);
+                f.shown = true;
+                report
+                    .sample("scale", &sum_name(n), None, "MB/s", Better::Higher, sum)
+                    .pairs = Some(n);
+            }
+            Err(e) => report.error(&format!("{n} pairs"), e),
+        }
+    }
+}
+
+/// `n` pairs at once: (aggregate by wall clock, sum of the clients' averages), in MB/s.
+fn pairs(ctx: &Ctx, d: &Daemon, n: u32) -> Result<(f64, f64)> {
+    let budget: u64 = if ctx.quick { 8 << 30 } else { 128 << 30 };
+    let iters = (budget / (u64::from(n) * SIZE)).max(1000);
+    let args = |p: u16| -> Vec<String> {
+        [
+            "ib_write_bw",
+            "-s",
+            "131072",
+            "-n",
+            &iters.to_string(),
+            "-p",
+            &p.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut servers: Vec<(Proc, u16)> = Vec::new();
+    for _ in 0..n {
+        let p = port()?;
+        let cmd = d.run(ctx.apps(), &args(p));
+        servers.push((ctx.scratch.spawn(cmd, "scale server", Stop::Kill)?, p));
+    }
+    for (s, p) in &mut servers {
+        wait_listening(s, *p, Duration::from_secs(120))?;
+    }
+    let t0 = Instant::now();
+    let mut clients = Vec::new();
+    for (_, p) in &servers {
+        let mut a = args(*p);
+        a.push("localhost".into());
+        clients.push(
+            ctx.scratch
+                .spawn(d.run(ctx.apps(), &a), "scale client", Stop::Kill)?,
+        );
+    }
+    // Every client's end, by polling them all, so the last end is seen when it happens.
+    let limit = Duration::from_secs(600);
+    let mut ends = vec![None; clients.len()];
+    while ends.iter().any(Option::is_none) {
+        for (c, end) in clients.iter_mut().zip(&mut ends) {
+            if end.is_none() && c.exited() {
+                *end = Some(t0.elapsed());
+            }
+        }
+        if t0.elapsed() > limit {
+            bail!("{n} pairs did not finish in {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let wall = ends.iter().flatten().max().copied().unwrap_or_default();
+    let mut sum = 0.0;
+    for (i, c) in clients.into_iter().enumerate() {
+        let f = c.finish(Duration::ZERO);
+        f.check(&format!("client {i} of {n}"))?;
+        match rows(&f.stdout).last() {
+            Some(r) => sum += r[3] * MIB_PER_MB,
+            None => bail!("client {i} of {n} printed no result row\n{}", f.tail()),
+        }
+    }
+    for (s, _) in servers {
+        s.finish(Duration::from_secs(10)).check("scale server")?;
+    }
+    let bytes = u64::from(n) as f64 * iters as f64 * SIZE as f64;
+    Ok((bytes / wall.as_secs_f64() / 1e6, sum))
+}
+
+/// Sets each count's limit, and notes the largest count against the best one's aggregate.
+pub fn set_limits(report: &mut Report, counts: &[u32]) {
+    let mut best: Option<(u32, f64)> = None;
+    for &n in counts {
+        let what = format!("memcpy of {n} x 128 KiB");
+        if let Some(mc) = report.median("limits", &what, None) {
+            let l = Limit {
+                what,
+                value: mc,
+                measured: true,
+            };
+            report.limit("scale", &name(n), None, l);
+        }
+        if let Some(agg) = report.median("scale", &name(n), None)
+            && best.is_none_or(|(_, b)| agg > b)
+        {
+            best = Some((n, agg));
+        }
+    }
+    let (Some((bn, b)), Some(&last)) = (best, counts.iter().max()) else {
+        return;
+    };
+    if let Some(agg) = report.median("scale", &name(last), None) {
+        report.notes.push(format!(
+            "scale: {last} pairs move {} MB/s ({} per pair), {:.0}% of the best count's \
+             aggregate ({bn} pairs, {} MB/s); the issue's target is >= 90%",
+            num(agg),
+            num(agg / f64::from(last)),
+            100.0 * agg / b,
+            num(b)
+        ));
+    }
+}
