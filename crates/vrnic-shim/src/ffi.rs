@@ -698,6 +698,11 @@ pub extern "C" fn vrnic_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
+/// Runs of fresh pages at least this long are prepared (huge pages, allocated at once) before
+/// the app's bytes are copied in; shorter ones are left to faults (one system call would save
+/// a few).
+const PREPARE_MIN: u64 = 64 << 10;
+
 fn reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -785,6 +790,10 @@ fn reg_mr(
                     n += 1;
                 }
                 let va = r.va + page * PAGE;
+                if n * PAGE >= PREPARE_MIN {
+                    // Huge pages allocated in one call, not a fault per page as the copy goes.
+                    let _ = conn.region.prepare_write(r.off + page * PAGE, n * PAGE);
+                }
                 // SAFETY: these pages lie inside the range mincore just proved mapped (page
                 // rounded); they are the app's private memory, read once here, before the
                 // remap below.

@@ -11,7 +11,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::fault::Guarded;
-use crate::layout::{self, hdr};
+use crate::layout::{self, PAGE, hdr};
+
+/// A huge page (x86-64's 2 MiB PMD page).
+const HUGE: usize = 2 << 20;
 
 /// Why a region could not be created, opened or accessed.
 #[derive(Debug, thiserror::Error)]
@@ -353,6 +356,29 @@ impl Region {
         Ok(())
     }
 
+    /// Gets `len` bytes at `off` ready to be written at memory speed: asks for huge pages over
+    /// the part of the range that whole 2 MiB pages cover (a tmpfs mounted `huge=advise`, as
+    /// the daemon mounts each vRNIC's, then allocates them) and allocates every page of the
+    /// range in one system call (`MADV_POPULATE_WRITE`), instead of one fault per 4 KiB page
+    /// during the copy that follows. Best effort: where the kernel or the file system offers
+    /// neither, the pages are allocated by faults, as without it. Fails only on bounds.
+    pub fn prepare_write(&self, off: u64, len: u64) -> Result<(), RegionError> {
+        let p = self.check(off, len)? as usize;
+        let first = p / PAGE as usize * PAGE as usize;
+        let end = p + len as usize;
+        let (hstart, hend) = (first.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if hend > hstart {
+            // SAFETY: advice over pages of our own live mapping (checked); it changes how
+            // pages are allocated, never their contents.
+            unsafe { raw_madvise(hstart, hend - hstart, libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: as above; populating for writing allocates pages the file does not have
+        // yet (zeroed, as a fault would) and keeps those it has. A truncated file makes it
+        // fail with EFAULT, not a signal.
+        unsafe { raw_madvise(first, end - first, libc::MADV_POPULATE_WRITE) };
+        Ok(())
+    }
+
     /// Reads a little-endian `u32`.
     pub fn read_u32(&self, off: u64) -> Result<u32, RegionError> {
         let mut b = [0u8; 4];
@@ -544,6 +570,23 @@ unsafe fn raw_mmap(
     } else {
         r as *mut libc::c_void
     }
+}
+
+/// `madvise(2)` as a raw system call (see [`raw_mmap`] for why); its result is ignored: every
+/// use is advice.
+///
+/// # Safety
+/// As `madvise(2)`: the advice must not change what the range holds.
+unsafe fn raw_madvise(addr: usize, len: usize, advice: libc::c_int) {
+    // SAFETY: the kernel's madvise with the caller's range and advice.
+    unsafe {
+        libc::syscall(
+            libc::SYS_madvise,
+            addr as libc::c_long,
+            len as libc::c_long,
+            libc::c_long::from(advice),
+        )
+    };
 }
 
 /// `munmap(2)` as a raw system call (see [`raw_mmap`] for why).
