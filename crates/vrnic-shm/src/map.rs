@@ -755,6 +755,31 @@ mod tests {
     }
 
     #[test]
+    fn prepare_write_allocates_the_pages_and_keeps_them_zero() {
+        use std::os::unix::fs::MetadataExt;
+        let p = tmp("prep");
+        let r = Region::create(&p, 0, "vr0", 1, [0; 16], 1).unwrap();
+        let before = std::fs::metadata(&p).unwrap().blocks() * 512;
+        let (off, len) = (layout::HEAP_OFF, 4u64 << 20);
+        r.prepare_write(off, len).unwrap();
+        let after = std::fs::metadata(&p).unwrap().blocks() * 512;
+        assert!(
+            after >= before + len,
+            "the pages are allocated at once: {before} -> {after} bytes"
+        );
+        let mut b = vec![1u8; 4096];
+        r.read_bytes(off + len - 4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0), "prepared pages read as zeros");
+        r.write_bytes(off + 7, b"abc").unwrap();
+        r.prepare_write(off, 4096).unwrap();
+        let mut c = [0u8; 3];
+        r.read_bytes(off + 7, &mut c).unwrap();
+        assert_eq!(&c, b"abc", "preparing again keeps what the pages hold");
+        assert!(r.prepare_write(r.mapped() - 4096, 8192).is_err());
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
     fn map_over_makes_app_memory_region_memory() {
         let p = tmp("map");
         let r = Region::create(&p, 0, "vr0", 1, [0; 16], 1).unwrap();
