@@ -66,18 +66,8 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
 /// Mounts a tmpfs of at most `bytes` (and a few inodes) on a vRNIC's directory: its tenant can
 /// fill that and nothing else, so one vRNIC can neither exhaust the host's memory nor leave
 /// another without pages (root only).
-///
-/// The tmpfs gives huge pages where a mapping asks for them (`huge=advise`): the driver asks
-/// for them over large registrations it is about to fill (`vrnic-shm`
-/// `Region::prepare_write`), so registering a GiB costs 512 page allocations, not 262,144.
-/// Rings and small registrations stay on 4 KiB pages. A kernel without transparent huge pages
-/// for tmpfs refuses the option; the tmpfs is then mounted without it.
 pub fn mount_quota(dir: &Path, bytes: u64) -> std::io::Result<()> {
-    let opts = format!("mode=0755,size={bytes},nr_inodes=64");
-    match mount_tmpfs(dir, &format!("{opts},huge=advise")) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => mount_tmpfs(dir, &opts),
-        r => r,
-    }
+    mount_tmpfs(dir, &format!("mode=0755,size={bytes},nr_inodes=64"))
 }
 
 fn mount_tmpfs(dir: &Path, opts: &str) -> std::io::Result<()> {

@@ -698,7 +698,7 @@ pub extern "C" fn vrnic_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
-/// Runs of fresh pages at least this long are prepared (huge pages, allocated at once) before
+/// Runs of fresh pages at least this long are prepared (allocated at once) before
 /// the app's bytes are copied in; shorter ones are left to faults (one system call would save
 /// a few).
 const PREPARE_MIN: u64 = 64 << 10;
@@ -791,7 +791,7 @@ fn reg_mr(
                 }
                 let va = r.va + page * PAGE;
                 if n * PAGE >= PREPARE_MIN {
-                    // Huge pages allocated in one call, not a fault per page as the copy goes.
+                    // The pages allocated in one call, not a fault per page as the copy goes.
                     let _ = conn.region.prepare_write(r.off + page * PAGE, n * PAGE);
                 }
                 // SAFETY: these pages lie inside the range mincore just proved mapped (page

@@ -13,9 +13,6 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use crate::fault::Guarded;
 use crate::layout::{self, PAGE, hdr};
 
-/// A huge page (x86-64's 2 MiB PMD page).
-const HUGE: usize = 2 << 20;
-
 /// Why a region could not be created, opened or accessed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -356,25 +353,22 @@ impl Region {
         Ok(())
     }
 
-    /// Gets `len` bytes at `off` ready to be written at memory speed: asks for huge pages over
-    /// the part of the range that whole 2 MiB pages cover (a tmpfs mounted `huge=advise`, as
-    /// the daemon mounts each vRNIC's, then allocates them) and allocates every page of the
-    /// range in one system call (`MADV_POPULATE_WRITE`), instead of one fault per 4 KiB page
-    /// during the copy that follows. Best effort: where the kernel or the file system offers
-    /// neither, the pages are allocated by faults, as without it. Fails only on bounds.
+    /// Gets `len` bytes at `off` ready to be written: allocates every page of the range the
+    /// file does not have yet in one system call (`MADV_POPULATE_WRITE`), instead of one fault
+    /// per 4 KiB page during the copy that follows. Best effort: a kernel without it (before
+    /// 5.14) leaves the pages to faults, as without the call. Fails only on bounds.
+    ///
+    /// Huge pages (a tmpfs mounted `huge=advise` and `MADV_HUGEPAGE` here) were tried and left
+    /// out: on the VMs this is measured on, free 2 MiB blocks are handed back to the host (the
+    /// balloon's free page reporting), so every fresh huge page faults in the hypervisor, and
+    /// registering 1 GiB took 0.3 to 1.8 s against 0.7 s on 4 KiB pages (`docs/performance.md`).
     pub fn prepare_write(&self, off: u64, len: u64) -> Result<(), RegionError> {
         let p = self.check(off, len)? as usize;
         let first = p / PAGE as usize * PAGE as usize;
         let end = p + len as usize;
-        let (hstart, hend) = (first.next_multiple_of(HUGE), end / HUGE * HUGE);
-        if hend > hstart {
-            // SAFETY: advice over pages of our own live mapping (checked); it changes how
-            // pages are allocated, never their contents.
-            unsafe { raw_madvise(hstart, hend - hstart, libc::MADV_HUGEPAGE) };
-        }
-        // SAFETY: as above; populating for writing allocates pages the file does not have
-        // yet (zeroed, as a fault would) and keeps those it has. A truncated file makes it
-        // fail with EFAULT, not a signal.
+        // SAFETY: advice over pages of our own live mapping (checked): populating for writing
+        // allocates pages the file does not have yet (zeroed, as a fault would) and keeps
+        // those it has. A truncated file makes it fail with EFAULT, not a signal.
         unsafe { raw_madvise(first, end - first, libc::MADV_POPULATE_WRITE) };
         Ok(())
     }
