@@ -32,6 +32,10 @@ use vrnic_wire::frame::{
     pad_bytes_ok, peek_len,
 };
 
+mod hello;
+
+use hello::parse_hello;
+
 use super::announce::{Entry, announce};
 use super::datapath::Mem;
 use super::inbound::{HEADROOM, PLACE_MIN, Placing};
@@ -265,16 +269,6 @@ enum Close {
 }
 
 impl Server {
-    /// Sends our hello on a fresh connection.
-    fn hello(&self, out: &mut Vec<u8>) {
-        let Some(p) = &self.peers else { return };
-        let mut body = [0u8; 5];
-        body[0] = PROTOCOL;
-        body[1..3].copy_from_slice(&(p.me as u16).to_be_bytes());
-        body[3..5].copy_from_slice(&(p.hosts.len() as u16).to_be_bytes());
-        control(out, ControlKind::Hello, &body);
-    }
-
     /// Appends announcements of every local vRNIC (op 1) and of this host's addresses
     /// (op 3, for rdma_cm) to `out`.
     fn announce_all(&self, out: &mut Vec<u8>) {
@@ -947,31 +941,6 @@ impl Server {
         self.peers
             .as_ref()
             .is_some_and(|p| p.links.iter().flatten().any(|l| !l.out.is_empty()))
-    }
-}
-
-/// `Ok(Some((index, hosts, bytes used)))` if `buf` starts with a whole hello frame,
-/// `Ok(None)` if it may still become one, `Err` if it cannot.
-fn parse_hello(buf: &[u8]) -> Result<Option<(u16, u16, usize)>, ()> {
-    let len = match peek_len(buf) {
-        Ok(Some(len)) if buf.len() >= len => len,
-        Ok(_) => return Ok(None),
-        Err(_) => return Err(()),
-    };
-    let frame = Frame::new_checked(&buf[..len]).map_err(|_| ())?;
-    match FrameRepr::parse(&frame).map_err(|_| ())? {
-        FrameRepr::Control(c) if c.kind == ControlKind::Hello && c.body_len == 5 => {
-            let b = &buf[LINK_HEADER_LEN..len];
-            if b[0] != PROTOCOL {
-                return Err(());
-            }
-            Ok(Some((
-                u16::from_be_bytes([b[1], b[2]]),
-                u16::from_be_bytes([b[3], b[4]]),
-                len,
-            )))
-        }
-        _ => Err(()),
     }
 }
 
