@@ -10,10 +10,11 @@ impl Server {
     /// Sends our hello on a fresh connection.
     pub(super) fn hello(&self, out: &mut Vec<u8>) {
         let Some(p) = &self.peers else { return };
+        let Some(me) = p.me else { return };
         let mut body = [0u8; 5];
         body[0] = PROTOCOL;
-        body[1..3].copy_from_slice(&(p.me as u16).to_be_bytes());
-        body[3..5].copy_from_slice(&(p.hosts.len() as u16).to_be_bytes());
+        body[1..3].copy_from_slice(&(me as u16).to_be_bytes());
+        body[3..5].copy_from_slice(&(p.hello_count() as u16).to_be_bytes());
         control(out, ControlKind::Hello, &body);
     }
 }
