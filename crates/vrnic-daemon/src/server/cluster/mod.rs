@@ -253,8 +253,10 @@ impl Server {
                 let me = HostId(host);
                 if c.me != Some(me) {
                     c.me = Some(me);
-                    // Links under another index are dropped; the snapshot adds them again.
+                    // Links under another index are dropped, what other hosts registered is
+                    // forgotten; the snapshot that follows adds it all again.
                     let old: Vec<u32> = std::mem::take(&mut c.hosts).into_keys().collect();
+                    c.vnics.clear();
                     for h in old {
                         self.directory_forget(HostId(h));
                     }
@@ -352,14 +354,13 @@ impl Server {
             // Ours: the registry knows it.
             return;
         }
-        if let Some(old) = c.vnics.get(&lid) {
-            if Some(old) == r.as_ref() {
-                return;
-            }
-            let old = c.vnics.remove(&lid).expect("just found");
-            if let Some(gid) = old.gid_bytes() {
-                self.directory_vnic(HostId(old.host), lid, gid, None);
-            }
+        if c.vnics.get(&lid).is_some_and(|old| Some(old) == r.as_ref()) {
+            return;
+        }
+        if let Some(old) = c.vnics.remove(&lid)
+            && let Some(gid) = old.gid_bytes()
+        {
+            self.directory_vnic(HostId(old.host), lid, gid, None);
         }
         let Some(r) = r else { return };
         let Some(gid) = r.gid_bytes() else { return };

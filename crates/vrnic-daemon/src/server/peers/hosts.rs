@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use mio::Token;
 use tracing::{info, warn};
 use vrnic_proto::HostId;
 
@@ -33,10 +32,8 @@ impl Server {
             return;
         }
         p.me = Some(me.0 as usize);
-        let old = p.take_links();
-        let now = Instant::now();
-        for l in old {
-            self.drop_link(now, l);
+        for l in p.take_links() {
+            self.drop_link(l);
         }
         info!(index = me.0, "this host's index in the cluster");
     }
@@ -77,17 +74,16 @@ impl Server {
         };
         warn!(peer = %l.addr, index = host.0, "cluster host left; its QPs fail");
         let now = Instant::now();
-        self.drop_link(now, l);
+        self.drop_link(l);
         self.engine.fail_host(now, host);
         self.cm.fail_host(host);
     }
 
     /// Closes a link taken out of the set and forgets its token.
-    fn drop_link(&mut self, _now: Instant, mut l: Link) {
+    fn drop_link(&mut self, mut l: Link) {
         if let Some(mut s) = l.stream.take() {
             let _ = self.poll.registry().deregister(&mut s);
         }
-        let t: Token = l.token;
-        self.tokens.remove(&t);
+        self.tokens.remove(&l.token);
     }
 }
