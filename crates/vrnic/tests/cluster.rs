@@ -8,14 +8,16 @@
 //!   hang; restarted, it rejoins and serves;
 //! - 64 vRNICs created at once across three hosts: every LID, GID and IP unique;
 //! - etcd stopped mid-run: a running transfer finishes, a new vRNIC is refused with an error
-//!   naming etcd, and once etcd is back new connections work.
+//!   naming etcd, and once etcd is back new connections work;
+//! - malformed records in etcd are ignored and logged; a hello from an address that is not
+//!   the one its host index is registered with is refused.
 
 mod common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::hosts::{Etcd, Hosts};
+use common::hosts::{Etcd, Hosts, PEER_PORT};
 use common::{Daemon, Output, Proc, port, require, run_pair_on};
 
 const LINKS_UP: Duration = Duration::from_secs(30);
@@ -352,4 +354,98 @@ fn etcd_stopped_mid_run_keeps_running_pairs_and_refuses_new_ones_until_it_return
         r.iter().any(|r| r.name == "probe")
     });
     rc_pair(&ds[0], &ds[1], &addr0);
+}
+
+/// Records no daemon could have written, put into etcd by another writer: a vRNIC record that
+/// is not JSON, one with a name no vRNIC can have, one under another LID's key, a host whose
+/// peer-link address is 0.0.0.0. Every daemon ignores them (nothing listed, no link), logs
+/// them, and goes on: a vRNIC made afterwards reaches the other host.
+#[test]
+fn malformed_records_in_etcd_are_ignored_and_logged() {
+    let (hosts, etcd, mut ds) = cluster(2);
+    etcd.put("/vrnic/v1/vnics/77", b"{not json");
+    let bad_name = format!(
+        "{{\"host\":0,\"name\":\"a b\",\"lid\":78,\"gid\":\"{}\",\"ip\":\"100.64.9.9\",\"group\":\"default\"}}",
+        "fe80000000000000025652c00000004e"
+    );
+    etcd.put("/vrnic/v1/vnics/78", bad_name.as_bytes());
+    etcd.put(
+        "/vrnic/v1/vnics/79",
+        bad_name.replace("a b", "ab").as_bytes(),
+    );
+    etcd.put(
+        "/vrnic/v1/hosts/9",
+        b"{\"addr\":\"0.0.0.0:7700\",\"addrs\":[]}",
+    );
+    let out = ds[0].cli_output(&["create", "after"]);
+    assert!(out.ok(), "{}", out.text());
+    let (rows, _) = wait_directory(&ds[1], Duration::from_secs(10), "after on host 1", |r| {
+        r.iter().any(|r| r.name == "after")
+    });
+    assert!(
+        !rows
+            .iter()
+            .any(|r| ["77", "78", "79"].contains(&r.lid.as_str())),
+        "{rows:#?}"
+    );
+    for d in &ds {
+        d.wait_links(1, Duration::from_secs(5));
+    }
+    rc_pair(&ds[0], &ds[1], &hosts.addr(0));
+    for d in &mut ds {
+        let log = d.stop().text();
+        for line in [
+            "a malformed vRNIC record in etcd, ignored",
+            "a malformed host record in etcd, ignored",
+            "LID 78 under the key of LID 79",
+        ] {
+            assert!(log.contains(line), "the log lacks {line:?}\n{log}");
+        }
+    }
+}
+
+/// A third namespace with no daemon connects to both daemons' peer ports and sends a
+/// well-formed cluster hello claiming host index 0 from its own address: neither takes it
+/// (the index is registered with another address, or is not lower than its own), both log
+/// it, and their link stays up and serves.
+#[test]
+fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
+    require("ibv_rc_pingpong");
+    let hosts = Hosts::new(3);
+    let etcd = hosts.etcd();
+    let mut ds: Vec<Daemon> = (0..2)
+        .map(|i| hosts.cluster_daemon(i, &etcd, TTL_S))
+        .collect();
+    for d in &ds {
+        d.wait_links(1, LINKS_UP);
+    }
+    // Magic "vR", version 1, kind 2 (hello), length 13; protocol 2, index 0, 0 hosts (a
+    // cluster host).
+    let hello = r"vR\x01\x02\x00\x00\x00\x0d\x02\x00\x00\x00\x00";
+    for i in 0..2 {
+        let script = format!(
+            "exec 3<>/dev/tcp/{}/{PEER_PORT} && printf '{hello}' >&3 && sleep 0.3",
+            hosts.addr(i)
+        );
+        let mut c = std::process::Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", hosts.names[2]))
+            .args(["bash", "-c", &script]);
+        let out = Proc::spawn(c, "intruder").wait(Duration::from_secs(20));
+        assert!(out.ok(), "{}", out.text());
+    }
+    for d in &ds {
+        d.wait_links(1, Duration::from_secs(5));
+    }
+    rc_pair(&ds[0], &ds[1], &hosts.addr(0));
+    let intruder = hosts.addr(2);
+    for d in &mut ds {
+        let log = d.stop().text();
+        assert!(
+            log.lines().any(
+                |l| l.contains("a peer's hello does not match this host list")
+                    && l.contains(&intruder)
+            ),
+            "the log lacks the refused hello from {intruder}\n{log}"
+        );
+    }
 }

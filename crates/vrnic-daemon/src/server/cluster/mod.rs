@@ -193,8 +193,8 @@ impl Server {
         let c = self.cluster.as_mut()?;
         if let Some(why) = &c.down {
             return Some(AdminReply::Err(format!(
-                "the cluster store (etcd at {}) is unreachable ({why}): new vRNICs cannot be \
-                 registered until it is back",
+                "the cluster store (etcd at {}) is unreachable: new vRNICs cannot be registered \
+                 until it is back ({why})",
                 c.endpoints
             )));
         }
