@@ -438,3 +438,40 @@ impl Server {
         made
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(urls: &[&str], ttl_s: u64) -> ClusterOptions {
+        ClusterOptions {
+            endpoints: urls.iter().map(|u| u.to_string()).collect(),
+            ttl_s,
+        }
+    }
+
+    #[test]
+    fn etcd_urls_are_plain_http_host_and_port_and_the_ttl_is_bounded() {
+        assert!(
+            opts(&["http://10.0.0.1:2379", "http://e2:2379"], 5)
+                .check()
+                .is_ok()
+        );
+        for bad in [
+            opts(&[], 5),
+            opts(&["https://10.0.0.1:2379"], 5),
+            opts(&["10.0.0.1:2379"], 5),
+            opts(&["http://"], 5),
+            opts(&["http://10.0.0.1:2379/v3"], 5),
+            opts(&["http://10.0.0.1:2379"], 1),
+            opts(&["http://10.0.0.1:2379"], 3601),
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        let e = opts(&["https://e:2379"], 5)
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("TLS"), "{e}");
+    }
+}
