@@ -9,6 +9,8 @@
 //! - 64 vRNICs created at once across three hosts: every LID, GID and IP unique;
 //! - etcd stopped mid-run: a running transfer finishes, a new vRNIC is refused with an error
 //!   naming etcd, and once etcd is back new connections work;
+//! - rdma_cm (`rping -V`) across hosts by a group's virtual IP and by a host address, both
+//!   resolved from etcd's records;
 //! - malformed records in etcd are ignored and logged; a hello from an address that is not
 //!   the one its host index is registered with is refused.
 
@@ -447,5 +449,45 @@ fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
             ),
             "the log lacks the refused hello from {intruder}\n{log}"
         );
+    }
+}
+
+/// rdma_cm across cluster hosts: what it resolves comes from etcd. `rping -V` between a vRNIC
+/// of group red on host 0 (virtual IP 10.9.0.1, given at `vrnic create`) and one of red on
+/// host 1, through the virtual IP; then through host 0's own address (in its host record),
+/// each client printing exactly its pings.
+#[test]
+fn rping_across_cluster_hosts_by_virtual_ip_and_host_address() {
+    require("rping");
+    let (hosts, _etcd, ds) = cluster(2);
+    for (d, name, ip) in [(&ds[0], "r1", "10.9.0.1"), (&ds[1], "r2", "10.9.0.2")] {
+        let out = d.cli_output(&["create", name, "--group", "red", "--ip", ip]);
+        assert!(out.ok(), "vrnic create {name}\n{}", out.text());
+    }
+    wait_directory(&ds[1], Duration::from_secs(10), "r1 on host 1", |r| {
+        r.iter()
+            .any(|r| r.name == "r1" && r.ip == "10.9.0.1" && r.group == "red")
+    });
+    let addr0 = hosts.addr(0);
+    for (server_on, client_on, addr) in [
+        (Some("r1"), Some("r2"), "10.9.0.1"),
+        (None, None, addr0.as_str()),
+    ] {
+        let p = port().to_string();
+        let s = ["rping", "-s", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
+        let c = ["rping", "-c", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
+        let pair = common::pair_of(
+            ds[0].run_on(server_on, &s),
+            || ds[1].run_on(client_on, &c),
+            PAIR,
+        );
+        pair.assert_ok();
+        let pings = pair
+            .client
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("ping data: "))
+            .count();
+        assert_eq!(pings, 5, "{pair}");
     }
 }
