@@ -260,14 +260,18 @@ fn sixty_four_vrnics_created_at_once_have_unique_lids_gids_and_ips() {
 }
 
 /// etcd stopped while a transfer runs between two hosts: the transfer finishes; a new
-/// `vrnic run` is refused at once with an error naming etcd; etcd started again, the daemons
-/// register again and a new pair passes.
+/// `vrnic run` is refused at once with an error naming etcd, and an rdma_cm lookup of the
+/// other host from a vRNIC made before the outage fails at once (`rping`), logged; etcd
+/// started again, the daemons register again and a new pair passes.
 #[test]
 fn etcd_stopped_mid_run_keeps_running_pairs_and_refuses_new_ones_until_it_returns() {
     require("ib_write_bw");
     require("ibv_rc_pingpong");
-    let (hosts, mut etcd, ds) = cluster(2);
+    require("rping");
+    let (hosts, mut etcd, mut ds) = cluster(2);
     let addr0 = hosts.addr(0);
+    let out = ds[1].cli_output(&["create", "keep"]);
+    assert!(out.ok(), "{}", out.text());
     let p = port().to_string();
     let server = Proc::spawn(
         ds[0].run(&["ib_write_bw", "-p", &p, "-D", "6"]),
@@ -321,6 +325,26 @@ fn etcd_stopped_mid_run_keeps_running_pairs_and_refuses_new_ones_until_it_return
         "refused only after {:?}",
         t.elapsed()
     );
+    // A vRNIC that exists needs no etcd, but its lookup of another host does.
+    let t = Instant::now();
+    let out = common::output(
+        ds[1].run_on(
+            Some("keep"),
+            &["rping", "-c", "-a", &addr0, "-p", &p2, "-C", "1"],
+        ),
+        "rping client",
+        Duration::from_secs(10),
+    );
+    assert!(!out.ok(), "a lookup without etcd\n{}", out.text());
+    println!(
+        "without etcd, rping's lookup of host 0 failed: {}",
+        out.text().trim()
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "failed only after {:?}",
+        t.elapsed()
+    );
 
     // The transfer under way finishes.
     let c = client.wait_bounded(PAIR);
@@ -356,6 +380,11 @@ fn etcd_stopped_mid_run_keeps_running_pairs_and_refuses_new_ones_until_it_return
         r.iter().any(|r| r.name == "probe")
     });
     rc_pair(&ds[0], &ds[1], &addr0);
+    let log = ds[1].stop().text();
+    assert!(
+        log.contains("address lookup refused: the cluster directory (etcd at"),
+        "the refused lookup is not logged\n{log}"
+    );
 }
 
 /// Records no daemon could have written, put into etcd by another writer: a vRNIC record that

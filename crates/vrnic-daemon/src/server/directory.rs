@@ -158,6 +158,11 @@ impl Directory {
         self.vips.insert((group, ip), VipAt::Here(vnic));
     }
 
+    /// Whether virtual IP `ip` of `group` is one of this host's vRNICs'.
+    pub(super) fn vip_here(&self, group: GroupId, ip: Ipv4Addr) -> bool {
+        matches!(self.vips.get(&(group, ip)), Some(VipAt::Here(_)))
+    }
+
     /// A removed vRNIC's virtual IP is free again.
     pub(super) fn release_vip(&mut self, group: GroupId, ip: Ipv4Addr) {
         self.vips.remove(&(group, ip));

@@ -17,8 +17,10 @@
 //! link must come from the address its host index is registered with.
 //!
 //! If etcd cannot be reached, what is known stays (established QPs and links keep working),
-//! and creating a vRNIC fails at once with an error naming etcd; the session connects again
-//! and registers anew when etcd is back.
+//! and creating a vRNIC, or an rdma_cm lookup of another host, fails at once with an error
+//! naming etcd; the session connects again and registers anew when etcd is back. (A verbs
+//! app's RTR to a remote LID or GID still resolves from what is known: routes are the
+//! engine's.)
 
 mod alloc;
 mod records;
@@ -94,6 +96,8 @@ pub(super) struct Cluster {
     vnics: BTreeMap<u16, VnicRecord>,
     next_req: u64,
     pending: HashMap<u64, Pending>,
+    /// Lookups of other hosts refused since etcd became unreachable (the first is logged).
+    refused: u64,
 }
 
 impl Cluster {
@@ -145,6 +149,7 @@ impl Cluster {
             vnics: BTreeMap::new(),
             next_req: 1,
             pending: HashMap::new(),
+            refused: 0,
         })
     }
 
@@ -222,6 +227,40 @@ impl Server {
         None
     }
 
+    /// Whether an address lookup (`rdma_resolve_addr`) by vRNIC `vnic` of `dst` must fail: in
+    /// cluster mode, while etcd is unreachable, any lookup that would need the directory of
+    /// other hosts (an address that is neither this host's nor a virtual IP of this host's
+    /// vRNICs in the caller's group). Returns why; the first refusal of an outage is logged.
+    pub(super) fn cluster_lookup_refused(
+        &mut self,
+        vnic: VnicId,
+        dst: std::net::IpAddr,
+    ) -> Option<String> {
+        let c = self.cluster.as_ref()?;
+        let why = c.down.as_ref()?;
+        if crate::cm::is_local(dst) && !dst.is_unspecified() {
+            return None;
+        }
+        let v = self.vnics.get(&vnic)?;
+        if let std::net::IpAddr::V4(ip) = dst
+            && self.directory.vip_here(v.group, ip)
+        {
+            return None;
+        }
+        let msg = format!(
+            "the cluster directory (etcd at {}) is unreachable: lookups of other hosts fail until \
+             it is back ({why})",
+            c.endpoints
+        );
+        let name = v.name.clone();
+        let c = self.cluster.as_mut()?;
+        if c.refused == 0 {
+            warn!(vnic = name, %dst, "address lookup refused: {msg}");
+        }
+        c.refused += 1;
+        Some(msg)
+    }
+
     /// A local vRNIC with LID `lid` is gone: its keys go from etcd.
     pub(super) fn cluster_release(&mut self, lid: u16) {
         if let Some(c) = &self.cluster {
@@ -249,6 +288,13 @@ impl Server {
             Event::Registered { host } => {
                 if let Some(why) = c.down.take() {
                     info!(index = host, "registered in etcd (was: {why})");
+                    if c.refused > 1 {
+                        warn!(
+                            "{} more address lookups were refused without etcd",
+                            c.refused - 1
+                        );
+                    }
+                    c.refused = 0;
                 }
                 let me = HostId(host);
                 if c.me != Some(me) {
