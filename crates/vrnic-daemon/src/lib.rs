@@ -3,9 +3,11 @@
 //!
 //! `vrnic serve` is [`serve`] with [`ServeOptions`] from the command line, or from a config
 //! file ([`settings`]); there is nothing to configure on one host (the embedded default), and
-//! several hosts need only each one's `listen` address and the others' (`peers`). The daemon is single-threaded by
-//! design for now: one loop owns the engine and every object, so nothing is locked; see
-//! [`server`] for how it spins and sleeps.
+//! several hosts need only each one's `listen` address and the others' (`peers`), or, for a
+//! cluster, each one's `listen` address and etcd's URLs (`etcd`). The daemon's loop is
+//! single-threaded by design (only cluster mode's etcd client has a thread
+//! of its own): one loop owns the engine and every object, so nothing is locked; see [`server`]
+//! for how it spins and sleeps.
 //!
 //! The state dir holds `vrnic.sock` (the admin socket the CLI talks to), `daemon.lock` (one
 //! daemon per state dir), and one directory per vRNIC with its `region` file and `sock`.
@@ -20,4 +22,4 @@ pub mod server;
 pub mod settings;
 mod sys;
 
-pub use server::{Limits, PeerOptions, ServeOptions, serve};
+pub use server::{ClusterOptions, DEFAULT_TTL_S, Limits, PeerOptions, ServeOptions, serve};

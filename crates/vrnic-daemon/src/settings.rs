@@ -9,6 +9,14 @@
 //! region_gib = 16
 //! max_vrnics = 4096
 //! ```
+//!
+//! A cluster host names etcd instead of its peers:
+//!
+//! ```toml
+//! listen = "10.0.0.1:7700"
+//! etcd = ["http://10.0.0.100:2379"]
+//! etcd_ttl = 5
+//! ```
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -24,6 +32,11 @@ pub struct Settings {
     /// The other hosts' daemons (`--peer`, repeated).
     #[serde(default)]
     pub peers: Vec<SocketAddr>,
+    /// etcd's client URLs (`--etcd`): cluster mode.
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    /// The etcd lease's time to live in seconds (`--etcd-ttl`).
+    pub etcd_ttl: Option<u64>,
     /// Region size in GiB (`--region-gib`).
     pub region_gib: Option<u64>,
     /// Most vRNICs (`--max-vrnics`).
@@ -93,6 +106,9 @@ mod tests {
         assert_eq!(s.peers, vec!["10.0.0.2:7700".parse().unwrap()]);
         assert_eq!((s.region_gib, s.max_vrnics), (Some(2), None));
         assert_eq!(Settings::parse("").unwrap(), Settings::default());
+        let s = Settings::parse("etcd = [\"http://10.0.0.9:2379\"]\netcd_ttl = 3\n").unwrap();
+        assert_eq!(s.etcd, vec!["http://10.0.0.9:2379".to_string()]);
+        assert_eq!(s.etcd_ttl, Some(3));
     }
 
     #[test]
@@ -103,5 +119,7 @@ mod tests {
         assert!(e.contains("peers"), "{e}");
         let e = Settings::parse("region_gib = \"big\"\n").unwrap_err();
         assert!(e.contains("region_gib"), "{e}");
+        let e = Settings::parse("etcd = \"http://10.0.0.9:2379\"\n").unwrap_err();
+        assert!(e.contains("etcd"), "{e}");
     }
 }

@@ -83,6 +83,15 @@ enum Cmd {
         /// Another host's daemon (its --listen address); repeat for each host.
         #[arg(long = "peer")]
         peers: Vec<std::net::SocketAddr>,
+        /// Cluster mode: etcd's client URLs (http://HOST:PORT, comma-separated). Hosts and
+        /// vRNICs are registered there (LIDs, GIDs and IPs claimed by transactions) and peers
+        /// are found there instead of --peer; needs --listen.
+        #[arg(long, value_delimiter = ',', value_name = "URL[,URL...]")]
+        etcd: Vec<String>,
+        /// Cluster mode: the etcd lease's time to live in seconds: how long a dead daemon's
+        /// vRNICs stay listed [default: 5].
+        #[arg(long)]
+        etcd_ttl: Option<u64>,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -197,6 +206,8 @@ fn real_main() -> Result<()> {
             max_vrnics,
             listen,
             peers,
+            etcd,
+            etcd_ttl,
         } => {
             let file = match &config {
                 Some(path) => vrnic_daemon::settings::Settings::load(path)?,
@@ -217,6 +228,15 @@ fn real_main() -> Result<()> {
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() { file.peers } else { peers },
+                },
+                cluster: {
+                    let endpoints = if etcd.is_empty() { file.etcd } else { etcd };
+                    (!endpoints.is_empty()).then(|| vrnic_daemon::ClusterOptions {
+                        endpoints,
+                        ttl_s: etcd_ttl
+                            .or(file.etcd_ttl)
+                            .unwrap_or(vrnic_daemon::DEFAULT_TTL_S),
+                    })
                 },
             })
         }

@@ -1,5 +1,7 @@
 //! The admin socket the CLI talks to (`ls`, `create`, `rm`, `run`'s hold): one JSON line per
-//! request and per reply, served without ever blocking the loop.
+//! request and per reply, served without ever blocking the loop. In cluster mode a request
+//! that makes a vRNIC is answered once etcd has granted its addresses (`cluster`); until then
+//! that connection's next requests wait, and every other connection is served as usual.
 
 use super::*;
 
@@ -49,6 +51,7 @@ impl Server {
                                 writable: false,
                                 eof: false,
                                 held: None,
+                                waiting: false,
                             },
                         );
                     }
@@ -74,14 +77,21 @@ impl Server {
                 self.close_admin(id);
                 return;
             }
-            if !conn.out.is_empty() {
+            if !conn.out.is_empty() || conn.waiting {
                 break;
             }
             if let Some(pos) = conn.buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = conn.buf.drain(..=pos).collect();
                 let reply = match serde_json::from_slice::<AdminRequest>(&line) {
                     Ok(req) => self.admin_request(id, req),
-                    Err(e) => AdminReply::Err(format!("bad admin request: {e}")),
+                    Err(e) => Some(AdminReply::Err(format!("bad admin request: {e}"))),
+                };
+                let Some(reply) = reply else {
+                    // Answered when etcd has (`admin_reply_later`).
+                    if let Some(c) = self.admins.get_mut(&id) {
+                        c.waiting = true;
+                    }
+                    break;
                 };
                 if let Some(c) = self.admins.get_mut(&id) {
                     // Invariant: our reply types always serialise.
@@ -126,8 +136,23 @@ impl Server {
         }
     }
 
-    pub(super) fn admin_request(&mut self, conn: u64, req: AdminRequest) -> AdminReply {
-        match req {
+    /// The reply to a request deferred by [`Server::admin_request`]; the connection's next
+    /// requests are served after it.
+    pub(super) fn admin_reply_later(&mut self, id: u64, reply: &AdminReply) {
+        let Some(c) = self.admins.get_mut(&id) else {
+            return;
+        };
+        // Invariant: our reply types always serialise.
+        let mut out = serde_json::to_vec(reply).unwrap_or_default();
+        out.push(b'\n');
+        c.out.extend_from_slice(&out);
+        c.waiting = false;
+        self.admin_ready(id);
+    }
+
+    /// Serves one request; `None`: its reply waits for etcd (cluster mode).
+    pub(super) fn admin_request(&mut self, conn: u64, req: AdminRequest) -> Option<AdminReply> {
+        Some(match req {
             AdminRequest::List => {
                 AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect())
             }
@@ -138,6 +163,9 @@ impl Server {
                     .unwrap_or_default(),
             ),
             AdminRequest::ListAll => AdminReply::Directory(self.directory_listing()),
+            AdminRequest::Create { name, group, ip } if self.cluster.is_some() => {
+                return self.cluster_create(conn, &name, true, group.as_deref(), ip);
+            }
             AdminRequest::Create { name, group, ip } => {
                 match self.create_vnic(&name, true, group.as_deref(), ip) {
                     Ok(v) => self
@@ -158,7 +186,9 @@ impl Server {
             }
             AdminRequest::Hold { name, group, ip } => {
                 if self.admins.get(&conn).is_some_and(|c| c.held.is_some()) {
-                    return AdminReply::Err("this connection already holds a vRNIC".into());
+                    return Some(AdminReply::Err(
+                        "this connection already holds a vRNIC".into(),
+                    ));
                 }
                 let existing = name.as_ref().and_then(|n| {
                     self.vnics
@@ -173,18 +203,18 @@ impl Server {
                         if let Some(g) = &group
                             && g != in_group
                         {
-                            return AdminReply::Err(format!(
+                            return Some(AdminReply::Err(format!(
                                 "vRNIC {} is in group {in_group}, not {g}",
                                 v.name
-                            ));
+                            )));
                         }
                         if let Some(ip) = ip
                             && ip != v.vip
                         {
-                            return AdminReply::Err(format!(
+                            return Some(AdminReply::Err(format!(
                                 "vRNIC {} has the address {}, not {ip}",
                                 v.name, v.vip
-                            ));
+                            )));
                         }
                         id
                     }
@@ -192,12 +222,21 @@ impl Server {
                         let name = name.unwrap_or_else(|| {
                             (0..)
                                 .map(|i| format!("vrnic{i}"))
-                                .find(|n| !self.vnics.values().any(|v| &v.name == n))
+                                .find(|n| {
+                                    !self.vnics.values().any(|v| &v.name == n)
+                                        && !self
+                                            .cluster
+                                            .as_ref()
+                                            .is_some_and(|c| c.pending_names().any(|p| p == n))
+                                })
                                 .unwrap_or_default()
                         });
+                        if self.cluster.is_some() {
+                            return self.cluster_create(conn, &name, false, group.as_deref(), ip);
+                        }
                         match self.create_vnic(&name, false, group.as_deref(), ip) {
                             Ok(id) => id,
-                            Err(e) => return AdminReply::Err(format!("{e:#}")),
+                            Err(e) => return Some(AdminReply::Err(format!("{e:#}"))),
                         }
                     }
                 };
@@ -212,7 +251,7 @@ impl Server {
                     .unwrap_or(AdminReply::Ok)
             }
             _ => AdminReply::Err("unsupported admin request".into()),
-        }
+        })
     }
 
     pub(super) fn close_admin(&mut self, id: u64) {

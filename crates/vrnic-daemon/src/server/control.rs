@@ -324,9 +324,12 @@ impl Server {
                     Ok(s) => s,
                     Err(_) => return err(libc::EINVAL, "malformed address"),
                 };
-                let Ok(dst) = dst.parse() else {
+                let Ok(dst) = dst.parse::<std::net::SocketAddr>() else {
                     return err(libc::EINVAL, "malformed address");
                 };
+                if let Some(why) = self.cluster_lookup_refused(vnic, dst.ip()) {
+                    return err(libc::EHOSTUNREACH, why);
+                }
                 match self.cm.resolve_addr(id, h, src, dst) {
                     Ok(a) => Reply::CmAddr(a.to_string()),
                     Err(e) => err(e, "rdma_resolve_addr"),

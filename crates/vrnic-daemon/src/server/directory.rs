@@ -153,6 +153,16 @@ impl Directory {
         Ok(ip)
     }
 
+    /// Records virtual IP `ip` in `group` as this host's vRNIC `vnic`'s (etcd granted it).
+    pub(super) fn hold_vip(&mut self, group: GroupId, ip: Ipv4Addr, vnic: VnicId) {
+        self.vips.insert((group, ip), VipAt::Here(vnic));
+    }
+
+    /// Whether virtual IP `ip` of `group` is one of this host's vRNICs'.
+    pub(super) fn vip_here(&self, group: GroupId, ip: Ipv4Addr) -> bool {
+        matches!(self.vips.get(&(group, ip)), Some(VipAt::Here(_)))
+    }
+
     /// A removed vRNIC's virtual IP is free again.
     pub(super) fn release_vip(&mut self, group: GroupId, ip: Ipv4Addr) {
         self.vips.remove(&(group, ip));
@@ -278,7 +288,7 @@ impl Server {
         let host_name = |h: HostId| {
             self.peers
                 .as_ref()
-                .and_then(|p| p.hosts.get(h.0 as usize))
+                .and_then(|p| p.host_addr(h))
                 .map_or_else(|| format!("host {}", h.0), |a| a.to_string())
         };
         let mut remote: Vec<_> = self.directory.remote_vnics().collect();
@@ -318,7 +328,7 @@ impl Server {
                 let h = s
                     .peers
                     .as_ref()
-                    .and_then(|p| p.hosts.get(host.0 as usize))
+                    .and_then(|p| p.host_addr(host))
                     .map_or_else(|| format!("host {}", host.0), |a| a.ip().to_string());
                 format!("{n}@{h}")
             }

@@ -15,7 +15,8 @@
 //! rings moved to a new depth), `events` (async events and wake-ups back to contexts),
 //! `datapath` (the engine pass), `peers`, `linkbuf`, `outqueue` and `inbound` (links to other
 //! hosts' daemons: frames out and in, payloads from and into registered memory), `directory`
-//! (who is where).
+//! (who is where), `cluster` (cluster mode: the directory and the host set from etcd, whose
+//! client runs on a thread of its own and wakes this loop through a mio `Waker`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
@@ -44,6 +45,7 @@ use crate::sys;
 mod admin_socket;
 mod announce;
 mod attach;
+mod cluster;
 mod control;
 mod datapath;
 mod directory;
@@ -57,6 +59,7 @@ mod peers;
 mod registry;
 mod resize;
 
+pub use cluster::{ClusterOptions, DEFAULT_TTL_S};
 pub use peers::PeerOptions;
 
 use control::err;
@@ -90,6 +93,8 @@ pub struct ServeOptions {
     pub max_vrnics: u32,
     /// Peer links to other hosts' daemons.
     pub peer: PeerOptions,
+    /// Cluster mode: etcd instead of a static peer list (needs `peer.listen`, no `peer.peers`).
+    pub cluster: Option<ClusterOptions>,
 }
 
 /// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
@@ -128,6 +133,8 @@ enum Tok {
     PeerListener,
     Peer,
     PeerPending,
+    /// The etcd session reported something.
+    Cluster,
 }
 
 struct Vnic {
@@ -237,6 +244,8 @@ struct AdminConn {
     /// The client closed its side: serve what it sent, then drop it.
     eof: bool,
     held: Option<VnicId>,
+    /// A request whose reply waits for etcd: nothing more is read until it is answered.
+    waiting: bool,
 }
 
 /// The daemon's state, owned by its one thread.
@@ -276,6 +285,8 @@ pub struct Server {
     peers: Option<peers::Peers>,
     /// Who is where: this host's identities, other hosts' announcements.
     directory: directory::Directory,
+    /// Cluster mode's side of the etcd session.
+    cluster: Option<cluster::Cluster>,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -343,13 +354,33 @@ impl Server {
             .register(&mut admin, ADMIN, Interest::READABLE)?;
         let mut tokens = HashMap::new();
         let mut next_token = 2;
-        let peers = peers::Peers::new(&opts.peer, &poll, |t| {
+        let mut token = |t| {
             let tok = Token(next_token);
             next_token += 1;
             tokens.insert(tok, t);
             tok
-        })?;
+        };
+        let (peers, cluster) = match &opts.cluster {
+            None => (peers::Peers::new(&opts.peer, &poll, &mut token)?, None),
+            Some(c) => {
+                if !opts.peer.peers.is_empty() {
+                    bail!("--etcd and --peer exclude each other: a cluster's hosts come from etcd");
+                }
+                let listen = opts
+                    .peer
+                    .listen
+                    .context("--etcd needs --listen (this host's address for peer links)")?;
+                let p = peers::Peers::cluster(listen, &poll, &mut token)?;
+                let waker = mio::Waker::new(poll.registry(), token(Tok::Cluster))?;
+                (
+                    Some(p),
+                    Some(cluster::Cluster::start(c, listen, waker, seed())?),
+                )
+            }
+        };
         let directory = match &peers {
+            // A cluster's LIDs are claimed in etcd, not taken from a share.
+            Some(p) if p.is_cluster() => directory::Directory::new(0, 0..0),
             Some(p) => directory::Directory::new(p.index(), p.lid_range()),
             None => directory::Directory::new(0, 1..0xc000),
         };
@@ -383,6 +414,7 @@ impl Server {
             dirty: Vec::new(),
             carry: Vec::new(),
             peers,
+            cluster,
         })
     }
 
@@ -506,6 +538,7 @@ impl Server {
                 true
             }
             Some(Tok::Peer | Tok::PeerPending) => true,
+            Some(Tok::Cluster) => self.cluster_events(),
             None => false,
         }
     }
@@ -514,6 +547,9 @@ impl Server {
         let ids: Vec<VnicId> = self.vnics.keys().copied().collect();
         for id in ids {
             self.remove_vnic(id);
+        }
+        if let Some(c) = &mut self.cluster {
+            c.stop();
         }
         let dir = self.opts.state_dir.clone();
         let _ = std::fs::remove_file(dir.join(ADMIN_SOCKET));

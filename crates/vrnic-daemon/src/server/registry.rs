@@ -54,22 +54,8 @@ impl Server {
         group: Option<&str>,
         ip: Option<std::net::Ipv4Addr>,
     ) -> Result<VnicId> {
-        if !config::valid_name(name) {
-            bail!("invalid vRNIC name {name:?}: use 1-63 letters, digits, '-' or '_'");
-        }
         let group_name = group.unwrap_or(crate::cm::DEFAULT_GROUP);
-        if !config::valid_name(group_name) {
-            bail!("invalid group name {group_name:?}: use 1-63 letters, digits, '-' or '_'");
-        }
-        if self.vnics.values().any(|v| v.name == name) {
-            bail!("vRNIC {name} already exists");
-        }
-        if self.vnics.len() >= self.opts.max_vrnics as usize {
-            bail!(
-                "the daemon serves its limit of {} vRNICs (vrnic serve --max-vrnics)",
-                self.opts.max_vrnics
-            );
-        }
+        self.check_new_vnic(name, group_name)?;
         let group = self
             .directory
             .group(group_name)
@@ -78,26 +64,56 @@ impl Server {
         let id = VnicId(self.next_vnic);
         self.next_vnic += 1;
         let vip = self.directory.take_vip(group, ip, id)?;
+        let Some(identity) = self.directory.assign(id.0) else {
+            self.directory.release_vip(group, vip);
+            bail!("no free LID in this host's share");
+        };
         // Given back below unless the vRNIC is made.
-        let made = self.make_vnic(id, name, persistent, group, vip);
+        let made = self.make_vnic(id, name, persistent, group, vip, identity);
         if made.is_err() {
             self.directory.release_vip(group, vip);
+            self.directory.release(identity.lid);
         }
         made
     }
 
-    fn make_vnic(
+    /// Whether vRNIC `name` may be made in group `group` now: valid names, no vRNIC of that
+    /// name (nor one being created), room under the limit.
+    pub(super) fn check_new_vnic(&self, name: &str, group: &str) -> Result<()> {
+        if !config::valid_name(name) {
+            bail!("invalid vRNIC name {name:?}: use 1-63 letters, digits, '-' or '_'");
+        }
+        if !config::valid_name(group) {
+            bail!("invalid group name {group:?}: use 1-63 letters, digits, '-' or '_'");
+        }
+        let pending = self.cluster.as_ref();
+        if self.vnics.values().any(|v| v.name == name)
+            || pending.is_some_and(|c| c.pending_names().any(|n| n == name))
+        {
+            bail!("vRNIC {name} already exists");
+        }
+        let count = self.vnics.len() + pending.map_or(0, |c| c.pending_count());
+        if count >= self.opts.max_vrnics as usize {
+            bail!(
+                "the daemon serves its limit of {} vRNICs (vrnic serve --max-vrnics)",
+                self.opts.max_vrnics
+            );
+        }
+        Ok(())
+    }
+
+    /// Makes vRNIC `id` with the addresses it was given (by this host's directory, or by
+    /// etcd in cluster mode).
+    pub(super) fn make_vnic(
         &mut self,
         id: VnicId,
         name: &str,
         persistent: bool,
         group: GroupId,
         vip: std::net::Ipv4Addr,
+        identity: super::directory::Identity,
     ) -> Result<VnicId> {
-        let super::directory::Identity { lid, gid, guid } = self
-            .directory
-            .assign(id.0)
-            .context("no free LID in this host's share")?;
+        let super::directory::Identity { lid, gid, guid } = identity;
         let dir = self.opts.state_dir.join(name);
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         let quota_mount = config::current_euid() == 0;
@@ -193,6 +209,7 @@ impl Server {
             remove_vnic_dir(&v.dir, v.quota_mount);
             self.directory.release(v.lid);
             self.directory.release_vip(v.group, v.vip);
+            self.cluster_release(v.lid);
             self.cm.remove_vip(v.group, v.vip);
             self.announce_vnic(super::announce::Entry::Removed {
                 lid: v.lid,

@@ -1,11 +1,13 @@
 //! Hosts for across-host tests: network namespaces, each with one address on a bridge that
 //! lives in a namespace of its own (the "switch"), a daemon per host with peer links to the
-//! others. Everything is created by the test under unique names and removed on drop; no
-//! address outside these namespaces is used.
+//! others (a static peer list, or, for cluster mode, an etcd of the test's own in a namespace
+//! of its own on the same bridge: [`Hosts::etcd`]). Everything is created by the test under
+//! unique names and removed on drop; no address outside these namespaces is used.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{CLI, Daemon, Proc};
 
@@ -19,6 +21,25 @@ pub struct Hosts {
     /// Each host's network namespace.
     pub names: Vec<String>,
     switch: String,
+    /// Namespaces of the test's infrastructure (etcd's).
+    extra: std::cell::RefCell<Vec<String>>,
+}
+
+/// The etcd client port.
+pub const ETCD_PORT: u16 = 2379;
+/// How long etcd may take to listen.
+const ETCD_START: Duration = Duration::from_secs(20);
+
+/// An etcd server of the test's own (Debian's `etcd-server`), alone in a network namespace on
+/// the hosts' bridge, its data in a temp dir; killed and its data removed on drop. Stop and
+/// start it again to simulate an outage (its data stays).
+pub struct Etcd {
+    /// Its client URL (`http://ADDR:2379`).
+    pub url: String,
+    addr: String,
+    netns: String,
+    data: PathBuf,
+    proc: Option<Proc>,
 }
 
 /// Runs `ip args...`, panicking with its output if it fails.
@@ -70,6 +91,7 @@ impl Hosts {
         let mut h = Hosts {
             names: Vec::new(),
             switch: switch.clone(),
+            extra: Default::default(),
         };
         ip(&["netns", "add", &switch]);
         ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]);
@@ -90,6 +112,74 @@ impl Hosts {
             ip(&["-n", &name, "link", "set", "lo", "up"]);
         }
         h
+    }
+
+    /// An etcd on the hosts' bridge at 10.77.0.200, started and listening.
+    pub fn etcd(&self) -> Etcd {
+        super::require("etcd");
+        let netns = format!("{}etcd", self.switch.trim_end_matches("sw"));
+        ip(&["netns", "add", &netns]);
+        self.extra.borrow_mut().push(netns.clone());
+        ip(&[
+            "-n",
+            &netns,
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "pe",
+            "netns",
+            &self.switch,
+        ]);
+        ip(&[
+            "-n",
+            &self.switch,
+            "link",
+            "set",
+            "pe",
+            "master",
+            "br0",
+            "up",
+        ]);
+        ip(&["-n", &netns, "addr", "add", "10.77.0.200/24", "dev", "eth0"]);
+        ip(&["-n", &netns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        let addr = "10.77.0.200".to_string();
+        let data = std::env::temp_dir().join(format!("{netns}-data"));
+        let _ = std::fs::remove_dir_all(&data);
+        let mut e = Etcd {
+            url: format!("http://{addr}:{ETCD_PORT}"),
+            addr,
+            netns,
+            data,
+            proc: None,
+        };
+        e.start();
+        e
+    }
+
+    /// A daemon on host `i` in cluster mode on `etcd` with lease time to live `ttl_s`: host
+    /// 0's from a config file (`etcd = [...]`), the others' from `--etcd`.
+    pub fn cluster_daemon(&self, i: usize, etcd: &Etcd, ttl_s: u64) -> Daemon {
+        let listen = format!("{}:{PEER_PORT}", self.addr(i));
+        let ttl = ttl_s.to_string();
+        if i == 0 {
+            let file = std::env::temp_dir().join(format!("{}.toml", self.names[i]));
+            let text = format!(
+                "listen = \"{listen}\"\netcd = [\"{}\"]\netcd_ttl = {ttl}\n",
+                etcd.url
+            );
+            std::fs::write(&file, text).expect("write the config file");
+            let file = file.display().to_string();
+            return Daemon::start_in(Some(&self.names[i]), &["--config", &file]);
+        }
+        Daemon::start_in(
+            Some(&self.names[i]),
+            &["--listen", &listen, "--etcd", &etcd.url, "--etcd-ttl", &ttl],
+        )
     }
 
     /// Host `i`'s address.
@@ -162,7 +252,13 @@ impl Drop for Hosts {
         if let Some(h0) = self.names.first() {
             let _ = std::fs::remove_file(std::env::temp_dir().join(format!("{h0}.toml")));
         }
-        for n in self.names.iter().chain(std::iter::once(&self.switch)) {
+        let extra = self.extra.borrow().clone();
+        for n in self
+            .names
+            .iter()
+            .chain(extra.iter())
+            .chain(std::iter::once(&self.switch))
+        {
             let mut c = Command::new("ip");
             c.args(["netns", "del", n]);
             let _ = Proc::spawn(c, "ip netns del").wait_timeout(CLI);
@@ -170,7 +266,132 @@ impl Drop for Hosts {
     }
 }
 
+impl Etcd {
+    /// Starts it (again) and waits until it listens.
+    pub fn start(&mut self) {
+        assert!(self.proc.is_none(), "etcd still runs");
+        let peer = "http://127.0.0.1:2380";
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns))
+            .arg("etcd")
+            .args(["--name", "vrnic-test", "--data-dir"])
+            .arg(&self.data)
+            .args(["--listen-client-urls", &self.url])
+            .args(["--advertise-client-urls", &self.url])
+            .args(["--listen-peer-urls", peer])
+            .args(["--initial-advertise-peer-urls", peer])
+            .args(["--initial-cluster", &format!("vrnic-test={peer}")])
+            .args(["--log-level", "warn"]);
+        self.proc = Some(Proc::spawn(c, "etcd"));
+        let start = Instant::now();
+        while !self.listening() {
+            let p = self.proc.as_mut().expect("just spawned");
+            if p.exited() {
+                let out = self.proc.take().expect("just spawned").wait(super::CLI);
+                panic!("etcd exited at start\n{}", out.text());
+            }
+            assert!(start.elapsed() < ETCD_START, "etcd did not listen in time");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether its client port takes connections (tried from its own namespace).
+    fn listening(&self) -> bool {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns)).args([
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{}/{ETCD_PORT}", self.addr),
+        ]);
+        Proc::spawn(c, "probe etcd")
+            .wait_timeout(super::CLI)
+            .is_some_and(|o| o.ok())
+    }
+
+    /// Puts `value` under `key` through etcd's JSON gateway (`POST /v3/kv/put`), from its own
+    /// namespace, as another writer to etcd would; panics unless etcd answers 200.
+    pub fn put(&self, key: &str, value: &[u8]) {
+        let body = format!(
+            "{{\"key\":\"{}\",\"value\":\"{}\"}}",
+            base64(key.as_bytes()),
+            base64(value)
+        );
+        let script = format!(
+            "exec 3<>/dev/tcp/{}/{ETCD_PORT} && printf 'POST /v3/kv/put HTTP/1.0\\r\\nContent-Type: \
+             application/json\\r\\nContent-Length: {}\\r\\n\\r\\n%s' '{body}' >&3 && cat <&3",
+            self.addr,
+            body.len()
+        );
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns))
+            .args(["bash", "-c", &script]);
+        let out = Proc::spawn(c, "etcd put").wait(super::CLI);
+        assert!(
+            out.ok()
+                && out
+                    .stdout
+                    .lines()
+                    .next()
+                    .is_some_and(|l| l.contains(" 200 ")),
+            "put {key}\n{}",
+            out.text()
+        );
+    }
+
+    /// Stops it (SIGTERM, SIGKILL after a while); its data stays.
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.signal(libc::SIGTERM);
+            let _ = p.wait_bounded(super::DAEMON_STOP);
+        }
+    }
+}
+
+/// Standard base64 with padding (etcd's JSON gateway takes keys and values so).
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
 impl Daemon {
+    /// Waits until this daemon has `n` peer links, all up (`vrnic peers`).
+    pub fn wait_links(&self, n: usize, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let out = self.cli_output(&["peers"]);
+            let lines: Vec<&str> = out.stdout.lines().skip(1).collect();
+            if out.ok() && lines.len() == n && lines.iter().all(|l| l.contains(" up ")) {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "not {n} peer links up within {limit:?}\n{}",
+                out.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// A column of `vrnic peers` (by its header), one value per link.
     pub fn peer_column(&self, name: &str) -> Vec<u64> {
         let out = self.cli_output(&["peers"]).stdout;

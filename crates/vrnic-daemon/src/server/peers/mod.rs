@@ -12,6 +12,12 @@
 //! closed and dialed again, and the QPs over it send again from their oldest unanswered
 //! segment when it is back (the engine's retry budget decides how long they wait).
 //!
+//! In cluster mode (`vrnic serve --etcd`) the host set is not configured but comes from etcd
+//! (`server/cluster`): a host's index is the one it claimed there, links are added and removed
+//! as hosts register and their leases expire (`hosts.rs`), the hello carries a host count of 0
+//! (a cluster host), and an accepted connection must come from the address its claimed index is
+//! registered with. vRNICs are then announced through etcd, not over the links.
+//!
 //! Everything read from a link is hostile: frames are decoded strictly, and a malformed frame
 //! or a control frame out of place closes the link and fails the QPs routed over it; nothing
 //! else is touched. Reads are bounded per pass, so a flooding peer costs its own link's share.
@@ -31,6 +37,13 @@ use vrnic_wire::frame::{
     CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME,
     pad_bytes_ok, peek_len,
 };
+
+mod hello;
+mod hosts;
+
+pub(super) use hosts::MAX_HOSTS;
+
+use hello::parse_hello;
 
 use super::announce::{Entry, announce};
 use super::datapath::Mem;
@@ -118,14 +131,28 @@ struct Link {
 /// A connection accepted before its hello said who it is.
 struct Pending {
     stream: TcpStream,
+    /// Where it came from.
+    addr: SocketAddr,
     inbuf: Vec<u8>,
     since: Instant,
 }
 
+/// Where the host set comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostSet {
+    /// A fixed sorted list of this many hosts (`--listen`/`--peer`).
+    Static(usize),
+    /// etcd: hosts come and go (`hosts.rs`).
+    Cluster,
+}
+
 /// The peer links of a daemon configured with peers.
 pub(super) struct Peers {
-    me: usize,
-    pub(super) hosts: Vec<SocketAddr>,
+    /// This host's index (in cluster mode, none until it has claimed one in etcd).
+    me: Option<usize>,
+    /// This host's address for peer links.
+    listen: SocketAddr,
+    set: HostSet,
     listener: TcpListener,
     links: Vec<Option<Link>>,
     pending: HashMap<Token, Pending>,
@@ -140,6 +167,30 @@ pub(super) struct Peers {
 }
 
 impl Link {
+    /// A link to `host` at `addr`, down, to be dialed at once if `dials`.
+    fn new(host: HostId, addr: SocketAddr, dials: bool, token: Token, now: Instant) -> Link {
+        Link {
+            host,
+            addr,
+            dials,
+            stream: None,
+            token,
+            state: State::Down { redial: now },
+            inbuf: LinkBuf::default(),
+            placed_in: 0,
+            placing: None,
+            out: OutQueue::default(),
+            last_rx: now,
+            last_tx: now,
+            last_ping: now,
+            bytes_in: 0,
+            bytes_out: 0,
+            drops: 0,
+            rtt: None,
+            cm_backlog: VecDeque::new(),
+        }
+    }
+
     /// Forgets everything read and not yet taken (a new or closed connection).
     fn reset_input(&mut self) {
         self.inbuf.clear();
@@ -171,32 +222,14 @@ impl Peers {
             .iter()
             .enumerate()
             .map(|(i, &addr)| {
-                (i != me).then(|| Link {
-                    host: HostId(i as u32),
-                    addr,
-                    dials: i > me,
-                    stream: None,
-                    token: token(Tok::Peer),
-                    state: State::Down { redial: now },
-                    inbuf: LinkBuf::default(),
-                    placed_in: 0,
-                    placing: None,
-                    out: OutQueue::default(),
-                    last_rx: now,
-                    last_tx: now,
-                    last_ping: now,
-                    bytes_in: 0,
-                    bytes_out: 0,
-                    drops: 0,
-                    rtt: None,
-                    cm_backlog: VecDeque::new(),
-                })
+                (i != me).then(|| Link::new(HostId(i as u32), addr, i > me, token(Tok::Peer), now))
             })
             .collect();
         info!(%listen, hosts = hosts.len(), index = me, "peer links configured");
         Ok(Some(Peers {
-            me,
-            hosts,
+            me: Some(me),
+            listen,
+            set: HostSet::Static(hosts.len()),
             listener,
             links,
             pending: HashMap::new(),
@@ -207,15 +240,63 @@ impl Peers {
         }))
     }
 
-    /// This host's index in the host list.
-    pub(super) fn index(&self) -> usize {
-        self.me
+    /// Binds the listening socket of a cluster host; links are added as hosts register in
+    /// etcd, once this host has its own index ([`Server::cluster_host_added`]).
+    pub(super) fn cluster(
+        listen: SocketAddr,
+        poll: &mio::Poll,
+        mut token: impl FnMut(Tok) -> Token,
+    ) -> anyhow::Result<Peers> {
+        let mut listener = TcpListener::bind(listen)
+            .map_err(|e| anyhow::anyhow!("listen for peers on {listen}: {e}"))?;
+        poll.registry()
+            .register(&mut listener, token(Tok::PeerListener), Interest::READABLE)?;
+        info!(%listen, "peer links from the cluster's hosts");
+        Ok(Peers {
+            me: None,
+            listen,
+            set: HostSet::Cluster,
+            listener,
+            links: Vec::new(),
+            pending: HashMap::new(),
+            epoch: Instant::now(),
+            iov: Vec::with_capacity(crate::sys::WRITEV_MAX),
+            discard: vec![0; MAX_FRAME],
+            runs: Vec::new(),
+        })
     }
 
-    /// The LIDs this host gives out: its share of the unicast range.
+    /// This host's index in the host list.
+    pub(super) fn index(&self) -> usize {
+        self.me.unwrap_or(0)
+    }
+
+    /// Whether the hosts come from etcd.
+    pub(super) fn is_cluster(&self) -> bool {
+        self.set == HostSet::Cluster
+    }
+
+    /// The host count a hello carries: the static list's length, 0 for a cluster host.
+    fn hello_count(&self) -> usize {
+        match self.set {
+            HostSet::Static(n) => n,
+            HostSet::Cluster => 0,
+        }
+    }
+
+    /// Host `host`'s peer-link address (this host's own included).
+    pub(super) fn host_addr(&self, host: HostId) -> Option<SocketAddr> {
+        if self.me == Some(host.0 as usize) {
+            return Some(self.listen);
+        }
+        self.links.get(host.0 as usize)?.as_ref().map(|l| l.addr)
+    }
+
+    /// The LIDs this host gives out: its share of the unicast range (static host list).
     pub(super) fn lid_range(&self) -> std::ops::Range<u16> {
-        let span = 0xbffe / self.hosts.len() as u32;
-        let base = 1 + self.me as u32 * span;
+        let n = self.hello_count().max(1) as u32;
+        let span = 0xbffe / n;
+        let base = 1 + self.index() as u32 * span;
         base as u16..(base + span) as u16
     }
 
@@ -265,19 +346,13 @@ enum Close {
 }
 
 impl Server {
-    /// Sends our hello on a fresh connection.
-    fn hello(&self, out: &mut Vec<u8>) {
-        let Some(p) = &self.peers else { return };
-        let mut body = [0u8; 5];
-        body[0] = PROTOCOL;
-        body[1..3].copy_from_slice(&(p.me as u16).to_be_bytes());
-        body[3..5].copy_from_slice(&(p.hosts.len() as u16).to_be_bytes());
-        control(out, ControlKind::Hello, &body);
-    }
-
     /// Appends announcements of every local vRNIC (op 1) and of this host's addresses
     /// (op 3, for rdma_cm) to `out`.
     fn announce_all(&self, out: &mut Vec<u8>) {
+        if self.peers.as_ref().is_some_and(Peers::is_cluster) {
+            // A cluster's directory is etcd's.
+            return;
+        }
         let mut entries: Vec<Entry> = self
             .vnics
             .values()
@@ -291,7 +366,7 @@ impl Server {
             .collect();
         let mut addrs = crate::sys::host_addrs();
         if let Some(p) = &self.peers {
-            let listen = p.hosts[p.me].ip();
+            let listen = p.listen.ip();
             if !listen.is_unspecified() && !addrs.contains(&listen) {
                 addrs.push(listen);
             }
@@ -305,7 +380,9 @@ impl Server {
     /// Link `host` is up: its addresses are announced anew, the connection-manager messages
     /// kept for it go out, and its QPs send again what was not answered.
     fn link_up(&mut self, host: HostId) {
-        self.directory_forget(host);
+        if !self.peers.as_ref().is_some_and(Peers::is_cluster) {
+            self.directory_forget(host);
+        }
         if let Some(Some(l)) = self
             .peers
             .as_mut()
@@ -321,6 +398,9 @@ impl Server {
     /// Tells every up link that a vRNIC was created or removed.
     pub(super) fn announce_vnic(&mut self, e: Entry) {
         let Some(p) = &mut self.peers else { return };
+        if p.is_cluster() {
+            return;
+        }
         let mut f = Vec::new();
         announce(&mut f, &[e]);
         for l in p.links.iter_mut().flatten() {
@@ -353,6 +433,7 @@ impl Server {
                         token,
                         Pending {
                             stream,
+                            addr,
                             inbuf: Vec::new(),
                             since: Instant::now(),
                         },
@@ -462,14 +543,21 @@ impl Server {
                     break;
                 }
             }
+            let from = pd.addr;
             let hello = parse_hello(&pd.inbuf);
             let stale = now.duration_since(pd.since) > DEAD_AFTER;
             match hello {
                 Ok(None) if !gone && !stale => continue,
                 Ok(Some((idx, count, used)))
-                    if count as usize == p.hosts.len()
-                        && (idx as usize) < p.me
-                        && p.links.get(idx as usize).is_some_and(Option::is_some) =>
+                    if count as usize == p.hello_count()
+                        && p.me.is_some_and(|me| (idx as usize) < me)
+                        && p.links.get(idx as usize).is_some_and(|l| {
+                            l.as_ref().is_some_and(|l| {
+                                // A cluster host must come from the address its index is
+                                // registered with in etcd.
+                                p.set != HostSet::Cluster || l.addr.ip() == from.ip()
+                            })
+                        }) =>
                 {
                     let Some(mut pd) = p.pending.remove(&t) else {
                         continue;
@@ -483,7 +571,8 @@ impl Server {
                         warn!(
                             idx,
                             count,
-                            hosts = p.hosts.len(),
+                            hosts = p.hello_count(),
+                            %from,
                             "a peer's hello does not match this host list: closed"
                         );
                     }
@@ -738,7 +827,7 @@ impl Server {
                             && self
                                 .peers
                                 .as_ref()
-                                .is_some_and(|p| p.hosts.len() == count as usize) =>
+                                .is_some_and(|p| p.hello_count() == count as usize) =>
                     {
                         let mut out = Vec::new();
                         self.announce_all(&mut out);
@@ -761,6 +850,14 @@ impl Server {
                 self.engine
                     .handle_segment(now, host, grh.as_ref(), &segment, body, &mut mem);
                 Ok(State::Up)
+            }
+            (State::Up, FrameRepr::Control(c))
+                if c.kind == ControlKind::Announce
+                    && self.peers.as_ref().is_some_and(Peers::is_cluster) =>
+            {
+                Err(Close::Broken(
+                    "an announcement from a cluster host (etcd holds the directory)".into(),
+                ))
             }
             (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Announce => {
                 let Some(entries) = super::announce::parse(body) else {
@@ -870,7 +967,9 @@ impl Server {
                 warn!(peer = %l.addr, "peer link closed: {why}; its QPs fail");
                 self.engine.fail_host(now, host);
                 self.cm.fail_host(host);
-                self.directory_forget(host);
+                if !p.is_cluster() {
+                    self.directory_forget(host);
+                }
             }
         }
     }
@@ -947,31 +1046,6 @@ impl Server {
         self.peers
             .as_ref()
             .is_some_and(|p| p.links.iter().flatten().any(|l| !l.out.is_empty()))
-    }
-}
-
-/// `Ok(Some((index, hosts, bytes used)))` if `buf` starts with a whole hello frame,
-/// `Ok(None)` if it may still become one, `Err` if it cannot.
-fn parse_hello(buf: &[u8]) -> Result<Option<(u16, u16, usize)>, ()> {
-    let len = match peek_len(buf) {
-        Ok(Some(len)) if buf.len() >= len => len,
-        Ok(_) => return Ok(None),
-        Err(_) => return Err(()),
-    };
-    let frame = Frame::new_checked(&buf[..len]).map_err(|_| ())?;
-    match FrameRepr::parse(&frame).map_err(|_| ())? {
-        FrameRepr::Control(c) if c.kind == ControlKind::Hello && c.body_len == 5 => {
-            let b = &buf[LINK_HEADER_LEN..len];
-            if b[0] != PROTOCOL {
-                return Err(());
-            }
-            Ok(Some((
-                u16::from_be_bytes([b[1], b[2]]),
-                u16::from_be_bytes([b[3], b[4]]),
-                len,
-            )))
-        }
-        _ => Err(()),
     }
 }
 

@@ -1,0 +1,612 @@
+//! The etcd session: a thread of its own (a tokio current-thread runtime) that holds the
+//! daemon's etcd client, so the daemon's loop never waits on etcd.
+//!
+//! It takes [`Command`]s from the loop and hands back [`Event`]s, waking the loop with a mio
+//! `Waker`. Its job, in order, on every connection to etcd:
+//!
+//! 1. a lease of `ttl` seconds (the old one if it is still alive after an outage), kept alive
+//!    every third of it;
+//! 2. a host index, claimed by a transaction (`hosts/<index>` must not exist; the old index
+//!    preferred), bound to the lease; then this daemon's vRNICs put back if the lease is new;
+//! 3. a snapshot of everything under the prefix ([`Event::Registered`], [`Event::Snapshot`]),
+//!    then a watch from the snapshot's revision on, each change an [`Event::Host`] or
+//!    [`Event::Vnic`] as it comes.
+//!
+//! A vRNIC is created by one transaction: its record under its LID's key, its GID's and its
+//! virtual IP's claim keys, all three required not to exist, all bound to the lease; a
+//! candidate another daemon claimed first fails it and the next is tried. Any error (etcd
+//! gone, the lease lost, the watch cancelled) reports [`Event::Down`], and the session
+//! connects again until etcd answers; meanwhile commands are answered with the error at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::{debug, warn};
+
+use super::alloc;
+use super::records::{
+    self, HOSTS, HostRecord, Key, PREFIX, VNICS, VnicRecord, host_key, ip_key, ip_prefix, vnic_key,
+};
+use crate::server::peers::MAX_HOSTS;
+
+/// How long etcd gets to answer one request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a connection to etcd may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How soon a lost etcd is tried again.
+const RETRY: Duration = Duration::from_millis(500);
+/// Most transactions one vRNIC's creation tries.
+const CREATE_TRIES: u32 = 16;
+
+/// What the loop asks of the session.
+#[derive(Debug)]
+pub(super) enum Command {
+    /// Claim a LID, GID and virtual IP for vRNIC `name` (`ip`: that address, else a free
+    /// one) and register it.
+    Create {
+        req: u64,
+        name: String,
+        group: String,
+        ip: Option<Ipv4Addr>,
+    },
+    /// The vRNIC with LID `lid` is gone: its keys are deleted.
+    Release { lid: u16 },
+    /// The daemon stops: the lease is revoked (every key goes at once).
+    Stop,
+}
+
+/// What the session tells the loop.
+#[derive(Debug)]
+pub(super) enum Event {
+    /// This daemon holds host index `host` (after each connection to etcd).
+    Registered { host: u32 },
+    /// Everything etcd holds now: replaces what the loop knew.
+    Snapshot {
+        hosts: BTreeMap<u32, HostRecord>,
+        vnics: BTreeMap<u16, VnicRecord>,
+    },
+    /// A host registered (`Some`) or left.
+    Host(u32, Option<HostRecord>),
+    /// A vRNIC registered (`Some`) or left.
+    Vnic(u16, Option<VnicRecord>),
+    /// The answer to [`Command::Create`].
+    Created {
+        req: u64,
+        result: Result<VnicRecord, String>,
+    },
+    /// One of this daemon's vRNICs could not be registered again after an outage (another
+    /// daemon claimed its LID, GID or IP meanwhile).
+    Lost { lid: u16, why: String },
+    /// etcd cannot be reached (or the lease was lost): why.
+    Down(String),
+}
+
+/// What the session needs to know.
+#[derive(Debug, Clone)]
+pub(super) struct Config {
+    pub(super) endpoints: Vec<String>,
+    pub(super) ttl_s: i64,
+    pub(super) me: HostRecord,
+    pub(super) seed: u64,
+}
+
+/// Hands events to the loop and wakes it.
+pub(super) struct Out {
+    pub(super) tx: Sender<Event>,
+    pub(super) waker: Arc<mio::Waker>,
+}
+
+impl Out {
+    fn send(&self, e: Event) {
+        if self.tx.send(e).is_ok() {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// What survives a lost connection: the lease (etcd may still hold it), the host index, and
+/// this daemon's vRNIC records.
+#[derive(Default)]
+struct Registration {
+    lease: Option<i64>,
+    host: Option<u32>,
+    mine: BTreeMap<u16, VnicRecord>,
+    tries: u64,
+}
+
+/// A live connection.
+struct Live {
+    client: Client,
+    keeper: etcd_client::LeaseKeeper,
+    alive: etcd_client::LeaseKeepAliveStream,
+    watch: etcd_client::WatchStream,
+}
+
+type Error = String;
+
+fn err(what: &str) -> impl Fn(etcd_client::Error) -> Error + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// The session's thread body: runs until [`Command::Stop`] or the loop is gone.
+pub(super) fn run(cfg: Config, mut cmds: UnboundedReceiver<Command>, out: Out) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            out.send(Event::Down(format!(
+                "cannot start the etcd client's runtime: {e}"
+            )));
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let mut reg = Registration::default();
+        let mut releases = Vec::new();
+        loop {
+            let r = {
+                let establish = establish(&cfg, &mut reg, &out);
+                tokio::pin!(establish);
+                loop {
+                    tokio::select! {
+                        r = &mut establish => break r,
+                        c = cmds.recv() => match c {
+                            None | Some(Command::Stop) => return,
+                            Some(Command::Release { lid }) => releases.push(lid),
+                            Some(Command::Create { req, .. }) => out.send(Event::Created {
+                                req,
+                                result: Err("etcd is not reachable yet (connecting)".into()),
+                            }),
+                        },
+                    }
+                }
+            };
+            let why = match r {
+                Ok(mut live) => {
+                    for lid in releases.drain(..) {
+                        release(&mut live.client, &mut reg, lid).await;
+                    }
+                    match serve(&cfg, &mut reg, &mut live, &mut cmds, &out).await {
+                        Ok(()) => {
+                            if let Some(id) = reg.lease {
+                                let _ = tokio::time::timeout(
+                                    Duration::from_secs(1),
+                                    live.client.lease_revoke(id),
+                                )
+                                .await;
+                            }
+                            return;
+                        }
+                        Err(why) => why,
+                    }
+                }
+                Err(why) => why,
+            };
+            out.send(Event::Down(why));
+            // Wait a while before connecting again, answering what comes meanwhile.
+            let pause = tokio::time::sleep(RETRY);
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    _ = &mut pause => break,
+                    c = cmds.recv() => match c {
+                        None | Some(Command::Stop) => return,
+                        Some(Command::Release { lid }) => releases.push(lid),
+                        Some(Command::Create { req, .. }) => out.send(Event::Created {
+                            req,
+                            result: Err("etcd is not reachable".into()),
+                        }),
+                    },
+                }
+            }
+        }
+    });
+}
+
+/// Connects, takes or keeps the lease, claims the host index, puts back this daemon's vRNICs
+/// if the lease is new, reports the snapshot and starts the watch after it.
+async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Live, Error> {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_timeout(REQUEST_TIMEOUT)
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1));
+    let mut client = Client::connect(&cfg.endpoints, Some(opts))
+        .await
+        .map_err(err("connect"))?;
+    if let Some(id) = reg.lease {
+        let ttl = client
+            .lease_time_to_live(id, None)
+            .await
+            .map_err(err("look up the lease"))?
+            .ttl();
+        if ttl <= 0 {
+            reg.lease = None;
+        }
+    }
+    let fresh = reg.lease.is_none();
+    let lease = match reg.lease {
+        Some(id) => id,
+        None => {
+            let id = client
+                .lease_grant(cfg.ttl_s, None)
+                .await
+                .map_err(err("grant a lease"))?
+                .id();
+            reg.lease = Some(id);
+            id
+        }
+    };
+    if fresh || reg.host.is_none() {
+        reg.host = Some(claim_host(&mut client, cfg, reg.host, lease).await?);
+    }
+    let host = reg.host.unwrap_or_default();
+    if fresh {
+        let mine = std::mem::take(&mut reg.mine);
+        for (lid, mut rec) in mine {
+            rec.host = host;
+            match claim(&mut client, &rec, lease).await? {
+                true => {
+                    reg.mine.insert(lid, rec);
+                }
+                false => out.send(Event::Lost {
+                    lid,
+                    why: "its LID, GID or IP was claimed by another host while etcd was away"
+                        .into(),
+                }),
+            }
+        }
+    }
+    let (keeper, alive) = client
+        .lease_keep_alive(lease)
+        .await
+        .map_err(err("keep the lease alive"))?;
+    let snap = client
+        .get(PREFIX, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(err("read the directory"))?;
+    let rev = snap.header().map_or(0, |h| h.revision());
+    let mut hosts = BTreeMap::new();
+    let mut vnics = BTreeMap::new();
+    for kv in snap.kvs() {
+        match decode(kv.key(), Some(kv.value())) {
+            Some(Event::Host(i, Some(r))) => {
+                hosts.insert(i, r);
+            }
+            Some(Event::Vnic(l, Some(r))) => {
+                vnics.insert(l, r);
+            }
+            _ => {}
+        }
+    }
+    let watch = client
+        .watch(
+            PREFIX,
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(rev + 1),
+            ),
+        )
+        .await
+        .map_err(err("watch the directory"))?;
+    out.send(Event::Registered { host });
+    out.send(Event::Snapshot { hosts, vnics });
+    debug!(host, lease, rev, "registered in etcd");
+    Ok(Live {
+        client,
+        keeper,
+        alive,
+        watch,
+    })
+}
+
+/// Claims a host index (`prefer` if free) bound to `lease`.
+async fn claim_host(
+    client: &mut Client,
+    cfg: &Config,
+    prefer: Option<u32>,
+    lease: i64,
+) -> Result<u32, Error> {
+    for _ in 0..MAX_HOSTS {
+        let used: BTreeSet<u32> = client
+            .get(
+                HOSTS,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(err("read the hosts"))?
+            .kvs()
+            .iter()
+            .filter_map(|kv| match Key::parse(kv.key()) {
+                Some(Key::Host(i)) => Some(i),
+                _ => None,
+            })
+            .collect();
+        let Some(i) = alloc::pick_host(&used, prefer, MAX_HOSTS) else {
+            return Err(format!("the cluster has its limit of {MAX_HOSTS} hosts"));
+        };
+        let key = host_key(i);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                cfg.me.encode(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        if client
+            .txn(txn)
+            .await
+            .map_err(err("claim a host index"))?
+            .succeeded()
+        {
+            return Ok(i);
+        }
+    }
+    Err("no host index could be claimed".into())
+}
+
+/// One transaction: `rec`'s LID, GID and IP keys must not exist; then all three are put,
+/// bound to `lease`. False if one existed.
+async fn claim(client: &mut Client, rec: &VnicRecord, lease: i64) -> Result<bool, Error> {
+    let Some(gid) = rec.gid_bytes() else {
+        return Ok(false);
+    };
+    let keys = [
+        vnic_key(rec.lid),
+        records::gid_key(&gid),
+        ip_key(&rec.group, rec.ip),
+    ];
+    let lid = rec.lid.to_string();
+    let put = |k: &str, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
+    let txn = Txn::new()
+        .when(
+            keys.iter()
+                .map(|k| Compare::create_revision(k.as_str(), CompareOp::Equal, 0))
+                .collect::<Vec<_>>(),
+        )
+        .and_then([
+            put(&keys[0], rec.encode()),
+            put(&keys[1], lid.clone().into_bytes()),
+            put(&keys[2], lid.into_bytes()),
+        ]);
+    Ok(client
+        .txn(txn)
+        .await
+        .map_err(err("claim a LID, GID and IP"))?
+        .succeeded())
+}
+
+/// Creates a vRNIC's record: candidates from what etcd holds, claimed by transaction.
+async fn create(
+    client: &mut Client,
+    reg: &mut Registration,
+    seed: u64,
+    (name, group, want): (String, String, Option<Ipv4Addr>),
+) -> Result<Result<VnicRecord, String>, Error> {
+    let (Some(lease), Some(host)) = (reg.lease, reg.host) else {
+        return Ok(Err("not registered in etcd".into()));
+    };
+    if let Some(ip) = want
+        && !records::unicast_vip(ip)
+    {
+        return Ok(Err(format!(
+            "{ip} is not a unicast address a vRNIC can have"
+        )));
+    }
+    for _ in 0..CREATE_TRIES {
+        reg.tries += 1;
+        let lids: BTreeSet<u16> = client
+            .get(
+                VNICS,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(err("read the LIDs"))?
+            .kvs()
+            .iter()
+            .filter_map(|kv| match Key::parse(kv.key()) {
+                Some(Key::Vnic(l)) => Some(l),
+                _ => None,
+            })
+            .collect();
+        let ips: BTreeSet<Ipv4Addr> = client
+            .get(
+                ip_prefix(&group),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(err("read the group's addresses"))?
+            .kvs()
+            .iter()
+            .filter_map(|kv| records::ip_of_key(&group, kv.key()))
+            .collect();
+        let ip = match want {
+            Some(ip) if ips.contains(&ip) => {
+                return Ok(Err(format!("{ip} is already used in group {group}")));
+            }
+            Some(ip) => ip,
+            None => match alloc::pick_vip(&ips, host) {
+                Some(ip) => ip,
+                None => return Ok(Err(format!("group {group} has no free address left"))),
+            },
+        };
+        let start = alloc::start_lid(seed ^ reg.tries.wrapping_mul(0x1_0000_0001));
+        let Some(lid) = alloc::pick_lid(&lids, start) else {
+            return Ok(Err("the cluster has no free LID left".into()));
+        };
+        let (_, gid) = alloc::guid_gid(lid);
+        let rec = VnicRecord {
+            host,
+            name: name.clone(),
+            lid,
+            gid: records::hex(&gid),
+            ip,
+            group: group.clone(),
+        };
+        if claim(client, &rec, lease).await? {
+            reg.mine.insert(lid, rec.clone());
+            return Ok(Ok(rec));
+        }
+        debug!(lid, %ip, "a candidate was claimed by another host first; trying another");
+    }
+    Ok(Err(format!(
+        "no LID and address could be claimed in {CREATE_TRIES} tries"
+    )))
+}
+
+/// Deletes a removed vRNIC's keys (those of its claims that are still ours).
+async fn release(client: &mut Client, reg: &mut Registration, lid: u16) {
+    let Some(rec) = reg.mine.remove(&lid) else {
+        return;
+    };
+    let Some(lease) = reg.lease else { return };
+    let mut keys = vec![vnic_key(lid), ip_key(&rec.group, rec.ip)];
+    if let Some(gid) = rec.gid_bytes() {
+        keys.push(records::gid_key(&gid));
+    }
+    // Only keys of our lease: never another daemon's claim.
+    let ops: Vec<TxnOp> = keys
+        .iter()
+        .map(|k| {
+            TxnOp::txn(
+                Txn::new()
+                    .when([Compare::lease(k.as_str(), CompareOp::Equal, lease)])
+                    .and_then([TxnOp::delete(k.as_str(), None)]),
+            )
+        })
+        .collect();
+    if let Err(e) = client.txn(Txn::new().and_then(ops)).await {
+        warn!(
+            lid,
+            "could not delete a removed vRNIC's keys from etcd: {e}"
+        );
+    }
+}
+
+/// Serves a live connection until it fails (`Err`) or the daemon stops (`Ok`).
+async fn serve(
+    cfg: &Config,
+    reg: &mut Registration,
+    live: &mut Live,
+    cmds: &mut UnboundedReceiver<Command>,
+    out: &Out,
+) -> Result<(), Error> {
+    let period = Duration::from_millis((cfg.ttl_s.max(1) as u64) * 1000 / 3);
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => live.keeper.keep_alive().await.map_err(err("keep the lease alive"))?,
+            m = live.alive.message() => match m.map_err(err("keep the lease alive"))? {
+                Some(r) if r.ttl() > 0 => {}
+                Some(_) => {
+                    // Expired: everything of ours is gone from etcd.
+                    reg.lease = None;
+                    return Err("the lease expired".into());
+                }
+                None => return Err("the lease's keep-alive stream closed".into()),
+            },
+            m = live.watch.message() => {
+                let Some(resp) = m.map_err(err("watch"))? else {
+                    return Err("the watch closed".into());
+                };
+                if resp.canceled() {
+                    return Err(format!("the watch was cancelled: {}", resp.cancel_reason()));
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let value = (ev.event_type() == EventType::Put).then(|| kv.value());
+                    if let Some(e) = decode(kv.key(), value) {
+                        out.send(e);
+                    }
+                }
+            }
+            c = cmds.recv() => match c {
+                None | Some(Command::Stop) => return Ok(()),
+                Some(Command::Release { lid }) => release(&mut live.client, reg, lid).await,
+                Some(Command::Create { req, name, group, ip }) => {
+                    let result = create(&mut live.client, reg, cfg.seed, (name, group, ip)).await;
+                    match result {
+                        Ok(result) => out.send(Event::Created { req, result }),
+                        Err(why) => {
+                            out.send(Event::Created { req, result: Err(why.clone()) });
+                            return Err(why);
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// A key and its value (`None`: deleted) as an event; a malformed record is logged and
+/// dropped.
+fn decode(key: &[u8], value: Option<&[u8]>) -> Option<Event> {
+    let k = Key::parse(key)?;
+    let shown = || String::from_utf8_lossy(key).into_owned();
+    match (k, value) {
+        (Key::Host(i), None) => Some(Event::Host(i, None)),
+        (Key::Vnic(l), None) => Some(Event::Vnic(l, None)),
+        (Key::Host(i), Some(v)) => match HostRecord::decode(v) {
+            Ok(r) => Some(Event::Host(i, Some(r))),
+            Err(e) => {
+                warn!(
+                    key = shown(),
+                    "a malformed host record in etcd, ignored: {e}"
+                );
+                None
+            }
+        },
+        (Key::Vnic(l), Some(v)) => match VnicRecord::decode(l, v) {
+            Ok(r) => Some(Event::Vnic(l, Some(r))),
+            Err(e) => {
+                warn!(
+                    key = shown(),
+                    "a malformed vRNIC record in etcd, ignored: {e}"
+                );
+                None
+            }
+        },
+        (Key::Claim, _) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_events_decode_and_malformed_records_are_dropped() {
+        let rec = HostRecord {
+            addr: "10.77.0.2:7700".parse().unwrap(),
+            addrs: vec![],
+        };
+        let k = host_key(4);
+        assert!(matches!(
+            decode(k.as_bytes(), Some(&rec.encode())),
+            Some(Event::Host(4, Some(r))) if r == rec
+        ));
+        assert!(matches!(
+            decode(k.as_bytes(), None),
+            Some(Event::Host(4, None))
+        ));
+        assert!(decode(k.as_bytes(), Some(b"garbage")).is_none());
+        assert!(decode(vnic_key(9).as_bytes(), Some(b"{}")).is_none());
+        assert!(matches!(
+            decode(vnic_key(9).as_bytes(), None),
+            Some(Event::Vnic(9, None))
+        ));
+        let claim = records::ip_key("red", Ipv4Addr::new(10, 0, 0, 1));
+        assert!(decode(claim.as_bytes(), Some(b"9")).is_none());
+        assert!(decode(b"/vrnic/v1/unknown", Some(b"x")).is_none());
+    }
+}
