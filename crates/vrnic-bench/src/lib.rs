@@ -1,24 +1,25 @@
-//! `vrnic bench`: vrnic's figures against this machine's limits, measured in one run.
+//! `vrnic bench`: vrnic's figures against this machine's limits, measured in one run (the
+//! command line's `bench` subcommand: [`BenchArgs`] and [`main`]).
 //!
 //! It starts private daemons on temporary state dirs (no running daemon is needed, and none is
 //! touched), and runs, each `--runs` times (figures are medians with min..max):
 //!
-//! - [`limits`]: memcpy at each size, the cross-process cache-line round trip, a shared-memory
+//! - `limits`: memcpy at each size, the cross-process cache-line round trip, a shared-memory
 //!   ring between two processes, TCP on loopback;
-//! - [`perftest`]: unmodified perftest sweeps 2 B to 8 MiB (write/read/send bandwidth;
+//! - `perftest`: unmodified perftest sweeps 2 B to 8 MiB (write/read/send bandwidth;
 //!   write/send/read latency, atomic latency) and the message rate;
-//! - [`ctrl`]: the control path (open, QP to RTS, registration);
-//! - [`scale`]: many pairs at once, the aggregate timed by the wall clock;
-//! - [`hosts`] (root): two daemons in network namespaces the bench makes, joined by a veth,
+//! - `ctrl`: the control path (open, QP to RTS, registration);
+//! - `scale`: many pairs at once, the aggregate timed by the wall clock;
+//! - `hosts` (root): two daemons in network namespaces the bench makes, joined by a veth,
 //!   against TCP on that veth.
 //!
-//! It prints a table ([`report`]) where each figure stands beside its limit as a ratio, and can
-//! write the figures as JSON and plots as SVG ([`svg`]). `--pin` puts the engine (the daemons)
+//! It prints a table (`report`) where each figure stands beside its limit as a ratio, and can
+//! write the figures as JSON and plots as SVG (`svg`). `--pin` puts the engine (the daemons)
 //! and the apps on chosen cores with `taskset`.
 //!
 //! Everything it starts or makes is removed when it ends, by an error, a panic or a signal
-//! ([`procs`]; the signal wait is in [`sys`], the bench's only unsafe code). Its C programs
-//! (`bench/*.c`) are built into the binary and compiled with `cc` at run time ([`tools`]).
+//! (`procs`; the signal wait is in `sys`, the bench's only unsafe code). Its C programs
+//! (`bench/*.c`) are built into the binary and compiled with `cc` at run time (`tools`).
 //!
 //! It asserts nothing about speed: targets are reported, never enforced.
 

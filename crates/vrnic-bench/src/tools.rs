@@ -20,22 +20,22 @@ struct Source {
 const SOURCES: [Source; 4] = [
     Source {
         name: "limits",
-        text: include_str!("../../../../bench/limits.c"),
+        text: include_str!("../../../bench/limits.c"),
         libs: &[],
     },
     Source {
         name: "ctrl",
-        text: include_str!("../../../../bench/ctrl.c"),
+        text: include_str!("../../../bench/ctrl.c"),
         libs: &["-libverbs"],
     },
     Source {
         name: "tcp_stream",
-        text: include_str!("../../../../bench/tcp_stream.c"),
+        text: include_str!("../../../bench/tcp_stream.c"),
         libs: &[],
     },
     Source {
         name: "tcp_pingpong",
-        text: include_str!("../../../../bench/tcp_pingpong.c"),
+        text: include_str!("../../../bench/tcp_pingpong.c"),
         libs: &[],
     },
 ];

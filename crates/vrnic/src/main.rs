@@ -4,7 +4,6 @@
 //! `vm-args` print what a container engine or QEMU needs to give a container or a VM a vRNIC.
 //! `bench` measures vrnic against this machine's limits on private daemons of its own.
 
-mod bench;
 mod container;
 mod presence;
 
@@ -169,7 +168,7 @@ enum Cmd {
     /// path, many pairs and (as root) two hosts in network namespaces, each figure beside a
     /// limit measured in the same run (memcpy, the cache-line round trip, TCP), on private
     /// daemons of its own (the state dir is not used).
-    Bench(bench::BenchArgs),
+    Bench(vrnic_bench::BenchArgs),
     /// Print the QEMU options that give a VM this vRNIC: its region as an `ivshmem-plain` PCI
     /// device; the driver library inside the guest finds it through sysfs (1af4:1110, BAR2).
     VmArgs {
@@ -252,7 +251,7 @@ fn real_main() -> Result<()> {
             let iso = container.then_some(container::Isolation { own_net: !host_net });
             run(&state_dir, (vrnic, group, ip), iso, device_files, &cmd)
         }
-        Cmd::Bench(args) => bench::main(args),
+        Cmd::Bench(args) => vrnic_bench::main(args),
         Cmd::DockerArgs { name, device_files } => {
             let (v, live) = find_among(&state_dir, &name)?;
             let driver = driver_path()?;
