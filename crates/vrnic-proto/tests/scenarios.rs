@@ -3027,3 +3027,84 @@ fn routes_within_a_group_work() {
     assert_eq!(c, vec![(1, WcStatus::Success), (9, WcStatus::Success)]);
     assert_eq!(w.get(&dst, 0x20_0000, 32), vec![7; 32]);
 }
+
+// ---- the responder's translation, kept between messages ---------------------------------------
+
+/// A requester that walks a buffer with short writes (as perftest does) reuses the responder's
+/// last check and translation, which reach past each message to the end of what the R_Key
+/// grants: every byte lands where it should, and a message that then runs past the MR's end
+/// still fails with REM_ACCESS_ERR and writes nothing.
+#[test]
+fn short_writes_walking_a_buffer_land_exactly_and_one_past_the_mr_still_fails() {
+    let mut w = World::new();
+    let acc = access::LOCAL_WRITE | access::REMOTE_WRITE;
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    let dst = w.map(false, 0x9000, 4096, acc);
+    w.set(&src, 0x1000, &pattern(4096, 3));
+    for i in 0..200u64 {
+        let s = vec![sge(0x1000 + 2 * i, 2, src.keys.lkey)];
+        w.send(
+            true,
+            wqe(i, SendOpcode::RdmaWrite, s, 0x9000 + 2 * i, dst.keys.rkey),
+        );
+        w.run();
+    }
+    let a_cq = w.a.cq;
+    let done = statuses(&mut w, a_cq);
+    assert_eq!(done.len(), 200);
+    assert!(done.iter().all(|c| c.1 == WcStatus::Success), "{done:?}");
+    assert_eq!(w.get(&dst, 0x9000, 400), pattern(4096, 3)[..400].to_vec());
+    assert_eq!(w.get(&dst, 0x9000 + 400, 3696), vec![0; 3696]);
+    // 64 bytes from 10 before the MR's end: past it.
+    let s = vec![sge(0x1000, 64, src.keys.lkey)];
+    w.send(
+        true,
+        wqe(
+            999,
+            SendOpcode::RdmaWrite,
+            s,
+            0x9000 + 4096 - 10,
+            dst.keys.rkey,
+        ),
+    );
+    w.run();
+    assert_eq!(
+        statuses(&mut w, a_cq),
+        vec![(999, WcStatus::RemAccessErr, WcOpcode::RdmaWrite)]
+    );
+    assert_eq!(w.get(&dst, 0x9000 + 4096 - 10, 10), vec![0; 10]);
+}
+
+/// Through a window, what a check grants ends at the window's end, not its MR's: after a
+/// write at the window's start, a write just past its end (inside the MR) still fails.
+#[test]
+fn a_write_just_past_a_window_after_one_inside_it_fails() {
+    let (mut w, mr, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_2);
+    let key = inc(rkey);
+    let a_cq = w.a.cq;
+    w.send(
+        false,
+        bind(
+            1,
+            mw,
+            key,
+            mr.keys.lkey,
+            0x40_1000,
+            256,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w.run();
+    write_via(&mut w, &src, 2, 0x40_1000, 2, key);
+    assert_eq!(
+        statuses(&mut w, a_cq),
+        vec![(2, WcStatus::Success, WcOpcode::RdmaWrite)]
+    );
+    write_via(&mut w, &src, 3, 0x40_1100, 2, key);
+    assert_eq!(
+        statuses(&mut w, a_cq),
+        vec![(3, WcStatus::RemAccessErr, WcOpcode::RdmaWrite)]
+    );
+    assert_eq!(w.get(&mr, 0x40_1000, 2), pattern(2, 9));
+    assert_eq!(w.get(&mr, 0x40_1100, 2), vec![0, 0]);
+}

@@ -86,6 +86,16 @@ impl Ring {
             .expect("slot inside the region");
     }
 
+    /// Copies `out.len()` bytes of slot `index` (masked) from byte `at` of the slot on: the
+    /// part of a slot its entry uses. Panics if that runs past the slot (a caller's bug).
+    pub fn read_slot_at(&self, region: &Region, index: u32, at: usize, out: &mut [u8]) {
+        assert!(at + out.len() <= self.slot, "inside one slot");
+        // Invariant: as in read_slot (and the range lies inside that slot).
+        region
+            .read_bytes(self.slot_off(index) + at as u64, out)
+            .expect("slot inside the region");
+    }
+
     /// Copies `data` into slot `index` (masked).
     pub fn write_slot(&self, region: &Region, index: u32, data: &[u8]) {
         debug_assert_eq!(data.len(), self.slot);

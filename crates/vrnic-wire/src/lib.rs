@@ -306,6 +306,19 @@ pub struct UdAddr {
 }
 
 impl SendWqe {
+    /// How many bytes of its slot the send WQE whose first [`SQ_HEADER`] bytes are `head`
+    /// uses: the header, then its SGEs or its inline bytes (the whole slot when the header
+    /// claims more, which [`SendWqe::parse`] then refuses). A reader copies only these into
+    /// the buffer it parses, header first: what the header says is what the parse sees.
+    pub fn used(head: &[u8; SQ_HEADER]) -> usize {
+        let body = if head[9] & SendFlags::INLINE.0 != 0 {
+            get_u32(head, 28) as usize
+        } else {
+            usize::from(head[10]) * SGE_SIZE
+        };
+        SQ_HEADER.saturating_add(body).min(SQ_SLOT)
+    }
+
     /// Decodes a slot copied out of a send ring.
     pub fn parse(slot: &[u8; SQ_SLOT]) -> Result<Self, ParseError> {
         let opcode = SendOpcode::from_u8(slot[8])?;
@@ -391,6 +404,15 @@ pub struct RecvWqe {
 }
 
 impl RecvWqe {
+    /// How many bytes of its slot the receive WQE whose first [`RQ_HEADER`] bytes are `head`
+    /// uses (the whole slot when the header claims more; see [`SendWqe::used`]).
+    pub fn used(head: &[u8; RQ_HEADER]) -> usize {
+        let n = usize::try_from(get_u32(head, 8)).unwrap_or(usize::MAX);
+        RQ_HEADER
+            .saturating_add(n.saturating_mul(SGE_SIZE))
+            .min(RQ_SLOT)
+    }
+
     /// Decodes a slot copied out of a receive ring.
     pub fn parse(slot: &[u8; RQ_SLOT]) -> Result<Self, ParseError> {
         let n = get_u32(slot, 8);
@@ -842,6 +864,62 @@ mod tests {
         wqe.payload = SendPayload::Inline(vec![7; MAX_INLINE]);
         wqe.encode(&mut slot);
         assert_eq!(SendWqe::parse(&slot).unwrap(), wqe);
+    }
+
+    /// What a reader copies (the header, then the bytes `used` names) parses to the WQE that
+    /// was encoded, whatever the rest of its buffer holds; garbage headers name at most a slot.
+    #[test]
+    fn the_bytes_a_wqe_uses_are_all_its_parse_reads() {
+        let sges = |n: u32| -> Vec<Sge> {
+            (0..n)
+                .map(|i| Sge {
+                    addr: 0x1000 * u64::from(i) + 3,
+                    length: i + 1,
+                    lkey: i + 7,
+                })
+                .collect()
+        };
+        let mut cases: Vec<SendPayload> = (0..=MAX_SGE as u32)
+            .map(|n| SendPayload::Sges(sges(n)))
+            .collect();
+        cases.extend([0, 1, 17, MAX_INLINE].map(|n| SendPayload::Inline(vec![0x5a; n])));
+        for payload in cases {
+            let flags = match payload {
+                SendPayload::Inline(_) => SendFlags::INLINE,
+                SendPayload::Sges(_) => SendFlags::SIGNALED,
+            };
+            let wqe = SendWqe {
+                wr_id: 42,
+                opcode: SendOpcode::RdmaWrite,
+                flags,
+                imm_data: 0,
+                remote_addr: 0x9000,
+                rkey: 5,
+                compare_add: 0,
+                swap: 0,
+                ud: Default::default(),
+                xrc_srqn: 0,
+                payload,
+            };
+            let mut slot = [0u8; SQ_SLOT];
+            wqe.encode(&mut slot);
+            let used = SendWqe::used(slot[..SQ_HEADER].try_into().unwrap());
+            let mut copy = [0xeeu8; SQ_SLOT];
+            copy[..used].copy_from_slice(&slot[..used]);
+            assert_eq!(SendWqe::parse(&copy).unwrap(), wqe, "{used} bytes");
+            let want = RecvWqe {
+                wr_id: 9,
+                sges: sges(((used - SQ_HEADER) / SGE_SIZE).min(MAX_SGE) as u32),
+            };
+            let mut r = [0u8; RQ_SLOT];
+            want.encode(&mut r);
+            let used = RecvWqe::used(r[..RQ_HEADER].try_into().unwrap());
+            let mut copy = [0xeeu8; RQ_SLOT];
+            copy[..used].copy_from_slice(&r[..used]);
+            assert_eq!(RecvWqe::parse(&copy).unwrap(), want);
+        }
+        assert_eq!(SendWqe::used(&[0xff; SQ_HEADER]), SQ_SLOT);
+        assert_eq!(RecvWqe::used(&[0xff; RQ_HEADER]), RQ_SLOT);
     }
 
     #[test]

@@ -315,7 +315,13 @@ impl Server {
         ) {
             Ok(n) => {
                 for _ in 0..n {
-                    slot.sq.read_slot(region, slot.sq_fetched, &mut sq_slot);
+                    // Only the bytes the WQE uses: its header, then what the header names.
+                    let (head, body) = sq_slot.split_at_mut(SQ_HEADER);
+                    slot.sq.read_slot_at(region, slot.sq_fetched, 0, head);
+                    let used = SendWqe::used((&*head).try_into().expect("a header"));
+                    let body = &mut body[..used - SQ_HEADER];
+                    slot.sq
+                        .read_slot_at(region, slot.sq_fetched, SQ_HEADER, body);
                     slot.sq_fetched = slot.sq_fetched.wrapping_add(1);
                     self.engine
                         .handle_send_wqe(now, qp, SendWqe::parse(&sq_slot));
@@ -340,7 +346,12 @@ impl Server {
         ) {
             Ok(n) => {
                 for _ in 0..n {
-                    slot.rq.read_slot(region, slot.rq_fetched, &mut rq_slot);
+                    let (head, body) = rq_slot.split_at_mut(RQ_HEADER);
+                    slot.rq.read_slot_at(region, slot.rq_fetched, 0, head);
+                    let used = RecvWqe::used((&*head).try_into().expect("a header"));
+                    let body = &mut body[..used - RQ_HEADER];
+                    slot.rq
+                        .read_slot_at(region, slot.rq_fetched, RQ_HEADER, body);
                     slot.rq_fetched = slot.rq_fetched.wrapping_add(1);
                     self.engine
                         .handle_recv_wqe(now, qp, RecvWqe::parse(&rq_slot));
@@ -410,7 +421,12 @@ impl Server {
         ) {
             Ok(n) => {
                 for _ in 0..n {
-                    slot.ring.read_slot(&v.region, slot.fetched, &mut raw);
+                    let (head, body) = raw.split_at_mut(RQ_HEADER);
+                    slot.ring.read_slot_at(&v.region, slot.fetched, 0, head);
+                    let used = RecvWqe::used((&*head).try_into().expect("a header"));
+                    let body = &mut body[..used - RQ_HEADER];
+                    slot.ring
+                        .read_slot_at(&v.region, slot.fetched, RQ_HEADER, body);
                     slot.fetched = slot.fetched.wrapping_add(1);
                     self.engine.handle_srq_wqe(srq, RecvWqe::parse(&raw));
                 }

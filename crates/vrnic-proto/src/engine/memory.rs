@@ -6,6 +6,10 @@ use super::*;
 /// At most this much of a message's memory is translated at once (work and room bounded per
 /// step, whatever the message's length or its MR's fragmentation).
 pub(super) const TRANSLATE_AHEAD: u64 = 1 << 20;
+/// A responder translates at least this much of what an R_Key grants past a short message's
+/// start (its later messages usually land nearby), bounded so that a fragmented MR costs a
+/// few runs at most.
+pub(super) const REMOTE_AHEAD: u64 = 64 << 10;
 
 /// A stretch of a work request's memory translated into region runs once, for the chunks (and,
 /// at a responder, the messages) after the first: valid while the engine's memory generation
@@ -23,6 +27,9 @@ pub(super) struct Translated {
     start: u64,
     end: u64,
     runs: Vec<(Loc, u64)>,
+    /// At a requester: made by [`Engine::check_head_sges`] for the head WQE's first chunk and
+    /// not used yet (any other translation at a first chunk is an earlier WQE's).
+    fresh: bool,
 }
 
 impl Translated {
@@ -90,7 +97,9 @@ impl Engine {
         };
         let vnic = q.vnic;
         let mut t = std::mem::take(&mut q.tx_mem);
-        if done == 0 || !t.covers(self.mem_gen, done, done.saturating_add(n)) {
+        let reuse = (done > 0 || t.fresh) && t.covers(self.mem_gen, done, done.saturating_add(n));
+        t.fresh = false;
+        if !reuse {
             t.runs.clear();
             t.generation = 0;
             let upto = len.min(done.saturating_add(TRANSLATE_AHEAD.max(n)));
@@ -140,8 +149,12 @@ impl Engine {
         if !(t.rkey == rkey && t.need == need && t.covers(self.mem_gen, va, must_cover)) {
             t.runs.clear();
             t.generation = 0;
+            // The message (up to TRANSLATE_AHEAD of it), and for a short one what its check
+            // grants beyond it, up to REMOTE_AHEAD: the next messages of a requester that
+            // walks a buffer (perftest cycles through one) then need no check or translation.
             let ahead = len.min(TRANSLATE_AHEAD.max(take));
-            if let Some(m) = self.remote_mr(peer, va, len, rkey, need)
+            if let Some((m, limit)) = self.remote_access(peer, va, len, rkey, need)
+                && let ahead = ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD))
                 && translate(m, va, ahead, &mut t.runs).is_some()
             {
                 (t.generation, t.rkey, t.need) = (self.mem_gen, rkey, need);
@@ -154,6 +167,56 @@ impl Engine {
         }
         if let Some(q) = self.qps.get_mut(&peer) {
             q.rx_mem = t;
+        }
+        ok
+    }
+
+    /// [`Engine::check_sges`] for the head send WQE of `qp` at its first chunk, translating
+    /// the start of its payload (up to [`TRANSLATE_AHEAD`] of `len`) in the same pass, for
+    /// [`Engine::local_runs`] to use: each SGE's MR is looked up once, not once to check and
+    /// again to translate.
+    pub(super) fn check_head_sges(
+        &mut self,
+        qp: QpId,
+        (vnic, pd): (VnicId, PdId),
+        sges: &[Sge],
+        write: bool,
+        len: u64,
+    ) -> bool {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return false;
+        };
+        let mut t = std::mem::take(&mut q.tx_mem);
+        t.runs.clear();
+        (t.generation, t.fresh) = (0, false);
+        let upto = len.min(TRANSLATE_AHEAD);
+        let ok = self.vnics.get(&vnic).is_some_and(|v| {
+            let mut at = 0u64;
+            sges.iter().all(|s| {
+                if s.length == 0 {
+                    return true;
+                }
+                let l = u64::from(s.length);
+                let ok = v
+                    .keys
+                    .get(&s.lkey)
+                    .and_then(|mr| self.mrs.get(mr))
+                    .is_some_and(|m| {
+                        m.pd == pd
+                            && (!write || m.access & access::LOCAL_WRITE != 0)
+                            && inside(m, s.addr, l)
+                            && (at >= upto
+                                || translate(m, s.addr, l.min(upto - at), &mut t.runs).is_some())
+                    });
+                at = at.saturating_add(l);
+                ok
+            })
+        });
+        if ok {
+            (t.generation, t.start, t.end, t.fresh) = (self.mem_gen, 0, upto, true);
+        }
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.tx_mem = t;
         }
         ok
     }
@@ -216,6 +279,20 @@ impl Engine {
         rkey: u32,
         need: u32,
     ) -> Option<&Mr> {
+        self.remote_access(peer, addr, len, rkey, need)
+            .map(|(m, _)| m)
+    }
+
+    /// As [`Engine::remote_mr`], with the end of what the same check grants from `addr` on:
+    /// the MR's end, or the window's. Any range from `addr` up to it passes the same check.
+    fn remote_access(
+        &self,
+        peer: QpId,
+        addr: u64,
+        len: u64,
+        rkey: u32,
+        need: u32,
+    ) -> Option<(&Mr, u64)> {
         let p = self.qps.get(&peer)?;
         if p.attr.qp_access_flags & need == 0 {
             return None;
@@ -226,7 +303,8 @@ impl Engine {
             return self.window_mr(peer, addr, len, rkey, need);
         };
         let m = self.mrs.get(mr)?;
-        (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len)).then_some(m)
+        (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len))
+            .then_some((m, m.iova.saturating_add(m.len)))
     }
 }
 

@@ -249,7 +249,7 @@ impl Engine {
 
     /// The responder's MR behind window R_Key `rkey` for `[addr, addr+len)`, if the window is
     /// bound, in the responder QP's PD, bound to that QP (type 2), allows `need` and holds the
-    /// whole range (its MR holds it too, checked again).
+    /// whole range (its MR holds it too, checked again); with the end of what it grants.
     pub(super) fn window_mr(
         &self,
         peer: QpId,
@@ -257,7 +257,7 @@ impl Engine {
         len: u64,
         rkey: u32,
         need: u32,
-    ) -> Option<&Mr> {
+    ) -> Option<(&Mr, u64)> {
         let p = self.qps.get(&peer)?;
         let (vnic, pd) = (p.vnic, self.responder_pd(p));
         let id = self.vnics.get(&vnic)?.mws.get(&(rkey >> 8))?;
@@ -271,6 +271,11 @@ impl Engine {
             && addr >= b.addr
             && end <= b.addr.checked_add(b.len)?;
         let m = self.mrs.get(&b.mr)?;
-        (ok && m.pd == pd && inside(m, addr, len)).then_some(m)
+        // What it grants ends at the window's end (inside its MR, but bounded by both).
+        let limit = b
+            .addr
+            .saturating_add(b.len)
+            .min(m.iova.saturating_add(m.len));
+        (ok && m.pd == pd && inside(m, addr, len)).then_some((m, limit))
     }
 }

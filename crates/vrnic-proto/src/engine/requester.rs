@@ -137,7 +137,7 @@ impl Engine {
             // Checked at its first chunk; again only if memory changed since.
             SendPayload::Sges(sges)
                 if !self.head_translated(qp, done)
-                    && !self.check_sges(vnic, pd, sges, needs_write) =>
+                    && !self.check_head_sges(qp, (vnic, pd), sges, needs_write, len) =>
             {
                 return Outcome::Fail(WcStatus::LocProtErr);
             }
