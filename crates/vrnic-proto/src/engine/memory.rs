@@ -197,17 +197,9 @@ impl Engine {
                     return true;
                 }
                 let l = u64::from(s.length);
-                let ok = v
-                    .keys
-                    .get(&s.lkey)
-                    .and_then(|mr| self.mrs.get(mr))
-                    .is_some_and(|m| {
-                        m.pd == pd
-                            && (!write || m.access & access::LOCAL_WRITE != 0)
-                            && inside(m, s.addr, l)
-                            && (at >= upto
-                                || translate(m, s.addr, l.min(upto - at), &mut t.runs).is_some())
-                    });
+                let ok = self.sge_mr(v, pd, s, write).is_some_and(|m| {
+                    at >= upto || translate(m, s.addr, l.min(upto - at), &mut t.runs).is_some()
+                });
                 at = at.saturating_add(l);
                 ok
             })
@@ -227,17 +219,18 @@ impl Engine {
         let Some(v) = self.vnics.get(&vnic) else {
             return false;
         };
-        sges.iter().all(|s| {
-            s.length == 0
-                || v.keys
-                    .get(&s.lkey)
-                    .and_then(|mr| self.mrs.get(mr))
-                    .is_some_and(|m| {
-                        m.pd == pd
-                            && (!write || m.access & access::LOCAL_WRITE != 0)
-                            && inside(m, s.addr, u64::from(s.length))
-                    })
-        })
+        sges.iter()
+            .all(|s| s.length == 0 || self.sge_mr(v, pd, s, write).is_some())
+    }
+
+    /// The MR a nonempty SGE names by lkey on `v`, if it is in `pd`, allows `LOCAL_WRITE`
+    /// when `write`, and holds the SGE.
+    fn sge_mr(&self, v: &Vnic, pd: PdId, s: &Sge, write: bool) -> Option<&Mr> {
+        let m = self.mrs.get(v.keys.get(&s.lkey)?)?;
+        (m.pd == pd
+            && (!write || m.access & access::LOCAL_WRITE != 0)
+            && inside(m, s.addr, u64::from(s.length)))
+        .then_some(m)
     }
 
     /// Appends the region runs of bytes `[skip, skip + take)` of an SGE list (already checked
