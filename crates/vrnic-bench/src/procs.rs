@@ -291,6 +291,17 @@ impl Finished {
 }
 
 impl Proc {
+    /// Whether what it printed so far holds `needle` (its output is read from its log file,
+    /// so a program must flush: run it under `stdbuf -oL`).
+    pub fn printed(&self, needle: &str) -> bool {
+        std::fs::read_to_string(&self.out).is_ok_and(|o| o.contains(needle))
+    }
+
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) its process group.
+    pub fn pause(&self, on: bool) {
+        sys::kill_group(self.pid(), if on { libc::SIGSTOP } else { libc::SIGCONT });
+    }
+
     /// Its pid (also its process group's id).
     pub fn pid(&self) -> i32 {
         self.child.id() as i32

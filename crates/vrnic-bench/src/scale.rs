@@ -1,10 +1,14 @@
 //! Many pairs at once (the uniRDMA evaluation's figure): N unmodified `ib_write_bw -s 131072
 //! -n ITERS` pairs, each side on a vRNIC of its own, for each pair count N.
 //!
-//! The aggregate is timed by the wall clock: every byte the clients moved over the time from
-//! the first client's start to the last one's end (start-up included). Summing each client's
-//! own average, as `scripts/bench-scale` used to, overstates it: the clients start one after
-//! another, so the first ones run alone for a while (that sum is kept in the JSON, not shown).
+//! The aggregate is timed by the wall clock behind a start barrier: each client (its output
+//! line-buffered by `stdbuf -oL`) is stopped (`SIGSTOP`) as soon as it prints perftest's result
+//! header, which it does once connected, just before its first message; when all are stopped
+//! they are continued at once, and the aggregate is every byte over the time from then to the
+//! last client's end. Summing each client's own average, as `scripts/bench-scale` used to,
+//! overstates it: the clients start one after another, so the first ones run alone for a while
+//! (that sum is kept in the JSON, not shown). Messages a client sent between its header and its
+//! stop count as if sent after the barrier (a few of `-n ITERS`).
 //! The limit is single-thread memcpy of the pairs' working set (N x 128 KiB, read and written
 //! by the engine), measured in the same run; past the caches it is memory bandwidth.
 
@@ -85,15 +89,20 @@ fn pairs(ctx: &Ctx, d: &Daemon, n: u32) -> Result<(f64, f64)> {
     for (s, p) in &mut servers {
         wait_listening(s, *p, Duration::from_secs(120))?;
     }
-    let t0 = Instant::now();
     let mut clients = Vec::new();
     for (_, p) in &servers {
-        let mut a = args(*p);
+        let mut a = vec!["stdbuf".to_string(), "-oL".to_string()];
+        a.extend(args(*p));
         a.push("localhost".into());
         clients.push(
             ctx.scratch
                 .spawn(d.run(ctx.apps(), &a), "scale client", Stop::Kill)?,
         );
+    }
+    barrier(&mut clients, Duration::from_secs(120))?;
+    let t0 = Instant::now();
+    for c in &clients {
+        c.pause(false);
     }
     // Every client's end, by polling them all, so the last end is seen when it happens.
     let limit = Duration::from_secs(600);
@@ -124,6 +133,32 @@ fn pairs(ctx: &Ctx, d: &Daemon, n: u32) -> Result<(f64, f64)> {
     }
     let bytes = u64::from(n) as f64 * iters as f64 * SIZE as f64;
     Ok((bytes / wall.as_secs_f64() / 1e6, sum))
+}
+
+/// The start barrier: stops each client as soon as it prints perftest's result header (it is
+/// connected and about to send), until every one is stopped. A client that exits first, or
+/// none within `limit`, is an error (the caller's drop of the clients kills them).
+fn barrier(clients: &mut [Proc], limit: Duration) -> Result<()> {
+    let start = Instant::now();
+    let mut stopped = vec![false; clients.len()];
+    while stopped.iter().any(|s| !s) {
+        for (i, c) in clients.iter_mut().enumerate() {
+            if stopped[i] {
+                continue;
+            }
+            if c.printed("#bytes") {
+                c.pause(true);
+                stopped[i] = true;
+            } else if c.exited() {
+                bail!("scale client {i} exited before it began");
+            }
+        }
+        if start.elapsed() > limit {
+            bail!("the scale clients did not all connect within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// Sets each count's limit, and notes the largest count against the best one's aggregate.
