@@ -239,3 +239,52 @@ fn interrupted_bench_stops_what_it_started_and_removes_its_files() {
         dir.display()
     );
 }
+
+/// The scale runs start their pairs behind a barrier (each client stopped at perftest's result
+/// header, then all continued at once): a quick run of two pairs gets through it and reports
+/// the aggregate beside its limit, with no error and nothing of it left running.
+#[test]
+fn quick_scale_run_passes_its_start_barrier() {
+    common::require("ib_write_bw");
+    common::require("stdbuf");
+    let out_dir = OutDir::new("scale");
+    let json_path = out_dir.0.join("bench.json");
+    let mut cmd = Command::new(vrnic_bin());
+    cmd.args([
+        "bench",
+        "--quick",
+        "--sections",
+        "scale",
+        "--pairs",
+        "2",
+        "--json",
+    ])
+    .arg(&json_path);
+    let p = Proc::spawn(cmd, "vrnic bench --quick --sections scale");
+    let pid = p.pid();
+    let out = p.wait(Duration::from_secs(300));
+    assert!(
+        out.ok(),
+        "vrnic bench --sections scale failed\n{}",
+        out.text()
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON file"))
+            .expect("valid JSON");
+    assert_eq!(
+        json["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        json["errors"]
+    );
+    let f = figures(
+        &json,
+        "scale",
+        "2 pairs ib_write_bw 128 KiB, aggregate by wall clock",
+    );
+    assert_eq!(f.len(), 1, "{}", out.text());
+    positive(&f[0]["median"], "the 2-pair aggregate");
+    positive(&f[0]["limit"]["value"], "its memcpy limit");
+    let left = processes_under(&scratch(pid));
+    assert!(left.is_empty(), "left running: {left:?}");
+}
