@@ -91,19 +91,8 @@ impl Region {
         gid: [u8; 16],
         guid: u64,
     ) -> Result<Region, RegionError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let size = size.max(layout::MIN_REGION_SIZE).next_multiple_of(2 << 20);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io("create", path))?;
-        file.set_len(size).map_err(io("truncate", path))?;
-        let region = Self::map(file, size, size, path)?;
-        region.write_header(name, lid, gid, guid)?;
-        Ok(region)
+        let full = size.max(layout::MIN_REGION_SIZE).next_multiple_of(2 << 20);
+        Self::create_partial(path, size, name, lid, gid, guid, full)
     }
 
     /// [`Region::create`], with only the first `mapped` bytes mapped in this process (rounded
