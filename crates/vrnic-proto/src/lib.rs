@@ -138,7 +138,7 @@
 //!     swap: 0,
 //!     ud: Default::default(),
 //!     xrc_srqn: 0,
-//!     payload: SendPayload::Sges(vec![Sge { addr: 0x7010, length: 5, lkey: src.lkey }]),
+//!     payload: SendPayload::Sges([Sge { addr: 0x7010, length: 5, lkey: src.lkey }].into_iter().collect()),
 //! };
 //! e.handle_send_wqe(now, qp, Ok(wqe));
 //! while e.process(now, &mut mem) {}

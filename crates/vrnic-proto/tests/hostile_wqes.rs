@@ -198,9 +198,9 @@ fn random_wqe(r: &mut Rng, attacker_lkey: u32, victim_addr: u64, victim_key: u32
         })
         .collect::<Vec<_>>();
     let payload = if r.below(5) == 0 {
-        SendPayload::Inline(vec![0xAB; r.below(300) as usize])
+        SendPayload::Inline(vec![0xAB; r.below(300) as usize].into())
     } else {
-        SendPayload::Sges(sges)
+        SendPayload::Sges(sges.into())
     };
     SendWqe {
         wr_id: r.next(),

@@ -152,8 +152,14 @@ impl Host {
     }
 
     fn recv(&mut self, now: Instant, wr_id: u64, sges: Vec<Sge>) {
-        self.e
-            .handle_recv_wqe(now, self.qp, Ok(RecvWqe { wr_id, sges }));
+        self.e.handle_recv_wqe(
+            now,
+            self.qp,
+            Ok(RecvWqe {
+                wr_id,
+                sges: sges.into(),
+            }),
+        );
     }
 
     fn cqes(&mut self) -> Vec<Cqe> {
@@ -348,7 +354,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u
         swap: 0,
         ud: Default::default(),
         xrc_srqn: 0,
-        payload: SendPayload::Sges(sges),
+        payload: SendPayload::Sges(sges.into()),
     }
 }
 

@@ -156,8 +156,14 @@ impl World {
 
     fn recv(&mut self, on_a: bool, wr_id: u64, sges: Vec<Sge>) {
         let qp = if on_a { self.a.qp } else { self.b.qp };
-        self.e
-            .handle_recv_wqe(self.now, qp, Ok(RecvWqe { wr_id, sges }));
+        self.e.handle_recv_wqe(
+            self.now,
+            qp,
+            Ok(RecvWqe {
+                wr_id,
+                sges: sges.into(),
+            }),
+        );
     }
 
     fn run(&mut self) {
@@ -190,7 +196,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, remote_addr: u64, rkey: u
         swap: 0,
         ud: Default::default(),
         xrc_srqn: 0,
-        payload: SendPayload::Sges(sges),
+        payload: SendPayload::Sges(sges.into()),
     }
 }
 
@@ -1530,7 +1536,7 @@ fn a_send_posted_outside_rts_fails_and_in_reset_is_dropped() {
         qp,
         Ok(RecvWqe {
             wr_id: 8,
-            sges: vec![],
+            sges: Default::default(),
         }),
     );
     w.e.handle_send_wqe(w.now, qp, Ok(wqe(2, SendOpcode::Send, vec![], 0, 0)));
@@ -2035,7 +2041,7 @@ fn an_srq_feeds_several_qps_and_raises_its_limit_event_once() {
             srq,
             Ok(RecvWqe {
                 wr_id: 100 + i,
-                sges: vec![Sge {
+                sges: smallvec::smallvec![Sge {
                     addr: 0x20_0000 + i * 512,
                     length: 512,
                     lkey: dst.keys.lkey,
@@ -2116,7 +2122,7 @@ fn a_broken_srq_ring_raises_srq_error_and_takes_nothing_more() {
         srq2,
         Ok(RecvWqe {
             wr_id: 1,
-            sges: vec![sge, sge],
+            sges: smallvec::smallvec![sge, sge],
         }),
     );
     assert_eq!(
@@ -2173,7 +2179,7 @@ fn an_srq_resizes_keeping_its_receives_and_refuses_to_shrink_below_them() {
     w.set(&src, 0x10_0000, &pattern(256, 5));
     let recv = |i: u64| RecvWqe {
         wr_id: 100 + i,
-        sges: vec![Sge {
+        sges: smallvec::smallvec![Sge {
             addr: 0x20_0000 + i * 256,
             length: 256,
             lkey: dst.keys.lkey,
@@ -2275,7 +2281,7 @@ fn bind(
         swap: u64::from(mw.0) << 32 | u64::from(lkey),
         ud: Default::default(),
         xrc_srqn: 0,
-        payload: SendPayload::Sges(vec![]),
+        payload: SendPayload::Sges(Default::default()),
     }
 }
 
@@ -2942,7 +2948,7 @@ fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
     w.send(
         true,
         SendWqe {
-            payload: SendPayload::Inline(vec![7; 32]),
+            payload: SendPayload::Inline(smallvec::smallvec![7; 32]),
             ..wqe(1, SendOpcode::Send, vec![], 0, 0)
         },
     );
@@ -2979,7 +2985,7 @@ fn routes_across_groups_are_refused_as_if_the_peer_did_not_exist() {
         )
         .unwrap();
     let mut s = wqe(2, SendOpcode::Send, vec![], 0, 0);
-    s.payload = SendPayload::Inline(vec![3; 16]);
+    s.payload = SendPayload::Inline(smallvec::smallvec![3; 16]);
     s.ud = vrnic_wire::UdAddr {
         ah: ah.0,
         remote_qpn: w.b.qpn,
@@ -3013,7 +3019,7 @@ fn routes_within_a_group_work() {
     w.send(
         true,
         SendWqe {
-            payload: SendPayload::Inline(vec![7; 32]),
+            payload: SendPayload::Inline(smallvec::smallvec![7; 32]),
             ..wqe(1, SendOpcode::Send, vec![], 0, 0)
         },
     );

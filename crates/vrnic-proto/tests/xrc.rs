@@ -240,9 +240,13 @@ impl World {
 
     fn post_srq_recv(&mut self, srq: SrqId, wr_id: u64, sges: Vec<Sge>) {
         let eng = self.tgt.eng;
-        self.engines[eng]
-            .0
-            .handle_srq_wqe(srq, Ok(RecvWqe { wr_id, sges }));
+        self.engines[eng].0.handle_srq_wqe(
+            srq,
+            Ok(RecvWqe {
+                wr_id,
+                sges: sges.into(),
+            }),
+        );
     }
 
     /// Runs the engines and carries frames until nothing moves.
@@ -322,7 +326,7 @@ fn wqe(wr_id: u64, opcode: SendOpcode, srqn: u32, sges: Vec<Sge>) -> SendWqe {
         swap: 0,
         ud: Default::default(),
         xrc_srqn: srqn,
-        payload: SendPayload::Sges(sges),
+        payload: SendPayload::Sges(sges.into()),
     }
 }
 

@@ -30,7 +30,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use vrnic_wire::{
-    Cqe, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, UdAddr,
+    Cqe, InlineData, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
+    SgeList, UdAddr,
 };
 
 use crate::abi::*;
@@ -272,7 +273,7 @@ fn begin(
             swap,
             ud: UdAddr::default(),
             xrc_srqn: 0,
-            payload: SendPayload::Sges(Vec::new()),
+            payload: SendPayload::Sges(SgeList::new()),
         });
     });
 }
@@ -406,7 +407,10 @@ extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, addr: u64, add: 
 
 extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     last(q, |w| {
-        set_sges(w, vec![Sge { addr, length, lkey }]);
+        set_sges(
+            w,
+            SgeList::from_buf_and_len([Sge { addr, length, lkey }, Sge::default()], 1),
+        );
         Ok(())
     });
 }
@@ -421,7 +425,7 @@ extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge)
     });
 }
 
-fn set_sges(w: &mut SendWqe, sges: Vec<Sge>) {
+fn set_sges(w: &mut SendWqe, sges: SgeList) {
     w.payload = SendPayload::Sges(sges);
     w.flags = SendFlags(w.flags.0 & !SendFlags::INLINE.0);
 }
@@ -432,7 +436,7 @@ fn inline(w: &mut SendWqe, bufs: &[(*const u8, usize)]) -> Result<(), c_int> {
     if total > MAX_INLINE {
         return Err(libc::EINVAL);
     }
-    let mut data = Vec::with_capacity(total);
+    let mut data = InlineData::with_capacity(total);
     for &(p, n) in bufs {
         if n > 0 {
             if p.is_null() {

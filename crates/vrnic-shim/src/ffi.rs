@@ -21,8 +21,8 @@ use vrnic_api::{PageRun, Reply, Request};
 use vrnic_shm::Ring;
 use vrnic_shm::layout::PAGE;
 use vrnic_wire::{
-    AhAttr, CQ_SLOT, GlobalRoute, MAX_INLINE, MAX_SGE, QpAttr, QpCap, QpState, QpType, RQ_SLOT,
-    RecvWqe, SQ_SLOT, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, UdAddr,
+    AhAttr, CQ_SLOT, GlobalRoute, InlineData, MAX_INLINE, MAX_SGE, QpAttr, QpCap, QpState, QpType,
+    RQ_SLOT, RecvWqe, SQ_SLOT, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, SgeList, UdAddr,
 };
 
 use crate::abi::*;
@@ -1722,7 +1722,7 @@ pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-pub(crate) fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+pub(crate) fn sges(list: *const ibv_sge, n: c_int) -> SgeList {
     (0..n.max(0) as usize)
         .map(|i| {
             // SAFETY: the app's list holds num_sge entries (checked against the limit first).
@@ -1809,7 +1809,7 @@ pub extern "C" fn vrnic_post_send(
                     rc = libc::EINVAL;
                     break;
                 }
-                let mut data = Vec::with_capacity(total as usize);
+                let mut data = InlineData::with_capacity(total as usize);
                 for s in &list {
                     if s.length > 0 {
                         // SAFETY: inline data is read from the app's buffer at post time,

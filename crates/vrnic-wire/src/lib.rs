@@ -26,7 +26,7 @@
 //!     swap: 0,
 //!     ud: Default::default(),
 //!     xrc_srqn: 0,
-//!     payload: vrnic_wire::SendPayload::Sges(vec![Sge { addr: 0x1000, length: 64, lkey: 3 }]),
+//!     payload: vrnic_wire::SendPayload::Sges([Sge { addr: 0x1000, length: 64, lkey: 3 }].into_iter().collect()),
 //! };
 //! let mut slot = [0u8; SQ_SLOT];
 //! wqe.encode(&mut slot);
@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 pub mod frame;
 
@@ -235,13 +236,25 @@ impl std::ops::BitOr for SendFlags {
     }
 }
 
+/// A work request's scatter/gather list: up to [`INLINE_SGES`] entries are held in place, so
+/// the common work request costs the engine no allocation; more spill to the heap.
+pub type SgeList = SmallVec<[Sge; INLINE_SGES]>;
+
+/// Inline payload bytes: up to [`INLINE_BYTES`] held in place, more on the heap.
+pub type InlineData = SmallVec<[u8; INLINE_BYTES]>;
+
+/// SGEs a work request holds without allocating.
+pub const INLINE_SGES: usize = 2;
+/// Inline payload bytes a work request holds without allocating.
+pub const INLINE_BYTES: usize = 32;
+
 /// Where a send work request's payload comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SendPayload {
     /// Gathered from registered memory.
-    Sges(Vec<Sge>),
+    Sges(SgeList),
     /// Carried in the slot itself (`IBV_SEND_INLINE`); no lkey is checked.
-    Inline(Vec<u8>),
+    Inline(InlineData),
 }
 
 impl SendPayload {
@@ -329,7 +342,9 @@ impl SendWqe {
             if len as usize > MAX_INLINE {
                 return Err(ParseError::InlineTooLong(len));
             }
-            SendPayload::Inline(slot[SQ_HEADER..SQ_HEADER + len as usize].to_vec())
+            SendPayload::Inline(InlineData::from_slice(
+                &slot[SQ_HEADER..SQ_HEADER + len as usize],
+            ))
         } else {
             if num_sge as usize > MAX_SGE {
                 return Err(ParseError::TooManySges(num_sge));
@@ -400,7 +415,7 @@ pub struct RecvWqe {
     /// The app's identifier, echoed in the completion.
     pub wr_id: u64,
     /// Where incoming data is scattered.
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
 }
 
 impl RecvWqe {
@@ -861,7 +876,7 @@ mod tests {
         wqe.encode(&mut slot);
         assert_eq!(SendWqe::parse(&slot).unwrap(), wqe);
         wqe.flags = SendFlags::INLINE;
-        wqe.payload = SendPayload::Inline(vec![7; MAX_INLINE]);
+        wqe.payload = SendPayload::Inline(smallvec::smallvec![7; MAX_INLINE]);
         wqe.encode(&mut slot);
         assert_eq!(SendWqe::parse(&slot).unwrap(), wqe);
     }
@@ -870,7 +885,7 @@ mod tests {
     /// was encoded, whatever the rest of its buffer holds; garbage headers name at most a slot.
     #[test]
     fn the_bytes_a_wqe_uses_are_all_its_parse_reads() {
-        let sges = |n: u32| -> Vec<Sge> {
+        let sges = |n: u32| -> SgeList {
             (0..n)
                 .map(|i| Sge {
                     addr: 0x1000 * u64::from(i) + 3,
@@ -882,7 +897,9 @@ mod tests {
         let mut cases: Vec<SendPayload> = (0..=MAX_SGE as u32)
             .map(|n| SendPayload::Sges(sges(n)))
             .collect();
-        cases.extend([0, 1, 17, MAX_INLINE].map(|n| SendPayload::Inline(vec![0x5a; n])));
+        cases.extend(
+            [0, 1, 17, MAX_INLINE].map(|n| SendPayload::Inline(smallvec::smallvec![0x5a; n])),
+        );
         for payload in cases {
             let flags = match payload {
                 SendPayload::Inline(_) => SendFlags::INLINE,

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 use vrnic_wire::{
     AhAttr, Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType,
-    RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
-    WcOpcode, WcStatus, access, qp_attr,
+    RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, SgeList, WC_GRH, WC_WITH_IMM,
+    WC_WITH_INV, WcOpcode, WcStatus, access, qp_attr,
 };
 
 use crate::errno::*;

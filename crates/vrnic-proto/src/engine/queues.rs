@@ -116,7 +116,7 @@ impl Engine {
                 tracing::debug!(qpn = q.qpn, ?state, ok = w.is_ok(), "receive WQE refused");
                 q.rq.push_back(w.unwrap_or(RecvWqe {
                     wr_id: 0,
-                    sges: Vec::new(),
+                    sges: SgeList::new(),
                 }));
                 self.fail_qp_with(qp, None, None, Some(WcStatus::LocQpOpErr));
             }

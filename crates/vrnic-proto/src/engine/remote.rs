@@ -546,7 +546,7 @@ impl Engine {
             dgid: attr.grh.dgid,
         });
         let payload = match &wqe.payload {
-            SendPayload::Inline(d) => TxPayload::Bytes(d.clone()),
+            SendPayload::Inline(d) => TxPayload::Bytes(d.to_vec()),
             SendPayload::Sges(sges) => {
                 let mut runs = Vec::new();
                 let _ = self.sge_runs(vnic, sges, 0, len, &mut runs);
