@@ -10,6 +10,7 @@
 //!   write/send/read latency, atomic latency) and the message rate;
 //! - `ctrl`: the control path (open, QP to RTS, registration);
 //! - `scale`: many pairs at once, the aggregate timed by the wall clock;
+//! - `vnics`: many vRNICs on one daemon, each held with a QP: time and memory per vRNIC;
 //! - `hosts` (root): two daemons in network namespaces the bench makes, joined by a veth,
 //!   against TCP on that veth.
 //!
@@ -33,6 +34,7 @@ mod scale;
 mod svg;
 mod sys;
 mod tools;
+mod vnics;
 
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -54,6 +56,8 @@ pub enum Section {
     Ctrl,
     /// Many pairs at once.
     Scale,
+    /// Many vRNICs on one daemon, each held with a QP.
+    Vnics,
     /// Two hosts in network namespaces (root).
     Hosts,
 }
@@ -61,8 +65,8 @@ pub enum Section {
 /// `vrnic bench`'s options.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// About a minute: fewer iterations and shorter runs, one run, no scale or across-host
-    /// runs unless --sections asks for them.
+    /// About a minute: fewer iterations and shorter runs, one run, smaller counts, no scale,
+    /// many-vRNICs or across-host runs unless --sections asks for them.
     #[arg(long)]
     quick: bool,
     /// Runs of every measurement; the table shows their median and min..max [default: 3; 1
@@ -82,6 +86,10 @@ pub struct BenchArgs {
     /// Pair counts of the scale runs [default: 2,4,8,16,32,64,128; with --quick 2,8].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=512))]
     pairs: Option<Vec<u32>>,
+    /// vRNICs of the many-vRNICs runs, each held by a process of its own [default: 1024;
+    /// with --quick 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16384))]
+    vnics: Option<u32>,
     /// Write every figure (each run's samples, medians, limits, ratios) to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -225,6 +233,7 @@ struct JsonOptions<'a> {
     pin: &'a Pin,
     sections: &'a [Section],
     pairs: &'a [u32],
+    vnics: u32,
 }
 
 #[derive(Serialize)]
@@ -298,7 +307,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
         Some(s) => s.clone(),
         None if quick => vec![Section::Perftest, Section::Ctrl],
         None => {
-            let mut all = vec![Section::Perftest, Section::Ctrl, Section::Scale];
+            let mut all = vec![
+                Section::Perftest,
+                Section::Ctrl,
+                Section::Scale,
+                Section::Vnics,
+            ];
             if root {
                 all.push(Section::Hosts);
             } else {
@@ -315,6 +329,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         None if quick => vec![2, 8],
         None => vec![2, 4, 8, 16, 32, 64, 128],
     };
+    let vnics = args.vnics.unwrap_or(if quick { 16 } else { 1024 });
     let pin = args.pin.clone().unwrap_or_default();
     pin.check()?;
     if pin.engine.is_empty() != pin.apps.is_empty() {
@@ -384,6 +399,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
             scale::measure(&ctx, &d, &pairs, &mut report);
         }
     }
+    if has(Section::Vnics) {
+        for r in 0..runs {
+            progress(t0, &format!("run {}/{runs}: {vnics} vRNICs", r + 1));
+            vnics::measure(&ctx, vnics, &mut report);
+        }
+    }
     if has(Section::Hosts) {
         progress(t0, "across hosts: namespaces, veth, two daemons");
         match hosts::Hosts::new(&ctx) {
@@ -400,6 +421,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     perftest::set_limits(&mut report);
     ctrl::set_limits(&mut report);
     scale::set_limits(&mut report, &pairs);
+    vnics::set_limits(&mut report, vnics);
     hosts::set_limits(&mut report);
     if args.all_sizes {
         for f in &mut report.figures {
@@ -438,6 +460,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 pin: &pin,
                 sections: &sections,
                 pairs: &pairs,
+                vnics,
             },
             report: &report,
         };

@@ -31,7 +31,7 @@ pub struct Limit {
 /// One measurement, a sample per run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Figure {
-    /// Its group: `limits`, `bandwidth`, `rate`, `latency`, `control`, `scale`, `hosts`.
+    /// Its group: `limits`, `bandwidth`, `rate`, `latency`, `control`, `scale`, `vnics`, `hosts`.
     pub section: &'static str,
     /// What was measured (a program, a step).
     pub name: String,
