@@ -11,6 +11,8 @@
 //! - `ctrl`: the control path (open, QP to RTS, registration);
 //! - `scale`: many pairs at once, the aggregate timed by the wall clock;
 //! - `vnics`: many vRNICs on one daemon, each held with a QP: time and memory per vRNIC;
+//! - `fairness`: an unrelated pair's round trip beside another vRNIC's idle QPs and beside
+//!   flooding pairs, against its idle round trip;
 //! - `hosts` (root): two daemons in network namespaces the bench makes, joined by a veth,
 //!   against TCP on that veth.
 //!
@@ -25,6 +27,7 @@
 //! It asserts nothing about speed: targets are reported, never enforced.
 
 mod ctrl;
+mod fairness;
 mod hosts;
 mod limits;
 mod perftest;
@@ -58,6 +61,8 @@ pub enum Section {
     Scale,
     /// Many vRNICs on one daemon, each held with a QP.
     Vnics,
+    /// An unrelated pair beside idle QPs and flooders of other vRNICs.
+    Fairness,
     /// Two hosts in network namespaces (root).
     Hosts,
 }
@@ -66,7 +71,7 @@ pub enum Section {
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// About a minute: fewer iterations and shorter runs, one run, smaller counts, no scale,
-    /// many-vRNICs or across-host runs unless --sections asks for them.
+    /// many-vRNICs, fairness or across-host runs unless --sections asks for them.
     #[arg(long)]
     quick: bool,
     /// Runs of every measurement; the table shows their median and min..max [default: 3; 1
@@ -90,6 +95,13 @@ pub struct BenchArgs {
     /// with --quick 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16384))]
     vnics: Option<u32>,
+    /// Idle QPs another vRNIC holds in the fairness runs [default: 12288; with --quick 1000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    idle_qps: Option<u32>,
+    /// Flooding `ib_read_bw -e -q 16 -s 1048576` pairs in the fairness runs [default: 4;
+    /// with --quick 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    flood_pairs: Option<u32>,
     /// Write every figure (each run's samples, medians, limits, ratios) to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -234,6 +246,8 @@ struct JsonOptions<'a> {
     sections: &'a [Section],
     pairs: &'a [u32],
     vnics: u32,
+    idle_qps: u32,
+    flood_pairs: u32,
 }
 
 #[derive(Serialize)]
@@ -312,6 +326,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 Section::Ctrl,
                 Section::Scale,
                 Section::Vnics,
+                Section::Fairness,
             ];
             if root {
                 all.push(Section::Hosts);
@@ -330,6 +345,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
         None => vec![2, 4, 8, 16, 32, 64, 128],
     };
     let vnics = args.vnics.unwrap_or(if quick { 16 } else { 1024 });
+    let idle_qps = args.idle_qps.unwrap_or(if quick { 1000 } else { 12288 });
+    let flood_pairs = args.flood_pairs.unwrap_or(if quick { 1 } else { 4 });
     let pin = args.pin.clone().unwrap_or_default();
     pin.check()?;
     if pin.engine.is_empty() != pin.apps.is_empty() {
@@ -405,6 +422,29 @@ pub fn main(args: BenchArgs) -> Result<()> {
             vnics::measure(&ctx, vnics, &mut report);
         }
     }
+    if has(Section::Fairness) {
+        // A fresh daemon, with room for the idle QPs on one vRNIC.
+        let extra = [
+            "--max-qp".to_string(),
+            (idle_qps + 16).max(4096).to_string(),
+        ];
+        let d = Daemon::start(
+            &ctx.scratch,
+            &ctx.vrnic,
+            Launch::default().on(ctx.engine(0)),
+            &extra,
+        )?;
+        for r in 0..runs {
+            progress(
+                t0,
+                &format!(
+                    "run {}/{runs}: fairness ({idle_qps} idle QPs, {flood_pairs} flooding pairs)",
+                    r + 1
+                ),
+            );
+            fairness::measure(&ctx, &d, idle_qps, flood_pairs, &mut report);
+        }
+    }
     if has(Section::Hosts) {
         progress(t0, "across hosts: namespaces, veth, two daemons");
         match hosts::Hosts::new(&ctx) {
@@ -422,6 +462,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     ctrl::set_limits(&mut report);
     scale::set_limits(&mut report, &pairs);
     vnics::set_limits(&mut report, vnics);
+    fairness::set_limits(&mut report, idle_qps, flood_pairs);
     hosts::set_limits(&mut report);
     if args.all_sizes {
         for f in &mut report.figures {
@@ -461,6 +502,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 sections: &sections,
                 pairs: &pairs,
                 vnics,
+                idle_qps,
+                flood_pairs,
             },
             report: &report,
         };
