@@ -10,6 +10,9 @@
 //!   write/send/read latency, atomic latency) and the message rate;
 //! - `ctrl`: the control path (open, QP to RTS, registration);
 //! - `scale`: many pairs at once, the aggregate timed by the wall clock;
+//! - `vnics`: many vRNICs on one daemon, each held with a QP: time and memory per vRNIC;
+//! - `fairness`: an unrelated pair's round trip beside another vRNIC's idle QPs and beside
+//!   flooding pairs, against its idle round trip;
 //! - `hosts` (root): two daemons in network namespaces the bench makes, joined by a veth,
 //!   against TCP on that veth.
 //!
@@ -24,6 +27,7 @@
 //! It asserts nothing about speed: targets are reported, never enforced.
 
 mod ctrl;
+mod fairness;
 mod hosts;
 mod limits;
 mod perftest;
@@ -33,6 +37,7 @@ mod scale;
 mod svg;
 mod sys;
 mod tools;
+mod vnics;
 
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -54,6 +59,10 @@ pub enum Section {
     Ctrl,
     /// Many pairs at once.
     Scale,
+    /// Many vRNICs on one daemon, each held with a QP.
+    Vnics,
+    /// An unrelated pair beside idle QPs and flooders of other vRNICs.
+    Fairness,
     /// Two hosts in network namespaces (root).
     Hosts,
 }
@@ -61,8 +70,8 @@ pub enum Section {
 /// `vrnic bench`'s options.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// About a minute: fewer iterations and shorter runs, one run, no scale or across-host
-    /// runs unless --sections asks for them.
+    /// About a minute: fewer iterations and shorter runs, one run, smaller counts, no scale,
+    /// many-vRNICs, fairness or across-host runs unless --sections asks for them.
     #[arg(long)]
     quick: bool,
     /// Runs of every measurement; the table shows their median and min..max [default: 3; 1
@@ -82,6 +91,17 @@ pub struct BenchArgs {
     /// Pair counts of the scale runs [default: 2,4,8,16,32,64,128; with --quick 2,8].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=512))]
     pairs: Option<Vec<u32>>,
+    /// vRNICs of the many-vRNICs runs, each held by a process of its own [default: 1024;
+    /// with --quick 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16384))]
+    vnics: Option<u32>,
+    /// Idle QPs another vRNIC holds in the fairness runs [default: 12288; with --quick 1000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    idle_qps: Option<u32>,
+    /// Flooding `ib_read_bw -e -q 16 -s 1048576` pairs in the fairness runs [default: 4;
+    /// with --quick 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    flood_pairs: Option<u32>,
     /// Write every figure (each run's samples, medians, limits, ratios) to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -225,6 +245,9 @@ struct JsonOptions<'a> {
     pin: &'a Pin,
     sections: &'a [Section],
     pairs: &'a [u32],
+    vnics: u32,
+    idle_qps: u32,
+    flood_pairs: u32,
 }
 
 #[derive(Serialize)]
@@ -298,7 +321,13 @@ pub fn main(args: BenchArgs) -> Result<()> {
         Some(s) => s.clone(),
         None if quick => vec![Section::Perftest, Section::Ctrl],
         None => {
-            let mut all = vec![Section::Perftest, Section::Ctrl, Section::Scale];
+            let mut all = vec![
+                Section::Perftest,
+                Section::Ctrl,
+                Section::Scale,
+                Section::Vnics,
+                Section::Fairness,
+            ];
             if root {
                 all.push(Section::Hosts);
             } else {
@@ -315,6 +344,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
         None if quick => vec![2, 8],
         None => vec![2, 4, 8, 16, 32, 64, 128],
     };
+    let vnics = args.vnics.unwrap_or(if quick { 16 } else { 1024 });
+    let idle_qps = args.idle_qps.unwrap_or(if quick { 1000 } else { 12288 });
+    let flood_pairs = args.flood_pairs.unwrap_or(if quick { 1 } else { 4 });
     let pin = args.pin.clone().unwrap_or_default();
     pin.check()?;
     if pin.engine.is_empty() != pin.apps.is_empty() {
@@ -384,6 +416,35 @@ pub fn main(args: BenchArgs) -> Result<()> {
             scale::measure(&ctx, &d, &pairs, &mut report);
         }
     }
+    if has(Section::Vnics) {
+        for r in 0..runs {
+            progress(t0, &format!("run {}/{runs}: {vnics} vRNICs", r + 1));
+            vnics::measure(&ctx, vnics, &mut report);
+        }
+    }
+    if has(Section::Fairness) {
+        // A fresh daemon, with room for the idle QPs on one vRNIC.
+        let extra = [
+            "--max-qp".to_string(),
+            (idle_qps + 16).max(4096).to_string(),
+        ];
+        let d = Daemon::start(
+            &ctx.scratch,
+            &ctx.vrnic,
+            Launch::default().on(ctx.engine(0)),
+            &extra,
+        )?;
+        for r in 0..runs {
+            progress(
+                t0,
+                &format!(
+                    "run {}/{runs}: fairness ({idle_qps} idle QPs, {flood_pairs} flooding pairs)",
+                    r + 1
+                ),
+            );
+            fairness::measure(&ctx, &d, idle_qps, flood_pairs, &mut report);
+        }
+    }
     if has(Section::Hosts) {
         progress(t0, "across hosts: namespaces, veth, two daemons");
         match hosts::Hosts::new(&ctx) {
@@ -400,6 +461,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
     perftest::set_limits(&mut report);
     ctrl::set_limits(&mut report);
     scale::set_limits(&mut report, &pairs);
+    vnics::set_limits(&mut report, vnics);
+    fairness::set_limits(&mut report, idle_qps, flood_pairs);
     hosts::set_limits(&mut report);
     if args.all_sizes {
         for f in &mut report.figures {
@@ -438,6 +501,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 pin: &pin,
                 sections: &sections,
                 pairs: &pairs,
+                vnics,
+                idle_qps,
+                flood_pairs,
             },
             report: &report,
         };

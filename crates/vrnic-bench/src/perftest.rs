@@ -195,12 +195,7 @@ pub fn measure(ctx: &Ctx, d: &Daemon, report: &mut Report) {
     }
     if !ctx.quick {
         match run(&["ibv_rc_pingpong", "-s", "1", "-n", "20000"]) {
-            // "40000 bytes in 0.05 seconds = 6.1 Mbit/sec\n20000 iters in 0.05 seconds = 2.6 usec/iter"
-            Ok(out) => match out
-                .lines()
-                .find(|l| l.contains("iters in"))
-                .and_then(|l| l.split_whitespace().rev().nth(1)?.parse::<f64>().ok())
-            {
+            Ok(out) => match usec_per_iter(&out) {
                 Some(us) => {
                     report
                         .sample("latency", PINGPONG, Some(1), "us", Better::Lower, us)
@@ -211,6 +206,14 @@ pub fn measure(ctx: &Ctx, d: &Daemon, report: &mut Report) {
             Err(e) => report.error(PINGPONG, e),
         }
     }
+}
+
+/// `ibv_rc_pingpong`'s time per iteration (one round trip), from its line "20000 iters in 0.05
+/// seconds = 2.6 usec/iter".
+pub fn usec_per_iter(out: &str) -> Option<f64> {
+    out.lines()
+        .find(|l| l.contains("iters in"))
+        .and_then(|l| l.split_whitespace().rev().nth(1)?.parse().ok())
 }
 
 /// Sets the limits of every figure `measure` made, from the limits in `report`.

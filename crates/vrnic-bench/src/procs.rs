@@ -1,5 +1,6 @@
 //! What the bench starts and makes, and its removal: child processes (each in a process group
-//! of its own, output to files), private daemons on state dirs under the bench's scratch dir,
+//! of its own, output to files; a [`Hold`] pipe as the stdin of those that run until it
+//! ends), private daemons on state dirs under the bench's scratch dir,
 //! network namespaces, the scratch dir itself.
 //!
 //! Everything is registered in one process-wide [`Registry`] as it is made and unregistered as
@@ -183,7 +184,24 @@ impl Scratch {
     }
 
     /// Spawns `cmd` (stdin closed, output to files in `logs/`) in a process group of its own.
-    pub fn spawn(&self, mut cmd: Command, name: &str, stop: Stop) -> Result<Proc> {
+    pub fn spawn(&self, cmd: Command, name: &str, stop: Stop) -> Result<Proc> {
+        self.spawn_with_stdin(cmd, name, stop, Stdio::null())
+    }
+
+    /// Spawns `cmd` as [`Scratch::spawn`] does, with `hold`'s pipe as its stdin: a program
+    /// that runs until its stdin ends (`bench/holdqp.c`) runs until [`Hold::release`].
+    pub fn spawn_held(&self, cmd: Command, name: &str, hold: &Hold) -> Result<Proc> {
+        let stdin = hold.reader.try_clone().context("dup the hold pipe")?;
+        self.spawn_with_stdin(cmd, name, Stop::Kill, stdin.into())
+    }
+
+    fn spawn_with_stdin(
+        &self,
+        mut cmd: Command,
+        name: &str,
+        stop: Stop,
+        stdin: Stdio,
+    ) -> Result<Proc> {
         let base = self.dir.join("logs").join(format!(
             "{:04}-{}",
             self.seq.fetch_add(1, Ordering::Relaxed),
@@ -191,7 +209,7 @@ impl Scratch {
         ));
         let out = base.with_extension("out");
         let err = base.with_extension("err");
-        cmd.stdin(Stdio::null())
+        cmd.stdin(stdin)
             .stdout(File::create(&out).context("create a log file")?)
             .stderr(File::create(&err).context("create a log file")?);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
@@ -229,6 +247,30 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         remove_dir(&self.dir);
         registry().dirs.retain(|d| d != &self.dir);
+    }
+}
+
+/// A pipe whose read end is the stdin of programs that run until their stdin ends
+/// ([`Scratch::spawn_held`]): [`Hold::release`] (or the drop) closes the only write end, so
+/// all of them see the end at once. Both ends are close-on-exec, so no other child keeps the
+/// write end open.
+pub struct Hold {
+    reader: std::io::PipeReader,
+    writer: Option<std::io::PipeWriter>,
+}
+
+impl Hold {
+    pub fn new() -> Result<Hold> {
+        let (reader, writer) = std::io::pipe().context("make a pipe")?;
+        Ok(Hold {
+            reader,
+            writer: Some(writer),
+        })
+    }
+
+    /// Ends the stdin of every program spawned with this hold.
+    pub fn release(&mut self) {
+        self.writer = None;
     }
 }
 
@@ -545,6 +587,22 @@ impl Daemon {
         c
     }
 
+    /// `vrnic --state-dir DIR run --vrnic NAME -- args...`: on the vRNIC `name`, made if
+    /// missing.
+    pub fn run_on(&self, name: &str, cpus: Option<String>, args: &[String]) -> Command {
+        let mut c = self.launch.on(cpus).command(&self.vrnic);
+        c.arg("--state-dir")
+            .arg(&self.dir)
+            .args(["run", "--vrnic", name, "--"])
+            .args(args);
+        c
+    }
+
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.proc.as_ref().map(Proc::pid)
+    }
+
     /// `vrnic --state-dir DIR args...` (a short CLI command).
     pub fn cli(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.vrnic);
@@ -558,5 +616,34 @@ impl Drop for Daemon {
         drop(self.proc.take());
         remove_dir(&self.dir);
         registry().dirs.retain(|d| d != &self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Held programs run until the hold is released, then all see the end of their stdin;
+    /// another child started meanwhile does not keep the pipe's write end open.
+    #[test]
+    fn held_programs_end_when_the_hold_is_released() {
+        let scratch = Scratch::new().unwrap();
+        let mut hold = Hold::new().unwrap();
+        let mut held: Vec<Proc> = (0..2)
+            .map(|i| {
+                let cmd = Command::new("cat");
+                scratch.spawn_held(cmd, &format!("cat {i}"), &hold).unwrap()
+            })
+            .collect();
+        let mut other = Command::new("sleep");
+        other.arg("60");
+        let other = scratch.spawn(other, "sleep", Stop::Kill).unwrap();
+        assert!(held.iter_mut().all(|p| !p.exited()));
+        hold.release();
+        for p in held {
+            assert!(p.finish(Duration::from_secs(10)).ok());
+        }
+        let f = other.finish(Duration::ZERO);
+        assert!(f.timed_out, "sleep 60 was still running, and is stopped");
     }
 }

@@ -31,7 +31,8 @@ pub struct Limit {
 /// One measurement, a sample per run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Figure {
-    /// Its group: `limits`, `bandwidth`, `rate`, `latency`, `control`, `scale`, `hosts`.
+    /// Its group: `limits`, `bandwidth`, `rate`, `latency`, `control`, `scale`, `vnics`,
+    /// `fairness`, `hosts`.
     pub section: &'static str,
     /// What was measured (a program, a step).
     pub name: String,

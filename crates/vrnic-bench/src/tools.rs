@@ -17,7 +17,7 @@ struct Source {
     libs: &'static [&'static str],
 }
 
-const SOURCES: [Source; 4] = [
+const SOURCES: [Source; 5] = [
     Source {
         name: "limits",
         text: include_str!("../../../bench/limits.c"),
@@ -38,6 +38,11 @@ const SOURCES: [Source; 4] = [
         text: include_str!("../../../bench/tcp_pingpong.c"),
         libs: &[],
     },
+    Source {
+        name: "holdqp",
+        text: include_str!("../../../bench/holdqp.c"),
+        libs: &["-libverbs"],
+    },
 ];
 
 /// The compiled C programs.
@@ -46,6 +51,7 @@ pub struct Tools {
     pub ctrl: PathBuf,
     pub tcp_stream: PathBuf,
     pub tcp_pingpong: PathBuf,
+    pub holdqp: PathBuf,
 }
 
 impl Tools {
@@ -73,13 +79,14 @@ impl Tools {
             }
             out.push(bin);
         }
-        let [limits, ctrl, tcp_stream, tcp_pingpong] =
-            <[PathBuf; 4]>::try_from(out).expect("one binary per source");
+        let [limits, ctrl, tcp_stream, tcp_pingpong, holdqp] =
+            <[PathBuf; 5]>::try_from(out).expect("one binary per source");
         Ok(Tools {
             limits,
             ctrl,
             tcp_stream,
             tcp_pingpong,
+            holdqp,
         })
     }
 }

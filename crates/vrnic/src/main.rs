@@ -165,9 +165,10 @@ enum Cmd {
         device_files: DeviceFiles,
     },
     /// Measure vrnic against this machine's limits: unmodified perftest sweeps, the control
-    /// path, many pairs and (as root) two hosts in network namespaces, each figure beside a
-    /// limit measured in the same run (memcpy, the cache-line round trip, TCP), on private
-    /// daemons of its own (the state dir is not used).
+    /// path, many pairs, many vRNICs, fairness between vRNICs and (as root) two hosts in
+    /// network namespaces, each figure beside a limit or reference measured in the same run
+    /// (memcpy, the cache-line round trip, TCP, the idle round trip), on private daemons of its
+    /// own (the state dir is not used).
     Bench(vrnic_bench::BenchArgs),
     /// Print the QEMU options that give a VM this vRNIC: its region as an `ivshmem-plain` PCI
     /// device; the driver library inside the guest finds it through sysfs (1af4:1110, BAR2).

@@ -288,3 +288,122 @@ fn quick_scale_run_passes_its_start_barrier() {
     let left = processes_under(&scratch(pid));
     assert!(left.is_empty(), "left running: {left:?}");
 }
+
+/// The many-vRNICs and fairness runs with tiny counts: their rows in the table and the JSON,
+/// the counts held as asked (every vRNIC holding its QP in `vrnic ls`, the idle QPs counted
+/// there), each round trip beside the idle one of the same run, no error, and nothing of it
+/// left running or mounted.
+#[test]
+fn quick_vnics_and_fairness_hold_their_counts_and_leave_nothing_behind() {
+    common::require("ib_read_bw");
+    common::require("ibv_rc_pingpong");
+    common::require("stdbuf");
+    let out_dir = OutDir::new("fairness");
+    let json_path = out_dir.0.join("bench.json");
+    let mut cmd = Command::new(vrnic_bin());
+    cmd.args([
+        "bench",
+        "--quick",
+        "--sections",
+        "vnics,fairness",
+        "--vnics",
+        "3",
+        "--idle-qps",
+        "50",
+        "--flood-pairs",
+        "1",
+        "--json",
+    ])
+    .arg(&json_path);
+    let p = Proc::spawn(cmd, "vrnic bench --quick --sections vnics,fairness");
+    let pid = p.pid();
+    let out = p.wait(Duration::from_secs(300));
+    assert!(
+        out.ok(),
+        "vrnic bench --sections vnics,fairness failed\n{}",
+        out.text()
+    );
+    let idle = "ibv_rc_pingpong 64 B round trip, idle daemon";
+    let beside_idle = "ibv_rc_pingpong 64 B round trip, 50 idle QPs on another vRNIC";
+    let beside_flood = "ibv_rc_pingpong 64 B round trip, 1 ib_read_bw -e -q 16 1 MiB pair flooding";
+    for s in [
+        "[vnics]",
+        "3 vRNICs: vrnic create, each",
+        "3 vRNICs: attach + PD + CQ + QP, each",
+        "3 vRNICs: holding a QP (vrnic ls)",
+        "[fairness]",
+        idle,
+        beside_idle,
+        beside_flood,
+    ] {
+        assert!(
+            out.stdout.contains(s),
+            "no {s:?} in the table\n{}",
+            out.text()
+        );
+    }
+
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON file"))
+            .expect("valid JSON");
+    assert_eq!(
+        json["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        json["errors"]
+    );
+    let o = &json["options"];
+    assert_eq!(
+        (&o["vnics"], &o["idle_qps"], &o["flood_pairs"]),
+        (&Value::from(3), &Value::from(50), &Value::from(1))
+    );
+    assert_eq!(o["sections"], serde_json::json!(["vnics", "fairness"]));
+    let one = |section: &str, name: &str| -> Value {
+        let f = figures(&json, section, name);
+        assert_eq!(f.len(), 1, "{section} / {name}\n{}", out.text());
+        f[0].clone()
+    };
+
+    // Every vRNIC made held its QP, beside the count made.
+    let held = one("vnics", "3 vRNICs: holding a QP (vrnic ls)");
+    assert_eq!(held["median"], 3.0, "{held}");
+    assert_eq!(held["limit"]["value"], 3.0, "{held}");
+    assert_eq!(held["ratio"], 1.0, "{held}");
+    for name in [
+        "3 vRNICs: vrnic create, each",
+        "3 vRNICs: attach + PD + CQ + QP, each (all at once)",
+        "3 vRNICs: region pages, each",
+    ] {
+        positive(&one("vnics", name)["median"], name);
+    }
+    let rss = one("vnics", "3 vRNICs: daemon memory (RSS), each");
+    assert!(rss["median"].as_f64().is_some_and(f64::is_finite), "{rss}");
+
+    // The idle QPs were all there while the round trip beside them was measured.
+    let qps = one(
+        "fairness",
+        "50 idle QPs on another vRNIC: QPs held (vrnic ls)",
+    );
+    assert_eq!(qps["median"], 50.0, "{qps}");
+    // Each round trip, the last two beside the idle one of the same run.
+    let idle_us = positive(&one("fairness", idle)["median"], idle);
+    for name in [beside_idle, beside_flood] {
+        let f = one("fairness", name);
+        let us = positive(&f["median"], name);
+        assert_eq!(f["limit"]["value"], idle_us, "{name}: {f}");
+        let ratio = positive(&f["ratio"], name);
+        assert!((ratio - us / idle_us).abs() < 1e-9, "{name}: {f}");
+    }
+
+    // Nothing left behind.
+    let dir = scratch(pid);
+    assert!(!dir.exists(), "{} is still there", dir.display());
+    let left = processes_under(&dir);
+    assert!(left.is_empty(), "left running: {left:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("read /proc/self/mounts");
+    assert!(
+        !mounts.contains(&*dir.to_string_lossy()),
+        "a mount under {} is left:\n{mounts}",
+        dir.display()
+    );
+}

@@ -491,8 +491,8 @@ fn pingpong_rtt(d: &Daemon) -> f64 {
 /// its idle figure. Once, 4096 idle QPs made it ~250x slower and flooders ~1000x; with the
 /// engine running vRNICs in turns but looking for newcomers only between passes, the flood
 /// still made it 30x (100x on CI's machine). The bounds here are loose (the machine is shared
-/// and noisy) but fail either: `bash scripts/bench-fairness` measures the figures
-/// (docs/performance.md: about 1.2x for both on the 2-core machine).
+/// and noisy) but fail either: `vrnic bench --sections fairness` (`bash scripts/bench-fairness`)
+/// measures the figures (docs/performance.md: about 1.2x for both on the 2-core machine).
 #[test]
 fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
     require("ib_read_bw");
