@@ -190,20 +190,35 @@ impl Engine {
         t.runs.clear();
         (t.generation, t.fresh) = (0, false);
         let upto = len.min(TRANSLATE_AHEAD);
-        let ok = self.vnics.get(&vnic).is_some_and(|v| {
-            let mut at = 0u64;
-            sges.iter().all(|s| {
-                if s.length == 0 {
-                    return true;
+        let need = u32::from(write);
+        let ok = match sges {
+            // One SGE inside what the last one's check granted (same key, same rights, no
+            // memory change since): no lookup, no translation.
+            [s] if q.tx_ahead.rkey == s.lkey
+                && q.tx_ahead.need >= need
+                && s.addr
+                    .checked_add(u64::from(s.length))
+                    .is_some_and(|end| q.tx_ahead.covers(self.mem_gen, s.addr, end)) =>
+            {
+                q.tx_ahead.slice(s.addr, upto, &mut t.runs);
+                true
+            }
+            _ => {
+                let mut ahead = std::mem::take(&mut q.tx_ahead);
+                let ok = self.check_sges_translating(vnic, pd, sges, write, upto, &mut t.runs);
+                ahead.generation = 0;
+                if ok
+                    && let [s] = sges
+                    && u64::from(s.length) < REMOTE_AHEAD
+                {
+                    self.local_ahead(vnic, s, need, &mut ahead);
                 }
-                let l = u64::from(s.length);
-                let ok = self.sge_mr(v, pd, s, write).is_some_and(|m| {
-                    at >= upto || translate(m, s.addr, l.min(upto - at), &mut t.runs).is_some()
-                });
-                at = at.saturating_add(l);
+                if let Some(q) = self.qps.get_mut(&qp) {
+                    q.tx_ahead = ahead;
+                }
                 ok
-            })
-        });
+            }
+        };
         if ok {
             (t.generation, t.start, t.end, t.fresh) = (self.mem_gen, 0, upto, true);
         }
@@ -211,6 +226,57 @@ impl Engine {
             q.tx_mem = t;
         }
         ok
+    }
+
+    /// Checks each SGE against its MR (key, PD, rights, bounds), translating the first `upto`
+    /// bytes of the payload into `runs` in the same pass.
+    fn check_sges_translating(
+        &self,
+        vnic: VnicId,
+        pd: PdId,
+        sges: &[Sge],
+        write: bool,
+        upto: u64,
+        runs: &mut Vec<(Loc, u64)>,
+    ) -> bool {
+        self.vnics.get(&vnic).is_some_and(|v| {
+            let mut at = 0u64;
+            sges.iter().all(|s| {
+                if s.length == 0 {
+                    return true;
+                }
+                let l = u64::from(s.length);
+                let ok = self.sge_mr(v, pd, s, write).is_some_and(|m| {
+                    at >= upto || translate(m, s.addr, l.min(upto - at), runs).is_some()
+                });
+                at = at.saturating_add(l);
+                ok
+            })
+        })
+    }
+
+    /// What the key of `s` (checked) grants around it, translated into `ahead` for the next
+    /// work requests of a requester that walks a buffer (perftest cycles through one): the
+    /// [`REMOTE_AHEAD`]-aligned stretch of the MR that holds `s.addr`, and the next one, at
+    /// most (a short SGE's: a longer one would not fit). Left empty (generation 0) if the
+    /// key's MR is not found.
+    fn local_ahead(&self, vnic: VnicId, s: &Sge, need: u32, ahead: &mut Translated) {
+        ahead.runs.clear();
+        let Some(m) = self
+            .vnics
+            .get(&vnic)
+            .and_then(|v| v.keys.get(&s.lkey))
+            .and_then(|id| self.mrs.get(id))
+        else {
+            return;
+        };
+        let mr_end = m.iova.saturating_add(m.len);
+        let start = (s.addr & !(REMOTE_AHEAD - 1)).max(m.iova);
+        let end = start.saturating_add(2 * REMOTE_AHEAD).min(mr_end);
+        if start < end && translate(m, start, end - start, &mut ahead.runs).is_some() {
+            (ahead.generation, ahead.rkey, ahead.need) = (self.mem_gen, s.lkey, need);
+            (ahead.start, ahead.end) = (start, end);
+        }
     }
 
     /// Checks local SGEs: each nonempty one names an MR of `vnic` by lkey, in `pd`, with

@@ -294,6 +294,9 @@ struct Qp {
     touched: bool,
     /// Requester: the head WQE's local memory, translated (on the local route).
     tx_mem: Translated,
+    /// Requester: what the key of its last single-SGE work request grants around that SGE
+    /// (checked for this QP's PD and, with `need` 1, local write), translated.
+    tx_ahead: Translated,
     /// Responder: the memory of the last RDMA WRITE or READ it served, translated.
     rx_mem: Translated,
 }

@@ -422,6 +422,7 @@ impl Engine {
                 armed: None,
                 touched: false,
                 tx_mem: Translated::default(),
+                tx_ahead: Translated::default(),
                 rx_mem: Translated::default(),
             },
         );
