@@ -9,7 +9,7 @@
  *
  *   verbs_check solo devfatal [READY_FILE]
  *
- * MODE: data | badrkey | pastend | noaccess | badlkey | flush | overlap | rereg
+ * MODE: data | badrkey | pastend | noaccess | badlkey | flush | overlap | rereg | spaced
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every
  * wait is bounded (POLL_SECONDS for a completion), so a lost completion fails instead of hanging.
  */
@@ -573,6 +573,75 @@ static void server_rereg(struct side *s)
 	say(s, 1);
 }
 
+/* "spaced": a ping-pong of SENDs whose posts come after pauses from none to 700 us, on both
+ * sides, across the engine's watch timeout (200 us): a busy QP's rings are looked at every pass
+ * and its driver skips the doorbell; an idle one goes back to doorbells. Every post must be seen
+ * whichever side of that change it falls on: a lost one leaves its completion missing (poll1
+ * fails after POLL_SECONDS). */
+enum { SPACED_ROUNDS = 400, SPACED_LEN = 64 };
+static uint32_t spaced_gap(uint32_t *x)
+{
+	*x = *x * 1103515245u + 12345u;
+	uint32_t r = (*x >> 8) % 8;
+	/* Half of them short (no pause, 20 us, ~ the timeout), half long (400..700 us). */
+	return r < 2 ? 0 : r < 3 ? 20 : r < 4 ? 190 + (*x >> 20) % 30 : 400 + (*x >> 12) % 300;
+}
+
+static void spaced_send(struct side *s, uint64_t wr_id, uint8_t *buf)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = SPACED_LEN, .lkey = s->mr_rw->lkey };
+	struct ibv_send_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	if (ibv_post_send(s->qp, &wr, &bad))
+		fail("post_send");
+}
+
+static void spaced(struct side *s, int server)
+{
+	uint32_t x = server ? 7 : 11;
+	uint8_t *tx = s->rw, *rx = s->rw + 4096;
+	if (server)
+		post_recv(s, 1 << 20, rx, SPACED_LEN);
+	say(s, 1);
+	hear(s);
+	for (uint32_t i = 0; i < SPACED_ROUNDS; i++) {
+		if (!server) {
+			post_recv(s, 1 << 20 | i, rx, SPACED_LEN);
+			usleep(spaced_gap(&x));
+			memset(tx, (int)(i & 0xff), SPACED_LEN);
+			spaced_send(s, i, tx);
+		}
+		/* The send's completion and the peer's message, in either order. */
+		int got_send = server, got_recv = 0;
+		while (!got_send || !got_recv) {
+			struct ibv_wc wc = poll1(s);
+			if (wc.status != IBV_WC_SUCCESS)
+				fail("round %u: status %s", i, ibv_wc_status_str(wc.status));
+			if (wc.opcode == IBV_WC_SEND) {
+				got_send = 1;
+			} else if (wc.opcode == IBV_WC_RECV && wc.byte_len == SPACED_LEN) {
+				got_recv = 1;
+				for (uint32_t k = 0; k < SPACED_LEN; k++)
+					if (rx[k] != (uint8_t)(i & 0xff))
+						fail("round %u: byte %u is %#x", i, k, rx[k]);
+			} else {
+				fail("round %u: opcode %d byte_len %u", i, wc.opcode, wc.byte_len);
+			}
+		}
+		if (server) {
+			if (i + 1 < SPACED_ROUNDS)
+				post_recv(s, 1 << 20 | (i + 1), rx, SPACED_LEN);
+			usleep(spaced_gap(&x));
+			memset(tx, (int)(i & 0xff), SPACED_LEN);
+			spaced_send(s, i, tx);
+			struct ibv_wc wc = poll1(s);
+			if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_SEND)
+				fail("round %u: echo status %s opcode %d", i, ibv_wc_status_str(wc.status), wc.opcode);
+		}
+	}
+	ok("%u rounds of sends after pauses of 0 to 700 us", SPACED_ROUNDS);
+}
+
 /* The daemon dies under an open device: the app gets IBV_EVENT_DEVICE_FATAL on its async fd
  * and later calls fail cleanly instead of hanging. */
 static int solo_devfatal(const char *ready_file)
@@ -629,6 +698,8 @@ int main(int argc, char **argv)
 		server ? server_rereg(&s) : client_rereg(&s);
 	else if (!strcmp(mode, "overlap"))
 		server ? server_overlap(&s) : client_overlap(&s);
+	else if (!strcmp(mode, "spaced"))
+		spaced(&s, server);
 	else if (!strcmp(mode, "badrkey") || !strcmp(mode, "pastend") || !strcmp(mode, "noaccess") ||
 		 !strcmp(mode, "badlkey") || !strcmp(mode, "flush"))
 		server ? server_error(&s, mode) : client_error(&s, mode);

@@ -23,7 +23,7 @@ use std::time::Duration;
 use vrnic_api::{DeviceInfo, Reply, Request, event};
 use vrnic_shm::layout::hdr;
 use vrnic_shm::{Mailbox, Region, Ring};
-use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
+use vrnic_wire::{CQ_SLOT, Cqe, RQ_HEADER, RQ_SLOT, RecvWqe, SQ_HEADER, SQ_SLOT, SendWqe};
 
 use crate::cq_events::CqEvents;
 use crate::sys::{self, EventFd};
@@ -755,26 +755,35 @@ impl WorkQueue {
         self.limit.saturating_sub(self.prod.wrapping_sub(cons))
     }
 
-    /// Writes a send WQE into the next slot (not yet published).
+    /// Writes a send WQE into the next slot (not yet published): only the bytes it uses, all
+    /// the daemon reads.
     pub fn push_send(&mut self, region: &Region, wqe: &SendWqe) {
         let mut slot = [0u8; SQ_SLOT];
         wqe.encode(&mut slot);
-        self.ring.write_slot(region, self.prod, &slot);
+        let used = SendWqe::used(slot[..SQ_HEADER].try_into().expect("a header"));
+        self.ring.write_slot_head(region, self.prod, &slot[..used]);
         self.prod = self.prod.wrapping_add(1);
     }
 
-    /// Writes a receive WQE into the next slot (not yet published).
+    /// Writes a receive WQE into the next slot (not yet published): only the bytes it uses.
     pub fn push_recv(&mut self, region: &Region, wqe: &RecvWqe) {
         let mut slot = [0u8; RQ_SLOT];
         wqe.encode(&mut slot);
-        self.ring.write_slot(region, self.prod, &slot);
+        let used = RecvWqe::used(slot[..RQ_HEADER].try_into().expect("a header"));
+        self.ring.write_slot_head(region, self.prod, &slot[..used]);
         self.prod = self.prod.wrapping_add(1);
     }
 
-    /// Publishes what was pushed and rings its doorbell bit (the daemon then looks at it).
+    /// Publishes what was pushed and rings its doorbell bit (the daemon then looks at it),
+    /// unless the daemon says it looks at this ring every pass anyway: then the doorbell's
+    /// three words, which the daemon takes back after each pass, stay untouched. The fence
+    /// orders the index store before the read of that word (`layout::ring::POLLED`).
     pub fn publish(&self, region: &Region) {
         self.ring.prod(region).store(self.prod, Ordering::Release);
-        vrnic_shm::bell::ring(region, self.bell);
+        fence(Ordering::SeqCst);
+        if self.ring.polled(region).load(Ordering::SeqCst) == 0 {
+            vrnic_shm::bell::ring(region, self.bell);
+        }
     }
 }
 

@@ -117,6 +117,12 @@ pub mod ring {
     pub const ARM: u64 = 128;
     /// `AtomicU32` written by the daemon (CQ: notification count; QP: state mirror).
     pub const NOTIFY: u64 = 192;
+    /// `AtomicU32` written by the daemon, on the [`NOTIFY`] line: nonzero while the engine
+    /// looks at this (send or receive) ring every pass, so a producer need not ring its
+    /// doorbell (as virtio's `VRING_USED_F_NO_NOTIFY`). A producer stores its index, fences,
+    /// then reads this word; the daemon clears it, fences, then reads the index once more: one
+    /// of the two sees the other, so no work waits for a doorbell that was never rung.
+    pub const POLLED: u64 = 196;
     /// First slot.
     pub const SLOTS: u64 = 256;
 }

@@ -73,6 +73,11 @@ impl Ring {
         self.word(region, ring::NOTIFY)
     }
 
+    /// The daemon's word saying it looks at this ring every pass (see [`ring::POLLED`]).
+    pub fn polled<'r>(&self, region: &'r Region) -> &'r AtomicU32 {
+        self.word(region, ring::POLLED)
+    }
+
     fn slot_off(&self, index: u32) -> u64 {
         self.off + ring::SLOTS + u64::from(index & (self.depth - 1)) * self.slot as u64
     }
@@ -105,9 +110,25 @@ impl Ring {
             .expect("slot inside the region");
     }
 
+    /// Copies `data` to the start of slot `index` (masked): an entry that uses only the first
+    /// part of its slot. Panics if `data` is longer than a slot (a caller's bug).
+    pub fn write_slot_head(&self, region: &Region, index: u32, data: &[u8]) {
+        assert!(data.len() <= self.slot, "inside one slot");
+        // Invariant: as in read_slot (and the range lies inside that slot).
+        region
+            .write_bytes(self.slot_off(index), data)
+            .expect("slot inside the region");
+    }
+
     /// Zeroes the header words (done by the daemon when it creates the ring).
     pub fn reset(&self, region: &Region) {
-        for at in [ring::PROD, ring::CONS, ring::ARM, ring::NOTIFY] {
+        for at in [
+            ring::PROD,
+            ring::CONS,
+            ring::ARM,
+            ring::NOTIFY,
+            ring::POLLED,
+        ] {
             self.word(region, at).store(0, Ordering::Release);
         }
     }

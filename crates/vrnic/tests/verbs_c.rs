@@ -36,6 +36,15 @@ fn send_and_write_land_exact_bytes_at_every_size_and_alignment() {
     check("data");
 }
 
+/// Posts after pauses on both sides of the engine's watch timeout: a busy QP's driver skips
+/// the doorbell while the engine looks at its rings every pass, an idle one rings again. A post
+/// that fell between the two (the engine clearing the ring's `POLLED` word as the driver read it)
+/// and was never looked at would leave a round without its completion.
+#[test]
+fn posts_after_pauses_around_the_watch_timeout_are_all_seen() {
+    check("spaced");
+}
+
 #[test]
 fn write_with_a_wrong_rkey_is_a_remote_access_error_and_changes_nothing() {
     check("badrkey");

@@ -638,6 +638,7 @@ impl Server {
                         rq_cons: 0,
                         broken: false,
                         carried: false,
+                        watched: None,
                     },
                 );
                 if let Some(c) = self.ctxs.get_mut(&id) {

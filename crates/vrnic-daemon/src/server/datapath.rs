@@ -102,6 +102,15 @@ enum Look {
 /// Work requests taken from one ring per look.
 pub(super) const RING_BATCH: u32 = 64;
 
+/// Most QPs the engine watches at once: looks at their rings every pass, having told their
+/// drivers (the rings' `POLLED` words) that no doorbell is needed. A doorbell costs a driver
+/// three words the engine took back after its last pass, each a cache line to fetch from the
+/// engine's core, on every post; a watched ring costs the engine one load per look. Bounded
+/// so that a tenant with many busy QPs cannot make every look long: past the bound, QPs ring.
+pub(super) const WATCH_MAX: usize = 256;
+/// A watched QP without new work for this long goes back to doorbells.
+pub(super) const WATCH_IDLE: Duration = Duration::from_micros(200);
+
 /// Among busy tenants only, looks at the doorbells take about this fraction (1/16) of the pass
 /// (each look is a header page per vRNIC to walk to after the copies have gone through the
 /// TLB, and a cache line to take back from every app that posts): 32 bulk pairs lost a fifth
@@ -185,6 +194,7 @@ impl Server {
         if look == Look::Full {
             dirty.append(&mut self.carry);
         }
+        self.look_watched(now, look, &mut dirty);
         for (&id, v) in &self.vnics {
             if look == Look::Newcomers && self.engine.has_turn_waiting(id) {
                 continue;
@@ -210,6 +220,52 @@ impl Server {
         }
         self.dirty = dirty;
         work
+    }
+
+    /// Adds the watched QPs with new work in their rings to `dirty` (for [`Look::Newcomers`],
+    /// only those of vRNICs with no turn waiting). A watched QP idle for [`WATCH_IDLE`] goes
+    /// back to doorbells: its `POLLED` words cleared, a fence, then its producer indices read
+    /// once more (pairing with the driver's store, fence, read of `POLLED`), so work posted
+    /// meanwhile is taken now. A QP gone or broken leaves the list.
+    fn look_watched(&mut self, now: Instant, look: Look, dirty: &mut Vec<Bell>) {
+        let (qps, vnics, engine) = (&mut self.qps, &self.vnics, &self.engine);
+        self.watched.retain(|&qp| {
+            let Some(slot) = qps.get_mut(&qp) else {
+                return false;
+            };
+            let Some(v) = vnics.get(&slot.vnic) else {
+                slot.watched = None;
+                return false;
+            };
+            if look == Look::Newcomers && engine.has_turn_waiting(slot.vnic) {
+                return true;
+            }
+            let region = &v.region;
+            let fresh = |s: &QpSlot| {
+                s.sq.prod(region).load(Ordering::Acquire) != s.sq_fetched
+                    || s.rq.prod(region).load(Ordering::Acquire) != s.rq_fetched
+            };
+            if !slot.broken {
+                if fresh(slot) {
+                    dirty.push(Bell::Qp(qp));
+                    return true;
+                }
+                if slot
+                    .watched
+                    .is_some_and(|t| now.saturating_duration_since(t) < WATCH_IDLE)
+                {
+                    return true;
+                }
+            }
+            slot.watched = None;
+            slot.sq.polled(region).store(0, Ordering::SeqCst);
+            slot.rq.polled(region).store(0, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if fresh(slot) {
+                dirty.push(Bell::Qp(qp));
+            }
+            false
+        });
     }
 
     /// Hands back what the engine produced: retired indices, completions, async events and
@@ -305,6 +361,7 @@ impl Server {
         let region = &v.region;
         let mut sq_slot = [0u8; SQ_SLOT];
         let mut rq_slot = [0u8; RQ_SLOT];
+        let taken = (slot.sq_fetched, slot.rq_fetched);
         let room = self.engine.sq_room(qp);
         match pending(
             &slot.sq,
@@ -364,6 +421,18 @@ impl Server {
                 self.engine.handle_recv_wqe(now, qp, Err(e));
                 *work = true;
                 return false;
+            }
+        }
+        if taken != (slot.sq_fetched, slot.rq_fetched) {
+            // Busy: watched from now on (if there is room), its drivers told to skip the
+            // doorbell.
+            if slot.watched.is_some() {
+                slot.watched = Some(now);
+            } else if self.watched.len() < WATCH_MAX {
+                slot.sq.polled(region).store(1, Ordering::SeqCst);
+                slot.rq.polled(region).store(1, Ordering::SeqCst);
+                slot.watched = Some(now);
+                self.watched.push(qp);
             }
         }
         slot.sq.prod(region).load(Ordering::Acquire) != slot.sq_fetched

@@ -219,6 +219,9 @@ struct QpSlot {
     broken: bool,
     /// In the engine pass's carry list.
     carried: bool,
+    /// In the engine's watch list (its rings' `POLLED` words set: no doorbells), since it
+    /// last had new work at this time.
+    watched: Option<Instant>,
 }
 
 struct SrqSlot {
@@ -281,6 +284,9 @@ pub struct Server {
     /// work than one pass takes (reused buffers: no allocation per pass).
     dirty: Vec<Bell>,
     carry: Vec<Bell>,
+    /// QPs whose rings the engine looks at every pass without a doorbell (recently busy
+    /// ones; at most [`datapath::WATCH_MAX`]).
+    watched: Vec<QpId>,
     /// Links to the other hosts' daemons, if configured.
     peers: Option<peers::Peers>,
     /// Who is where: this host's identities, other hosts' announcements.
@@ -413,6 +419,7 @@ impl Server {
             fault_epoch: vrnic_shm::fault::epoch(),
             dirty: Vec::new(),
             carry: Vec::new(),
+            watched: Vec::new(),
             peers,
             cluster,
         })
