@@ -3114,3 +3114,68 @@ fn a_write_just_past_a_window_after_one_inside_it_fails() {
     assert_eq!(w.get(&mr, 0x40_1000, 2), pattern(2, 9));
     assert_eq!(w.get(&mr, 0x40_1100, 2), vec![0, 0]);
 }
+
+/// A requester walking its source buffer reuses what its key's check granted around the last
+/// SGE, and anything outside that grant is checked as before: bytes land exactly across pages
+/// (mapped out of order) and a 64 KiB boundary; a READ into the same MR, which lacks
+/// LOCAL_WRITE, fails with LOC_PROT_ERR; an SGE running past the MR's end fails; after the MR
+/// is deregistered, its lkey fails. Each failure moves no byte.
+#[test]
+fn a_requester_walking_its_buffer_is_checked_past_what_its_key_granted() {
+    const BASE: u64 = 0x1_0000 - 8192;
+    const LEN: u64 = 4 * 4096;
+    let setup = || {
+        let mut w = World::new();
+        let src = w.map(true, BASE, LEN, 0);
+        let dst = w.map(
+            false,
+            0x9000,
+            LEN,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        );
+        w.set(&src, BASE, &pattern(LEN as usize, 5));
+        (w, src, dst)
+    };
+    let walk = |w: &mut World, src: &Mapping, dst: &Mapping| {
+        for i in 0..400u64 {
+            let s = vec![sge(BASE + 40 * i, 40, src.keys.lkey)];
+            w.send(
+                true,
+                wqe(i, SendOpcode::RdmaWrite, s, 0x9000 + 40 * i, dst.keys.rkey),
+            );
+            w.run();
+        }
+        let a_cq = w.a.cq;
+        let done = statuses(w, a_cq);
+        assert_eq!(done.len(), 400);
+        assert!(done.iter().all(|c| c.1 == WcStatus::Success), "{done:?}");
+        assert_eq!(
+            w.get(dst, 0x9000, 16000),
+            pattern(LEN as usize, 5)[..16000].to_vec()
+        );
+    };
+    let fails = |w: &mut World, dst: &Mapping, s: Sge, op: SendOpcode, want: WcStatus| {
+        let before = w.get(dst, 0x9000, LEN as usize);
+        w.send(true, wqe(999, op, vec![s], 0x9000, dst.keys.rkey));
+        w.run();
+        let a_cq = w.a.cq;
+        assert_eq!(statuses(w, a_cq), vec![(999, want, op.wc_opcode())]);
+        assert_eq!(w.get(dst, 0x9000, LEN as usize), before);
+    };
+
+    let (mut w, src, dst) = setup();
+    walk(&mut w, &src, &dst);
+    let s = sge(BASE + 80, 8, src.keys.lkey);
+    fails(&mut w, &dst, s, SendOpcode::RdmaRead, WcStatus::LocProtErr);
+
+    let (mut w, src, dst) = setup();
+    walk(&mut w, &src, &dst);
+    let s = sge(BASE + LEN - 10, 64, src.keys.lkey);
+    fails(&mut w, &dst, s, SendOpcode::RdmaWrite, WcStatus::LocProtErr);
+
+    let (mut w, src, dst) = setup();
+    walk(&mut w, &src, &dst);
+    assert_eq!(w.e.dereg_mr(w.a.ctx, src.keys.mr), Ok(()));
+    let s = sge(BASE + 80, 8, src.keys.lkey);
+    fails(&mut w, &dst, s, SendOpcode::RdmaWrite, WcStatus::LocProtErr);
+}
