@@ -334,6 +334,18 @@ impl Region {
         Ok(())
     }
 
+    /// Reads the byte at `off` for its side effect only: a page of a file its tenant truncated
+    /// then trips the `SIGBUS` guard ([`crate::fault`]). A volatile read, so that no optimizer
+    /// drops it as a read whose value is unused (a plain copy into a dead buffer was removed
+    /// once the build inlined across crates).
+    pub fn touch(&self, off: u64) -> Result<(), RegionError> {
+        let src = self.check(off, 1)?;
+        // SAFETY: src is inside our live mapping (checked); a volatile u8 read has no alignment
+        // requirement.
+        let _ = unsafe { std::ptr::read_volatile(src) };
+        Ok(())
+    }
+
     /// Copies bytes into the region.
     pub fn write_bytes(&self, off: u64, data: &[u8]) -> Result<(), RegionError> {
         let dst = self.check(off, data.len() as u64)?;

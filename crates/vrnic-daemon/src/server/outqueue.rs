@@ -166,12 +166,11 @@ impl OutQueue {
     /// Reads one byte of every page of the region ranges among the first pieces: a truncated
     /// one trips the `SIGBUS` guard, which maps zero pages over it.
     fn touch_regions(&self) {
-        let mut b = [0u8; 1];
         for p in self.pieces.iter().take(sys::WRITEV_MAX) {
             if let Piece::Region { region, off, len } = p {
                 let mut at = *off;
                 while at < off + *len as u64 {
-                    let _ = region.read_bytes(at, &mut b);
+                    let _ = region.touch(at);
                     at = (at | 4095) + 1;
                 }
             }
