@@ -209,6 +209,16 @@ impl Ctx {
         (!self.pin.apps.is_empty()).then(|| cpu_list(&self.pin.apps))
     }
 
+    /// The core of side `i` (0 or 1) of a two-process TCP limit, if pinned: the first engine
+    /// core and the first app core, as for the cache-line round trip. (Both on the app cores
+    /// would put them on one core when one app core is given, where two spinning processes
+    /// take turns only at the scheduler's tick.)
+    pub fn limit_cpu(&self, i: usize) -> Option<String> {
+        let (e, a) = (self.pin.engine.first(), self.pin.apps.first());
+        let c = if i == 0 { e.or(a) } else { a.or(e) };
+        c.map(u32::to_string)
+    }
+
     /// The cores of a two-process limit standing for app and engine (the cache-line round
     /// trip, the ring): the first engine core and the first app core, if pinned.
     pub fn pair_cpus(&self) -> Option<String> {

@@ -78,8 +78,8 @@ pub fn measure(ctx: &Ctx, report: &mut Report) {
         }
     }
     let lo = Net {
-        server: Launch::default().on(ctx.app(0)),
-        client: Launch::default().on(ctx.app(1)),
+        server: Launch::default().on(ctx.limit_cpu(0)),
+        client: Launch::default().on(ctx.limit_cpu(1)),
         addr: "127.0.0.1".into(),
     };
     tcp(ctx, &lo, "limits", "loopback", report);
