@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use super::Ctx;
-use super::perftest::{Side, pair, usec_per_iter};
-use super::procs::{Daemon, Hold, Proc, Stop, port, wait_listening};
+use super::perftest::{Side, pair, start_pairs, usec_per_iter};
+use super::procs::{Daemon, Hold, Proc};
 use super::report::{Better, Limit, Report, num};
 use super::vnics;
 
@@ -140,25 +140,7 @@ fn beside_flood(ctx: &Ctx, d: &Daemon, pairs: u32) -> Result<f64> {
         .map(String::from)
         .to_vec()
     };
-    let mut servers: Vec<(Proc, u16)> = Vec::new();
-    for _ in 0..pairs {
-        let p = port()?;
-        let cmd = d.run(ctx.apps(), &args(p));
-        servers.push((ctx.scratch.spawn(cmd, "flood server", Stop::Kill)?, p));
-    }
-    for (s, p) in &mut servers {
-        wait_listening(s, *p, Duration::from_secs(120))?;
-    }
-    let mut clients = Vec::new();
-    for (_, p) in &servers {
-        let mut a = vec!["stdbuf".to_string(), "-oL".to_string()];
-        a.extend(args(*p));
-        a.push("localhost".into());
-        clients.push(
-            ctx.scratch
-                .spawn(d.run(ctx.apps(), &a), "flood client", Stop::Kill)?,
-        );
-    }
+    let (_servers, mut clients) = start_pairs(ctx, d, pairs, args, "flood")?;
     wait_flooding(&mut clients, Duration::from_secs(120))?;
     let us = round_trip(ctx, d)?;
     for (i, c) in clients.iter_mut().enumerate() {

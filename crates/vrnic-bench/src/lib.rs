@@ -209,6 +209,17 @@ impl Ctx {
         (!self.pin.apps.is_empty()).then(|| cpu_list(&self.pin.apps))
     }
 
+    /// A private daemon of the bench on the first engine core (if pinned), with `extra`
+    /// options of `vrnic serve`.
+    pub fn daemon(&self, extra: &[String]) -> Result<Daemon> {
+        Daemon::start(
+            &self.scratch,
+            &self.vrnic,
+            Launch::default().on(self.engine(0)),
+            extra,
+        )
+    }
+
     /// The core of side `i` (0 or 1) of a two-process TCP limit, if pinned: the first engine
     /// core and the first app core, as for the cache-line round trip. (Both on the app cores
     /// would put them on one core when one app core is given, where two spinning processes
@@ -394,12 +405,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         limits::measure(&ctx, &mut report);
     }
     if has(Section::Perftest) || has(Section::Ctrl) {
-        let d = Daemon::start(
-            &ctx.scratch,
-            &ctx.vrnic,
-            Launch::default().on(ctx.engine(0)),
-            &[],
-        )?;
+        let d = ctx.daemon(&[])?;
         for r in 0..runs {
             if has(Section::Perftest) {
                 progress(t0, &format!("run {}/{runs}: perftest", r + 1));
@@ -415,12 +421,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         // A fresh daemon: nothing left from the runs before; room for the largest count.
         let most = pairs.iter().max().copied().unwrap_or(0) * 2 + 16;
         let extra = ["--max-vrnics".to_string(), most.max(4096).to_string()];
-        let d = Daemon::start(
-            &ctx.scratch,
-            &ctx.vrnic,
-            Launch::default().on(ctx.engine(0)),
-            &extra,
-        )?;
+        let d = ctx.daemon(&extra)?;
         for r in 0..runs {
             progress(t0, &format!("run {}/{runs}: scale {pairs:?} pairs", r + 1));
             scale::measure(&ctx, &d, &pairs, &mut report);
@@ -438,12 +439,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
             "--max-qp".to_string(),
             (idle_qps + 16).max(4096).to_string(),
         ];
-        let d = Daemon::start(
-            &ctx.scratch,
-            &ctx.vrnic,
-            Launch::default().on(ctx.engine(0)),
-            &extra,
-        )?;
+        let d = ctx.daemon(&extra)?;
         for r in 0..runs {
             progress(
                 t0,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use super::limits::{self, MEMCPY, RTT};
-use super::procs::{Daemon, Stop, port, wait_listening};
+use super::procs::{Daemon, Proc, Stop, port, wait_listening};
 use super::report::{Better, Limit, Report, size_text};
 use super::{Ctx, tools};
 
@@ -110,6 +110,43 @@ pub fn pair(
 }
 
 /// perftest's result rows: lines whose first field is a whole number, as numbers.
+/// `n` pairs of the perftest command `args(port)` make on the app cores, each on a port of its
+/// own: every server listening first, then every client (line-buffered by `stdbuf -oL`, so
+/// its result header shows when it is printed). Returns the servers and the clients, named
+/// `what` in errors; dropping them kills them.
+pub fn start_pairs(
+    ctx: &Ctx,
+    d: &Daemon,
+    n: u32,
+    args: impl Fn(u16) -> Vec<String>,
+    what: &str,
+) -> Result<(Vec<Proc>, Vec<Proc>)> {
+    let mut servers: Vec<(Proc, u16)> = Vec::new();
+    for _ in 0..n {
+        let p = port()?;
+        let cmd = d.run(ctx.apps(), &args(p));
+        let s = ctx
+            .scratch
+            .spawn(cmd, &format!("{what} server"), Stop::Kill)?;
+        servers.push((s, p));
+    }
+    for (s, p) in &mut servers {
+        wait_listening(s, *p, Duration::from_secs(120))?;
+    }
+    let mut clients = Vec::new();
+    for (_, p) in &servers {
+        let mut a = vec!["stdbuf".to_string(), "-oL".to_string()];
+        a.extend(args(*p));
+        a.push("localhost".into());
+        let cmd = d.run(ctx.apps(), &a);
+        clients.push(
+            ctx.scratch
+                .spawn(cmd, &format!("{what} client"), Stop::Kill)?,
+        );
+    }
+    Ok((servers.into_iter().map(|(s, _)| s).collect(), clients))
+}
+
 pub fn rows(out: &str) -> Vec<Vec<f64>> {
     out.lines()
         .filter(|l| {

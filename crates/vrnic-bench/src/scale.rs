@@ -18,8 +18,8 @@ use anyhow::{Result, bail};
 
 use super::Ctx;
 use super::limits;
-use super::perftest::{MIB_PER_MB, rows};
-use super::procs::{Daemon, Proc, Stop, port, wait_listening};
+use super::perftest::{MIB_PER_MB, rows, start_pairs};
+use super::procs::{Daemon, Proc};
 use super::report::{Better, Limit, Report, num};
 
 /// Each pair's message size.
@@ -80,25 +80,7 @@ fn pairs(ctx: &Ctx, d: &Daemon, n: u32) -> Result<(f64, f64)> {
         .map(String::from)
         .to_vec()
     };
-    let mut servers: Vec<(Proc, u16)> = Vec::new();
-    for _ in 0..n {
-        let p = port()?;
-        let cmd = d.run(ctx.apps(), &args(p));
-        servers.push((ctx.scratch.spawn(cmd, "scale server", Stop::Kill)?, p));
-    }
-    for (s, p) in &mut servers {
-        wait_listening(s, *p, Duration::from_secs(120))?;
-    }
-    let mut clients = Vec::new();
-    for (_, p) in &servers {
-        let mut a = vec!["stdbuf".to_string(), "-oL".to_string()];
-        a.extend(args(*p));
-        a.push("localhost".into());
-        clients.push(
-            ctx.scratch
-                .spawn(d.run(ctx.apps(), &a), "scale client", Stop::Kill)?,
-        );
-    }
+    let (servers, mut clients) = start_pairs(ctx, d, n, args, "scale")?;
     barrier(&mut clients, Duration::from_secs(120))?;
     let t0 = Instant::now();
     for c in &clients {
@@ -128,7 +110,7 @@ fn pairs(ctx: &Ctx, d: &Daemon, n: u32) -> Result<(f64, f64)> {
             None => bail!("client {i} of {n} printed no result row\n{}", f.tail()),
         }
     }
-    for (s, _) in servers {
+    for s in servers {
         s.finish(Duration::from_secs(10)).check("scale server")?;
     }
     let bytes = u64::from(n) as f64 * iters as f64 * SIZE as f64;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::Ctx;
-use super::procs::{Daemon, Hold, Launch, Proc};
+use super::procs::{Daemon, Hold, Proc};
 use super::report::{Better, Limit, Report};
 
 /// The figures' names for `n` vRNICs.
@@ -83,12 +83,7 @@ pub fn measure(ctx: &Ctx, n: u32, report: &mut Report) {
 
 fn run(ctx: &Ctx, n: u32) -> Result<Measured> {
     let extra = ["--max-vrnics".to_string(), (n + 16).max(4096).to_string()];
-    let d = Daemon::start(
-        &ctx.scratch,
-        &ctx.vrnic,
-        Launch::default().on(ctx.engine(0)),
-        &extra,
-    )?;
+    let d = ctx.daemon(&extra)?;
     let pid = d.pid().context("the daemon is not running")?;
     let (rss0, region0) = (rss_kib(pid)?, allocated_kib(&d.dir));
     let names: Vec<String> = (1..=n).map(|i| format!("s{i}")).collect();
