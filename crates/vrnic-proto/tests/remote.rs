@@ -717,9 +717,8 @@ fn uc_over_the_link_completes_when_sent() {
     assert_eq!(n.sent[1], 0, "nothing answers UC");
 }
 
-#[test]
-fn ud_over_the_link_carries_the_grh_and_obeys_the_qkey() {
-    let mut n = Net::new(QpType::Ud);
+/// Both UD QPs of `n` to RTS with Q_Key 0x1111.
+fn ud_up(n: &mut Net) {
     let now = n.now;
     for h in [&mut n.a, &mut n.b] {
         let mut a = QpAttr {
@@ -736,6 +735,63 @@ fn ud_over_the_link_carries_the_grh_and_obeys_the_qkey() {
         h.e.modify_qp(now, h.ctx, h.qp, qp_attr::STATE | qp_attr::SQ_PSN, &a)
             .unwrap();
     }
+}
+
+/// An address handle made before its destination's host announced it (the app learnt the
+/// address over TCP first): what is sent then is lost, as on a fabric without that port, and
+/// once the destination is known here the same handle reaches it.
+#[test]
+fn a_ud_address_handle_made_before_its_destination_was_announced_reaches_it_after() {
+    let mut n = Net::new(QpType::Ud);
+    let now = n.now;
+    ud_up(&mut n);
+    n.a.e.remove_remote_vnic(n.b.lid, n.b.gid);
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 8192, access::LOCAL_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, b"datagram");
+    let attr = AhAttr {
+        dlid: n.b.lid,
+        port_num: 1,
+        ..Default::default()
+    };
+    let ah = n.a.e.create_ah(n.a.ctx, n.a.pd, attr).unwrap();
+    n.b.recv(now, 7, vec![sge(0x9000, 4096, dst.0.lkey)]);
+    let send = |n: &mut Net, wr_id| {
+        let mut w = wqe(
+            wr_id,
+            SendOpcode::Send,
+            vec![sge(0x1000, 8, src.0.lkey)],
+            0,
+            0,
+        );
+        w.ud = UdAddr {
+            ah: ah.0,
+            remote_qpn: n.b.qpn,
+            remote_qkey: 0x1111,
+        };
+        n.a.post(now, w);
+        n.run();
+    };
+    send(&mut n, 1);
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    assert!(n.b.cqes().is_empty(), "nobody here answers that LID yet");
+    n.a.e.add_remote_vnic(n.b.id, n.b.lid, n.b.gid);
+    send(&mut n, 2);
+    assert_eq!(statuses(&n.a.cqes()), vec![(2, WcStatus::Success)]);
+    let cb = n.b.cqes();
+    assert_eq!(statuses(&cb), vec![(7, WcStatus::Success)]);
+    assert_eq!(
+        n.b.get(&dst, 0x9000, 0x9000 + 40, 8),
+        b"datagram",
+        "after the GRH's room"
+    );
+}
+
+#[test]
+fn ud_over_the_link_carries_the_grh_and_obeys_the_qkey() {
+    let mut n = Net::new(QpType::Ud);
+    let now = n.now;
+    ud_up(&mut n);
     let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
     let dst = n.b.map(0x9000, 8192, access::LOCAL_WRITE);
     n.a.set(&src, 0x1000, 0x1000, b"datagram");

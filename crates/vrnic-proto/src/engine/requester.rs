@@ -491,10 +491,19 @@ impl Engine {
         if !matches!(wqe.opcode, SendOpcode::Send | SendOpcode::SendWithImm) {
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
-        let (attr, route) = match self.ahs.get(&AhId(wqe.ud.ah)) {
+        let (attr, mut route) = match self.ahs.get(&AhId(wqe.ud.ah)) {
             Some(a) if a.pd == pd => (a.attr, a.route),
             _ => return Outcome::Fail(WcStatus::LocQpOpErr),
         };
+        if route == Route::Nowhere {
+            // Made before its destination was known here (a vRNIC of another host announced
+            // after the app learnt its address): a fabric delivers once the port is up, so
+            // the address is looked up again, and kept once it answers.
+            route = self.route_from(vnic, &attr, false);
+            if let Some(a) = self.ahs.get_mut(&AhId(wqe.ud.ah)) {
+                a.route = route;
+            }
+        }
         if len > UD_MTU {
             return Outcome::Fail(WcStatus::LocLenErr);
         }
