@@ -14,7 +14,8 @@
 //!
 //! A segment moves at most [`CHUNK`](super::CHUNK) bytes and takes one PSN. The requester
 //! resolves where a segment goes once, when the QP reaches RTR (or an address handle is
-//! made): a [`Route`].
+//! made): a [`Route`]. An address handle that leads nowhere is looked up again at each send,
+//! since its destination may be announced later.
 
 use vrnic_wire::QpType;
 
