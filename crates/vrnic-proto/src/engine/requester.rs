@@ -59,8 +59,33 @@ impl Engine {
         }
     }
 
+    /// The route of connected QP `qp` if it leads somewhere; if it leads nowhere (its RTR came
+    /// before its destination was known here: another host's vRNIC announced after the app
+    /// learnt its address), its address looked up again and the route kept, as a fabric
+    /// delivers once the port is up. Costs nothing for a QP with a route.
+    pub(super) fn reroute(&mut self, qp: QpId) -> Route {
+        let Some(q) = self.qps.get(&qp) else {
+            return Route::Nowhere;
+        };
+        if q.route != Route::Nowhere
+            || q.ty == QpType::Ud
+            || !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            return q.route;
+        }
+        let (vnic, ah) = (q.vnic, q.attr.ah_attr);
+        let route = self.route_from(vnic, &ah, false);
+        if let Some(q) = self.qps.get_mut(&qp) {
+            q.route = route;
+        }
+        route
+    }
+
     /// Tries the head send WQE of an RTS QP: one segment.
     pub(super) fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
+        if self.qps.get(&qp).is_some_and(|q| q.route == Route::Nowhere) {
+            self.reroute(qp);
+        }
         let Some(q) = self.qps.get_mut(&qp) else {
             return Step::Blocked;
         };

@@ -39,6 +39,12 @@ impl Engine {
         if req.transport == QpType::Ud {
             return Some(self.handle_datagram(peer, req, mem));
         }
+        let p = if p.route == Route::Nowhere {
+            self.reroute(peer);
+            self.qps.get(&peer)?
+        } else {
+            p
+        };
         let connected = match req.src {
             Src::Local { vnic, qpn } => p.attr.dest_qp_num == qpn && p.route == Route::Local(vnic),
             Src::Remote(host) => p.route == Route::Remote(host),

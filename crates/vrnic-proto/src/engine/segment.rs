@@ -14,8 +14,9 @@
 //!
 //! A segment moves at most [`CHUNK`](super::CHUNK) bytes and takes one PSN. The requester
 //! resolves where a segment goes once, when the QP reaches RTR (or an address handle is
-//! made): a [`Route`]. An address handle that leads nowhere is looked up again at each send,
-//! since its destination may be announced later.
+//! made): a [`Route`]. A route that leads nowhere (an address handle's, or a connected QP's
+//! at either end) is looked up again at each send or arrival, since its destination may be
+//! announced later.
 
 use vrnic_wire::QpType;
 
