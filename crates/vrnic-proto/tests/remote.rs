@@ -771,6 +771,17 @@ fn uc_over_the_link_completes_when_sent() {
     assert_eq!(n.sent[1], 0, "nothing answers UC");
 }
 
+/// A UD SEND of `s` through address handle `ah` to QP `qpn` with Q_Key `qkey`.
+fn ud_send(wr_id: u64, s: Sge, ah: u32, qpn: u32, qkey: u32) -> SendWqe {
+    let mut w = wqe(wr_id, SendOpcode::Send, vec![s], 0, 0);
+    w.ud = UdAddr {
+        ah,
+        remote_qpn: qpn,
+        remote_qkey: qkey,
+    };
+    w
+}
+
 /// Both UD QPs of `n` to RTS with Q_Key 0x1111.
 fn ud_up(n: &mut Net) {
     let now = n.now;
@@ -811,18 +822,7 @@ fn a_ud_address_handle_made_before_its_destination_was_announced_reaches_it_afte
     let ah = n.a.e.create_ah(n.a.ctx, n.a.pd, attr).unwrap();
     n.b.recv(now, 7, vec![sge(0x9000, 4096, dst.0.lkey)]);
     let send = |n: &mut Net, wr_id| {
-        let mut w = wqe(
-            wr_id,
-            SendOpcode::Send,
-            vec![sge(0x1000, 8, src.0.lkey)],
-            0,
-            0,
-        );
-        w.ud = UdAddr {
-            ah: ah.0,
-            remote_qpn: n.b.qpn,
-            remote_qkey: 0x1111,
-        };
+        let w = ud_send(wr_id, sge(0x1000, 8, src.0.lkey), ah.0, n.b.qpn, 0x1111);
         n.a.post(now, w);
         n.run();
     };
@@ -870,18 +870,7 @@ fn ud_over_the_link_carries_the_grh_and_obeys_the_qkey() {
     n.b.recv(now, 1, vec![sge(0x9000, 4096, dst.0.lkey)]);
     n.b.recv(now, 2, vec![sge(0x9000 + 4096, 4096, dst.0.lkey)]);
     for (wr_id, qkey) in [(1, 0x2222), (2, 0x1111)] {
-        let mut w = wqe(
-            wr_id,
-            SendOpcode::Send,
-            vec![sge(0x1000, 8, src.0.lkey)],
-            0,
-            0,
-        );
-        w.ud = UdAddr {
-            ah: ah.0,
-            remote_qpn: n.b.qpn,
-            remote_qkey: qkey,
-        };
+        let w = ud_send(wr_id, sge(0x1000, 8, src.0.lkey), ah.0, n.b.qpn, qkey);
         n.a.post(now, w);
     }
     n.run();

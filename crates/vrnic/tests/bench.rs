@@ -68,6 +68,36 @@ fn figures<'a>(json: &'a Value, section: &str, name: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// `vrnic bench --quick --sections SECTIONS EXTRA... --json` into `out_dir`: it must exit 0
+/// and write valid JSON with no error. Returns its output, the JSON and its pid.
+fn quick_sections(
+    out_dir: &OutDir,
+    sections: &str,
+    extra: &[&str],
+) -> (common::Output, Value, i32) {
+    let json_path = out_dir.0.join("bench.json");
+    let mut cmd = Command::new(vrnic_bin());
+    cmd.args(["bench", "--quick", "--sections", sections])
+        .args(extra)
+        .arg("--json")
+        .arg(&json_path);
+    let what = format!("vrnic bench --quick --sections {sections}");
+    let p = Proc::spawn(cmd, &what);
+    let pid = p.pid();
+    let out = p.wait(Duration::from_secs(300));
+    assert!(out.ok(), "{what} failed\n{}", out.text());
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON file"))
+            .expect("valid JSON");
+    assert_eq!(
+        json["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        json["errors"]
+    );
+    (out, json, pid)
+}
+
 #[test]
 fn quick_bench_prints_a_table_and_writes_json_and_plots() {
     common::require("ib_write_bw");
@@ -248,35 +278,7 @@ fn quick_scale_run_passes_its_start_barrier() {
     common::require("ib_write_bw");
     common::require("stdbuf");
     let out_dir = OutDir::new("scale");
-    let json_path = out_dir.0.join("bench.json");
-    let mut cmd = Command::new(vrnic_bin());
-    cmd.args([
-        "bench",
-        "--quick",
-        "--sections",
-        "scale",
-        "--pairs",
-        "2",
-        "--json",
-    ])
-    .arg(&json_path);
-    let p = Proc::spawn(cmd, "vrnic bench --quick --sections scale");
-    let pid = p.pid();
-    let out = p.wait(Duration::from_secs(300));
-    assert!(
-        out.ok(),
-        "vrnic bench --sections scale failed\n{}",
-        out.text()
-    );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON file"))
-            .expect("valid JSON");
-    assert_eq!(
-        json["errors"].as_array().map(Vec::len),
-        Some(0),
-        "{}",
-        json["errors"]
-    );
+    let (out, json, pid) = quick_sections(&out_dir, "scale", &["--pairs", "2"]);
     let f = figures(
         &json,
         "scale",
@@ -299,30 +301,8 @@ fn quick_vnics_and_fairness_hold_their_counts_and_leave_nothing_behind() {
     common::require("ibv_rc_pingpong");
     common::require("stdbuf");
     let out_dir = OutDir::new("fairness");
-    let json_path = out_dir.0.join("bench.json");
-    let mut cmd = Command::new(vrnic_bin());
-    cmd.args([
-        "bench",
-        "--quick",
-        "--sections",
-        "vnics,fairness",
-        "--vnics",
-        "3",
-        "--idle-qps",
-        "50",
-        "--flood-pairs",
-        "1",
-        "--json",
-    ])
-    .arg(&json_path);
-    let p = Proc::spawn(cmd, "vrnic bench --quick --sections vnics,fairness");
-    let pid = p.pid();
-    let out = p.wait(Duration::from_secs(300));
-    assert!(
-        out.ok(),
-        "vrnic bench --sections vnics,fairness failed\n{}",
-        out.text()
-    );
+    let extra = ["--vnics", "3", "--idle-qps", "50", "--flood-pairs", "1"];
+    let (out, json, pid) = quick_sections(&out_dir, "vnics,fairness", &extra);
     let idle = "ibv_rc_pingpong 64 B round trip, idle daemon";
     let beside_idle = "ibv_rc_pingpong 64 B round trip, 50 idle QPs on another vRNIC";
     let beside_flood = "ibv_rc_pingpong 64 B round trip, 1 ib_read_bw -e -q 16 1 MiB pair flooding";
@@ -343,15 +323,6 @@ fn quick_vnics_and_fairness_hold_their_counts_and_leave_nothing_behind() {
         );
     }
 
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON file"))
-            .expect("valid JSON");
-    assert_eq!(
-        json["errors"].as_array().map(Vec::len),
-        Some(0),
-        "{}",
-        json["errors"]
-    );
     let o = &json["options"];
     assert_eq!(
         (&o["vnics"], &o["idle_qps"], &o["flood_pairs"]),
