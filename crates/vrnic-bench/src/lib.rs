@@ -26,6 +26,7 @@
 //!
 //! It asserts nothing about speed: targets are reported, never enforced.
 
+mod copy;
 mod ctrl;
 mod fairness;
 mod hosts;
@@ -403,6 +404,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     for r in 0..runs {
         progress(t0, &format!("run {}/{runs}: limits", r + 1));
         limits::measure(&ctx, &mut report);
+        copy::measure(&ctx, &mut report);
     }
     if has(Section::Perftest) || has(Section::Ctrl) {
         let d = ctx.daemon(&[])?;
@@ -465,6 +467,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
 
     perftest::set_limits(&mut report);
+    copy::set_limits(&mut report);
     ctrl::set_limits(&mut report);
     scale::set_limits(&mut report, &pairs);
     vnics::set_limits(&mut report, vnics);

@@ -73,3 +73,16 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// Pins the calling thread to `core` (best effort: a core outside this process's set is
+/// refused by the kernel and the thread stays where it was).
+pub fn pin_thread(core: usize) {
+    // SAFETY: an all-zero cpu_set_t is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if core < libc::CPU_SETSIZE as usize {
+        // SAFETY: `core` is below CPU_SETSIZE, inside the set.
+        unsafe { libc::CPU_SET(core, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size given.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}

@@ -25,12 +25,14 @@
 #![warn(missing_docs)]
 
 pub mod bell;
+mod copy;
 pub mod fault;
 pub mod layout;
 mod mailbox;
 mod map;
 mod ring;
 
+pub use copy::{LOOP_MIN as COPY_LOOP_MIN, copy_slice};
 pub use mailbox::{Mailbox, MailboxState, WaitError};
 pub use map::{Region, RegionError, remap_private};
 pub use ring::Ring;

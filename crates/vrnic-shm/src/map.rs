@@ -330,7 +330,7 @@ impl Region {
         let src = self.check(off, out.len() as u64)?;
         // SAFETY: src..src+len is inside our live mapping (checked); `out` is private memory that
         // cannot overlap a shared mapping we created.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        unsafe { crate::copy::copy(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -350,7 +350,7 @@ impl Region {
     pub fn write_bytes(&self, off: u64, data: &[u8]) -> Result<(), RegionError> {
         let dst = self.check(off, data.len() as u64)?;
         // SAFETY: dst..dst+len is inside our live mapping (checked); `data` is private memory.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        unsafe { crate::copy::copy(data.as_ptr(), dst, data.len()) };
         Ok(())
     }
 
@@ -416,8 +416,8 @@ impl Region {
     ) -> Result<(), RegionError> {
         let s = src.check(src_off, len)?;
         let d = dst.check(dst_off, len)?;
-        // SAFETY: both ranges lie inside live mappings (checked); ptr::copy allows overlap.
-        unsafe { std::ptr::copy(s, d, len as usize) };
+        // SAFETY: both ranges lie inside live mappings (checked); `copy` allows overlap.
+        unsafe { crate::copy::copy(s, d, len as usize) };
         Ok(())
     }
 
