@@ -101,6 +101,15 @@ impl Ring {
             .expect("slot inside the region");
     }
 
+    /// Starts loading the first `lines` cache lines of slot `index` (masked): see
+    /// [`Region::prefetch`].
+    pub fn prefetch_slot(&self, region: &Region, index: u32, lines: usize) {
+        let off = self.slot_off(index);
+        for l in 0..lines.min(self.slot.div_ceil(64)) {
+            region.prefetch(off + 64 * l as u64);
+        }
+    }
+
     /// Copies `data` into slot `index` (masked).
     pub fn write_slot(&self, region: &Region, index: u32, data: &[u8]) {
         debug_assert_eq!(data.len(), self.slot);

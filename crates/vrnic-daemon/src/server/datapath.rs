@@ -99,6 +99,10 @@ enum Look {
     Newcomers,
 }
 
+/// Ring slots whose first lines are asked for ahead of the one being parsed: the app's core
+/// wrote them, so each is a miss; asked for together, their misses overlap.
+const PREFETCH: u32 = 8;
+
 /// Work requests taken from one ring per look.
 pub(super) const RING_BATCH: u32 = 64;
 
@@ -371,7 +375,15 @@ impl Server {
             room,
         ) {
             Ok(n) => {
-                for _ in 0..n {
+                for i in 0..PREFETCH.min(n) {
+                    slot.sq
+                        .prefetch_slot(region, slot.sq_fetched.wrapping_add(i), 2);
+                }
+                for i in 0..n {
+                    if i + PREFETCH < n {
+                        let ahead = slot.sq_fetched.wrapping_add(PREFETCH);
+                        slot.sq.prefetch_slot(region, ahead, 2);
+                    }
                     // Only the bytes the WQE uses: its header, then what the header names.
                     let (head, body) = sq_slot.split_at_mut(SQ_HEADER);
                     slot.sq.read_slot_at(region, slot.sq_fetched, 0, head);
@@ -402,7 +414,15 @@ impl Server {
             room,
         ) {
             Ok(n) => {
-                for _ in 0..n {
+                for i in 0..PREFETCH.min(n) {
+                    slot.rq
+                        .prefetch_slot(region, slot.rq_fetched.wrapping_add(i), 1);
+                }
+                for i in 0..n {
+                    if i + PREFETCH < n {
+                        let ahead = slot.rq_fetched.wrapping_add(PREFETCH);
+                        slot.rq.prefetch_slot(region, ahead, 1);
+                    }
                     let (head, body) = rq_slot.split_at_mut(RQ_HEADER);
                     slot.rq.read_slot_at(region, slot.rq_fetched, 0, head);
                     let used = RecvWqe::used((&*head).try_into().expect("a header"));
