@@ -1,6 +1,6 @@
 //! The bench's system calls that std does not wrap: blocking the signals that end it and
-//! waiting for one on a thread of its own, `kill(2)` on a process or a process group, and
-//! whether it runs as root. This is the bench's only unsafe code, one call per block.
+//! waiting for one on a thread of its own, `kill(2)` on a process or a process group,
+//! whether it runs as root, and pinning a thread to a core (the copy measurement). This is the bench's only unsafe code, one call per block.
 //!
 //! Children spawned through `std::process::Command` start with an empty signal mask (std
 //! resets it before `exec`), so blocking signals here does not leak into the programs the
