@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use crate::cm::Cm;
 use anyhow::{Context as _, Result, bail};
 use mio::net::{UnixListener, UnixStream};
+use rustc_hash::FxHashMap;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use tracing::{debug, info, warn};
@@ -260,9 +261,12 @@ pub struct Server {
     ctxs: HashMap<CtxId, Ctx>,
     /// Contexts with `wake` set, to be written to by `flush_wakes`.
     wakes: Vec<CtxId>,
-    cqs: HashMap<CqId, CqSlot>,
-    qps: BTreeMap<QpId, QpSlot>,
-    srqs: BTreeMap<SrqId, SrqSlot>,
+    /// The data path's slots of the engine's queues, looked up for every batch of work
+    /// requests and completions: Fx-hashed, as the engine's own maps, since their keys are ids
+    /// the engine assigns (no tenant chooses them to collide).
+    cqs: FxHashMap<CqId, CqSlot>,
+    qps: FxHashMap<QpId, QpSlot>,
+    srqs: FxHashMap<SrqId, SrqSlot>,
     cm: Cm,
     tokens: HashMap<Token, Tok>,
     admin: UnixListener,
@@ -399,9 +403,9 @@ impl Server {
             vnics: BTreeMap::new(),
             ctxs: HashMap::new(),
             wakes: Vec::new(),
-            cqs: HashMap::new(),
-            qps: BTreeMap::new(),
-            srqs: BTreeMap::new(),
+            cqs: FxHashMap::default(),
+            qps: FxHashMap::default(),
+            srqs: FxHashMap::default(),
             cm: Cm::new(),
             tokens,
             admin,
