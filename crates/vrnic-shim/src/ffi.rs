@@ -789,18 +789,23 @@ fn reg_mr(
                 while page + n < u64::from(r.pages) && !skip(page + n) {
                     n += 1;
                 }
-                let va = r.va + page * PAGE;
-                if n * PAGE >= PREPARE_MIN {
-                    // The pages allocated in one call, not a fault per page as the copy goes.
-                    let _ = conn.region.prepare_write(r.off + page * PAGE, n * PAGE);
-                }
+                let (va, dst) = (r.va + page * PAGE, r.off + page * PAGE);
                 // SAFETY: these pages lie inside the range mincore just proved mapped (page
                 // rounded); they are the app's private memory, read once here, before the
                 // remap below.
                 let cur =
                     unsafe { std::slice::from_raw_parts(va as *const u8, (n * PAGE) as usize) };
-                if conn.region.write_bytes(r.off + page * PAGE, cur).is_err() {
-                    return null_err(libc::EFAULT);
+                // A large run through the file: one copy into fresh pages, no zeroing first.
+                // Where the file takes no writes (a guest's BAR), through the mapping, its
+                // pages allocated in one call rather than a fault per page as the copy goes.
+                let large = n * PAGE >= PREPARE_MIN;
+                if !(large && conn.region.write_file(dst, cur).is_ok()) {
+                    if large {
+                        let _ = conn.region.prepare_write(dst, n * PAGE);
+                    }
+                    if conn.region.write_bytes(dst, cur).is_err() {
+                        return null_err(libc::EFAULT);
+                    }
                 }
                 page += n;
             }

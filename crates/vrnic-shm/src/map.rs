@@ -370,6 +370,53 @@ impl Region {
         Ok(())
     }
 
+    /// Writes `data` at `off` through the file (`pwrite`) rather than the mapping: for a page
+    /// the file does not have yet, a write that covers it whole is the only copy the kernel
+    /// makes (tmpfs fills a new page from the writer without zeroing it first, where a fault
+    /// or [`Region::prepare_write`] zeroes it and the copy then writes it again). Fails where
+    /// the file takes no writes (a guest's PCI BAR through sysfs); the caller then copies
+    /// through the mapping. Bytes written before a failure stay written.
+    pub fn write_file(&self, off: u64, data: &[u8]) -> Result<(), RegionError> {
+        self.check(off, data.len() as u64)?;
+        let mut done = 0usize;
+        while done < data.len() {
+            let rest = &data[done..];
+            // SAFETY: pwrite reads `rest` (valid for its length) and writes the file at an
+            // offset inside it (checked); no memory of ours is written.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pwrite64,
+                    libc::c_long::from(self.file.as_raw_fd()),
+                    rest.as_ptr() as libc::c_long,
+                    rest.len() as libc::c_long,
+                    (off + done as u64) as libc::c_long,
+                )
+            };
+            match r {
+                n if n > 0 => done += n as usize,
+                0 => {
+                    return Err(RegionError::Io {
+                        op: "pwrite",
+                        path: "region".into(),
+                        source: std::io::Error::from(std::io::ErrorKind::WriteZero),
+                    });
+                }
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(RegionError::Io {
+                        op: "pwrite",
+                        path: "region".into(),
+                        source: e,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Gets `len` bytes at `off` ready to be written: allocates every page of the range the
     /// file does not have yet in one system call (`MADV_POPULATE_WRITE`), instead of one fault
     /// per 4 KiB page during the copy that follows. Best effort: a kernel without it (before
@@ -668,6 +715,30 @@ mod tests {
         assert!(r.write_bytes(u64::MAX - 1, &[0u8; 4]).is_err());
         assert!(Region::copy(&r, 0, &r, size, 1).is_err());
         assert!(r.atomic_u32(2).is_err());
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn bytes_written_through_the_file_are_those_the_mapping_reads() {
+        let p = tmp("wfile");
+        let r = Region::create(&p, 0, "vr0", 1, [0; 16], 1).unwrap();
+        let off = layout::HEAP_OFF + 3 * 4096;
+        let data: Vec<u8> = (0..(256u32 << 10))
+            .map(|i| (i * 13 + i / 4096) as u8)
+            .collect();
+        r.write_file(off, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        r.read_bytes(off, &mut back).unwrap();
+        assert!(back == data, "the mapping reads what pwrite wrote");
+        // The page before and the one after are untouched.
+        let mut edge = [1u8; 8];
+        r.read_bytes(off - 8, &mut edge).unwrap();
+        assert_eq!(edge, [0u8; 8]);
+        r.read_bytes(off + data.len() as u64, &mut edge).unwrap();
+        assert_eq!(edge, [0u8; 8]);
+        // Past the end: refused before any system call, the file keeps its size.
+        assert!(r.write_file(r.size() - 4, &[9u8; 8]).is_err());
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), r.size());
         std::fs::remove_file(p).unwrap();
     }
 

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use crate::cm::Cm;
 use anyhow::{Context as _, Result, bail};
 use mio::net::{UnixListener, UnixStream};
-use rustc_hash::FxHashMap;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
+use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 use vrnic_api::{AdminReply, AdminRequest, PageRun, Reply, Request, VnicSummary};
 use vrnic_proto::{
