@@ -53,6 +53,7 @@ impl Server {
             let Some((seq, req)) = mailbox.take(&v.region) else {
                 return;
             };
+            self.control_hot_until = Instant::now() + super::CONTROL_HOT;
             let reply = match req {
                 Ok(bytes) => match serde_json::from_slice::<Request>(&bytes) {
                     Ok(req) => {

@@ -71,6 +71,9 @@ const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
 /// How long the loop keeps spinning after the last work before it sleeps.
 const SPIN_QUIET: Duration = Duration::from_millis(2);
+/// How long after the last control call the loop looks at the sockets every pass instead of
+/// every 32nd (a driver's next call comes within a few microseconds of its last answer).
+pub(super) const CONTROL_HOT: Duration = Duration::from_millis(1);
 /// Longest sleep, so timers, guest claims and the daemon's heartbeat are looked at regularly.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
 /// Longest sleep while a region-only context (a VM guest) is attached: it cannot ring a
@@ -291,6 +294,8 @@ pub struct Server {
     /// QPs whose rings the engine looks at every pass without a doorbell (recently busy
     /// ones; at most [`datapath::WATCH_MAX`]).
     watched: Vec<QpId>,
+    /// Until when the sockets are looked at every pass ([`CONTROL_HOT`]).
+    control_hot_until: Instant,
     /// Links to the other hosts' daemons, if configured.
     peers: Option<peers::Peers>,
     /// Who is where: this host's identities, other hosts' announcements.
@@ -424,6 +429,7 @@ impl Server {
             dirty: Vec::new(),
             carry: Vec::new(),
             watched: Vec::new(),
+            control_hot_until: Instant::now(),
             peers,
             cluster,
         })
@@ -443,7 +449,11 @@ impl Server {
         loop {
             let now = Instant::now();
             let idle = now.duration_since(last_work);
-            let poll_now = pass.is_multiple_of(32) || idle >= SPIN_QUIET;
+            // While a context is making control calls (a connection being set up: create,
+            // then modify, modify, modify), the sockets are looked at every pass, so that its
+            // next call waits for one pass, not for the next of every 32.
+            let poll_now =
+                pass.is_multiple_of(32) || idle >= SPIN_QUIET || now < self.control_hot_until;
             if poll_now {
                 let timeout = if idle >= SPIN_QUIET {
                     // Sleep: announce it, then look once more before really waiting.
