@@ -103,6 +103,15 @@ enum Look {
 /// wrote them, so each is a miss; asked for together, their misses overlap.
 const PREFETCH: u32 = 8;
 
+/// Before taking slot `next`, the `i`th of `n` to take now: asks for the first `lines` lines
+/// of the slot [`PREFETCH`] ahead (at the first, of every slot up to there).
+fn prefetch_ahead(ring: &Ring, region: &Region, next: u32, i: u32, n: u32, lines: usize) {
+    let from = if i == 0 { 1 } else { PREFETCH };
+    for k in from..=PREFETCH.min(n - 1 - i) {
+        ring.prefetch_slot(region, next.wrapping_add(k), lines);
+    }
+}
+
 /// Work requests taken from one ring per look.
 pub(super) const RING_BATCH: u32 = 64;
 
@@ -375,15 +384,8 @@ impl Server {
             room,
         ) {
             Ok(n) => {
-                for i in 0..PREFETCH.min(n) {
-                    slot.sq
-                        .prefetch_slot(region, slot.sq_fetched.wrapping_add(i), 2);
-                }
                 for i in 0..n {
-                    if i + PREFETCH < n {
-                        let ahead = slot.sq_fetched.wrapping_add(PREFETCH);
-                        slot.sq.prefetch_slot(region, ahead, 2);
-                    }
+                    prefetch_ahead(&slot.sq, region, slot.sq_fetched, i, n, 2);
                     // Only the bytes the WQE uses: its header, then what the header names.
                     let (head, body) = sq_slot.split_at_mut(SQ_HEADER);
                     slot.sq.read_slot_at(region, slot.sq_fetched, 0, head);
@@ -414,15 +416,8 @@ impl Server {
             room,
         ) {
             Ok(n) => {
-                for i in 0..PREFETCH.min(n) {
-                    slot.rq
-                        .prefetch_slot(region, slot.rq_fetched.wrapping_add(i), 1);
-                }
                 for i in 0..n {
-                    if i + PREFETCH < n {
-                        let ahead = slot.rq_fetched.wrapping_add(PREFETCH);
-                        slot.rq.prefetch_slot(region, ahead, 1);
-                    }
+                    prefetch_ahead(&slot.rq, region, slot.rq_fetched, i, n, 1);
                     let (head, body) = rq_slot.split_at_mut(RQ_HEADER);
                     slot.rq.read_slot_at(region, slot.rq_fetched, 0, head);
                     let used = RecvWqe::used((&*head).try_into().expect("a header"));
