@@ -15,7 +15,7 @@
 
 /// Shorter copies go to `ptr::copy`: its small-size paths are as fast as this loop's head
 /// and tail, and the slow `rep movsb` starts at larger sizes.
-pub const LOOP_MIN: usize = 256;
+pub(crate) const LOOP_MIN: usize = 256;
 
 /// Copies `len` bytes from `src` to `dst`; the ranges may overlap.
 ///

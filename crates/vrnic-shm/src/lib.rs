@@ -32,7 +32,7 @@ mod mailbox;
 mod map;
 mod ring;
 
-pub use copy::{LOOP_MIN as COPY_LOOP_MIN, copy_slice};
+pub use copy::copy_slice;
 pub use mailbox::{Mailbox, MailboxState, WaitError};
 pub use map::{Region, RegionError, remap_private};
 pub use ring::Ring;
