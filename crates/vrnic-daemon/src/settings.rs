@@ -51,6 +51,8 @@ pub struct Settings {
     pub max_pd: Option<u32>,
     /// `--max-srq`.
     pub max_srq: Option<u32>,
+    /// Engine threads (`--engine-threads`).
+    pub engine_threads: Option<usize>,
 }
 
 /// A config file that could not be used.

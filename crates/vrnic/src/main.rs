@@ -76,6 +76,12 @@ enum Cmd {
         /// its vRNIC uses it) [default: 4096].
         #[arg(long)]
         max_vrnics: Option<u32>,
+        /// Engine threads: vRNICs are shared out among them, each served wholly by one
+        /// (traffic between vRNICs of two threads crosses by a lock-free hand-off). 1: the
+        /// daemon's loop thread runs the engine itself. Peer links and cluster mode need 1
+        /// for now [default: a quarter of the cores, at least 1; 1 with --peer or --etcd].
+        #[arg(long)]
+        engine_threads: Option<usize>,
         /// This host's address for peer links to other hosts' daemons (ADDR:PORT).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
@@ -204,6 +210,7 @@ fn real_main() -> Result<()> {
             max_pd,
             max_srq,
             max_vrnics,
+            engine_threads,
             listen,
             peers,
             etcd,
@@ -225,6 +232,7 @@ fn real_main() -> Result<()> {
                     max_srq: max_srq.or(file.max_srq).unwrap_or(limits.max_srq),
                 },
                 max_vrnics: max_vrnics.or(file.max_vrnics).unwrap_or(4096),
+                engine_threads: engine_threads.or(file.engine_threads),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() { file.peers } else { peers },

@@ -70,6 +70,10 @@ impl Server {
     /// Registers an accepted context and tells it its port is up, as a device reports a port
     /// that goes active.
     pub(super) fn add_context(&mut self, id: CtxId, vnic: VnicId, link: Link, mailbox: Mailbox) {
+        if let (Link::Region { .. }, Some(cell)) = (&link, self.cell_of(vnic)) {
+            cell.guests.fetch_add(1, Ordering::AcqRel);
+            cell.wake();
+        }
         self.ctxs.insert(
             id,
             Ctx {
@@ -217,11 +221,15 @@ impl Server {
                 }
             }
         }
+        let vnic = ctx.vnic;
         if dead {
-            let vnic = ctx.vnic;
             self.drop_context(id);
             self.maybe_reap(vnic);
             return true;
+        }
+        // A doorbell for an engine thread that sleeps (the loop's own engine needs no call).
+        if let Some(cell) = self.cell_of(vnic) {
+            cell.wake();
         }
         self.serve_mailbox(id);
         true
@@ -232,7 +240,25 @@ impl Server {
             return;
         };
         let now = Instant::now();
-        self.engine.destroy_context(now, id);
+        let cell = self.cell_of(ctx.vnic);
+        let slots = cell.as_ref().map(|cell| {
+            let mut sh = cell.lock();
+            let sh = &mut *sh;
+            sh.engine.destroy_context(now, id);
+            let qps: Vec<QpSlot> = ctx.qps.iter().filter_map(|q| sh.qps.remove(q)).collect();
+            let cqs: Vec<CqSlot> = ctx.cqs.iter().filter_map(|q| sh.cqs.remove(q)).collect();
+            let srqs: Vec<SrqSlot> = ctx.srqs.iter().filter_map(|q| sh.srqs.remove(q)).collect();
+            if let Some(l) = sh.lanes.get_mut(&ctx.vnic) {
+                for b in qps
+                    .iter()
+                    .map(|s| s.bell)
+                    .chain(srqs.iter().map(|s| s.bell))
+                {
+                    l.free_bell(b);
+                }
+            }
+            (qps, cqs, srqs)
+        });
         self.cm.drop_context(id);
         self.flush_cm_notes();
         match &mut ctx.link {
@@ -240,29 +266,27 @@ impl Server {
                 let _ = self.poll.registry().deregister(stream);
                 self.tokens.remove(token);
             }
-            Link::Region { .. } => self.guests.retain(|g| *g != id),
+            Link::Region { .. } => {
+                self.guests.retain(|g| *g != id);
+                if let Some(cell) = &cell {
+                    cell.guests.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
         }
         let Some(v) = self.vnics.get_mut(&ctx.vnic) else {
             return;
         };
         v.contexts.remove(&id);
-        for qp in &ctx.qps {
-            if let Some(slot) = self.qps.remove(qp) {
-                free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
-                free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
-                free_bell(v, slot.bell);
-            }
+        let (qps, cqs, srqs) = slots.unwrap_or_default();
+        for slot in qps {
+            free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
+            free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
         }
-        for cq in &ctx.cqs {
-            if let Some(slot) = self.cqs.remove(cq) {
-                free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
-            }
+        for slot in cqs {
+            free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
         }
-        for srq in &ctx.srqs {
-            if let Some(slot) = self.srqs.remove(srq) {
-                free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
-                free_bell(v, slot.bell);
-            }
+        for slot in srqs {
+            free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
         }
         for (off, pages) in ctx.table.drain() {
             free_pages(v, off, pages);

@@ -1,6 +1,7 @@
 //! Control requests from a context's mailbox: each is checked against the context that sent it
 //! and answered in the same mailbox (PD, CQ, QP, SRQ, XRC domain, AH, connection management).
 
+use super::shard::{Lane, Shard};
 use super::*;
 
 pub(super) fn cm_reply(r: Result<(), i32>, what: &str) -> Reply {
@@ -89,6 +90,9 @@ impl Server {
             return err(libc::ENODEV, "no such context");
         };
         let vnic = ctx.vnic;
+        let Some(cell) = self.cell_of(vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
         match req {
             Request::QueryDevice => {
                 let Some(v) = self.vnics.get(&vnic) else {
@@ -113,7 +117,7 @@ impl Server {
                 if self.per_vnic(vnic, |c| c.pds as usize) >= self.opts.limits.max_pd as usize {
                     return err(libc::ENOMEM, "PD limit reached");
                 }
-                match self.engine.alloc_pd(vnic, id) {
+                match cell.lock().engine.alloc_pd(vnic, id) {
                     Ok(pd) => {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.pds += 1;
@@ -124,16 +128,16 @@ impl Server {
                 }
             }
             Request::OpenXrcd { key, create, excl } => {
-                match self.engine.open_xrcd(vnic, id, key, create, excl) {
+                match cell.lock().engine.open_xrcd(vnic, id, key, create, excl) {
                     Ok(x) => Reply::Handle(x.0),
                     Err(e) => err(e, "open_xrcd"),
                 }
             }
             Request::CloseXrcd { xrcd } => cm_reply(
-                self.engine.close_xrcd(id, vrnic_proto::XrcdId(xrcd)),
+                cell.lock().engine.close_xrcd(id, vrnic_proto::XrcdId(xrcd)),
                 "close_xrcd",
             ),
-            Request::DeallocPd { pd } => match self.engine.dealloc_pd(id, PdId(pd)) {
+            Request::DeallocPd { pd } => match cell.lock().engine.dealloc_pd(id, PdId(pd)) {
                 Ok(()) => {
                     if let Some(c) = self.ctxs.get_mut(&id) {
                         c.pds = c.pds.saturating_sub(1);
@@ -162,28 +166,34 @@ impl Server {
             ),
             Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
             Request::ReleasePages { runs } => self.release_pages(id, &runs),
-            Request::AllocMw { pd, ty } => match self.engine.alloc_mw(id, PdId(pd), ty) {
+            Request::AllocMw { pd, ty } => match cell.lock().engine.alloc_mw(id, PdId(pd), ty) {
                 Ok((mw, rkey)) => Reply::Mw { mw: mw.0, rkey },
                 Err(e) => err(e, "alloc_mw"),
             },
-            Request::DeallocMw { mw } => match self.engine.dealloc_mw(id, vrnic_proto::MwId(mw)) {
-                Ok(()) => Reply::Ok,
-                Err(e) => err(e, "dealloc_mw"),
-            },
+            Request::DeallocMw { mw } => {
+                match cell.lock().engine.dealloc_mw(id, vrnic_proto::MwId(mw)) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => err(e, "dealloc_mw"),
+                }
+            }
             Request::CreateCq { cqe } => self.create_cq(id, cqe),
             Request::ResizeCq { cq, cqe } => self.resize_cq(id, CqId(cq), cqe),
             Request::DestroyCq { cq } => {
                 if !ctx.cqs.contains(&CqId(cq)) {
                     return err(libc::EINVAL, "no such CQ");
                 }
-                match self.engine.destroy_cq(id, CqId(cq)) {
-                    Ok(()) => {
+                let r = {
+                    let mut sh = cell.lock();
+                    sh.engine
+                        .destroy_cq(id, CqId(cq))
+                        .map(|()| sh.cqs.remove(&CqId(cq)))
+                };
+                match r {
+                    Ok(slot) => {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.cqs.remove(&CqId(cq));
                         }
-                        if let (Some(slot), Some(v)) =
-                            (self.cqs.remove(&CqId(cq)), self.vnics.get_mut(&vnic))
-                        {
+                        if let (Some(slot), Some(v)) = (slot, self.vnics.get_mut(&vnic)) {
                             free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
                         }
                         Reply::Ok
@@ -215,19 +225,20 @@ impl Server {
                 if let Err(e) = check_paths(mask, &attr) {
                     return err(e, "modify_qp: address vector past the port's limits");
                 }
-                match self.engine.modify_qp(now, id, QpId(qp), mask, &attr) {
+                let r = cell.lock().engine.modify_qp(now, id, QpId(qp), mask, &attr);
+                match r {
                     Ok(()) => {
                         if mask & vrnic_wire::qp_attr::STATE != 0
                             && attr.qp_state == vrnic_wire::QpState::Reset
                         {
-                            self.reset_rings(now, QpId(qp));
+                            self.reset_rings(&cell, now, QpId(qp));
                         }
                         Reply::Ok
                     }
                     Err(e) => err(e, "modify_qp"),
                 }
             }
-            Request::QueryQp { qp } => match self.engine.query_qp(id, QpId(qp)) {
+            Request::QueryQp { qp } => match cell.lock().engine.query_qp(id, QpId(qp)) {
                 Ok(a) => Reply::QpAttr(Box::new(a)),
                 Err(e) => err(e, "query_qp"),
             },
@@ -235,21 +246,28 @@ impl Server {
                 if !ctx.qps.contains(&QpId(qp)) {
                     return err(libc::EINVAL, "no such QP");
                 }
-                match self.engine.destroy_qp(now, id, QpId(qp)) {
-                    Ok(()) => {
+                let r = {
+                    let mut sh = cell.lock();
+                    sh.engine.destroy_qp(now, id, QpId(qp)).map(|()| {
+                        let slot = sh.qps.remove(&QpId(qp));
+                        if let (Some(slot), Some(l)) = (&slot, sh.lanes.get_mut(&vnic)) {
+                            l.free_bell(slot.bell);
+                        }
+                        slot
+                    })
+                };
+                match r {
+                    Ok(slot) => {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.qps.remove(&QpId(qp));
                         }
-                        if let (Some(slot), Some(v)) =
-                            (self.qps.remove(&QpId(qp)), self.vnics.get_mut(&vnic))
-                        {
+                        if let (Some(slot), Some(v)) = (slot, self.vnics.get_mut(&vnic)) {
                             free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
                             free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
-                            free_bell(v, slot.bell);
                         }
                         // The completions the engine still holds for the QP go into its CQs
                         // now, where the driver removes them once it has the reply.
-                        self.engine_pass(now);
+                        self.pass_now(&cell, now);
                         Reply::Ok
                     }
                     Err(e) => err(e, "destroy_qp"),
@@ -266,34 +284,44 @@ impl Server {
                 self.modify_srq(id, SrqId(srq), resize, limit)
             }
             Request::QuerySrq { srq } => {
-                self.fetch_srq(SrqId(srq));
-                self.query_srq(id, SrqId(srq))
+                let mut sh = cell.lock();
+                sh.fetch_srq(SrqId(srq));
+                query_srq(&sh, id, SrqId(srq))
             }
             Request::DestroySrq { srq } => {
                 if !ctx.srqs.contains(&SrqId(srq)) {
                     return err(libc::EINVAL, "no such SRQ");
                 }
-                match self.engine.destroy_srq(id, SrqId(srq)) {
-                    Ok(()) => {
+                let r = {
+                    let mut sh = cell.lock();
+                    sh.engine.destroy_srq(id, SrqId(srq)).map(|()| {
+                        let slot = sh.srqs.remove(&SrqId(srq));
+                        if let (Some(slot), Some(l)) = (&slot, sh.lanes.get_mut(&vnic)) {
+                            l.free_bell(slot.bell);
+                        }
+                        slot
+                    })
+                };
+                match r {
+                    Ok(slot) => {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.srqs.remove(&SrqId(srq));
                         }
-                        if let (Some(slot), Some(v)) =
-                            (self.srqs.remove(&SrqId(srq)), self.vnics.get_mut(&vnic))
-                        {
+                        if let (Some(slot), Some(v)) = (slot, self.vnics.get_mut(&vnic)) {
                             free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);
-                            free_bell(v, slot.bell);
                         }
                         Reply::Ok
                     }
                     Err(e) => err(e, "destroy_srq"),
                 }
             }
-            Request::CreateAh { pd, attr } => match self.engine.create_ah(id, PdId(pd), attr) {
-                Ok(ah) => Reply::Handle(ah.0),
-                Err(e) => err(e, "create_ah"),
-            },
-            Request::DestroyAh { ah } => match self.engine.destroy_ah(id, AhId(ah)) {
+            Request::CreateAh { pd, attr } => {
+                match cell.lock().engine.create_ah(id, PdId(pd), attr) {
+                    Ok(ah) => Reply::Handle(ah.0),
+                    Err(e) => err(e, "create_ah"),
+                }
+            }
+            Request::DestroyAh { ah } => match cell.lock().engine.destroy_ah(id, AhId(ah)) {
                 Ok(()) => Reply::Ok,
                 Err(e) => err(e, "destroy_ah"),
             },
@@ -359,7 +387,11 @@ impl Server {
                 Err(e) => err(e, "CM event"),
             },
             Request::ReregMr { mr, pd, access } => {
-                match self.engine.rereg_mr(id, MrId(mr), pd.map(PdId), access) {
+                match cell
+                    .lock()
+                    .engine
+                    .rereg_mr(id, MrId(mr), pd.map(PdId), access)
+                {
                     Ok(()) => Reply::Ok,
                     Err(e) => err(e, "rereg_mr"),
                 }
@@ -375,9 +407,22 @@ impl Server {
     /// and every completion queued so far. So when the driver has the reply, its rings are
     /// empty (producer = consumer) and its CQs hold every completion the QP will ever have,
     /// which the driver then removes from them, as mlx5's provider does.
-    pub(super) fn reset_rings(&mut self, now: Instant, qp: QpId) {
+    pub(super) fn reset_rings(&mut self, cell: &Arc<ShardCell>, now: Instant, qp: QpId) {
+        {
+            let mut sh = cell.lock();
+            let sh = &mut *sh;
+            sh.reset_rings(now, qp);
+        }
+        self.pass_now(cell, now);
+    }
+}
+
+impl Shard {
+    /// [`Server::reset_rings`]'s work on the shard: the QP's published work requests handed to
+    /// the engine (dropped there) and its rings' indices moved past them.
+    fn reset_rings(&mut self, now: Instant, qp: QpId) {
         if let Some(slot) = self.qps.get_mut(&qp)
-            && let Some(v) = self.vnics.get(&slot.vnic)
+            && let Some(v) = self.lanes.get(&slot.vnic)
         {
             let region = &v.region;
             // Hostile producer indices: at most a ring's depth is handed over; a ring claiming
@@ -400,20 +445,21 @@ impl Server {
                 slot.broken = false;
             }
         }
-        self.engine_pass(now);
     }
+}
 
-    pub(super) fn query_srq(&self, id: CtxId, srq: SrqId) -> Reply {
-        match self.engine.query_srq(id, srq) {
-            Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
-                max_wr,
-                max_sge,
-                limit,
-            },
-            Err(e) => err(e, "query_srq"),
-        }
+fn query_srq(sh: &Shard, id: CtxId, srq: SrqId) -> Reply {
+    match sh.engine.query_srq(id, srq) {
+        Ok((max_wr, max_sge, limit)) => Reply::SrqAttr {
+            max_wr,
+            max_sge,
+            limit,
+        },
+        Err(e) => err(e, "query_srq"),
     }
+}
 
+impl Server {
     /// The sum of `f` over the contexts of `vnic` (object counts for the per-vRNIC limits).
     pub(super) fn per_vnic(&self, vnic: VnicId, f: impl Fn(&Ctx) -> usize) -> usize {
         self.ctxs.values().filter(|c| c.vnic == vnic).map(f).sum()
@@ -442,15 +488,22 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(bell) = alloc_bell(v) else {
+        let Some(cell) = self.shards.get(v.shard).cloned() else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let mut sh = cell.lock();
+        let sh = &mut *sh;
+        let Some(bell) = sh.lane(vnic).and_then(Lane::alloc_bell) else {
             return err(libc::ENOMEM, "no doorbell left for the SRQ");
         };
         let Some(ring) = alloc_ring(v, depth, RQ_SLOT) else {
-            free_bell(v, bell);
+            if let Some(l) = sh.lane(vnic) {
+                l.free_bell(bell);
+            }
             return err(libc::ENOMEM, "no memory for the SRQ ring");
         };
         let made = match xrc {
-            Some((xrcd, cq)) => self
+            Some((xrcd, cq)) => sh
                 .engine
                 .create_xrc_srq(
                     id,
@@ -462,15 +515,17 @@ impl Server {
                     limit,
                 )
                 .map(|(s, _, n)| (s, n)),
-            None => self
+            None => sh
                 .engine
                 .create_srq(id, pd, max_wr, max_sge, limit)
-                .and_then(|(s, _)| Ok((s, self.engine.srq_num(id, s)?))),
+                .and_then(|(s, _)| Ok((s, sh.engine.srq_num(id, s)?))),
         };
         match made {
             Ok((srq, srqn)) => {
-                set_bell(v, bell, Bell::Srq(srq));
-                self.srqs.insert(
+                if let Some(l) = sh.lane(vnic) {
+                    l.set_bell(bell, Bell::Srq(srq));
+                }
+                sh.srqs.insert(
                     srq,
                     SrqSlot {
                         vnic,
@@ -495,7 +550,9 @@ impl Server {
             }
             Err(e) => {
                 free_ring(v, ring.offset(), depth, RQ_SLOT);
-                free_bell(v, bell);
+                if let Some(l) = sh.lane(vnic) {
+                    l.free_bell(bell);
+                }
                 err(e, "create_srq")
             }
         }
@@ -519,9 +576,13 @@ impl Server {
         let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
             return err(libc::ENOMEM, "no memory for the CQ ring");
         };
-        match self.engine.create_cq(vnic, id, depth) {
+        let Some(cell) = self.shards.get(v.shard).cloned() else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let mut sh = cell.lock();
+        match sh.engine.create_cq(vnic, id, depth) {
             Ok(cq) => {
-                self.cqs.insert(
+                sh.cqs.insert(
                     cq,
                     CqSlot {
                         vnic,
@@ -591,16 +652,26 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(bell) = alloc_bell(v) else {
+        let Some(cell) = self.shards.get(v.shard).cloned() else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let mut sh = cell.lock();
+        let sh = &mut *sh;
+        let Some(bell) = sh.lane(vnic).and_then(Lane::alloc_bell) else {
             return err(libc::ENOMEM, "no doorbell left for the QP");
         };
+        let free_bell = |sh: &mut Shard| {
+            if let Some(l) = sh.lane(vnic) {
+                l.free_bell(bell);
+            }
+        };
         let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else {
-            free_bell(v, bell);
+            free_bell(sh);
             return err(libc::ENOMEM, "no memory for the send ring");
         };
         let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
             free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
-            free_bell(v, bell);
+            free_bell(sh);
             return err(libc::ENOMEM, "no memory for the receive ring");
         };
         if qp_type != QpType::XrcRecv {
@@ -613,35 +684,22 @@ impl Server {
             cap.max_recv_sge = cap.max_recv_sge.max(1);
         }
         let made = match (qp_type, xrcd) {
-            (QpType::XrcRecv, Some(x)) => self.engine.create_xrc_recv_qp(id, x),
+            (QpType::XrcRecv, Some(x)) => sh.engine.create_xrc_recv_qp(id, x),
             (QpType::XrcRecv, None) => Err(libc::EINVAL),
-            (QpType::XrcSend, None) => self
+            (QpType::XrcSend, None) => sh
                 .engine
                 .create_xrc_send_qp(id, pd, send_cq, cap, sq_sig_all),
             (_, Some(_)) => Err(libc::EINVAL),
-            _ => self
+            _ => sh
                 .engine
                 .create_qp_srq(id, pd, send_cq, recv_cq, srq, qp_type, cap, sq_sig_all),
         };
         match made {
             Ok((qp, qpn)) => {
-                set_bell(v, bell, Bell::Qp(qp));
-                self.qps.insert(
-                    qp,
-                    QpSlot {
-                        vnic,
-                        bell,
-                        sq,
-                        rq,
-                        sq_fetched: 0,
-                        rq_fetched: 0,
-                        sq_cons: 0,
-                        rq_cons: 0,
-                        broken: false,
-                        carried: false,
-                        watched: None,
-                    },
-                );
+                if let Some(l) = sh.lane(vnic) {
+                    l.set_bell(bell, Bell::Qp(qp));
+                }
+                sh.qps.insert(qp, QpSlot::new(vnic, bell, sq, rq));
                 if let Some(c) = self.ctxs.get_mut(&id) {
                     c.qps.insert(qp);
                 }
@@ -657,7 +715,7 @@ impl Server {
                 }
             }
             Err(e) => {
-                free_bell(v, bell);
+                free_bell(sh);
                 free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
                 free_ring(v, rq.offset(), rq_depth, RQ_SLOT);
                 err(e, "create_qp")

@@ -5,21 +5,23 @@
 use super::*;
 use std::sync::Arc;
 
+use super::shard::{Bell, Lane, QpSlot, Shard};
+
 use vrnic_proto::{PASS_BYTES, PASS_WRS};
 
 /// The engine's view of region memory: every vRNIC's region, by id. It remembers the last
 /// region it found for a source and for a destination, so the runs of one segment (often many,
 /// all in the same two regions) cost no lookups after the first.
 pub(super) struct Mem<'a> {
-    vnics: &'a BTreeMap<VnicId, Vnic>,
+    lanes: &'a FxHashMap<VnicId, Lane>,
     src: Option<(VnicId, &'a Arc<Region>)>,
     dst: Option<(VnicId, &'a Arc<Region>)>,
 }
 
 impl<'a> Mem<'a> {
-    pub(super) fn new(vnics: &'a BTreeMap<VnicId, Vnic>) -> Self {
+    pub(super) fn new(lanes: &'a FxHashMap<VnicId, Lane>) -> Self {
         Mem {
-            vnics,
+            lanes,
             src: None,
             dst: None,
         }
@@ -27,18 +29,18 @@ impl<'a> Mem<'a> {
 
     /// The region of `vnic`, as a source of bytes.
     pub(super) fn source(&mut self, vnic: VnicId) -> Option<&'a Arc<Region>> {
-        Self::region(self.vnics, &mut self.src, vnic)
+        Self::region(self.lanes, &mut self.src, vnic)
     }
 
     fn region(
-        vnics: &'a BTreeMap<VnicId, Vnic>,
+        lanes: &'a FxHashMap<VnicId, Lane>,
         last: &mut Option<(VnicId, &'a Arc<Region>)>,
         id: VnicId,
     ) -> Option<&'a Arc<Region>> {
         match *last {
             Some((v, r)) if v == id => Some(r),
             _ => {
-                let r = &vnics.get(&id)?.region;
+                let r = &lanes.get(&id)?.region;
                 *last = Some((id, r));
                 Some(r)
             }
@@ -48,8 +50,8 @@ impl<'a> Mem<'a> {
 
 impl Memory for Mem<'_> {
     fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
-        let s = Self::region(self.vnics, &mut self.src, src.vnic);
-        let d = Self::region(self.vnics, &mut self.dst, dst.vnic);
+        let s = Self::region(self.lanes, &mut self.src, src.vnic);
+        let d = Self::region(self.lanes, &mut self.dst, dst.vnic);
         let (Some(s), Some(d)) = (s, d) else {
             warn!(?src, ?dst, "copy between unknown vnics");
             return;
@@ -59,18 +61,36 @@ impl Memory for Mem<'_> {
         }
     }
     fn write(&mut self, dst: Loc, data: &[u8]) {
-        if let Some(d) = Self::region(self.vnics, &mut self.dst, dst.vnic)
+        if let Some(d) = Self::region(self.lanes, &mut self.dst, dst.vnic)
             && let Err(e) = d.write_bytes(dst.off, data)
         {
             warn!("engine write refused: {e}");
         }
     }
     fn read(&mut self, src: Loc, out: &mut [u8]) {
-        if let Some(s) = Self::region(self.vnics, &mut self.src, src.vnic)
+        if let Some(s) = Self::region(self.lanes, &mut self.src, src.vnic)
             && let Err(e) = s.read_bytes(src.off, out)
         {
             warn!("engine read refused: {e}");
         }
+    }
+}
+
+/// Where a pass puts the frames its engine made: the peer links (one shard), or the other
+/// shards' inboxes.
+pub(super) trait Frames {
+    /// Takes every frame `engine` has to send (`mem` reads their payloads). Returns whether
+    /// anything was sent.
+    fn send(&mut self, engine: &mut Engine, mem: &mut Mem<'_>) -> bool;
+}
+
+/// No links: a frame (a route to another host cannot exist) is dropped.
+pub(super) struct NoFrames;
+
+impl Frames for NoFrames {
+    fn send(&mut self, engine: &mut Engine, _: &mut Mem<'_>) -> bool {
+        while engine.poll_transmit().is_some() {}
+        false
     }
 }
 
@@ -134,10 +154,10 @@ pub(super) const LOOK_SHARE: u32 = 16;
 /// in about 2 us here).
 pub(super) const TURN_NOMINAL: Duration = Duration::from_micros(2);
 
-impl Server {
+impl Shard {
     pub(super) fn set_sleeping(&mut self, on: bool) {
         self.sleeping = on;
-        for v in self.vnics.values() {
+        for v in self.lanes.values() {
             if let Ok(w) = v.region.atomic_u32(hdr::ENGINE_SLEEPING) {
                 w.store(u32::from(on), Ordering::SeqCst);
             }
@@ -151,8 +171,10 @@ impl Server {
     /// [`PASS_WRS`]/[`PASS_BYTES`]. Between turns the doorbells of vRNICs without work are
     /// looked at again (after every turn while a light tenant competes, see
     /// [`LOOK_SHARE`]), so a vRNIC whose work arrives while another floods goes next: it waits
-    /// for the turn under way, not for the rest of the pass. Returns whether anything happened.
-    pub(super) fn engine_pass(&mut self, now: Instant) -> bool {
+    /// for the turn under way, not for the rest of the pass. Frames the engine made for other
+    /// hosts (or shards) go to `frames` after the turn that made them, not at the end of the
+    /// pass: the link carries a steady stream, not bursts. Returns whether anything happened.
+    pub(super) fn engine_pass(&mut self, now: Instant, frames: &mut dyn Frames) -> bool {
         // What a look costs grows with the vRNICs (a header page each, and a cache line to
         // take back from every app that posts).
         let start = Instant::now();
@@ -174,7 +196,7 @@ impl Server {
             .max(1.0) as u32;
         let (mut wrs, mut bytes, mut since) = (0usize, 0u64, 0u32);
         while wrs < PASS_WRS && bytes < PASS_BYTES {
-            let Some(t) = self.engine.turn(now, &mut Mem::new(&self.vnics)) else {
+            let Some(t) = self.engine.turn(now, &mut Mem::new(&self.lanes)) else {
                 break;
             };
             work |= t.did;
@@ -182,9 +204,7 @@ impl Server {
             bytes = bytes.saturating_add(t.bytes);
             work |= self.publish();
             if self.engine.has_transmit() {
-                // Frames for other hosts go to their links after the turn that made them, not
-                // at the end of the pass: the link carries a steady stream, not bursts.
-                work |= self.flush_peers(now);
+                work |= frames.send(&mut self.engine, &mut Mem::new(&self.lanes));
             }
             since += 1;
             if since >= every {
@@ -208,7 +228,7 @@ impl Server {
             dirty.append(&mut self.carry);
         }
         self.look_watched(now, look, &mut dirty);
-        for (&id, v) in &self.vnics {
+        for (&id, v) in &self.lanes {
             if look == Look::Newcomers && self.engine.has_turn_waiting(id) {
                 continue;
             }
@@ -241,7 +261,7 @@ impl Server {
     /// once more (pairing with the driver's store, fence, read of `POLLED`), so work posted
     /// meanwhile is taken now. A QP gone or broken leaves the list.
     fn look_watched(&mut self, now: Instant, look: Look, dirty: &mut Vec<Bell>) {
-        let (qps, vnics, engine) = (&mut self.qps, &self.vnics, &self.engine);
+        let (qps, vnics, engine) = (&mut self.qps, &self.lanes, &self.engine);
         self.watched.retain(|&qp| {
             let Some(slot) = qps.get_mut(&qp) else {
                 return false;
@@ -288,7 +308,7 @@ impl Server {
         // Retired indices first, completions second: an app that sees a completion must also
         // see the ring slot it frees (perftest posts again as soon as it polls one).
         // Only the queues whose counters moved: idle ones cost nothing here.
-        let (qps, srqs, vnics) = (&mut self.qps, &mut self.srqs, &self.vnics);
+        let (qps, srqs, vnics) = (&mut self.qps, &mut self.srqs, &self.lanes);
         self.engine.drain_retired(
             |qp, sq, rq| {
                 let Some(slot) = qps.get_mut(&qp) else { return };
@@ -350,10 +370,9 @@ impl Server {
                 ),
             };
             if live {
-                self.push_event(ctx, kind, handle);
+                self.out.events.push((ctx, kind, handle));
             }
         }
-        self.flush_wakes();
         work
     }
 
@@ -368,7 +387,7 @@ impl Server {
         if slot.broken {
             return false;
         }
-        let Some(v) = self.vnics.get(&slot.vnic) else {
+        let Some(v) = self.lanes.get(&slot.vnic) else {
             return false;
         };
         let region = &v.region;
@@ -460,7 +479,7 @@ impl Server {
             return false;
         };
         slot.carried = false;
-        let Some(v) = self.vnics.get(&slot.vnic) else {
+        let Some(v) = self.lanes.get(&slot.vnic) else {
             return false;
         };
         !slot.broken && slot.ring.prod(&v.region).load(Ordering::Acquire) != slot.fetched
@@ -491,7 +510,7 @@ impl Server {
         if slot.broken {
             return false;
         }
-        let Some(v) = self.vnics.get(&slot.vnic) else {
+        let Some(v) = self.lanes.get(&slot.vnic) else {
             return false;
         };
         let mut raw = [0u8; RQ_SLOT];
@@ -529,7 +548,7 @@ impl Server {
         let Some(slot) = self.cqs.get_mut(&cq) else {
             return;
         };
-        let Some(v) = self.vnics.get(&slot.vnic) else {
+        let Some(v) = self.lanes.get(&slot.vnic) else {
             return;
         };
         if slot.broken {
@@ -541,8 +560,9 @@ impl Server {
             // Overflow (or a garbage consumer index): the CQ is in error, as on a device.
             warn!(cq = cq.0, "completion queue overrun; CQ in error");
             slot.broken = true;
-            let ctx = slot.ctx;
-            self.push_event(ctx, vrnic_api::event::CQ_ERR, cq.0);
+            self.out
+                .events
+                .push((slot.ctx, vrnic_api::event::CQ_ERR, cq.0));
             return;
         }
         let mut raw = [0u8; CQ_SLOT];
@@ -567,8 +587,7 @@ impl Server {
         {
             let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
             tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
-            let ctx = slot.ctx;
-            self.notify_ctx(ctx);
+            self.out.wakes.push(slot.ctx);
         }
     }
 }

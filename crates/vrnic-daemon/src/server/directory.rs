@@ -254,7 +254,11 @@ impl Server {
                     .entry((g, vip))
                     .or_insert(VipAt::There(host));
                 self.cm.add_vip(g, vip, VipAt::There(host));
-                self.engine.add_remote_vnic_in_group(host, lid, gid, g);
+                for cell in &self.shards {
+                    cell.lock()
+                        .engine
+                        .add_remote_vnic_in_group(host, lid, gid, g);
+                }
             }
             None => {
                 let known = self.directory.remote.entry(host).or_default();
@@ -263,7 +267,9 @@ impl Server {
                         self.directory.vips.remove(&(old.group, old.vip));
                         self.cm.remove_vip(old.group, old.vip);
                     }
-                    self.engine.remove_remote_vnic(lid, gid);
+                    for cell in &self.shards {
+                        cell.lock().engine.remove_remote_vnic(lid, gid);
+                    }
                 }
             }
         }
@@ -282,7 +288,10 @@ impl Server {
                 gid: v.gid,
                 ip: v.vip.to_string(),
                 group: self.directory.group_name(v.group).to_string(),
-                qps: Some(self.engine.qp_count(id)),
+                qps: Some(
+                    self.cell_of(id)
+                        .map_or(0, |cell| cell.lock().engine.qp_count(id)),
+                ),
             })
             .collect();
         let host_name = |h: HostId| {
@@ -333,8 +342,15 @@ impl Server {
                 format!("{n}@{h}")
             }
         };
-        if self.engine.has_refusals() {
-            let (list, n) = self.engine.take_refusals();
+        let taken: Vec<_> = self
+            .shards
+            .iter()
+            .filter_map(|cell| {
+                let mut sh = cell.lock();
+                sh.engine.has_refusals().then(|| sh.engine.take_refusals())
+            })
+            .collect();
+        for (list, n) in taken {
             for r in &list {
                 warn!(
                     "route refused across groups: vRNIC {} (group {}) -> vRNIC {} (group {})",
@@ -382,7 +398,9 @@ impl Server {
                     self.directory.vips.remove(&(v.group, v.vip));
                     self.cm.remove_vip(v.group, v.vip);
                 }
-                self.engine.remove_remote_vnic(lid, gid);
+                for cell in &self.shards {
+                    cell.lock().engine.remove_remote_vnic(lid, gid);
+                }
             }
         }
         self.cm.clear_host_addrs(host);

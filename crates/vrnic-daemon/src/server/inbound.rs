@@ -25,7 +25,6 @@
 //! to during the call.
 #![allow(unsafe_code)]
 
-use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::os::fd::RawFd;
 
@@ -33,8 +32,8 @@ use vrnic_proto::{Loc, Placement, VnicId};
 use vrnic_shm::Region;
 use vrnic_wire::frame::SegmentRepr;
 
-use super::Vnic;
 use super::linkbuf::LinkBuf;
+use super::shard::Lane;
 use crate::sys;
 
 /// Where payloads go: the region of each vRNIC.
@@ -42,7 +41,7 @@ pub(super) trait Regions {
     fn region(&self, vnic: VnicId) -> Option<&Region>;
 }
 
-impl Regions for BTreeMap<VnicId, Vnic> {
+impl Regions for rustc_hash::FxHashMap<VnicId, Lane> {
     fn region(&self, vnic: VnicId) -> Option<&Region> {
         self.get(&vnic).map(|v| &*v.region)
     }

@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,7 @@ mod cluster;
 mod control;
 mod datapath;
 mod directory;
+mod engines;
 mod events;
 mod inbound;
 mod linkbuf;
@@ -59,13 +61,17 @@ mod pagetable;
 mod peers;
 mod registry;
 mod resize;
+mod shard;
+mod threads;
 
 pub use cluster::{ClusterOptions, DEFAULT_TTL_S};
 pub use peers::PeerOptions;
+pub use threads::default_engine_threads;
 
 use control::err;
-use pages::{alloc_bell, alloc_ring, free_bell, free_pages, free_ring, set_bell};
+use pages::{alloc_ring, free_pages, free_ring};
 use registry::cleanup_stale;
+use shard::{Bell, CqSlot, QpSlot, ShardCell, SrqSlot};
 
 const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
@@ -74,6 +80,8 @@ const SPIN_QUIET: Duration = Duration::from_millis(2);
 /// How long after the last control call the loop looks at the sockets every pass instead of
 /// every 32nd (a driver's next call comes within a few microseconds of its last answer).
 pub(super) const CONTROL_HOT: Duration = Duration::from_millis(1);
+/// Most engine threads.
+const MAX_ENGINE_THREADS: usize = 64;
 /// Longest sleep, so timers, guest claims and the daemon's heartbeat are looked at regularly.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
 /// Longest sleep while a region-only context (a VM guest) is attached: it cannot ring a
@@ -95,6 +103,8 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Most vRNICs at once.
     pub max_vrnics: u32,
+    /// Engine threads (`None`: [`default_engine_threads`]); see `threads`.
+    pub engine_threads: Option<usize>,
     /// Peer links to other hosts' daemons.
     pub peer: PeerOptions,
     /// Cluster mode: etcd instead of a static peer list (needs `peer.listen`, no `peer.peers`).
@@ -139,6 +149,8 @@ enum Tok {
     PeerPending,
     /// The etcd session reported something.
     Cluster,
+    /// An engine thread's outbox has something for contexts.
+    Shards,
 }
 
 struct Vnic {
@@ -155,10 +167,8 @@ struct Vnic {
     heap: Heap,
     /// Its directory is a tmpfs of its own, sized to its region (its memory quota).
     quota_mount: bool,
-    /// Doorbell index -> the queue it names (`None`: free).
-    bells: Vec<Option<Bell>>,
-    /// Free doorbell indices below `bells.len()`.
-    free_bells: Vec<u32>,
+    /// The shard whose engine serves it.
+    shard: usize,
     persistent: bool,
     holders: usize,
     contexts: HashSet<CtxId>,
@@ -193,51 +203,6 @@ enum Link {
     Region { beat: u32, beat_at: Instant },
 }
 
-struct CqSlot {
-    vnic: VnicId,
-    ctx: CtxId,
-    ring: Ring,
-    prod: u32,
-    broken: bool,
-}
-
-/// What a doorbell index names.
-#[derive(Debug, Clone, Copy)]
-enum Bell {
-    /// Reserved for a queue being created.
-    Pending,
-    Qp(QpId),
-    Srq(SrqId),
-}
-
-struct QpSlot {
-    vnic: VnicId,
-    /// Its doorbell index in the vRNIC's region.
-    bell: u32,
-    sq: Ring,
-    rq: Ring,
-    sq_fetched: u32,
-    rq_fetched: u32,
-    sq_cons: u32,
-    rq_cons: u32,
-    broken: bool,
-    /// In the engine pass's carry list.
-    carried: bool,
-    /// In the engine's watch list (its rings' `POLLED` words set: no doorbells), since it
-    /// last had new work at this time.
-    watched: Option<Instant>,
-}
-
-struct SrqSlot {
-    vnic: VnicId,
-    bell: u32,
-    ring: Ring,
-    fetched: u32,
-    cons: u32,
-    broken: bool,
-    carried: bool,
-}
-
 struct AdminConn {
     stream: UnixStream,
     token: Token,
@@ -259,17 +224,14 @@ struct AdminConn {
 pub struct Server {
     opts: ServeOptions,
     poll: Poll,
-    engine: Engine,
+    /// The data path's shards (one engine each); a vRNIC is served by one of them.
+    shards: Vec<Arc<ShardCell>>,
+    /// The engine threads, when there is more than one shard.
+    threads: Option<threads::Threads>,
     vnics: BTreeMap<VnicId, Vnic>,
     ctxs: HashMap<CtxId, Ctx>,
     /// Contexts with `wake` set, to be written to by `flush_wakes`.
     wakes: Vec<CtxId>,
-    /// The data path's slots of the engine's queues, looked up for every batch of work
-    /// requests and completions: Fx-hashed, as the engine's own maps, since their keys are ids
-    /// the engine assigns (no tenant chooses them to collide).
-    cqs: FxHashMap<CqId, CqSlot>,
-    qps: FxHashMap<QpId, QpSlot>,
-    srqs: FxHashMap<SrqId, SrqSlot>,
     cm: Cm,
     tokens: HashMap<Token, Tok>,
     admin: UnixListener,
@@ -281,19 +243,11 @@ pub struct Server {
     _signals: sys::SignalFd,
     _lock: std::fs::File,
     mounted: bool,
-    sleeping: bool,
     /// Region-only contexts (served by polling their mailboxes).
     guests: Vec<CtxId>,
     last_scan: Instant,
     /// The `SIGBUS` guard's epoch when the loop last looked for poisoned regions.
     fault_epoch: u64,
-    /// Queues to look at in the next engine pass: their doorbells rang, or they had more
-    /// work than one pass takes (reused buffers: no allocation per pass).
-    dirty: Vec<Bell>,
-    carry: Vec<Bell>,
-    /// QPs whose rings the engine looks at every pass without a doorbell (recently busy
-    /// ones; at most [`datapath::WATCH_MAX`]).
-    watched: Vec<QpId>,
     /// Until when the sockets are looked at every pass ([`CONTROL_HOT`]).
     control_hot_until: Instant,
     /// Links to the other hosts' daemons, if configured.
@@ -399,18 +353,36 @@ impl Server {
             Some(p) => directory::Directory::new(p.index(), p.lid_range()),
             None => directory::Directory::new(0, 1..0xc000),
         };
-        info!(state_dir = %dir.display(), "vrnic daemon serving");
+        let linked = peers.is_some() || cluster.is_some();
+        let engine_threads = match opts.engine_threads {
+            Some(0) => bail!("--engine-threads must be at least 1"),
+            Some(n) if n > 1 && linked => bail!(
+                "--engine-threads {n} with --peer, --listen or --etcd: peer links need one \
+                 engine thread for now"
+            ),
+            Some(n) => n.min(MAX_ENGINE_THREADS),
+            None if linked => 1,
+            None => default_engine_threads().min(MAX_ENGINE_THREADS),
+        };
+        let shards: Vec<Arc<ShardCell>> = (0..engine_threads)
+            .map(|i| ShardCell::new(i, seed() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .collect();
+        let threads = if engine_threads > 1 {
+            let waker = Arc::new(mio::Waker::new(poll.registry(), token(Tok::Shards))?);
+            Some(threads::Threads::start(&shards, waker)?)
+        } else {
+            None
+        };
+        info!(state_dir = %dir.display(), engine_threads, "vrnic daemon serving");
         Ok(Server {
             directory,
             opts,
             poll,
-            engine: Engine::new(seed()),
+            shards,
+            threads,
             vnics: BTreeMap::new(),
             ctxs: HashMap::new(),
             wakes: Vec::new(),
-            cqs: FxHashMap::default(),
-            qps: FxHashMap::default(),
-            srqs: FxHashMap::default(),
             cm: Cm::new(),
             tokens,
             admin,
@@ -422,13 +394,9 @@ impl Server {
             _signals: signals,
             _lock: lock,
             mounted,
-            sleeping: false,
             guests: Vec::new(),
             last_scan: Instant::now(),
             fault_epoch: vrnic_shm::fault::epoch(),
-            dirty: Vec::new(),
-            carry: Vec::new(),
-            watched: Vec::new(),
             control_hot_until: Instant::now(),
             peers,
             cluster,
@@ -446,35 +414,49 @@ impl Server {
         let mut events = Events::with_capacity(256);
         let mut last_work = Instant::now();
         let mut pass: u64 = 0;
+        let mut asleep = false;
         loop {
             let now = Instant::now();
             let idle = now.duration_since(last_work);
             // While a context is making control calls (a connection being set up: create,
             // then modify, modify, modify), the sockets are looked at every pass, so that its
             // next call waits for one pass, not for the next of every 32.
-            let poll_now =
-                pass.is_multiple_of(32) || idle >= SPIN_QUIET || now < self.control_hot_until;
+            let threaded = self.threads.is_some();
+            let poll_now = threaded
+                || pass.is_multiple_of(32)
+                || idle >= SPIN_QUIET
+                || now < self.control_hot_until;
             if poll_now {
-                let timeout = if idle >= SPIN_QUIET {
+                let cap = if self.guests.is_empty() {
+                    MAX_SLEEP
+                } else {
+                    GUEST_SLEEP
+                };
+                let until = |t: Option<Instant>| {
+                    t.map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now()))
+                        .min(cap)
+                };
+                let timeout = if threaded {
+                    // The engine threads run the passes: the loop waits for sockets, the
+                    // shards' outboxes, timers and guests.
+                    Some(until(self.cm.next_deadline()))
+                } else if idle >= SPIN_QUIET {
                     // Sleep: announce it, then look once more before really waiting.
                     self.set_sleeping(true);
+                    asleep = true;
                     if self.engine_pass(Instant::now()) {
                         self.set_sleeping(false);
+                        asleep = false;
                         last_work = Instant::now();
                         Some(Duration::ZERO)
                     } else {
-                        let t = [self.engine.poll_timeout(), self.cm.next_deadline()]
-                            .into_iter()
-                            .flatten()
-                            .min()
-                            .map(|t| t.saturating_duration_since(Instant::now()))
-                            .unwrap_or(MAX_SLEEP);
-                        let cap = if self.guests.is_empty() {
-                            MAX_SLEEP
-                        } else {
-                            GUEST_SLEEP
-                        };
-                        Some(t.min(cap))
+                        let engine_timer = self.shard0().lock().engine.poll_timeout();
+                        Some(until(
+                            [engine_timer, self.cm.next_deadline()]
+                                .into_iter()
+                                .flatten()
+                                .min(),
+                        ))
                     }
                 } else {
                     Some(Duration::ZERO)
@@ -484,8 +466,9 @@ impl Server {
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => return Err(e).context("epoll"),
                 }
-                if self.sleeping {
+                if asleep {
                     self.set_sleeping(false);
+                    asleep = false;
                 }
                 let mut stop = false;
                 for ev in events.iter() {
@@ -512,7 +495,6 @@ impl Server {
             if !self.guests.is_empty() && self.serve_guests() {
                 last_work = Instant::now();
             }
-            self.engine.handle_timeout(now);
             if self.peer_pass(now) {
                 last_work = Instant::now();
             }
@@ -525,14 +507,18 @@ impl Server {
                 self.flush_cm_notes();
                 self.flush_wakes();
             }
-            if self.engine.has_refusals() || self.cm.has_refusals() {
+            if self.cm.has_refusals() || self.shards_refused() {
                 self.log_refusals();
             }
-            let worked = self.engine_pass(now);
-            if self.flush_peers(now) || worked || self.peers_backlogged() {
-                last_work = Instant::now();
+            if self.threads.is_some() {
+                self.flush_peers(now);
             } else {
-                std::thread::yield_now();
+                let worked = self.engine_pass(now);
+                if self.flush_peers(now) || worked || self.peers_backlogged() {
+                    last_work = Instant::now();
+                } else {
+                    std::thread::yield_now();
+                }
             }
             let epoch = vrnic_shm::fault::epoch();
             if epoch != self.fault_epoch {
@@ -560,11 +546,18 @@ impl Server {
             }
             Some(Tok::Peer | Tok::PeerPending) => true,
             Some(Tok::Cluster) => self.cluster_events(),
+            Some(Tok::Shards) => {
+                self.drain_outboxes();
+                false
+            }
             None => false,
         }
     }
 
     fn shutdown(&mut self) {
+        if let Some(mut t) = self.threads.take() {
+            t.stop(&self.shards);
+        }
         let ids: Vec<VnicId> = self.vnics.keys().copied().collect();
         for id in ids {
             self.remove_vnic(id);

@@ -24,36 +24,6 @@ pub(super) fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> 
     Some(ring)
 }
 
-/// Reserves a doorbell index of the vRNIC (named by [`set_bell`] once the queue exists).
-pub(super) fn alloc_bell(v: &mut Vnic) -> Option<u32> {
-    if let Some(i) = v.free_bells.pop() {
-        set_bell(v, i, Bell::Pending);
-        return Some(i);
-    }
-    let i = u32::try_from(v.bells.len()).ok()?;
-    if i >= vrnic_shm::bell::BELLS {
-        return None;
-    }
-    v.bells.push(Some(Bell::Pending));
-    Some(i)
-}
-
-/// Names the queue behind doorbell `i`.
-pub(super) fn set_bell(v: &mut Vnic, i: u32, b: Bell) {
-    if let Some(slot) = v.bells.get_mut(i as usize) {
-        *slot = Some(b);
-    }
-}
-
-/// Frees doorbell `i` (a bit the tenant still rings for it names nothing).
-pub(super) fn free_bell(v: &mut Vnic, i: u32) {
-    if let Some(slot) = v.bells.get_mut(i as usize)
-        && slot.take().is_some()
-    {
-        v.free_bells.push(i);
-    }
-}
-
 pub(super) fn free_ring(v: &mut Vnic, off: u64, depth: u32, slot: usize) {
     free_pages(v, off, layout::ring_bytes(depth, slot) / layout::PAGE);
 }
@@ -101,6 +71,9 @@ impl Server {
         if self.per_vnic(vnic, |c| c.mrs.len()) >= self.opts.limits.max_mr as usize {
             return err(libc::ENOMEM, "MR limit of the vRNIC reached");
         }
+        let Some(cell) = self.cell_of(vnic) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return err(libc::ENODEV, "no context");
         };
@@ -109,7 +82,11 @@ impl Server {
         };
         // Everything that needs no pages is checked before any work: a bad PD or an absurd
         // range costs nothing.
-        if let Err(e) = self.engine.check_reg_mr(id, pd, addr, len, iova, access) {
+        let checked = cell
+            .lock()
+            .engine
+            .check_reg_mr(id, pd, addr, len, iova, access);
+        if let Err(e) = checked {
             return err(e, "reg_mr");
         }
         let first = addr / page * page;
@@ -150,10 +127,11 @@ impl Server {
                 format!("registering {len} bytes exceeds the vRNIC's free memory"),
             );
         };
-        match self
+        let made = cell
+            .lock()
             .engine
-            .reg_mr(id, pd, addr, len, iova, access, &got.region)
-        {
+            .reg_mr(id, pd, addr, len, iova, access, &got.region);
+        match made {
             Ok(keys) => {
                 ctx.mrs.insert(keys.mr, (first, npages));
                 Reply::Mr {
@@ -173,13 +151,17 @@ impl Server {
     }
 
     pub(super) fn dereg_mr(&mut self, id: CtxId, mr: MrId) -> Reply {
+        let Some(cell) = self.ctxs.get(&id).and_then(|c| self.cell_of(c.vnic)) else {
+            return err(libc::ENODEV, "no context");
+        };
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return err(libc::ENODEV, "no context");
         };
         let Some(&(first, npages)) = ctx.mrs.get(&mr) else {
             return err(libc::EINVAL, "no such MR");
         };
-        if let Err(e) = self.engine.dereg_mr(id, mr) {
+        let done = cell.lock().engine.dereg_mr(id, mr);
+        if let Err(e) = done {
             return err(e, "dereg_mr");
         }
         ctx.mrs.remove(&mr);

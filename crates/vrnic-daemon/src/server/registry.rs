@@ -152,7 +152,8 @@ impl Server {
         self.poll
             .registry()
             .register(&mut listener, token, Interest::READABLE)?;
-        self.engine.add_vnic_in_group(id, lid, gid, group);
+        let shard = self.pick_shard();
+        self.add_to_shard(shard, id, &region, (lid, gid), group);
         self.cm.add_vip(group, vip, crate::cm::VipAt::Here(id));
         let group_name = self.directory.group_name(group).to_string();
         self.announce_vnic(super::announce::Entry::Added {
@@ -162,7 +163,7 @@ impl Server {
             name,
             group: &group_name,
         });
-        info!(vnic = name, lid, group = group_name, %vip, "vRNIC created");
+        info!(vnic = name, lid, group = group_name, %vip, engine = shard, "vRNIC created");
         self.vnics.insert(
             id,
             Vnic {
@@ -176,8 +177,7 @@ impl Server {
                 vip,
                 heap,
                 quota_mount,
-                bells: Vec::new(),
-                free_bells: Vec::new(),
+                shard,
                 persistent,
                 holders: 0,
                 contexts: HashSet::new(),
@@ -198,7 +198,7 @@ impl Server {
         for c in ctxs {
             self.drop_context(c);
         }
-        self.engine.remove_vnic(Instant::now(), id);
+        self.remove_from_shard(id);
         if let Some(mut v) = self.vnics.remove(&id) {
             let _ = self.poll.registry().deregister(&mut v.listener);
             self.tokens.remove(&v.token);
@@ -257,7 +257,9 @@ impl Server {
             name: v.name.clone(),
             lid: v.lid,
             gid: v.gid,
-            qps: self.engine.qp_count(id),
+            qps: self
+                .cell_of(id)
+                .map_or(0, |cell| cell.lock().engine.qp_count(id)),
             users: v.holders + v.contexts.len(),
             persistent: v.persistent,
             dir: v.dir.display().to_string(),

@@ -26,7 +26,11 @@ impl Server {
                 format!("cqe {cqe} outside 1..={}", control::MAX_CQE),
             );
         }
-        let Some(slot) = self.cqs.get_mut(&cq) else {
+        let Some(cell) = self.ctxs.get(&id).and_then(|c| self.cell_of(c.vnic)) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let mut sh = cell.lock();
+        let Some(slot) = sh.cqs.get_mut(&cq) else {
             return err(libc::EINVAL, "no such CQ");
         };
         let Some(v) = self.vnics.get_mut(&slot.vnic) else {
@@ -99,19 +103,24 @@ impl Server {
         }
         // A bounded loop: each round takes up to a batch, and the engine's room is at most the
         // SRQ's depth.
+        let Some(cell) = self.ctxs.get(&id).and_then(|c| self.cell_of(c.vnic)) else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let mut sh = cell.lock();
+        let sh = &mut *sh;
         for _ in 0..=(control::MAX_QP_WR / datapath::RING_BATCH) {
-            if !self.fetch_srq(srq) {
+            if !sh.fetch_srq(srq) {
                 break;
             }
         }
-        let Some(slot) = self.srqs.get(&srq) else {
+        let Some(slot) = sh.srqs.get(&srq) else {
             return err(libc::EINVAL, "no such SRQ");
         };
         let Some(v) = self.vnics.get(&slot.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
         let prod = slot.ring.prod(&v.region).load(Ordering::Acquire);
-        let retired = self.engine.srq_retired(srq);
+        let retired = sh.engine.srq_retired(srq);
         if let Some(max_wr) = resize {
             // Receives posted and not yet completed, counted as the driver counts them (one
             // being filled by a message in progress included).
@@ -141,7 +150,7 @@ impl Server {
             }
             _ => None,
         };
-        let depth = match self.engine.modify_srq(id, srq, resize, limit) {
+        let depth = match sh.engine.modify_srq(id, srq, resize, limit) {
             Ok(d) => d,
             Err(e) => {
                 if let (Some(r), Some(v)) = (ring, self.vnics.get_mut(&vnic)) {
@@ -153,7 +162,7 @@ impl Server {
         let Some(max_wr) = resize else {
             return Reply::Ok;
         };
-        let (Some(slot), Some(v)) = (self.srqs.get_mut(&srq), self.vnics.get_mut(&vnic)) else {
+        let (Some(slot), Some(v)) = (sh.srqs.get_mut(&srq), self.vnics.get_mut(&vnic)) else {
             return err(libc::EINVAL, "no such SRQ");
         };
         if let Some(ring) = ring {
@@ -171,7 +180,7 @@ impl Server {
             ring: slot.ring.offset(),
             depth: slot.ring.depth(),
             bell: slot.bell,
-            srqn: self.engine.srq_num(id, srq).unwrap_or(0),
+            srqn: sh.engine.srq_num(id, srq).unwrap_or(0),
         }
     }
 }

@@ -75,7 +75,7 @@ impl Server {
         warn!(peer = %l.addr, index = host.0, "cluster host left; its QPs fail");
         let now = Instant::now();
         self.drop_link(l);
-        self.engine.fail_host(now, host);
+        self.shard0().lock().engine.fail_host(now, host);
         self.cm.fail_host(host);
     }
 

@@ -46,7 +46,7 @@ pub(super) use hosts::MAX_HOSTS;
 use hello::parse_hello;
 
 use super::announce::{Entry, announce};
-use super::datapath::Mem;
+use super::datapath::{Frames, Mem};
 use super::inbound::{HEADROOM, PLACE_MIN, Placing};
 use super::linkbuf::LinkBuf;
 use super::outqueue::OutQueue;
@@ -164,6 +164,8 @@ pub(super) struct Peers {
     discard: Vec<u8>,
     /// Room for the next placement's runs.
     runs: Vec<(vrnic_proto::Loc, u64)>,
+    /// Links whose writes failed during an engine pass, to be closed after it.
+    failed: Vec<(usize, String)>,
 }
 
 impl Link {
@@ -237,6 +239,7 @@ impl Peers {
             iov: Vec::with_capacity(crate::sys::WRITEV_MAX),
             discard: vec![0; MAX_FRAME],
             runs: Vec::new(),
+            failed: Vec::new(),
         }))
     }
 
@@ -263,6 +266,7 @@ impl Peers {
             iov: Vec::with_capacity(crate::sys::WRITEV_MAX),
             discard: vec![0; MAX_FRAME],
             runs: Vec::new(),
+            failed: Vec::new(),
         })
     }
 
@@ -392,7 +396,7 @@ impl Server {
                 l.out.extend(&f);
             }
         }
-        self.engine.handle_link_up(host);
+        self.shard0().lock().engine.handle_link_up(host);
     }
 
     /// Tells every up link that a vRNIC was created or removed.
@@ -646,7 +650,9 @@ impl Server {
     /// One read from link `i`: into place (the rest of a payload, then the bytes after it)
     /// or into its byte queue. `None`: nothing to read now.
     fn read_once(&mut self, now: Instant, i: usize) -> Result<Option<usize>, Close> {
-        let (Some(p), vnics) = (&mut self.peers, &self.vnics) else {
+        let cell = self.shards[0].clone();
+        let sh = cell.lock();
+        let (Some(p), vnics) = (&mut self.peers, &sh.lanes) else {
             return Ok(None);
         };
         let Some(Some(l)) = p.links.get_mut(i) else {
@@ -723,15 +729,19 @@ impl Server {
                 let Some(p) = placing.take() else {
                     break Ok(());
                 };
-                let mut mem = Mem::new(&self.vnics);
-                self.engine.handle_placed_segment(
-                    now,
-                    host,
-                    &p.seg,
-                    p.placement,
-                    !p.broken,
-                    &mut mem,
-                );
+                {
+                    let cell = self.shard0();
+                    let mut sh = cell.lock();
+                    let sh = &mut *sh;
+                    sh.engine.handle_placed_segment(
+                        now,
+                        host,
+                        &p.seg,
+                        p.placement,
+                        !p.broken,
+                        &mut Mem::new(&sh.lanes),
+                    );
+                }
                 placed_bytes += p.placed;
                 if let Some(peers) = &mut self.peers {
                     peers.runs = p.into_runs();
@@ -793,7 +803,9 @@ impl Server {
             .map(|p| std::mem::take(&mut p.runs))
             .unwrap_or_default();
         runs.clear();
-        let Some(placement) = self.engine.placement(host, &segment, &mut runs) else {
+        let cell = self.shard0();
+        let mut sh = cell.lock();
+        let Some(placement) = sh.engine.placement(host, &segment, &mut runs) else {
             if let Some(p) = &mut self.peers {
                 p.runs = runs;
             }
@@ -802,7 +814,7 @@ impl Server {
         let range = head.payload_range();
         let have = &buf[range.start..buf.len().min(range.end)];
         let pad = len - range.end;
-        let p = Placing::start(segment, placement, runs, pad, have, &self.vnics);
+        let p = Placing::start(segment, placement, runs, pad, have, &sh.lanes);
         Some((p, range.start + have.len()))
     }
 
@@ -846,9 +858,17 @@ impl Server {
                 }
             }
             (State::Up, FrameRepr::Segment { grh, segment }) => {
-                let mut mem = Mem::new(&self.vnics);
-                self.engine
-                    .handle_segment(now, host, grh.as_ref(), &segment, body, &mut mem);
+                let cell = self.shard0();
+                let mut sh = cell.lock();
+                let sh = &mut *sh;
+                sh.engine.handle_segment(
+                    now,
+                    host,
+                    grh.as_ref(),
+                    &segment,
+                    body,
+                    &mut Mem::new(&sh.lanes),
+                );
                 Ok(State::Up)
             }
             (State::Up, FrameRepr::Control(c))
@@ -965,7 +985,7 @@ impl Server {
             Close::Gone(why) => info!(peer = %l.addr, "peer link down: {why}"),
             Close::Broken(why) => {
                 warn!(peer = %l.addr, "peer link closed: {why}; its QPs fail");
-                self.engine.fail_host(now, host);
+                self.shards[0].lock().engine.fail_host(now, host);
                 self.cm.fail_host(host);
                 if !p.is_cluster() {
                     self.directory_forget(host);
@@ -979,8 +999,6 @@ impl Server {
     /// Returns whether anything was sent.
     pub(super) fn flush_peers(&mut self, now: Instant) -> bool {
         let Some(p) = &mut self.peers else {
-            // No links: a transmit (a route to an announced host cannot exist) is dropped.
-            while self.engine.poll_transmit().is_some() {}
             self.cm.take_outgoing();
             return false;
         };
@@ -1001,41 +1019,13 @@ impl Server {
                 l.cm_backlog.push_back(f);
             }
         }
-        let mem = &mut Mem::new(&self.vnics);
-        while let Some(t) = self.engine.poll_transmit() {
-            if let Some(Some(l)) = p.links.get_mut(t.host.0 as usize)
-                && l.state == State::Up
-                && !enqueue(&t, mem, &mut l.out)
-            {
-                warn!("an inconsistent frame was not sent");
-            }
-        }
-        let mut sent = false;
-        let mut failed = Vec::new();
-        for (i, l) in p.links.iter_mut().enumerate() {
-            let Some(l) = l else { continue };
-            let Some(s) = l.stream.as_mut() else {
-                continue;
-            };
-            let fd = s.as_raw_fd();
-            while !l.out.is_empty() {
-                match l.out.write_to(fd, &mut p.iov) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        l.bytes_out += n as u64;
-                        l.last_tx = now;
-                        sent = true;
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        failed.push((i, e.to_string()));
-                        break;
-                    }
-                }
-            }
-        }
-        for (i, why) in failed {
+        let sent = {
+            let cell = self.shards[0].clone();
+            let mut sh = cell.lock();
+            let sh = &mut *sh;
+            p.frames(now).send(&mut sh.engine, &mut Mem::new(&sh.lanes))
+        };
+        for (i, why) in std::mem::take(&mut p.failed) {
             self.close_link(now, i, Close::Gone(why));
         }
         sent
@@ -1046,6 +1036,64 @@ impl Server {
         self.peers
             .as_ref()
             .is_some_and(|p| p.links.iter().flatten().any(|l| !l.out.is_empty()))
+    }
+}
+
+/// The peer links as where an engine pass puts its frames: each onto its link (dropped when
+/// the link is down: the requester sends it again when the link is back), then what each link
+/// can take written. A link that fails is remembered in [`Peers::failed`] and closed by the
+/// loop's next [`Server::flush_peers`].
+pub(super) struct LinkFrames<'a> {
+    peers: &'a mut Peers,
+    now: Instant,
+}
+
+impl Peers {
+    /// The links, as the sink of an engine pass's frames.
+    pub(super) fn frames(&mut self, now: Instant) -> LinkFrames<'_> {
+        LinkFrames { peers: self, now }
+    }
+}
+
+impl Frames for LinkFrames<'_> {
+    fn send(&mut self, engine: &mut vrnic_proto::Engine, mem: &mut Mem<'_>) -> bool {
+        let p = &mut *self.peers;
+        while let Some(t) = engine.poll_transmit() {
+            if let Some(Some(l)) = p.links.get_mut(t.host.0 as usize)
+                && l.state == State::Up
+                && !enqueue(&t, mem, &mut l.out)
+            {
+                warn!("an inconsistent frame was not sent");
+            }
+        }
+        let mut sent = false;
+        for (i, l) in p.links.iter_mut().enumerate() {
+            let Some(l) = l else { continue };
+            let Some(s) = l.stream.as_mut() else {
+                continue;
+            };
+            if p.failed.iter().any(|&(f, _)| f == i) {
+                continue;
+            }
+            let fd = s.as_raw_fd();
+            while !l.out.is_empty() {
+                match l.out.write_to(fd, &mut p.iov) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        l.bytes_out += n as u64;
+                        l.last_tx = self.now;
+                        sent = true;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        p.failed.push((i, e.to_string()));
+                        break;
+                    }
+                }
+            }
+        }
+        sent
     }
 }
 

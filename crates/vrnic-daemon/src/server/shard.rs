@@ -1,0 +1,257 @@
+//! A shard of the data path: one engine with the vRNICs it serves, the data-path slots of their
+//! queues (rings, fetched and retired indices, doorbells), and what its passes produced for the
+//! contexts (events, wake-ups) until the loop hands them on.
+//!
+//! A shard lives in a [`ShardCell`]: behind a mutex that whoever runs its passes holds for a
+//! whole pass (one uncontended acquisition per pass of up to
+//! [`PASS_WRS`](vrnic_proto::PASS_WRS) work requests, never one per work request), and that the
+//! loop thread takes only to serve a control call on one of the shard's vRNICs. A control call
+//! announces itself first ([`ShardCell::lock`]), and an engine thread lets it in before its
+//! next pass ([`ShardCell::lock_for_pass`]), so a busy shard delays a control call by one pass
+//! at most. With one shard (`--engine-threads 1`, the default on small machines) the loop
+//! thread runs the passes itself and the lock is never contended; with more, each shard has an
+//! engine thread of its own (`threads.rs`).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::Thread;
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+use vrnic_proto::{CqId, CtxId, Engine, QpId, SrqId, VnicId};
+use vrnic_shm::{Region, Ring};
+
+/// What a doorbell index names.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Bell {
+    /// Reserved for a queue being created.
+    Pending,
+    Qp(QpId),
+    Srq(SrqId),
+}
+
+/// A vRNIC as its shard sees it: its region, and what its doorbell indices name.
+pub(super) struct Lane {
+    /// Shared with frames queued on peer links that send straight from it.
+    pub(super) region: Arc<Region>,
+    /// Doorbell index -> the queue it names (`None`: free).
+    pub(super) bells: Vec<Option<Bell>>,
+    /// Free doorbell indices below `bells.len()`.
+    pub(super) free_bells: Vec<u32>,
+}
+
+impl Lane {
+    pub(super) fn new(region: Arc<Region>) -> Lane {
+        Lane {
+            region,
+            bells: Vec::new(),
+            free_bells: Vec::new(),
+        }
+    }
+
+    /// Reserves a doorbell index (named by [`Lane::set_bell`] once the queue exists).
+    pub(super) fn alloc_bell(&mut self) -> Option<u32> {
+        if let Some(i) = self.free_bells.pop() {
+            self.set_bell(i, Bell::Pending);
+            return Some(i);
+        }
+        let i = u32::try_from(self.bells.len()).ok()?;
+        if i >= vrnic_shm::bell::BELLS {
+            return None;
+        }
+        self.bells.push(Some(Bell::Pending));
+        Some(i)
+    }
+
+    /// Names the queue behind doorbell `i`.
+    pub(super) fn set_bell(&mut self, i: u32, b: Bell) {
+        if let Some(slot) = self.bells.get_mut(i as usize) {
+            *slot = Some(b);
+        }
+    }
+
+    /// Frees doorbell `i` (a bit the tenant still rings for it names nothing).
+    pub(super) fn free_bell(&mut self, i: u32) {
+        if let Some(slot) = self.bells.get_mut(i as usize)
+            && slot.take().is_some()
+        {
+            self.free_bells.push(i);
+        }
+    }
+}
+
+pub(super) struct CqSlot {
+    pub(super) vnic: VnicId,
+    pub(super) ctx: CtxId,
+    pub(super) ring: Ring,
+    pub(super) prod: u32,
+    pub(super) broken: bool,
+}
+
+pub(super) struct QpSlot {
+    pub(super) vnic: VnicId,
+    /// Its doorbell index in the vRNIC's region.
+    pub(super) bell: u32,
+    pub(super) sq: Ring,
+    pub(super) rq: Ring,
+    pub(super) sq_fetched: u32,
+    pub(super) rq_fetched: u32,
+    pub(super) sq_cons: u32,
+    pub(super) rq_cons: u32,
+    pub(super) broken: bool,
+    /// In the engine pass's carry list.
+    pub(super) carried: bool,
+    /// In the engine's watch list (its rings' `POLLED` words set: no doorbells), since it
+    /// last had new work at this time.
+    pub(super) watched: Option<Instant>,
+}
+
+impl QpSlot {
+    pub(super) fn new(vnic: VnicId, bell: u32, sq: Ring, rq: Ring) -> QpSlot {
+        QpSlot {
+            vnic,
+            bell,
+            sq,
+            rq,
+            sq_fetched: 0,
+            rq_fetched: 0,
+            sq_cons: 0,
+            rq_cons: 0,
+            broken: false,
+            carried: false,
+            watched: None,
+        }
+    }
+}
+
+pub(super) struct SrqSlot {
+    pub(super) vnic: VnicId,
+    pub(super) bell: u32,
+    pub(super) ring: Ring,
+    pub(super) fetched: u32,
+    pub(super) cons: u32,
+    pub(super) broken: bool,
+    pub(super) carried: bool,
+}
+
+/// What a shard's passes produced for contexts, which the loop thread (owner of the contexts'
+/// event rings and sockets) hands on.
+#[derive(Default)]
+pub(super) struct Outbox {
+    /// Async events: context, kind, object handle.
+    pub(super) events: Vec<(CtxId, u32, u32)>,
+    /// Contexts to wake (a CQ they armed has a completion).
+    pub(super) wakes: Vec<CtxId>,
+    /// The loop was told that there is something here (an engine thread tells it once).
+    pub(super) told: bool,
+}
+
+impl Outbox {
+    pub(super) fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.wakes.is_empty()
+    }
+}
+
+/// One shard's state: see the module docs.
+pub(super) struct Shard {
+    pub(super) engine: Engine,
+    /// Its vRNICs.
+    pub(super) lanes: FxHashMap<VnicId, Lane>,
+    /// The data path's slots of the engine's queues, looked up for every batch of work
+    /// requests and completions: Fx-hashed, as the engine's own maps, since their keys are ids
+    /// the engine assigns (no tenant chooses them to collide).
+    pub(super) cqs: FxHashMap<CqId, CqSlot>,
+    pub(super) qps: FxHashMap<QpId, QpSlot>,
+    pub(super) srqs: FxHashMap<SrqId, SrqSlot>,
+    /// Queues to look at in the next engine pass: their doorbells rang, or they had more
+    /// work than one pass takes (reused buffers: no allocation per pass).
+    pub(super) dirty: Vec<Bell>,
+    pub(super) carry: Vec<Bell>,
+    /// QPs whose rings the engine looks at every pass without a doorbell (recently busy
+    /// ones; at most [`super::datapath::WATCH_MAX`]).
+    pub(super) watched: Vec<QpId>,
+    /// Its regions' engine-sleeping words are set.
+    pub(super) sleeping: bool,
+    pub(super) out: Outbox,
+}
+
+impl Shard {
+    pub(super) fn new(seed: u64) -> Shard {
+        Shard {
+            engine: Engine::new(seed),
+            lanes: FxHashMap::default(),
+            cqs: FxHashMap::default(),
+            qps: FxHashMap::default(),
+            srqs: FxHashMap::default(),
+            dirty: Vec::new(),
+            carry: Vec::new(),
+            watched: Vec::new(),
+            sleeping: false,
+            out: Outbox::default(),
+        }
+    }
+
+    /// The lane of `vnic`.
+    pub(super) fn lane(&mut self, vnic: VnicId) -> Option<&mut Lane> {
+        self.lanes.get_mut(&vnic)
+    }
+}
+
+/// A shard and what its engine thread and the loop thread share about it.
+pub(super) struct ShardCell {
+    state: Mutex<Shard>,
+    /// Control calls waiting for the lock: the engine thread lets them in before its next pass.
+    want: AtomicU32,
+    /// The engine thread, once started (none: the loop thread runs the passes).
+    pub(super) thread: OnceLock<Thread>,
+    /// Tells the engine thread to return.
+    pub(super) stop: AtomicBool,
+    /// Region-only contexts (VM guests) on its vRNICs: they cannot ring a doorbell, so the
+    /// engine thread never sleeps long while there are any.
+    pub(super) guests: AtomicU32,
+    /// Its index, which is also the host id its vRNICs have in the other shards' engines.
+    pub(super) index: usize,
+}
+
+impl ShardCell {
+    pub(super) fn new(index: usize, seed: u64) -> Arc<ShardCell> {
+        Arc::new(ShardCell {
+            state: Mutex::new(Shard::new(seed)),
+            want: AtomicU32::new(0),
+            thread: OnceLock::new(),
+            stop: AtomicBool::new(false),
+            guests: AtomicU32::new(0),
+            index,
+        })
+    }
+
+    /// The shard, for a control call: announced first, so that a busy engine thread lets it in
+    /// at its next pass boundary. (A panic while it was held leaves state that every check
+    /// still guards: the lock is taken anyway.)
+    pub(super) fn lock(&self) -> MutexGuard<'_, Shard> {
+        self.want.fetch_add(1, Ordering::SeqCst);
+        let g = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.want.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    /// The shard, for the engine thread's next pass: after any control call waiting.
+    pub(super) fn lock_for_pass(&self) -> MutexGuard<'_, Shard> {
+        while self.want.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wakes its engine thread if it sleeps (nothing if the loop runs its passes).
+    pub(super) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
