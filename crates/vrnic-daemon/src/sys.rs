@@ -290,7 +290,8 @@ pub fn grow_region(region: &vrnic_shm::Region, end: u64) -> bool {
     // SAFETY: the daemon keeps no address or reference from a region across a request: every
     // access computes its address from an offset when it is made (copies, rings, atomics, and
     // the iovecs of a link's readv/writev at the call), and the loop calls this between
-    // accesses, from the control path.
+    // accesses, from the control path, holding the lock of the shard that serves the region
+    // (`pages::cover`), so an engine thread is not in a pass over it either.
     unsafe { region.grow(end) }.is_ok()
 }
 

@@ -573,13 +573,13 @@ impl Server {
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
-            return err(libc::ENOMEM, "no memory for the CQ ring");
-        };
         let Some(cell) = self.shards.get(v.shard).cloned() else {
             return err(libc::ENODEV, "vRNIC gone");
         };
         let mut sh = cell.lock();
+        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
+            return err(libc::ENOMEM, "no memory for the CQ ring");
+        };
         match sh.engine.create_cq(vnic, id, depth) {
             Ok(cq) => {
                 sh.cqs.insert(

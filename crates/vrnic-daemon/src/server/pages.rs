@@ -8,10 +8,21 @@ use super::*;
 /// Extends the daemon's mapping of `region` over its first `end` bytes (the heap handed out
 /// pages up to there). `false` if the address space has no room: the caller gives the pages
 /// back and the request fails with `ENOMEM`.
+///
+/// The mapping may move, so the caller holds the lock of the shard serving the region's vRNIC:
+/// its engine thread is then between passes, the only time it holds no address into the region.
 pub(super) fn cover(region: &Region, end: u64) -> bool {
     sys::grow_region(region, end)
 }
 
+/// [`cover`] with the lock of the shard `cell` taken for it.
+fn cover_locked(cell: &ShardCell, region: &Region, end: u64) -> bool {
+    let _pass = cell.lock();
+    cover(region, end)
+}
+
+/// A ring of `depth` slots carved from the heap. The caller holds the lock of the vRNIC's
+/// shard (see [`cover`]).
 pub(super) fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> {
     let bytes = layout::ring_bytes(depth, slot);
     let off = v.heap.alloc_contiguous(bytes / layout::PAGE)?;
@@ -113,7 +124,9 @@ impl Server {
                 .map(|&(off, p)| off + p * page)
                 .max()
                 .unwrap_or(0);
-            if cover(region, end) {
+            // Under the shard's lock for the growth only: the pages' contents come through the
+            // file, while the engine runs.
+            if cover_locked(&cell, region, end) {
                 Some(runs)
             } else {
                 for &(off, p) in &runs {
