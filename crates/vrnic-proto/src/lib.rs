@@ -156,8 +156,8 @@ mod state;
 pub use engine::{
     CHUNK, CHUNK_ALONE, Engine, GRH_LEN, MAX_AH, MAX_CQ, MAX_CQE, MAX_MR, MAX_MW, MAX_PD, MAX_QP,
     MAX_QP_WR, MAX_SRQ, MAX_XRCD, MW_TYPE_1, MW_TYPE_2, PAGE, PASS_BYTES, PASS_WRS, Placement,
-    QP_WRS, Refusal, Refused, SEGMENT, SOLO_TURNS, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS,
-    WINDOW,
+    QP_WRS, Refusal, Refused, SEGMENT, SOLO_TURNS, Sender, Transmit, Turn, TxPayload, UD_MTU,
+    VNIC_WRS, WINDOW,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.

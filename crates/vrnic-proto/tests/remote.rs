@@ -10,8 +10,8 @@ use common::{VecMem, per_page};
 
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CtxId, Engine, HostId, Memory, MrKeys, PdId, QpId, VnicId};
-use vrnic_wire::frame::{Frame, FrameRepr};
+use vrnic_proto::{CtxId, Engine, HostId, Memory, MrKeys, PdId, QpId, Sender, VnicId};
+use vrnic_wire::frame::{Deth, Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
 use vrnic_wire::{
     AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
     SendPayload, SendWqe, Sge, UdAddr, WC_GRH, WC_WITH_IMM, WC_WITH_INV, WcOpcode, WcStatus,
@@ -292,7 +292,7 @@ fn carry(
         }
         let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
         let repr = FrameRepr::parse(&frame).expect("a valid frame");
-        let FrameRepr::Segment { grh, segment } = repr else {
+        let FrameRepr::Segment { slid, grh, segment } = repr else {
             panic!("a segment");
         };
         let payload = &buf[repr.payload_range()];
@@ -303,7 +303,11 @@ fn carry(
             .then(|| to.e.placement(from.id, &segment, &mut runs))
             .flatten();
         let Some(p) = placement else {
-            to.e.handle_segment(now, from.id, grh.as_ref(), &segment, payload, &mut to.mem);
+            let sender = Sender {
+                slid,
+                grh: grh.as_ref(),
+            };
+            to.e.handle_segment(now, from.id, sender, &segment, payload, &mut to.mem);
             continue;
         };
         assert!(grh.is_none(), "a UD datagram is never read into place");
@@ -839,6 +843,51 @@ fn a_ud_address_handle_made_before_its_destination_was_announced_reaches_it_afte
         b"datagram",
         "after the GRH's room"
     );
+    assert_eq!(
+        (cb[0].src_qp, cb[0].slid, cb[0].wc_flags & WC_GRH),
+        (n.a.qpn, n.a.lid, 0),
+        "no GRH: the sender's LID from its frame's SLID word"
+    );
+}
+
+/// A datagram's SLID word is believed only from the host that announced that LID: a peer
+/// that names another host's vRNIC, or a LID nobody announced, gets `slid` 0 (the receive
+/// still completes, as a fabric cannot vouch for a source either).
+#[test]
+fn a_slid_word_naming_a_vrnic_of_another_host_is_not_believed() {
+    let mut n = Net::new(QpType::Ud);
+    let now = n.now;
+    ud_up(&mut n);
+    let dst = n.b.map(0x9000, 3 * 4096, access::LOCAL_WRITE);
+    n.b.e.add_remote_vnic(HostId(9), 0x4242, [0x42; 16]);
+    let mut seg = SegmentRepr::new(
+        Opcode::new(Transport::Ud, Op::SendOnly).unwrap(),
+        n.b.qpn,
+        0,
+    );
+    seg.deth = Some(Deth {
+        qkey: 0x1111,
+        src_qpn: n.a.qpn,
+    });
+    seg.payload_len = 4;
+    for (wr_id, slid, want) in [
+        (1, Some(n.a.lid), n.a.lid),
+        (2, Some(0x4242), 0),
+        (3, Some(0x7777), 0),
+    ] {
+        n.b.recv(
+            now,
+            wr_id,
+            vec![sge(0x9000 + (wr_id - 1) * 4096, 4096, dst.0.lkey)],
+        );
+        let from = Sender { slid, grh: None };
+        n.b.e
+            .handle_segment(now, n.a.id, from, &seg, b"dgrm", &mut n.b.mem);
+        n.run();
+        let cb = n.b.cqes();
+        assert_eq!(statuses(&cb), vec![(wr_id, WcStatus::Success)]);
+        assert_eq!(cb[0].slid, want, "SLID word {slid:x?} from host a");
+    }
 }
 
 #[test]
@@ -1298,7 +1347,7 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
     // Then the same segment handled as usual (its payload copied) is taken as the first.
     let data = pattern(4096, 8);
     n.b.e
-        .handle_segment(n.now, from, None, &ok, &data, &mut n.b.mem);
+        .handle_segment(n.now, from, Sender::default(), &ok, &data, &mut n.b.mem);
     same(&n.b.get(&dst, 0x80_0000, 0x80_0100, 4096), &data, "bytes");
     runs.clear();
     assert!(

@@ -10,7 +10,9 @@ use common::{VecMem, per_page};
 
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CqId, CtxId, Engine, HostId, MrKeys, PdId, QpId, SrqId, VnicId, XrcdId, errno};
+use vrnic_proto::{
+    CqId, CtxId, Engine, HostId, MrKeys, PdId, QpId, Sender, SrqId, VnicId, XrcdId, errno,
+};
 use vrnic_wire::frame::{Frame, FrameRepr, Transport};
 use vrnic_wire::{
     AhAttr, Cqe, QpAttr, QpCap, QpState, RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
@@ -279,7 +281,7 @@ impl World {
             assert!(t.encode(mem, &mut buf), "a consistent frame");
             let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
             let repr = FrameRepr::parse(&frame).expect("a valid frame");
-            let FrameRepr::Segment { grh, segment } = repr else {
+            let FrameRepr::Segment { slid, grh, segment } = repr else {
                 panic!("a segment");
             };
             if segment.opcode.transport() == Transport::Xrc {
@@ -290,7 +292,10 @@ impl World {
             e.handle_segment(
                 self.now,
                 HostId(from as u32 + 1),
-                grh.as_ref(),
+                Sender {
+                    slid,
+                    grh: grh.as_ref(),
+                },
                 &segment,
                 &payload,
                 mem,

@@ -17,6 +17,7 @@ fn seg(t: Transport, op: Op, payload_len: usize, f: impl FnOnce(&mut SegmentRepr
     s.payload_len = payload_len;
     f(&mut s);
     FrameRepr::Segment {
+        slid: None,
         grh: None,
         segment: s,
     }
@@ -143,6 +144,7 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
                 unreachable!("seg makes segments")
             };
             FrameRepr::Segment {
+                slid: None,
                 grh: Some(GrhRepr {
                     traffic_class: 0,
                     flow_label: 0,
@@ -150,6 +152,21 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
                     sgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
                     dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
                 }),
+                segment,
+            }
+        }),
+        ("ud-send-only-slid", {
+            let FrameRepr::Segment { segment, .. } = seg(Ud, SendOnly, 8, |s| {
+                s.deth = Some(Deth {
+                    qkey: 0x1111_1111,
+                    src_qpn: 0x12,
+                });
+            }) else {
+                unreachable!("seg makes segments")
+            };
+            FrameRepr::Segment {
+                slid: Some(0x0011),
+                grh: None,
                 segment,
             }
         }),

@@ -19,7 +19,7 @@ use super::*;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::thread::JoinHandle;
 
-use vrnic_proto::HostId;
+use vrnic_proto::{HostId, Sender};
 use vrnic_wire::frame::{Frame, FrameRepr};
 
 use super::datapath::{Frames, Mem};
@@ -99,15 +99,17 @@ fn take_inbox(sh: &mut Shard, inbox: &Receiver<ShardFrame>, now: Instant) -> boo
         let Ok(frame) = Frame::new_checked(&bytes[..]) else {
             continue;
         };
-        let Ok(FrameRepr::Segment { grh, segment }) = FrameRepr::parse(&frame) else {
+        let Ok(repr @ FrameRepr::Segment { slid, grh, segment }) = FrameRepr::parse(&frame) else {
             continue;
         };
-        let repr = FrameRepr::Segment { grh, segment };
         let body = &bytes[repr.payload_range()];
         sh.engine.handle_segment(
             now,
             from,
-            grh.as_ref(),
+            Sender {
+                slid,
+                grh: grh.as_ref(),
+            },
             &segment,
             body,
             &mut Mem::new(&sh.lanes),

@@ -20,7 +20,7 @@ use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
 use mw::Mw;
 pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
 use remote::Flights;
-pub use remote::{Placement, SEGMENT, Transmit, TxPayload, WINDOW};
+pub use remote::{Placement, SEGMENT, Sender, Transmit, TxPayload, WINDOW};
 use responder::Rx;
 pub use sched::Turn;
 use segment::Route;

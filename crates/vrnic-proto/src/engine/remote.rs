@@ -38,6 +38,8 @@ pub const WINDOW: u32 = 512;
 pub struct Transmit {
     /// The peer daemon.
     pub host: HostId,
+    /// The sending vRNIC's LID (UD segments: no connection names their sender).
+    pub slid: Option<u16>,
     /// The GRH (UD segments sent along a global route).
     pub grh: Option<GrhRepr>,
     /// The transport headers.
@@ -80,9 +82,20 @@ impl Placement {
     }
 }
 
+/// What a segment's frame says of its sender besides its link: the SLID word and the GRH, which
+/// only UD segments carry (a connected QP knows its peer from its attributes).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sender<'a> {
+    /// The sending vRNIC's LID, as its host's daemon wrote it.
+    pub slid: Option<u16>,
+    /// The global route header.
+    pub grh: Option<&'a GrhRepr>,
+}
+
 impl Transmit {
     fn repr(&self) -> FrameRepr {
         FrameRepr::Segment {
+            slid: self.slid,
             grh: self.grh,
             segment: self.segment,
         }
@@ -254,6 +267,7 @@ impl Engine {
             );
             return Some(Transmit {
                 host,
+                slid: None,
                 grh: None,
                 segment: seg,
                 payload: TxPayload::Empty,
@@ -453,6 +467,7 @@ impl Engine {
         };
         self.outbox.push_back(Transmit {
             host,
+            slid: None,
             grh: None,
             segment: seg,
             payload,
@@ -553,8 +568,10 @@ impl Engine {
                 TxPayload::Runs(runs)
             }
         };
+        let slid = self.vnics.get(&vnic).map(|v| v.lid);
         self.outbox.push_back(Transmit {
             host,
+            slid,
             grh,
             segment: seg,
             payload,
@@ -563,25 +580,26 @@ impl Engine {
 
     /// A segment that arrived on the peer link of `host` (already decoded, strictly): a
     /// request for one of our QPs as responder, or an answer for one as requester. A segment
-    /// for no QP, or for a QP not connected over that link, is dropped.
+    /// for no QP, or for a QP not connected over that link, is dropped. `from`: what its frame
+    /// says of its sender (UD).
     pub fn handle_segment(
         &mut self,
         now: Instant,
         host: HostId,
-        grh: Option<&GrhRepr>,
+        from: Sender,
         seg: &SegmentRepr,
         payload: &[u8],
         mem: &mut dyn Memory,
     ) {
         tracing::trace!(?host, qpn = seg.dest_qpn, psn = seg.psn, op = ?seg.opcode.op(), "segment");
-        self.dispatch(now, host, grh, seg, Incoming::Bytes(payload), mem);
+        self.dispatch(now, host, from, seg, Incoming::Bytes(payload), mem);
     }
 
     fn dispatch(
         &mut self,
         now: Instant,
         host: HostId,
-        grh: Option<&GrhRepr>,
+        from: Sender,
         seg: &SegmentRepr,
         payload: Incoming,
         mem: &mut dyn Memory,
@@ -597,7 +615,7 @@ impl Engine {
             | WireOp::RdmaReadResponseMiddle
             | WireOp::RdmaReadResponseLast
             | WireOp::RdmaReadResponseOnly => self.handle_answer(now, host, qp, seg, payload, mem),
-            _ => self.handle_remote_request(host, qp, grh, seg, payload, mem),
+            _ => self.handle_remote_request(host, qp, from, seg, payload, mem),
         }
     }
 
@@ -700,7 +718,7 @@ impl Engine {
     ) {
         if whole && self.placement_holds(placement) {
             let n = seg.payload_len;
-            self.dispatch(now, host, None, seg, Incoming::Placed(n), mem);
+            self.dispatch(now, host, Sender::default(), seg, Incoming::Placed(n), mem);
             return;
         }
         let Some(&qp) = self.by_qpn.get(&seg.dest_qpn) else {
@@ -732,7 +750,7 @@ impl Engine {
         &mut self,
         host: HostId,
         qp: QpId,
-        grh: Option<&GrhRepr>,
+        from: Sender,
         seg: &SegmentRepr,
         payload: Incoming,
         mem: &mut dyn Memory,
@@ -802,10 +820,16 @@ impl Engine {
             self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
             return;
         }
+        let grh = from.grh;
+        // A datagram's sender: the LID its host wrote, if that host announced it (a host that
+        // names another's vRNIC gets 0, as does one that names none), else the LID behind
+        // its GRH's source GID.
         let (src_qpn, slid) = match seg.deth {
             Some(d) => (
                 d.src_qpn,
-                grh.and_then(|g| self.lid_of_remote_gid(&g.sgid))
+                from.slid
+                    .filter(|&l| self.remote_lids.get(&l).is_some_and(|&(h, _)| h == host))
+                    .or_else(|| grh.and_then(|g| self.lid_of_remote_gid(&g.sgid)))
                     .unwrap_or(0),
             ),
             None => (q.attr.dest_qp_num, q.attr.ah_attr.dlid),
@@ -899,6 +923,7 @@ impl Engine {
                     s.payload_len = len as usize;
                     self.outbox.push_back(Transmit {
                         host,
+                        slid: None,
                         grh: None,
                         segment: s,
                         payload: TxPayload::Runs(back.clone()),
@@ -920,6 +945,7 @@ impl Engine {
                     s.atomic_ack = Some(AtomicAckEth { orig });
                     self.outbox.push_back(Transmit {
                         host,
+                        slid: None,
                         grh: None,
                         segment: s,
                         payload: TxPayload::Empty,
@@ -944,6 +970,7 @@ impl Engine {
         q.ack_due = None;
         self.outbox.push_back(Transmit {
             host,
+            slid: None,
             grh: None,
             segment: answer(answer_transport(q), q.attr.dest_qp_num, psn, syndrome),
             payload: TxPayload::Empty,

@@ -22,15 +22,17 @@
 //! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce, 5 cm (control). Every
 //!   other value is refused.
 //! - flags: bit 0 ([`FLAG_GRH`]): a 40-byte GRH follows the link header (segments of UD
-//!   opcodes only). The other bits are reserved and must be zero.
+//!   opcodes only); bit 1 ([`FLAG_SLID`]): a 4-byte source-LID word comes first, before any
+//!   GRH (segments of UD opcodes only). The other bits are reserved and must be zero.
 //! - length: bytes in the whole frame, these 8 included, from the smallest body the kind
 //!   allows up to [`MAX_FRAME`]. A reader takes 8 bytes, asks [`peek_len`], then reads the
 //!   rest of the frame.
 //!
-//! A segment frame is then `[GRH 40] BTH 12 | extension headers | payload | pad`:
+//! A segment frame is then `[SLID 4] [GRH 40] BTH 12 | extension headers | payload | pad`:
 //!
 //! | header | bytes | fields (big-endian) |
 //! |---|---|---|
+//! | SLID | 4 | source LID 16, reserved 16 (zero) |
 //! | BTH | 12 | opcode, SE/M/PadCnt/TVer, P_Key, reserved 8 + DestQP 24, AckReq + reserved 7 + PSN 24 |
 //! | DETH | 8 | Q_Key 32, reserved 8 + SrcQP 24 |
 //! | RETH | 16 | VA 64, R_Key 32, DMA length 32 |
@@ -47,7 +49,9 @@
 //!
 //! Where the IB wire differs:
 //! - No LRH, no ICRC or VCRC: the link addresses hosts and TCP checks the bytes. DestQP is the
-//!   QP number on the receiving host, which names the destination vRNIC there.
+//!   QP number on the receiving host, which names the destination vRNIC there. Of the LRH's
+//!   fields only the SLID matters to a receiver, and only for UD, where no connection names the
+//!   sender (`ibv_wc.slid`): a UD segment carries it in the SLID word.
 //! - The GRH is optional and flagged in the link header, as LRH's next-header field would,
 //!   and allowed on UD segments only; its PayLen counts the bytes after it in the frame.
 //! - Payload is padded to 4 bytes as IB does, and the pad bytes must be zero. A segment
@@ -82,7 +86,7 @@
 //! let mut segment = SegmentRepr::new(send, 0x12, 7);
 //! segment.ack_req = true;
 //! segment.payload_len = 5;
-//! let repr = FrameRepr::Segment { grh: None, segment };
+//! let repr = FrameRepr::Segment { slid: None, grh: None, segment };
 //!
 //! let mut buf = vec![0u8; repr.buffer_len()];
 //! buf[repr.payload_range()].copy_from_slice(b"hello");
@@ -116,8 +120,12 @@ pub const LINK_HEADER_LEN: usize = 8;
 pub const MAGIC: [u8; 2] = *b"vR";
 /// The link header version this module reads and writes.
 pub const VERSION: u8 = 1;
-/// Link flag: a GRH follows the link header.
+/// Link flag: a GRH follows the link header (and the SLID word, if any).
 pub const FLAG_GRH: u8 = 0x01;
+/// Link flag: the SLID word follows the link header.
+pub const FLAG_SLID: u8 = 0x02;
+/// Bytes of the SLID word: the sender's LID (16 bits), 16 reserved bits.
+pub const SLID_LEN: usize = 4;
 
 /// Bytes of the global route header.
 pub const GRH_LEN: usize = 40;
@@ -175,7 +183,7 @@ const _: () = assert!(
     UD_SEGMENT_MAX <= u16::MAX as usize,
     "GRH PayLen has 16 bits"
 );
-const _: () = assert!(LINK_HEADER_LEN + GRH_LEN + UD_SEGMENT_MAX <= MAX_FRAME);
+const _: () = assert!(LINK_HEADER_LEN + SLID_LEN + GRH_LEN + UD_SEGMENT_MAX <= MAX_FRAME);
 const _: () = assert!(MAX_PAYLOAD.is_multiple_of(4) && MAX_UD_PAYLOAD.is_multiple_of(4));
 
 /// Why bytes are not a frame (or a representation cannot become one).
@@ -211,6 +219,9 @@ pub enum FrameError {
     /// A GRH on a control frame or on a segment that is not UD.
     #[error("a GRH on a frame that is not a UD segment")]
     GrhNotAllowed,
+    /// A SLID word on a control frame or on a segment that is not UD.
+    #[error("a SLID word on a frame that is not a UD segment")]
+    SlidNotAllowed,
     /// A GRH field other than the constants or the length this module writes.
     #[error("bad GRH {0}")]
     Grh(&'static str),
@@ -344,14 +355,15 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     }
     let kind = FrameKind::from_u8(h[3]).ok_or(FrameError::Kind(h[3]))?;
     let flags = h[4];
-    if flags & !FLAG_GRH != 0 {
+    if flags & !(FLAG_GRH | FLAG_SLID) != 0 {
         return Err(FrameError::Reserved("link flags"));
     }
     let grh = flags & FLAG_GRH != 0;
+    let slid = flags & FLAG_SLID != 0;
     let min = match kind {
-        FrameKind::Segment if grh => LINK_HEADER_LEN + GRH_LEN + BTH_LEN,
-        FrameKind::Segment => LINK_HEADER_LEN + BTH_LEN,
+        FrameKind::Segment => LINK_HEADER_LEN + route_len(flags) + BTH_LEN,
         FrameKind::Control(_) if grh => return Err(FrameError::GrhNotAllowed),
+        FrameKind::Control(_) if slid => return Err(FrameError::SlidNotAllowed),
         FrameKind::Control(_) => LINK_HEADER_LEN,
     };
     let len = be24(h, 5) as usize;
@@ -359,6 +371,12 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
         return Err(FrameError::Length(len));
     }
     Ok(Some(len))
+}
+
+/// Bytes of the SLID word and the GRH that link flags `flags` announce.
+const fn route_len(flags: u8) -> usize {
+    (if flags & FLAG_SLID != 0 { SLID_LEN } else { 0 })
+        + if flags & FLAG_GRH != 0 { GRH_LEN } else { 0 }
 }
 
 /// A read/write view of one whole frame: link header, then body.
@@ -441,24 +459,46 @@ impl<T: AsRef<[u8]>> Frame<T> {
             .is_some_and(|f| f & FLAG_GRH != 0)
     }
 
+    /// Whether [`FLAG_SLID`] is set.
+    pub fn has_slid(&self) -> bool {
+        self.buffer
+            .as_ref()
+            .get(4)
+            .is_some_and(|f| f & FLAG_SLID != 0)
+    }
+
+    /// Bytes of the SLID word and the GRH its flags announce.
+    fn route_len(&self) -> usize {
+        self.buffer.as_ref().get(4).map_or(0, |&f| route_len(f))
+    }
+
     /// Everything after the link header.
     pub fn body(&self) -> &[u8] {
         self.buffer.as_ref().get(LINK_HEADER_LEN..).unwrap_or(&[])
     }
 
-    /// The GRH's bytes, if flagged and present.
-    pub fn grh(&self) -> Option<&[u8; GRH_LEN]> {
-        if self.has_grh() {
+    /// The SLID word's bytes, if flagged and present.
+    pub fn slid_word(&self) -> Option<&[u8; SLID_LEN]> {
+        if self.has_slid() {
             self.body().first_chunk()
         } else {
             None
         }
     }
 
-    /// The IB transport packet of a segment: the body after the GRH, if any.
+    /// The GRH's bytes, if flagged and present.
+    pub fn grh(&self) -> Option<&[u8; GRH_LEN]> {
+        let skip = if self.has_slid() { SLID_LEN } else { 0 };
+        if self.has_grh() {
+            self.body().get(skip..)?.first_chunk()
+        } else {
+            None
+        }
+    }
+
+    /// The IB transport packet of a segment: the body after the SLID word and the GRH, if any.
     pub fn segment(&self) -> &[u8] {
-        let skip = if self.has_grh() { GRH_LEN } else { 0 };
-        self.body().get(skip..).unwrap_or(&[])
+        self.body().get(self.route_len()..).unwrap_or(&[])
     }
 }
 
@@ -496,10 +536,20 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
             .unwrap_or(&mut [])
     }
 
+    /// The SLID word's bytes, writable, if flagged and present.
+    pub fn slid_word_mut(&mut self) -> Option<&mut [u8; SLID_LEN]> {
+        if self.has_slid() {
+            self.body_mut().first_chunk_mut()
+        } else {
+            None
+        }
+    }
+
     /// The GRH's bytes, writable, if flagged and present.
     pub fn grh_mut(&mut self) -> Option<&mut [u8; GRH_LEN]> {
+        let skip = if self.has_slid() { SLID_LEN } else { 0 };
         if self.has_grh() {
-            self.body_mut().first_chunk_mut()
+            self.body_mut().get_mut(skip..)?.first_chunk_mut()
         } else {
             None
         }
@@ -507,7 +557,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
 
     /// The IB transport packet of a segment, writable.
     pub fn segment_mut(&mut self) -> &mut [u8] {
-        let skip = if self.has_grh() { GRH_LEN } else { 0 };
+        let skip = self.route_len();
         self.body_mut().get_mut(skip..).unwrap_or(&mut [])
     }
 }
@@ -525,8 +575,11 @@ pub struct ControlRepr {
 /// the buffer at [`FrameRepr::payload_range`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameRepr {
-    /// An IB transport packet, with a GRH if it is a UD one that carries it.
+    /// An IB transport packet, with the sender's LID and a GRH if it is a UD one that carries
+    /// them.
     Segment {
+        /// The sender's LID (the SLID word), if flagged.
+        slid: Option<u16>,
         /// The global route header, if flagged.
         grh: Option<GrhRepr>,
         /// The transport headers.
@@ -555,7 +608,7 @@ impl FrameRepr {
         let grh = match frame.grh() {
             None if frame.has_grh() => {
                 return Err(FrameError::Truncated {
-                    needed: LINK_HEADER_LEN + GRH_LEN,
+                    needed: LINK_HEADER_LEN + frame.route_len(),
                     got: LINK_HEADER_LEN + frame.body().len(),
                 });
             }
@@ -565,7 +618,8 @@ impl FrameRepr {
             }
             Some(g) => Some(GrhRepr::parse(g, frame.segment().len())?),
         };
-        Ok(FrameRepr::Segment { grh, segment })
+        let slid = parse_slid(frame, &segment, frame.body().len())?;
+        Ok(FrameRepr::Segment { slid, grh, segment })
     }
 
     /// [`FrameRepr::parse`] of a frame from its first bytes `head`, for a receiver that reads a
@@ -590,13 +644,12 @@ impl FrameRepr {
             }
             Some(FrameKind::Segment) => {}
         }
-        let grh_len = if frame.has_grh() { GRH_LEN } else { 0 };
-        let packet_len = len - LINK_HEADER_LEN - grh_len;
+        let packet_len = len - LINK_HEADER_LEN - frame.route_len();
         let segment = SegmentRepr::parse_head(frame.segment(), packet_len)?;
         let grh = match frame.grh() {
             None if frame.has_grh() => {
                 return Err(FrameError::Truncated {
-                    needed: LINK_HEADER_LEN + GRH_LEN,
+                    needed: LINK_HEADER_LEN + frame.route_len(),
                     got: frame.buffer.len(),
                 });
             }
@@ -606,17 +659,21 @@ impl FrameRepr {
             }
             Some(g) => Some(GrhRepr::parse(g, packet_len)?),
         };
-        Ok(FrameRepr::Segment { grh, segment })
+        let slid = parse_slid(&frame, &segment, frame.buffer.len() - LINK_HEADER_LEN)?;
+        Ok(FrameRepr::Segment { slid, grh, segment })
     }
 
-    /// Whether the value can be emitted: a valid segment ([`SegmentRepr::check`]) with a GRH
-    /// only if UD, or a control body that fits in [`MAX_FRAME`].
+    /// Whether the value can be emitted: a valid segment ([`SegmentRepr::check`]) with a SLID
+    /// and a GRH only if UD, or a control body that fits in [`MAX_FRAME`].
     pub fn check(&self) -> Result<(), FrameError> {
         match self {
-            FrameRepr::Segment { grh, segment } => {
+            FrameRepr::Segment { slid, grh, segment } => {
                 segment.check()?;
                 if grh.is_some() && segment.opcode.transport() != Transport::Ud {
                     return Err(FrameError::GrhNotAllowed);
+                }
+                if slid.is_some() && segment.opcode.transport() != Transport::Ud {
+                    return Err(FrameError::SlidNotAllowed);
                 }
                 if grh.is_some_and(|g| g.flow_label > FLOW_LABEL_MASK) {
                     return Err(FrameError::Inconsistent("flow label"));
@@ -631,13 +688,11 @@ impl FrameRepr {
         Ok(())
     }
 
-    /// Bytes before the payload: link header, GRH, BTH and extension headers.
+    /// Bytes before the payload: link header, SLID word, GRH, BTH and extension headers.
     pub fn header_len(&self) -> usize {
         LINK_HEADER_LEN
             + match self {
-                FrameRepr::Segment { grh, segment } => {
-                    grh.map_or(0, |_| GRH_LEN) + segment.header_len()
-                }
+                FrameRepr::Segment { segment, .. } => self.route_len() + segment.header_len(),
                 FrameRepr::Control(_) => 0,
             }
     }
@@ -658,11 +713,27 @@ impl FrameRepr {
     /// Bytes of the whole frame.
     pub fn buffer_len(&self) -> usize {
         match self {
-            FrameRepr::Segment { grh, segment } => {
-                LINK_HEADER_LEN + grh.map_or(0, |_| GRH_LEN) + segment.buffer_len()
+            FrameRepr::Segment { segment, .. } => {
+                LINK_HEADER_LEN + self.route_len() + segment.buffer_len()
             }
             FrameRepr::Control(c) => LINK_HEADER_LEN + c.body_len,
         }
+    }
+
+    /// The link flags of its SLID word and GRH.
+    fn flags(&self) -> u8 {
+        match self {
+            FrameRepr::Segment { slid, grh, .. } => {
+                (if slid.is_some() { FLAG_SLID } else { 0 })
+                    | if grh.is_some() { FLAG_GRH } else { 0 }
+            }
+            FrameRepr::Control(_) => 0,
+        }
+    }
+
+    /// Bytes of its SLID word and GRH.
+    fn route_len(&self) -> usize {
+        route_len(self.flags())
     }
 
     /// Writes every byte of the frame but the payload (or control body) into a buffer of
@@ -683,9 +754,12 @@ impl FrameRepr {
         frame.set_version(VERSION);
         frame.set_frame_len(len);
         match self {
-            FrameRepr::Segment { grh, segment } => {
+            FrameRepr::Segment { slid, grh, segment } => {
                 frame.set_kind(FrameKind::SEGMENT);
-                frame.set_flags(if grh.is_some() { FLAG_GRH } else { 0 });
+                frame.set_flags(self.flags());
+                if let (Some(l), Some(dst)) = (slid, frame.slid_word_mut()) {
+                    *dst = [(l >> 8) as u8, *l as u8, 0, 0];
+                }
                 if let (Some(g), Some(dst)) = (grh, frame.grh_mut()) {
                     *dst = g.to_bytes(segment.buffer_len());
                 }
@@ -697,6 +771,31 @@ impl FrameRepr {
             }
         }
     }
+}
+
+/// The SLID word of a segment frame (whose link header was checked), if flagged: allowed on UD
+/// segments only, its reserved half zero. `body_len`: the body bytes at hand.
+fn parse_slid<T: AsRef<[u8]>>(
+    frame: &Frame<T>,
+    segment: &SegmentRepr,
+    body_len: usize,
+) -> Result<Option<u16>, FrameError> {
+    if !frame.has_slid() {
+        return Ok(None);
+    }
+    let Some(w) = frame.slid_word() else {
+        return Err(FrameError::Truncated {
+            needed: LINK_HEADER_LEN + SLID_LEN,
+            got: LINK_HEADER_LEN + body_len,
+        });
+    };
+    if segment.opcode.transport() != Transport::Ud {
+        return Err(FrameError::SlidNotAllowed);
+    }
+    if w[2..] != [0, 0] {
+        return Err(FrameError::Reserved("SLID word"));
+    }
+    Ok(Some(be16(w, 0)))
 }
 
 fn be16(b: &[u8], off: usize) -> u16 {

@@ -19,6 +19,7 @@ fn parse(b: &[u8]) -> Result<FrameRepr, FrameError> {
 
 fn segment(opcode: u8, payload_len: usize) -> FrameRepr {
     FrameRepr::Segment {
+        slid: None,
         grh: None,
         segment: sample(Opcode::from_u8(opcode).unwrap(), payload_len),
     }
@@ -36,6 +37,7 @@ fn grh() -> GrhRepr {
 
 fn ud_with_grh(opcode: u8, payload_len: usize) -> FrameRepr {
     FrameRepr::Segment {
+        slid: None,
         grh: Some(grh()),
         segment: sample(Opcode::from_u8(opcode).unwrap(), payload_len),
     }
@@ -64,13 +66,19 @@ fn every_opcode_round_trips_through_emit_and_parse() {
             &[0]
         };
         for &len in lens {
-            let grhs: &[Option<GrhRepr>] = if op.transport() == Transport::Ud {
-                &[None, Some(grh())]
+            let routes: &[(Option<u16>, Option<GrhRepr>)] = if op.transport() == Transport::Ud {
+                &[
+                    (None, None),
+                    (None, Some(grh())),
+                    (Some(0xbeef), None),
+                    (Some(7), Some(grh())),
+                ]
             } else {
-                &[None]
+                &[(None, None)]
             };
-            for &g in grhs {
+            for &(slid, g) in routes {
                 let repr = FrameRepr::Segment {
+                    slid,
                     grh: g,
                     segment: sample(op, len),
                 };
@@ -145,6 +153,7 @@ fn an_rdma_write_only_with_immediate_frame_byte_for_byte() {
     s.imm = Some(0x0102_0304);
     s.payload_len = 2;
     let repr = FrameRepr::Segment {
+        slid: None,
         grh: None,
         segment: s,
     };
@@ -176,6 +185,7 @@ fn an_atomic_acknowledge_frame_byte_for_byte() {
         orig: 0x0102_0304_0506_0708,
     });
     let repr = FrameRepr::Segment {
+        slid: None,
         grh: None,
         segment: s,
     };
@@ -228,7 +238,7 @@ fn bad_magic_version_kind_and_flags_are_refused() {
     for kind in [0, 6, 0x80, 0xff] {
         assert_eq!(with(3, kind), Err(FrameError::Kind(kind)));
     }
-    for flags in [0x02, 0x80, 0xfe] {
+    for flags in [0x04, 0x80, 0xfc] {
         assert_eq!(with(4, flags), Err(FrameError::Reserved("link flags")));
     }
     let control = emit(&FrameRepr::Control(ControlRepr {
@@ -398,6 +408,68 @@ fn a_payload_on_an_opcode_without_one_is_refused() {
 }
 
 #[test]
+fn a_slid_word_byte_for_byte_and_for_ud_segments_only() {
+    let ud = ud_with_grh(0x64, 4);
+    let FrameRepr::Segment {
+        grh, segment: s, ..
+    } = ud
+    else {
+        unreachable!()
+    };
+    let with = FrameRepr::Segment {
+        slid: Some(0x1234),
+        grh,
+        segment: s,
+    };
+    let b = emit(&with);
+    assert_eq!(b[4], FLAG_SLID | FLAG_GRH, "both flags");
+    assert_eq!(b[8..12], [0x12, 0x34, 0, 0], "the SLID word comes first");
+    assert_eq!(
+        b[12..52],
+        grh.unwrap().to_bytes(b.len() - 52),
+        "then the GRH"
+    );
+    assert_eq!(parse(&b), Ok(with));
+    assert_eq!(FrameRepr::parse_head(&b[..b.len() - 4]), Ok(with));
+    // Its reserved half must be zero.
+    let mut r = b.clone();
+    r[11] = 1;
+    assert_eq!(parse(&r), Err(FrameError::Reserved("SLID word")));
+    // Cut short: the word alone, then nothing.
+    let mut short = b[..8].to_vec();
+    short[4] = FLAG_SLID;
+    short.extend_from_slice(&[0, 1]);
+    relen(&mut short);
+    assert_eq!(peek_len(&short), Err(FrameError::Length(10)));
+    // On an RC segment, and on a control frame.
+    let rc = emit(&segment(0x04, 4));
+    let mut b = rc[..8].to_vec();
+    b[4] = FLAG_SLID;
+    b.extend_from_slice(&[0, 1, 0, 0]);
+    b.extend_from_slice(&rc[8..]);
+    relen(&mut b);
+    assert_eq!(parse(&b), Err(FrameError::SlidNotAllowed));
+    let bad = FrameRepr::Segment {
+        slid: Some(1),
+        grh: None,
+        segment: sample(Opcode::from_u8(0x04).unwrap(), 4),
+    };
+    assert_eq!(bad.check(), Err(FrameError::SlidNotAllowed));
+    let mut ctl = vec![
+        0x76,
+        0x52,
+        1,
+        ControlKind::Keepalive as u8,
+        FLAG_SLID,
+        0,
+        0,
+        12,
+    ];
+    ctl.extend_from_slice(&[0, 1, 0, 0]);
+    assert_eq!(peek_len(&ctl), Err(FrameError::SlidNotAllowed));
+}
+
+#[test]
 fn a_grh_is_for_ud_segments_only_and_must_be_consistent() {
     // A GRH in front of an RC SEND.
     let rc = emit(&segment(0x04, 4));
@@ -408,6 +480,7 @@ fn a_grh_is_for_ud_segments_only_and_must_be_consistent() {
     relen(&mut b);
     assert_eq!(parse(&b), Err(FrameError::GrhNotAllowed));
     let bad = FrameRepr::Segment {
+        slid: None,
         grh: Some(grh()),
         segment: sample(Opcode::from_u8(0x04).unwrap(), 4),
     };

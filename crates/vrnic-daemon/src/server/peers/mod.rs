@@ -32,7 +32,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
-use vrnic_proto::HostId;
+use vrnic_proto::{HostId, Sender};
 use vrnic_wire::frame::{
     CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME,
     pad_bytes_ok, peek_len,
@@ -791,7 +791,12 @@ impl Server {
     fn start_placing(&mut self, host: HostId, buf: &[u8], len: usize) -> Option<(Placing, usize)> {
         // A malformed head is the whole-frame decoder's to refuse once the frame is in.
         let head = FrameRepr::parse_head(buf).ok()?;
-        let FrameRepr::Segment { grh: None, segment } = head else {
+        let FrameRepr::Segment {
+            slid: None,
+            grh: None,
+            segment,
+        } = head
+        else {
             return None;
         };
         if segment.payload_len < PLACE_MIN {
@@ -857,14 +862,17 @@ impl Server {
                     _ => Err(Close::Broken("a hello from the wrong host".into())),
                 }
             }
-            (State::Up, FrameRepr::Segment { grh, segment }) => {
+            (State::Up, FrameRepr::Segment { slid, grh, segment }) => {
                 let cell = self.shard0();
                 let mut sh = cell.lock();
                 let sh = &mut *sh;
                 sh.engine.handle_segment(
                     now,
                     host,
-                    grh.as_ref(),
+                    Sender {
+                        slid,
+                        grh: grh.as_ref(),
+                    },
                     &segment,
                     body,
                     &mut Mem::new(&sh.lanes),
