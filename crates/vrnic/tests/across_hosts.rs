@@ -70,6 +70,31 @@ fn ud_pingpong_across_hosts() {
     across("ibv_ud_pingpong", &["-n", "200"]);
 }
 
+/// UD completions name their sender across hosts, GRH or not: our extended-API check
+/// (`tests/c/ex_check.c ud`) asserts each receive's `src_qp` and `slid` against what the peer
+/// said over TCP; without a GRH the LID comes from the frame's SLID word.
+#[test]
+fn ud_completions_name_their_sender_across_hosts() {
+    let bin = c_program("ex_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let addr = hosts.addr(0);
+    let pair = run_pair_on(
+        &ds[0],
+        &ds[1],
+        &[bin, "server", &p, "ud"],
+        &[bin, "client", &addr, &p, "ud"],
+        PAIR,
+    );
+    pair.assert_ok();
+    for side in [&pair.server, &pair.client] {
+        assert!(side.stdout.contains("ud done"), "{pair}");
+        assert!(!side.stdout.contains("FAIL"), "{pair}");
+    }
+}
+
 #[test]
 fn srq_pingpong_across_hosts() {
     across("ibv_srq_pingpong", &["-n", "100"]);

@@ -151,6 +151,48 @@ fn unmodified_clients_run_between_engine_threads() {
     }
 }
 
+/// Our two-process checks of the verbs a frame between shards must carry beyond plain RC, each
+/// pair on a fresh daemon with two engine threads (so its two vRNICs on different ones): UD
+/// without a GRH (`wc.slid` is the sender's LID, from the frame's SLID word), XRC (the XRCETH
+/// names the SRQ; another domain's SRQ refused), memory windows with SEND with Invalidate (the
+/// IETH closes the window) and the extended API's completions.
+#[test]
+fn ud_xrc_and_memory_windows_hold_across_engine_threads() {
+    for (prog, mode, done) in [
+        ("ex_check", "ud", "ud done"),
+        ("ex_check", "rc", "rc done"),
+        ("xrc_check", "xrc", "xrc done"),
+        ("mw_check", "type2", "type2 done"),
+        ("mw_check", "type1", "type1 done"),
+    ] {
+        let bin = common::c_program(prog, &["-libverbs"]);
+        let bin = bin.to_str().expect("utf-8 path");
+        let d = daemon(2);
+        let p = port().to_string();
+        let pair = run_pair(
+            &d,
+            &[bin, "server", &p, mode],
+            &[bin, "client", "127.0.0.1", &p, mode],
+            Duration::from_secs(120),
+        );
+        pair.assert_ok();
+        for side in [&pair.server, &pair.client] {
+            assert!(side.stdout.contains(done), "{prog} {mode}\n{pair}");
+            assert!(!side.stdout.contains("FAIL"), "{prog} {mode}\n{pair}");
+        }
+        let used = engines_used(d);
+        assert_eq!(
+            used.len(),
+            2,
+            "{prog} {mode}: two vRNICs expected: {used:?}"
+        );
+        assert_ne!(
+            used[0], used[1],
+            "{prog} {mode}: one engine thread: {used:?}"
+        );
+    }
+}
+
 /// One process with many QPs (`ib_write_bw -q 8`, one vRNIC, so one engine thread) beside
 /// a daemon's other engine threads.
 #[test]
