@@ -216,8 +216,19 @@ fn wait_gone(d: &Daemon, name: &str) {
 
 #[test]
 fn a_tenant_that_truncates_its_region_loses_only_its_vrnic() {
+    truncated_region_loses_only_its_vrnic(&["--region-gib", "1"]);
+}
+
+/// The same with two engine threads: the tenant's vRNIC and its peer's on different ones, so
+/// the fault comes on an engine thread, and the peer's QP fails over the frames between them.
+#[test]
+fn a_tenant_that_truncates_its_region_under_an_engine_thread_loses_only_its_vrnic() {
+    truncated_region_loses_only_its_vrnic(&["--region-gib", "1", "--engine-threads", "2"]);
+}
+
+fn truncated_region_loses_only_its_vrnic(args: &[&str]) {
     require("ibv_rc_pingpong");
-    let mut d = Daemon::start_with(&["--region-gib", "1"]);
+    let mut d = Daemon::start_with(args);
     // The tenant is in traffic with a peer on another vRNIC when it shrinks its region.
     d.create("evil");
     let p = port().to_string();
