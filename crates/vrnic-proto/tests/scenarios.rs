@@ -3179,3 +3179,37 @@ fn a_requester_walking_its_buffer_is_checked_past_what_its_key_granted() {
     let s = sge(BASE + 80, 8, src.keys.lkey);
     fails(&mut w, &dst, s, SendOpcode::RdmaWrite, WcStatus::LocProtErr);
 }
+
+/// Engines given the classes of one QP number space (`set_qpn_space`, as a daemon's engine
+/// threads are) never hand out the same number, and each number names its engine: it is the
+/// engine's offset modulo the stride. A QP destroyed frees its number for its own engine only.
+#[test]
+fn engines_sharing_a_qpn_space_give_out_disjoint_numbers_of_their_class() {
+    let stride = 3;
+    let mut seen = std::collections::HashSet::new();
+    for offset in 0..stride {
+        let mut e = Engine::new(u64::from(offset) + 1);
+        e.set_qpn_space(offset, stride);
+        let s = side(&mut e, 1, 1);
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut qpns = vec![s.qpn];
+        for _ in 0..20 {
+            let (_, qpn) = e
+                .create_qp(s.ctx, s.pd, s.cq, s.cq, QpType::Rc, cap, false)
+                .unwrap();
+            qpns.push(qpn);
+        }
+        for &q in &qpns {
+            assert_eq!(q % stride, offset, "QPN {q:#x} of engine {offset}");
+            assert!((0x11..=0xff_ffff).contains(&q), "QPN {q:#x}");
+            assert!(seen.insert(q), "QPN {q:#x} given twice");
+        }
+        assert_eq!(qpns[0], 0x11 + (offset + stride - 0x11 % stride) % stride);
+    }
+}

@@ -370,6 +370,9 @@ pub struct Engine {
     rng: u64,
     next_id: u32,
     next_qpn: u32,
+    /// Its QP numbers are `qpn_offset` modulo `qpn_stride` ([`Engine::set_qpn_space`]).
+    qpn_offset: u32,
+    qpn_stride: u32,
     vnics: FxHashMap<VnicId, Vnic>,
     pds: FxHashMap<PdId, Pd>,
     mrs: FxHashMap<MrId, Mr>,
@@ -491,6 +494,8 @@ impl Engine {
             rng: seed | 1,
             next_id: 1,
             next_qpn: 0x11,
+            qpn_offset: 0,
+            qpn_stride: 1,
             vnics: FxHashMap::default(),
             pds: FxHashMap::default(),
             mrs: FxHashMap::default(),
@@ -544,6 +549,18 @@ impl Engine {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// Gives this engine the QP numbers `offset` modulo `stride` (at most 256 classes), so that
+    /// engines sharing a daemon's number space never give out the same one and a segment's
+    /// destination QP number names its engine. Call before any QP is made.
+    pub fn set_qpn_space(&mut self, offset: u32, stride: u32) {
+        let stride = stride.clamp(1, 256);
+        let offset = offset % stride;
+        self.qpn_offset = offset;
+        self.qpn_stride = stride;
+        // The first of the class from 0x11 on, as a lone engine starts.
+        self.next_qpn = 0x11 + (offset + stride - 0x11 % stride) % stride;
     }
 
     /// The number of completions waiting (for tests and metrics).

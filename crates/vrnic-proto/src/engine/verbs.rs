@@ -2,6 +2,7 @@
 //! each checked against its owner and the device's limits before it changes anything.
 
 use super::*;
+use vrnic_wire::frame::QPN_MASK;
 
 impl Engine {
     // ---- vRNICs and contexts ---------------------------------------------------------------
@@ -365,14 +366,23 @@ impl Engine {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Result<(QpId, u32), Errno> {
-        if self.qp_count(vnic) >= MAX_QP || self.by_qpn.len() >= 0xff_0000 {
+        // Numbers of this engine's class (see `Engine::set_qpn_space`), at most 3/4 of them in
+        // use, so the search below ends.
+        let class = (QPN_MASK + 1) / self.qpn_stride;
+        if self.qp_count(vnic) >= MAX_QP || self.by_qpn.len() as u32 >= class / 4 * 3 {
             return Err(ENOMEM);
         }
         let mut qpn = self.next_qpn;
-        while self.by_qpn.contains_key(&qpn) || qpn < 2 {
-            qpn = (qpn + 1) & 0xff_ffff;
+        loop {
+            if qpn > QPN_MASK {
+                qpn = self.qpn_offset;
+            }
+            if qpn >= 2 && !self.by_qpn.contains_key(&qpn) {
+                break;
+            }
+            qpn += self.qpn_stride;
         }
-        self.next_qpn = (qpn + 1) & 0xff_ffff;
+        self.next_qpn = qpn + self.qpn_stride;
         let id = QpId(self.id());
         self.by_qpn.insert(qpn, id);
         self.qps.insert(
