@@ -376,9 +376,18 @@ fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_aga
 /// down for `cut` while the transfer runs (one second in), and returns both outputs with the
 /// daemons (to ask them afterwards; after the hosts, so they are dropped first).
 fn transfer_across_a_cut(args: &[&str], cut: Duration) -> (Output, Output, Hosts, Vec<Daemon>) {
+    transfer_across_a_cut_with(args, cut, &[])
+}
+
+/// [`transfer_across_a_cut`] with `extra` options for both daemons.
+fn transfer_across_a_cut_with(
+    args: &[&str],
+    cut: Duration,
+    extra: &[&str],
+) -> (Output, Output, Hosts, Vec<Daemon>) {
     require(args[0]);
     let hosts = Hosts::new(2);
-    let ds = hosts.daemons(LINKS_UP);
+    let ds = hosts.daemons_with(LINKS_UP, extra);
     let p = port().to_string();
     let addr = hosts.addr(0);
     let mut server = args.to_vec();
@@ -429,8 +438,19 @@ fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
 #[test]
 fn a_link_that_drops_and_reconnects_within_the_retry_budget_resends_and_finishes() {
     // -u 20: a 4.3 s transport timer, 8 tries: a 34 s budget.
+    reconnect_within_the_retry_budget(&[]);
+}
+
+/// The same with two engine threads on each daemon: the link's return is told to every shard,
+/// whose engine threads send again through the loop.
+#[test]
+fn a_link_that_drops_and_reconnects_resends_from_every_engine_thread() {
+    reconnect_within_the_retry_budget(&["--engine-threads", "2"]);
+}
+
+fn reconnect_within_the_retry_budget(extra: &[&str]) {
     let args = ["ib_write_bw", "-u", "20", "-s", "65536", "-n", "200000"];
-    let (c, s, _hosts, ds) = transfer_across_a_cut(&args, Duration::from_millis(3000));
+    let (c, s, _hosts, ds) = transfer_across_a_cut_with(&args, Duration::from_millis(3000), extra);
     assert!(
         c.ok() && s.ok(),
         "client:\n{}\nserver:\n{}",

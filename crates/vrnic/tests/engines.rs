@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{Daemon, Pair, port, run_pair};
+use common::hosts::Hosts;
+use common::{Daemon, Pair, port, run_pair, run_pair_on};
 
 fn verbs_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -208,34 +209,78 @@ fn a_process_with_many_qps_runs_with_engine_threads() {
     pair.assert_ok();
 }
 
-/// `--engine-threads 0` is refused, and more than one engine thread with peer links too.
+/// Daemons on two hosts, each with three engine threads: unmodified clients and our UD check
+/// run between the hosts while the apps' vRNICs are on engine threads other than the first
+/// (a vRNIC made beforehand takes a shard), so a frame from the other host reaches the shard
+/// its destination QP number names and a frame for it leaves an engine thread for the link.
 #[test]
-fn engine_thread_counts_the_daemon_cannot_serve_are_refused() {
-    let dir = std::env::temp_dir().join(format!("vrnic-engines-{}", std::process::id()));
-    for args in [
-        vec!["--engine-threads", "0"],
-        vec![
-            "--engine-threads",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-            "--peer",
-            "127.0.0.1:9",
-        ],
-    ] {
-        let mut c = std::process::Command::new(common::vrnic_bin());
-        c.arg("--state-dir").arg(&dir).arg("serve").args(&args);
-        let out = common::output(c, "vrnic serve", Duration::from_secs(20));
+fn engine_threads_serve_pairs_across_hosts() {
+    common::require("ib_write_bw");
+    let ex = common::c_program("ex_check", &["-libverbs"]);
+    let ex = ex.to_str().expect("utf-8 path");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons_with(Duration::from_secs(20), &["--engine-threads", "3"]);
+    for d in &ds {
+        d.create("pad");
+    }
+    let addr = hosts.addr(0);
+    let runs: [(&[&str], &str); 5] = [
+        (&["ibv_rc_pingpong", "-c", "-n", "500"], "iters in"),
+        (&["ib_write_bw", "-q", "4", "-n", "500"], "#bytes"),
+        (&["ib_read_bw", "-n", "500"], "#bytes"),
+        (&["ibv_ud_pingpong", "-n", "200"], "iters in"),
+        (&[ex, "ud"], "ud done"),
+    ];
+    for (args, done) in runs {
+        let p = port().to_string();
+        let (server, client): (Vec<&str>, Vec<&str>) = if args[0] == ex {
+            (
+                vec![ex, "server", &p, "ud"],
+                vec![ex, "client", &addr, &p, "ud"],
+            )
+        } else {
+            let mut s = args.to_vec();
+            s.extend(["-p", &p]);
+            let mut c = s.clone();
+            c.push(&addr);
+            (s, c)
+        };
+        let pair = run_pair_on(&ds[0], &ds[1], &server, &client, Duration::from_secs(120));
+        pair.assert_ok();
         assert!(
-            !out.ok(),
-            "vrnic serve {args:?} was accepted:\n{}",
-            out.text()
+            pair.client.stdout.contains(done) || pair.client.stderr.contains(done),
+            "{args:?}: {done:?} missing\n{pair}"
         );
+        assert!(!pair.client.stdout.contains("FAIL"), "{args:?}\n{pair}");
+    }
+    for d in ds {
+        let used = engines_used(d);
+        let apps = &used[1..];
         assert!(
-            out.text().contains("--engine-threads"),
-            "vrnic serve {args:?}: no reason given:\n{}",
-            out.text()
+            apps.iter().any(|&e| e != 0) && apps.iter().any(|&e| e != apps[0]),
+            "the apps' vRNICs were not spread over engine threads: {used:?}"
         );
     }
+}
+
+/// `--engine-threads 0` is refused, with the reason.
+#[test]
+fn an_engine_thread_count_of_zero_is_refused() {
+    let dir = std::env::temp_dir().join(format!("vrnic-engines-{}", std::process::id()));
+    let mut c = std::process::Command::new(common::vrnic_bin());
+    c.arg("--state-dir")
+        .arg(&dir)
+        .args(["serve", "--engine-threads", "0"]);
+    let out = common::output(c, "vrnic serve", Duration::from_secs(20));
+    assert!(
+        !out.ok(),
+        "--engine-threads 0 was accepted:\n{}",
+        out.text()
+    );
+    assert!(
+        out.text().contains("--engine-threads"),
+        "--engine-threads 0: no reason given:\n{}",
+        out.text()
+    );
     common::remove_state_dir(&dir);
 }

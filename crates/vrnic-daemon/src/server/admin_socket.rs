@@ -159,7 +159,7 @@ impl Server {
             AdminRequest::Peers => AdminReply::Peers(
                 self.peers
                     .as_ref()
-                    .map(|p| p.status(&self.shards[0].lock().engine))
+                    .map(|p| p.status(&self.shards))
                     .unwrap_or_default(),
             ),
             AdminRequest::ListAll => AdminReply::Directory(self.directory_listing()),

@@ -6,8 +6,8 @@ use super::*;
 
 use super::datapath::{Frames, Mem, NoFrames};
 use super::shard::Lane;
+use super::shard::shard_host;
 use super::threads::ShardFrames;
-use vrnic_proto::HostId;
 
 impl Server {
     /// The shard serving `vnic`.
@@ -54,7 +54,7 @@ impl Server {
             } else {
                 // The other shards reach it as a host of its own.
                 sh.engine
-                    .add_remote_vnic_in_group(HostId(shard as u32), lid, gid, group);
+                    .add_remote_vnic_in_group(shard_host(shard), lid, gid, group);
             }
         }
     }
@@ -101,11 +101,7 @@ impl Server {
         {
             let mut guard = cell.lock();
             let sh = &mut *guard;
-            let mut frames = ShardFrames {
-                me: HostId(cell.index as u32),
-                inboxes: &t.inboxes,
-                cells: &self.shards,
-            };
+            let mut frames = ShardFrames::of(cell, t, &self.shards);
             sh.engine_pass(now, &mut frames);
             if sh.engine.has_transmit() {
                 frames.send(&mut sh.engine, &mut Mem::new(&sh.lanes));

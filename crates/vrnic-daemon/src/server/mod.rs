@@ -353,19 +353,16 @@ impl Server {
             Some(p) => directory::Directory::new(p.index(), p.lid_range()),
             None => directory::Directory::new(0, 1..0xc000),
         };
-        let linked = peers.is_some() || cluster.is_some();
         let engine_threads = match opts.engine_threads {
             Some(0) => bail!("--engine-threads must be at least 1"),
-            Some(n) if n > 1 && linked => bail!(
-                "--engine-threads {n} with --peer, --listen or --etcd: peer links need one \
-                 engine thread for now"
-            ),
             Some(n) => n.min(MAX_ENGINE_THREADS),
-            None if linked => 1,
             None => default_engine_threads().min(MAX_ENGINE_THREADS),
         };
         let shards: Vec<Arc<ShardCell>> = (0..engine_threads)
-            .map(|i| ShardCell::new(i, seed() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .map(|i| {
+                let seed = seed() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                ShardCell::new(i, engine_threads, seed)
+            })
             .collect();
         let threads = if engine_threads > 1 {
             let waker = Arc::new(mio::Waker::new(poll.registry(), token(Tok::Shards))?);

@@ -18,7 +18,7 @@ use std::thread::Thread;
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
-use vrnic_proto::{CqId, CtxId, Engine, QpId, SrqId, VnicId};
+use vrnic_proto::{CqId, CtxId, Engine, HostId, QpId, SrqId, VnicId};
 use vrnic_shm::{Region, Ring};
 
 /// What a doorbell index names.
@@ -209,14 +209,40 @@ pub(super) struct ShardCell {
     /// Region-only contexts (VM guests) on its vRNICs: they cannot ring a doorbell, so the
     /// engine thread never sleeps long while there are any.
     pub(super) guests: AtomicU32,
-    /// Its index, which is also the host id its vRNICs have in the other shards' engines.
+    /// Its index: its vRNICs are on host [`shard_host`]`(index)` for the other shards'
+    /// engines, and its QP numbers are `index` modulo the number of shards.
     pub(super) index: usize,
 }
 
+/// Where the shards' host ids begin: far above any peer host's index, so that an engine tells
+/// a segment for another shard from one for another host.
+const SHARD_HOSTS: u32 = 0x8000_0000;
+
+/// The host id the engines know shard `index` by.
+pub(super) fn shard_host(index: usize) -> HostId {
+    HostId(SHARD_HOSTS + index as u32)
+}
+
+/// The shard a host id names, if it names one.
+pub(super) fn host_shard(host: HostId) -> Option<usize> {
+    host.0.checked_sub(SHARD_HOSTS).map(|i| i as usize)
+}
+
+/// The shard serving the QP numbered `qpn`, of `shards` shards (see [`ShardCell::new`]).
+pub(super) fn qpn_shard(qpn: u32, shards: usize) -> usize {
+    qpn as usize % shards.max(1)
+}
+
 impl ShardCell {
-    pub(super) fn new(index: usize, seed: u64) -> Arc<ShardCell> {
+    /// Shard `index` of `shards`: its engine gives out the QP numbers that are `index` modulo
+    /// `shards`, so a segment's destination QP number names its shard ([`qpn_shard`]).
+    pub(super) fn new(index: usize, shards: usize, seed: u64) -> Arc<ShardCell> {
+        let mut shard = Shard::new(seed);
+        shard
+            .engine
+            .set_qpn_space(index as u32, shards.max(1) as u32);
         Arc::new(ShardCell {
-            state: Mutex::new(Shard::new(seed)),
+            state: Mutex::new(shard),
             want: AtomicU32::new(0),
             thread: OnceLock::new(),
             stop: AtomicBool::new(false),

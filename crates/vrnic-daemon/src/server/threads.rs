@@ -3,10 +3,15 @@
 //!
 //! A shard serves whole vRNICs, so every check inside a vRNIC (PD, MR, window, CQ, SRQ, XRC
 //! domain) stays in one thread. The shards see each other as hosts: a vRNIC of another shard is
-//! known to a shard's engine as a remote vRNIC on host id = that shard's index, and a segment
-//! to it leaves as a frame, as over a peer link (PSNs, ACKs, NAK and RNR rewind: the engine's
-//! remote path), through a bounded lock-free channel into that shard's inbox. Nothing is
-//! shared for writing between engine threads.
+//! known to a shard's engine as a remote vRNIC on that shard's host id ([`shard_host`]), and a
+//! segment to it leaves as a frame, as over a peer link (PSNs, ACKs, NAK and RNR rewind: the
+//! engine's remote path), through a bounded lock-free channel into that shard's inbox. Nothing
+//! is shared for writing between engine threads.
+//!
+//! Peer links stay the loop's: a frame for another host leaves an engine thread through one
+//! channel to the loop, which queues it on its link; a frame from another host goes from the
+//! loop into the inbox of the shard its destination QP number names (each shard's engine
+//! gives out the numbers of its own class, [`qpn_shard`]).
 //!
 //! An engine thread spins (yielding the CPU each idle pass) while it has traffic, then, after
 //! [`SPIN_QUIET`], sets its regions' engine-sleeping words, looks once more, and parks until
@@ -23,10 +28,14 @@ use vrnic_proto::{HostId, Sender};
 use vrnic_wire::frame::{Frame, FrameRepr};
 
 use super::datapath::{Frames, Mem};
-use super::shard::Shard;
+use super::shard::{Shard, host_shard, qpn_shard, shard_host};
 
-/// A frame from one shard to another: the sender's shard, and the frame's bytes.
+/// A frame into a shard: where it comes from (another shard's host id, or a peer host's), and
+/// its bytes.
 pub(super) type ShardFrame = (HostId, Vec<u8>);
+
+/// A frame from a shard for a peer host: the host, and the frame's bytes.
+pub(super) type PeerFrame = (HostId, Vec<u8>);
 
 /// Frames an engine thread takes from its inbox per pass at most (the rest wait for the next).
 const INBOX_BATCH: usize = 256;
@@ -46,30 +55,61 @@ pub fn default_engine_threads() -> usize {
 pub(super) struct Threads {
     /// Each shard's inbox.
     pub(super) inboxes: Vec<SyncSender<ShardFrame>>,
+    /// Frames the shards made for peer hosts, and the loop's end of that channel.
+    pub(super) to_peers: std::sync::mpsc::Sender<PeerFrame>,
+    pub(super) from_shards: Receiver<PeerFrame>,
+    /// Tells the loop that an outbox or the peer channel has something.
+    pub(super) waker: Arc<mio::Waker>,
     handles: Vec<JoinHandle<()>>,
 }
 
-/// The other shards as where a pass puts its frames: each into its destination shard's inbox,
-/// which is then woken.
+/// Where a pass of a shard puts its frames: a frame for another shard into that shard's inbox,
+/// which is then woken; a frame for a peer host onto the channel to the loop, which is then
+/// woken (its link's queue bounds it: what an engine sends is bounded by its QPs' windows).
 pub(super) struct ShardFrames<'a> {
     pub(super) me: HostId,
     pub(super) inboxes: &'a [SyncSender<ShardFrame>],
     pub(super) cells: &'a [Arc<ShardCell>],
+    pub(super) to_peers: &'a std::sync::mpsc::Sender<PeerFrame>,
+    pub(super) waker: &'a mio::Waker,
+}
+
+impl ShardFrames<'_> {
+    /// The sink of shard `cell`'s passes.
+    pub(super) fn of<'a>(
+        cell: &ShardCell,
+        t: &'a Threads,
+        cells: &'a [Arc<ShardCell>],
+    ) -> ShardFrames<'a> {
+        ShardFrames {
+            me: shard_host(cell.index),
+            inboxes: &t.inboxes,
+            cells,
+            to_peers: &t.to_peers,
+            waker: &t.waker,
+        }
+    }
 }
 
 impl Frames for ShardFrames<'_> {
     fn send(&mut self, engine: &mut Engine, mem: &mut Mem<'_>) -> bool {
         let mut sent = false;
+        let mut to_loop = false;
         while let Some(t) = engine.poll_transmit() {
-            let to = t.host.0 as usize;
-            let (Some(inbox), Some(cell)) = (self.inboxes.get(to), self.cells.get(to)) else {
-                continue;
-            };
             let mut bytes = Vec::with_capacity(t.frame_len());
             if !t.encode(mem, &mut bytes) {
                 warn!("an inconsistent frame was not sent");
                 continue;
             }
+            let Some(to) = host_shard(t.host) else {
+                // A peer host's: the loop queues it on the link (or drops it, the link down).
+                to_loop |= self.to_peers.send((t.host, bytes)).is_ok();
+                sent = true;
+                continue;
+            };
+            let (Some(inbox), Some(cell)) = (self.inboxes.get(to), self.cells.get(to)) else {
+                continue;
+            };
             // A full inbox drops it, as a congested link; a shard that is gone (the daemon
             // stopping), as a link that is down.
             match inbox.try_send((self.me, bytes)) {
@@ -80,6 +120,9 @@ impl Frames for ShardFrames<'_> {
                 Err(TrySendError::Disconnected(_)) => {}
             }
             cell.wake();
+        }
+        if to_loop {
+            let _ = self.waker.wake();
         }
         sent
     }
@@ -125,15 +168,26 @@ impl Threads {
             .iter()
             .map(|_| std::sync::mpsc::sync_channel(INBOX_CAP))
             .unzip();
+        let (to_peers, from_shards) = std::sync::mpsc::channel();
         let mut handles = Vec::new();
         for (cell, inbox) in cells.iter().zip(receivers) {
             let cell = cell.clone();
             let cells = cells.to_vec();
             let senders = inboxes.clone();
+            let to_peers = to_peers.clone();
             let waker = waker.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("vrnic-engine-{}", cell.index))
-                .spawn(move || engine_thread(&cell, &cells, &senders, &inbox, &waker))
+                .spawn(move || {
+                    let frames = ShardFrames {
+                        me: shard_host(cell.index),
+                        inboxes: &senders,
+                        cells: &cells,
+                        to_peers: &to_peers,
+                        waker: &waker,
+                    };
+                    engine_thread(&cell, frames, &inbox, &waker)
+                })
                 .context("start an engine thread")?;
             handles.push(handle);
         }
@@ -141,7 +195,25 @@ impl Threads {
         for (cell, h) in cells.iter().zip(&handles) {
             let _ = cell.thread.set(h.thread().clone());
         }
-        Ok(Threads { inboxes, handles })
+        Ok(Threads {
+            inboxes,
+            to_peers,
+            from_shards,
+            waker,
+            handles,
+        })
+    }
+
+    /// Hands a frame that came from peer host `from` to the shard of its destination QP
+    /// (dropped when that shard's inbox is full, as a congested link: RC sends it again).
+    pub(super) fn to_shard(&self, cells: &[Arc<ShardCell>], from: HostId, qpn: u32, frame: &[u8]) {
+        let to = qpn_shard(qpn, cells.len());
+        let (Some(inbox), Some(cell)) = (self.inboxes.get(to), cells.get(to)) else {
+            return;
+        };
+        if inbox.try_send((from, frame.to_vec())).is_ok() {
+            cell.wake();
+        }
     }
 
     /// Stops and joins every engine thread.
@@ -159,17 +231,14 @@ impl Threads {
 /// An engine thread: its shard's passes, the frames other shards sent it, its sleep.
 fn engine_thread(
     cell: &ShardCell,
-    cells: &[Arc<ShardCell>],
-    inboxes: &[SyncSender<ShardFrame>],
+    mut frames: ShardFrames,
     inbox: &Receiver<ShardFrame>,
     waker: &mio::Waker,
 ) {
-    let me = HostId(cell.index as u32);
     let mut last_work = Instant::now();
     let mut asleep = false;
     while !cell.stop.load(Ordering::Acquire) {
         let now = Instant::now();
-        let mut frames = ShardFrames { me, inboxes, cells };
         // How long to wait before the next pass: `None` none, zero a yield.
         let wait = {
             let mut guard = cell.lock_for_pass();

@@ -164,6 +164,11 @@ impl Hosts {
     /// A daemon on host `i` in cluster mode on `etcd` with lease time to live `ttl_s`: host
     /// 0's from a config file (`etcd = [...]`), the others' from `--etcd`.
     pub fn cluster_daemon(&self, i: usize, etcd: &Etcd, ttl_s: u64) -> Daemon {
+        self.cluster_daemon_with(i, etcd, ttl_s, &[])
+    }
+
+    /// [`Hosts::cluster_daemon`] with `extra` options for `vrnic serve`.
+    pub fn cluster_daemon_with(&self, i: usize, etcd: &Etcd, ttl_s: u64, extra: &[&str]) -> Daemon {
         let listen = format!("{}:{PEER_PORT}", self.addr(i));
         let ttl = ttl_s.to_string();
         if i == 0 {
@@ -174,12 +179,13 @@ impl Hosts {
             );
             std::fs::write(&file, text).expect("write the config file");
             let file = file.display().to_string();
-            return Daemon::start_in(Some(&self.names[i]), &["--config", &file]);
+            let mut args = vec!["--config", &file];
+            args.extend_from_slice(extra);
+            return Daemon::start_in(Some(&self.names[i]), &args);
         }
-        Daemon::start_in(
-            Some(&self.names[i]),
-            &["--listen", &listen, "--etcd", &etcd.url, "--etcd-ttl", &ttl],
-        )
+        let mut args = vec!["--listen", &listen, "--etcd", &etcd.url, "--etcd-ttl", &ttl];
+        args.extend_from_slice(extra);
+        Daemon::start_in(Some(&self.names[i]), &args)
     }
 
     /// Host `i`'s address.
@@ -239,7 +245,14 @@ impl Hosts {
     /// Daemons on every host, each waiting (at most `limit`) until `vrnic peers` shows all
     /// its links up.
     pub fn daemons(&self, limit: Duration) -> Vec<Daemon> {
-        let ds: Vec<Daemon> = (0..self.names.len()).map(|i| self.daemon(i)).collect();
+        self.daemons_with(limit, &[])
+    }
+
+    /// [`Hosts::daemons`] with `extra` options for every `vrnic serve`.
+    pub fn daemons_with(&self, limit: Duration, extra: &[&str]) -> Vec<Daemon> {
+        let ds: Vec<Daemon> = (0..self.names.len())
+            .map(|i| self.daemon_with(i, extra))
+            .collect();
         for d in &ds {
             d.wait_peers_up(limit);
         }

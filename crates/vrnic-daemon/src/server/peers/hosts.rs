@@ -75,7 +75,10 @@ impl Server {
         warn!(peer = %l.addr, index = host.0, "cluster host left; its QPs fail");
         let now = Instant::now();
         self.drop_link(l);
-        self.shard0().lock().engine.fail_host(now, host);
+        for cell in &self.shards {
+            cell.lock().engine.fail_host(now, host);
+            cell.wake();
+        }
         self.cm.fail_host(host);
     }
 

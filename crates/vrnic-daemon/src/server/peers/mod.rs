@@ -28,8 +28,11 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
+use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
 use vrnic_proto::{HostId, Sender};
@@ -50,6 +53,7 @@ use super::datapath::{Frames, Mem};
 use super::inbound::{HEADROOM, PLACE_MIN, Placing};
 use super::linkbuf::LinkBuf;
 use super::outqueue::OutQueue;
+use super::shard::ShardCell;
 use super::{Server, Tok};
 
 /// How often a link that sent nothing else sends a keepalive.
@@ -305,7 +309,14 @@ impl Peers {
     }
 
     /// The links, for `vrnic peers`.
-    pub(super) fn status(&self, engine: &vrnic_proto::Engine) -> Vec<PeerSummary> {
+    pub(super) fn status(&self, shards: &[Arc<ShardCell>]) -> Vec<PeerSummary> {
+        // Segments sent again to a host, by all shards.
+        let retransmits = |host| {
+            shards
+                .iter()
+                .map(|c| c.lock().engine.retransmits(host))
+                .sum::<u64>()
+        };
         self.links
             .iter()
             .flatten()
@@ -321,7 +332,7 @@ impl Peers {
                 bytes_in: l.bytes_in,
                 placed_in: l.placed_in,
                 bytes_out: l.bytes_out,
-                retransmits: engine.retransmits(l.host),
+                retransmits: retransmits(l.host),
                 drops: l.drops,
             })
             .collect()
@@ -396,7 +407,10 @@ impl Server {
                 l.out.extend(&f);
             }
         }
-        self.shard0().lock().engine.handle_link_up(host);
+        for cell in &self.shards {
+            cell.lock().engine.handle_link_up(host);
+            cell.wake();
+        }
     }
 
     /// Tells every up link that a vRNIC was created or removed.
@@ -650,9 +664,17 @@ impl Server {
     /// One read from link `i`: into place (the rest of a payload, then the bytes after it)
     /// or into its byte queue. `None`: nothing to read now.
     fn read_once(&mut self, now: Instant, i: usize) -> Result<Option<usize>, Close> {
+        // The lanes are wanted only to read a payload into place (one shard only): the lock
+        // is taken for that alone.
+        let placing = self
+            .peers
+            .as_ref()
+            .and_then(|p| p.links.get(i))
+            .is_some_and(|l| l.as_ref().is_some_and(|l| l.placing.is_some()));
         let cell = self.shards[0].clone();
-        let sh = cell.lock();
-        let (Some(p), vnics) = (&mut self.peers, &sh.lanes) else {
+        let sh = placing.then(|| cell.lock());
+        let none = FxHashMap::default();
+        let (Some(p), vnics) = (&mut self.peers, sh.as_ref().map_or(&none, |sh| &sh.lanes)) else {
             return Ok(None);
         };
         let Some(Some(l)) = p.links.get_mut(i) else {
@@ -787,8 +809,12 @@ impl Server {
     /// Sets up the payload of the segment at the head of `buf` (a frame of `len` bytes, not all
     /// of it there) to be read into place, with the bytes of it already in `buf` copied there.
     /// Returns the placement and how many bytes of `buf` it took; `None` if the engine takes
-    /// this segment only with its payload in a buffer (or its headers are not all in yet).
+    /// this segment only with its payload in a buffer (or its headers are not all in yet), and
+    /// always with engine threads: the frame then goes whole to its shard's inbox.
     fn start_placing(&mut self, host: HostId, buf: &[u8], len: usize) -> Option<(Placing, usize)> {
+        if self.threads.is_some() {
+            return None;
+        }
         // A malformed head is the whole-frame decoder's to refuse once the frame is in.
         let head = FrameRepr::parse_head(buf).ok()?;
         let FrameRepr::Segment {
@@ -861,6 +887,13 @@ impl Server {
                     }
                     _ => Err(Close::Broken("a hello from the wrong host".into())),
                 }
+            }
+            (State::Up, FrameRepr::Segment { segment, .. }) if self.threads.is_some() => {
+                // Into the inbox of the shard its destination QP number names.
+                if let Some(t) = &self.threads {
+                    t.to_shard(&self.shards, host, segment.dest_qpn, bytes);
+                }
+                Ok(State::Up)
             }
             (State::Up, FrameRepr::Segment { slid, grh, segment }) => {
                 let cell = self.shard0();
@@ -993,7 +1026,10 @@ impl Server {
             Close::Gone(why) => info!(peer = %l.addr, "peer link down: {why}"),
             Close::Broken(why) => {
                 warn!(peer = %l.addr, "peer link closed: {why}; its QPs fail");
-                self.shards[0].lock().engine.fail_host(now, host);
+                for cell in &self.shards {
+                    cell.lock().engine.fail_host(now, host);
+                    cell.wake();
+                }
                 self.cm.fail_host(host);
                 if !p.is_cluster() {
                     self.directory_forget(host);
@@ -1027,11 +1063,24 @@ impl Server {
                 l.cm_backlog.push_back(f);
             }
         }
-        let sent = {
-            let cell = self.shards[0].clone();
-            let mut sh = cell.lock();
-            let sh = &mut *sh;
-            p.frames(now).send(&mut sh.engine, &mut Mem::new(&sh.lanes))
+        let sent = match &self.threads {
+            // The engine threads' frames, as they queued them, then what each link can take.
+            Some(t) => {
+                for (host, bytes) in t.from_shards.try_iter() {
+                    if let Some(Some(l)) = p.links.get_mut(host.0 as usize)
+                        && l.state == State::Up
+                    {
+                        l.out.extend(&bytes);
+                    }
+                }
+                p.write_links(now)
+            }
+            None => {
+                let cell = self.shards[0].clone();
+                let mut sh = cell.lock();
+                let sh = &mut *sh;
+                p.frames(now).send(&mut sh.engine, &mut Mem::new(&sh.lanes))
+            }
         };
         for (i, why) in std::mem::take(&mut p.failed) {
             self.close_link(now, i, Close::Gone(why));
@@ -1074,6 +1123,15 @@ impl Frames for LinkFrames<'_> {
                 warn!("an inconsistent frame was not sent");
             }
         }
+        p.write_links(self.now)
+    }
+}
+
+impl Peers {
+    /// Writes what each link can take of its queue. A link that fails is remembered in
+    /// [`Peers::failed`]. Returns whether anything was written.
+    fn write_links(&mut self, now: Instant) -> bool {
+        let p = self;
         let mut sent = false;
         for (i, l) in p.links.iter_mut().enumerate() {
             let Some(l) = l else { continue };
@@ -1089,7 +1147,7 @@ impl Frames for LinkFrames<'_> {
                     Ok(0) => break,
                     Ok(n) => {
                         l.bytes_out += n as u64;
-                        l.last_tx = self.now;
+                        l.last_tx = now;
                         sent = true;
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
