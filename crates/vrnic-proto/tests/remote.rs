@@ -1392,3 +1392,21 @@ fn a_request_dropped_before_the_responder_reached_rtr_is_sent_again_after_the_ac
     assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
     assert_eq!(statuses(&n.b.cqes()), vec![(7, WcStatus::Success)]);
 }
+
+/// A context that dies names its QPs that were connected over a link (once), and the engine
+/// at the other end, told, fails the QP connected to that one at once, even with nothing
+/// posted (a peer that only waits for receives has no timer to find out by); a name that is
+/// not its peer's (another QP number, another host) fails nothing.
+#[test]
+fn a_context_that_dies_names_its_linked_qps_and_the_peer_told_fails() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    n.b.e.destroy_context(now, n.b.ctx);
+    assert_eq!(n.b.e.take_died_remote(), vec![(n.a.id, n.b.qpn)]);
+    assert!(n.b.e.take_died_remote().is_empty(), "taken once");
+    n.a.e.peer_died(n.b.id, n.b.qpn ^ 1);
+    n.a.e.peer_died(HostId(9), n.b.qpn);
+    assert_eq!(n.a.e.qp_state(n.a.qp), Some(QpState::Rts), "not its peer");
+    n.a.e.peer_died(n.b.id, n.b.qpn);
+    assert_eq!(n.a.e.qp_state(n.a.qp), Some(QpState::Err));
+}

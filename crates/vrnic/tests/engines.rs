@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::hosts::Hosts;
-use common::{Daemon, Pair, port, run_pair, run_pair_on};
+use common::{Daemon, Pair, Proc, kill_group, port, run_pair, run_pair_on, wait_listening};
 
 fn verbs_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -192,6 +192,43 @@ fn ud_xrc_and_memory_windows_hold_across_engine_threads() {
             "{prog} {mode}: one engine thread: {used:?}"
         );
     }
+}
+
+/// An app killed mid-transfer fails its peer on another engine thread at once, as a peer on
+/// its own thread fails: an `ib_send_bw` server, whose QP only waits for receives (no timer
+/// runs), sees its QP fail and exits instead of waiting for ever.
+#[test]
+fn a_killed_app_fails_its_peer_on_another_engine_thread() {
+    common::require("ib_send_bw");
+    let d = daemon(2);
+    let p = port();
+    let ps = p.to_string();
+    let args = ["ib_send_bw", "-n", "100000000", "-p", &ps];
+    let server = Proc::spawn(d.run(&args), "ib_send_bw server");
+    let server = wait_listening(server, p, Duration::from_secs(30));
+    let mut client_args = args.to_vec();
+    client_args.push("localhost");
+    let mut client = Proc::spawn(d.run(&client_args), "ib_send_bw client");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!client.exited(), "the client ended before the kill");
+    kill_group(client.pid(), libc::SIGKILL);
+    let _ = client.wait_bounded(Duration::from_secs(10));
+    let survivor = server.wait_bounded(Duration::from_secs(20));
+    assert!(
+        !survivor.timed_out,
+        "the server hung after its peer was killed\n{}",
+        survivor.text()
+    );
+    assert!(
+        !survivor.ok(),
+        "the server did not report the failed QP\n{}",
+        survivor.text()
+    );
+    let used = engines_used(d);
+    assert!(
+        used.len() >= 2 && used[0] != used[1],
+        "the two sides on one engine thread: {used:?}"
+    );
 }
 
 /// One process with many QPs (`ib_write_bw -q 8`, one vRNIC, so one engine thread) beside

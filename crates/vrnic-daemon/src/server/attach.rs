@@ -241,10 +241,12 @@ impl Server {
         };
         let now = Instant::now();
         let cell = self.cell_of(ctx.vnic);
+        let mut died = Vec::new();
         let slots = cell.as_ref().map(|cell| {
             let mut sh = cell.lock();
             let sh = &mut *sh;
             sh.engine.destroy_context(now, id);
+            died = sh.engine.take_died_remote();
             let qps: Vec<QpSlot> = ctx.qps.iter().filter_map(|q| sh.qps.remove(q)).collect();
             let cqs: Vec<CqSlot> = ctx.cqs.iter().filter_map(|q| sh.cqs.remove(q)).collect();
             let srqs: Vec<SrqSlot> = ctx.srqs.iter().filter_map(|q| sh.srqs.remove(q)).collect();
@@ -259,6 +261,9 @@ impl Server {
             }
             (qps, cqs, srqs)
         });
+        if let Some(cell) = &cell {
+            self.tell_died(cell.index, died);
+        }
         self.cm.drop_context(id);
         self.flush_cm_notes();
         match &mut ctx.link {

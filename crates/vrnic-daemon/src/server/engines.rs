@@ -6,8 +6,9 @@ use super::*;
 
 use super::datapath::{Frames, Mem, NoFrames};
 use super::shard::Lane;
-use super::shard::shard_host;
+use super::shard::{host_shard, shard_host};
 use super::threads::ShardFrames;
+use vrnic_proto::HostId;
 
 impl Server {
     /// The shard serving `vnic`.
@@ -68,13 +69,28 @@ impl Server {
         let mut sh = cell.lock();
         sh.engine.remove_vnic(Instant::now(), id);
         sh.lanes.remove(&id);
+        let died = sh.engine.take_died_remote();
         drop(sh);
+        self.tell_died(cell.index, died);
         for other in &self.shards {
             if other.index != cell.index {
                 other.lock().engine.remove_remote_vnic(lid, gid);
             }
         }
         self.drain_outbox(&cell);
+    }
+
+    /// Tells the shards whose QPs were connected to QPs of shard `from` that died with their
+    /// context, so that those fail at once, as a local peer's do. A QP of another host finds
+    /// out by its retry timer, as over a fabric.
+    pub(super) fn tell_died(&self, from: usize, died: Vec<(HostId, u32)>) {
+        for (host, qpn) in died {
+            let Some(cell) = host_shard(host).and_then(|k| self.shards.get(k)) else {
+                continue;
+            };
+            cell.lock().engine.peer_died(shard_host(from), qpn);
+            cell.wake();
+        }
     }
 
     /// One engine pass run by the loop itself (one shard), frames to the peer links, then what

@@ -435,6 +435,10 @@ pub struct Engine {
     acks_due: Vec<QpId>,
     /// Segments sent again, by peer link.
     resent: HashMap<HostId, u64>,
+    /// QPs of contexts that died while connected over a peer link: (that host, the QP's
+    /// number), for the driver to tell the engine at the other end if it can
+    /// ([`Engine::take_died_remote`], [`Engine::peer_died`]).
+    died_remote: Vec<(HostId, u32)>,
 }
 
 /// A receive queue: a QP's own, or an SRQ.
@@ -533,6 +537,7 @@ impl Engine {
             outbox: VecDeque::new(),
             acks_due: Vec::new(),
             resent: HashMap::new(),
+            died_remote: Vec::new(),
         }
     }
 

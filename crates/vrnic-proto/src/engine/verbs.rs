@@ -623,6 +623,11 @@ impl Engine {
     pub(super) fn fail_peers(&mut self, qp: QpId) {
         let Some(q) = self.qps.get(&qp) else { return };
         let (qpn, vnic) = (q.qpn, q.vnic);
+        if let Route::Remote(host) = q.route
+            && matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        {
+            self.died_remote.push((host, qpn));
+        }
         let peers: Vec<QpId> = self
             .qps
             .iter()
@@ -630,6 +635,34 @@ impl Engine {
                 matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
                     && p.attr.dest_qp_num == qpn
                     && p.route == Route::Local(vnic)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for p in peers {
+            self.fail_qp(p, Some(WcStatus::RetryExcErr));
+        }
+    }
+
+    /// QPs that died with their context (see [`Engine::destroy_context`]) while connected over
+    /// a peer link: each one's host and number. The driver takes them after each
+    /// `destroy_context` or `remove_vnic` (they are kept until then) and, where it can reach
+    /// the engine at the other end (another engine of the same daemon), tells it
+    /// ([`Engine::peer_died`]); another host's QPs find out by their retry timers.
+    pub fn take_died_remote(&mut self) -> Vec<(HostId, u32)> {
+        std::mem::take(&mut self.died_remote)
+    }
+
+    /// QP `qpn` behind `host` died with its context: the QPs connected to it over that link
+    /// move to ERR, their head WQE (or next one) completing with `RETRY_EXC_ERR`, as a local
+    /// peer's do at once.
+    pub fn peer_died(&mut self, host: HostId, qpn: u32) {
+        let peers: Vec<QpId> = self
+            .qps
+            .iter()
+            .filter(|(_, p)| {
+                matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                    && p.attr.dest_qp_num == qpn
+                    && p.route == Route::Remote(host)
             })
             .map(|(&id, _)| id)
             .collect();
