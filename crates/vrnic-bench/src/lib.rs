@@ -92,6 +92,11 @@ pub struct BenchArgs {
     /// Pair counts of the scale runs [default: 2,4,8,16,32,64,128; with --quick 2,8].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=512))]
     pairs: Option<Vec<u32>>,
+    /// Engine threads of the scale runs' daemons (`vrnic serve --engine-threads`), a daemon
+    /// for each count, running on all the engine cores [default: the daemon's own default, on
+    /// the first engine core].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=64))]
+    engine_threads: Option<Vec<u32>>,
     /// vRNICs of the many-vRNICs runs, each held by a process of its own [default: 1024;
     /// with --quick 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16384))]
@@ -221,6 +226,19 @@ impl Ctx {
         )
     }
 
+    /// [`Ctx::daemon`] with `threads` engine threads, on all the engine cores (if pinned).
+    pub fn daemon_with_threads(&self, threads: u32, extra: &[String]) -> Result<Daemon> {
+        let mut args = extra.to_vec();
+        args.extend(["--engine-threads".to_string(), threads.to_string()]);
+        let cores = (!self.pin.engine.is_empty()).then(|| cpu_list(&self.pin.engine));
+        Daemon::start(
+            &self.scratch,
+            &self.vrnic,
+            Launch::default().on(cores),
+            &args,
+        )
+    }
+
     /// The core of side `i` (0 or 1) of a two-process TCP limit, if pinned: the first engine
     /// core and the first app core, as for the cache-line round trip. (Both on the app cores
     /// would put them on one core when one app core is given, where two spinning processes
@@ -267,6 +285,7 @@ struct JsonOptions<'a> {
     pin: &'a Pin,
     sections: &'a [Section],
     pairs: &'a [u32],
+    engine_threads: &'a [Option<u32>],
     vnics: u32,
     idle_qps: u32,
     flood_pairs: u32,
@@ -361,6 +380,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if sections.contains(&Section::Hosts) && !root {
         bail!("--sections hosts: the across-host runs make network namespaces, which needs root");
     }
+    // The scale runs' daemons: one with the daemon's default, or one per count asked for.
+    let engine_threads: Vec<Option<u32>> = match &args.engine_threads {
+        Some(t) => t.iter().copied().map(Some).collect(),
+        None => vec![None],
+    };
     let pairs: Vec<u32> = match &args.pairs {
         Some(p) => p.clone(),
         None if quick => vec![2, 8],
@@ -423,10 +447,19 @@ pub fn main(args: BenchArgs) -> Result<()> {
         // A fresh daemon: nothing left from the runs before; room for the largest count.
         let most = pairs.iter().max().copied().unwrap_or(0) * 2 + 16;
         let extra = ["--max-vrnics".to_string(), most.max(4096).to_string()];
-        let d = ctx.daemon(&extra)?;
-        for r in 0..runs {
-            progress(t0, &format!("run {}/{runs}: scale {pairs:?} pairs", r + 1));
-            scale::measure(&ctx, &d, &pairs, &mut report);
+        for &threads in &engine_threads {
+            let d = match threads {
+                None => ctx.daemon(&extra)?,
+                Some(t) => ctx.daemon_with_threads(t, &extra)?,
+            };
+            for r in 0..runs {
+                let with = threads.map_or(String::new(), |t| format!(", engine threads: {t}"));
+                progress(
+                    t0,
+                    &format!("run {}/{runs}: scale {pairs:?} pairs{with}", r + 1),
+                );
+                scale::measure(&ctx, &d, &pairs, threads, &mut report);
+            }
         }
     }
     if has(Section::Vnics) {
@@ -469,7 +502,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     perftest::set_limits(&mut report);
     copy::set_limits(&mut report);
     ctrl::set_limits(&mut report);
-    scale::set_limits(&mut report, &pairs);
+    scale::set_limits(&mut report, &pairs, &engine_threads);
     vnics::set_limits(&mut report, vnics);
     fairness::set_limits(&mut report, idle_qps, flood_pairs);
     hosts::set_limits(&mut report);
@@ -510,6 +543,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 pin: &pin,
                 sections: &sections,
                 pairs: &pairs,
+                engine_threads: &engine_threads,
                 vnics,
                 idle_qps,
                 flood_pairs,

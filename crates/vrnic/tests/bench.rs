@@ -271,22 +271,30 @@ fn interrupted_bench_stops_what_it_started_and_removes_its_files() {
 }
 
 /// The scale runs start their pairs behind a barrier (each client stopped at perftest's result
-/// header, then all continued at once): a quick run of two pairs gets through it and reports
-/// the aggregate beside its limit, with no error and nothing of it left running.
+/// header, then all continued at once): a quick run of two pairs, on a daemon with one engine
+/// thread and on one with two (`--engine-threads 1,2`), gets through it and reports each
+/// aggregate beside its limit, and the second against the first, with no error and nothing
+/// of it left running.
 #[test]
 fn quick_scale_run_passes_its_start_barrier() {
     common::require("ib_write_bw");
     common::require("stdbuf");
     let out_dir = OutDir::new("scale");
-    let (out, json, pid) = quick_sections(&out_dir, "scale", &["--pairs", "2"]);
-    let f = figures(
-        &json,
-        "scale",
-        "2 pairs ib_write_bw 128 KiB, aggregate by wall clock",
+    let extra = ["--pairs", "2", "--engine-threads", "1,2"];
+    let (out, json, pid) = quick_sections(&out_dir, "scale", &extra);
+    for threads in ["1 engine thread", "2 engine threads"] {
+        let name = format!("2 pairs ib_write_bw 128 KiB, {threads}, aggregate by wall clock");
+        let f = figures(&json, "scale", &name);
+        assert_eq!(f.len(), 1, "{name}\n{}", out.text());
+        positive(&f[0]["median"], "the 2-pair aggregate");
+        positive(&f[0]["limit"]["value"], "its memcpy limit");
+    }
+    assert!(
+        out.stdout
+            .contains("scale: best aggregate, 2 engine threads"),
+        "no comparison of the engine-thread counts\n{}",
+        out.text()
     );
-    assert_eq!(f.len(), 1, "{}", out.text());
-    positive(&f[0]["median"], "the 2-pair aggregate");
-    positive(&f[0]["limit"]["value"], "its memcpy limit");
     let left = processes_under(&scratch(pid));
     assert!(left.is_empty(), "left running: {left:?}");
 }
