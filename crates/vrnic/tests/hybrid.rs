@@ -52,16 +52,27 @@ fn require_root() {
 
 #[test]
 fn region_only_context_talks_to_a_socket_context() {
+    region_only_talks_to_a_socket_context(&Daemon::start());
+}
+
+/// The same on a daemon with two engine threads, the guest's vRNIC and the host's on different
+/// ones: the guest rings no doorbell, so its thread must keep looking at its rings (it never
+/// sleeps long while a guest is attached).
+#[test]
+fn region_only_context_talks_to_a_socket_context_on_another_engine_thread() {
+    region_only_talks_to_a_socket_context(&Daemon::start_with(&["--engine-threads", "2"]));
+}
+
+fn region_only_talks_to_a_socket_context(d: &Daemon) {
     require("ibv_rc_pingpong");
-    let d = Daemon::start();
     for extra in [&[][..], &["-e"][..]] {
         let p = port().to_string();
         let mut args = vec!["ibv_rc_pingpong", "-p", &p, "-s", "4096", "-n", "500"];
         args.extend_from_slice(extra);
-        let srv = run_cmd(&d, "guest", &[], &[("VRNIC_REGION_ONLY", "1")], &args);
+        let srv = run_cmd(d, "guest", &[], &[("VRNIC_REGION_ONLY", "1")], &args);
         let mut cargs = args.clone();
         cargs.push("localhost");
-        let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &cargs), LIMIT);
+        let r = pair_of(srv, || run_cmd(d, "host", &[], &[], &cargs), LIMIT);
         r.assert_ok();
         assert!(r.server.stdout.contains("500 iters"), "{r}");
     }
