@@ -178,6 +178,11 @@ struct Net {
     sent: [usize; 2],
     /// How receivers take payloads in, a to b and b to a.
     into: [Into; 2],
+    /// Frames lost on the way, a to b and b to a: by their number in that direction (counted
+    /// from 0 over every frame sent, lost or not).
+    lose: [Vec<usize>; 2],
+    /// Frames sent so far, a to b and b to a (lost ones included).
+    offered: [usize; 2],
 }
 
 /// How a receiver takes a segment's payload in.
@@ -231,6 +236,8 @@ impl Net {
             cut: false,
             sent: [0, 0],
             into: [Into::default(); 2],
+            lose: [Vec::new(), Vec::new()],
+            offered: [0, 0],
         }
     }
 
@@ -244,7 +251,11 @@ impl Net {
                 &mut self.a,
                 &mut self.b,
                 self.now,
-                self.cut,
+                Loss {
+                    cut: self.cut,
+                    lose: &self.lose[0],
+                    offered: &mut self.offered[0],
+                },
                 &mut self.sent[0],
                 &mut self.into[0],
             );
@@ -252,7 +263,11 @@ impl Net {
                 &mut self.b,
                 &mut self.a,
                 self.now,
-                self.cut,
+                Loss {
+                    cut: self.cut,
+                    lose: &self.lose[1],
+                    offered: &mut self.offered[1],
+                },
                 &mut self.sent[1],
                 &mut self.into[1],
             );
@@ -271,12 +286,20 @@ impl Net {
     }
 }
 
-/// Every frame `from` has to send, encoded, decoded and handed to `to`.
+/// What a direction of the link loses: everything while `cut`, and the frames numbered in
+/// `lose` (`offered` counts them).
+struct Loss<'a> {
+    cut: bool,
+    lose: &'a [usize],
+    offered: &'a mut usize,
+}
+
+/// Every frame `from` has to send, encoded, decoded and handed to `to` (unless lost).
 fn carry(
     from: &mut Host,
     to: &mut Host,
     now: Instant,
-    cut: bool,
+    loss: Loss,
     count: &mut usize,
     into: &mut Into,
 ) -> bool {
@@ -287,7 +310,9 @@ fn carry(
         assert_eq!(t.host, to.id, "addressed to the peer");
         buf.clear();
         assert!(t.encode(&mut from.mem, &mut buf), "a consistent frame");
-        if cut {
+        let n = *loss.offered;
+        *loss.offered += 1;
+        if loss.cut || loss.lose.contains(&n) {
             continue;
         }
         let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
@@ -1409,4 +1434,218 @@ fn a_context_that_dies_names_its_linked_qps_and_the_peer_told_fails() {
     assert_eq!(n.a.e.qp_state(n.a.qp), Some(QpState::Rts), "not its peer");
     n.a.e.peer_died(n.b.id, n.b.qpn);
     assert_eq!(n.a.e.qp_state(n.a.qp), Some(QpState::Err));
+}
+
+/// A message of many segments (SEND, RDMA WRITE, RDMA WRITE with immediate) that loses some
+/// on the way (a middle one, the last one, the first one, ACKs, several), and is sent again
+/// from where the responder stopped (sequence NAK) or after the local ACK timeout: it lands
+/// whole, once (with immediate: in its one receive), and both sides complete with success.
+#[test]
+fn a_multi_segment_message_that_loses_segments_lands_whole_once() {
+    let len = 1024 * 1024u64;
+    for op in [
+        SendOpcode::Send,
+        SendOpcode::RdmaWrite,
+        SendOpcode::RdmaWriteWithImm,
+    ] {
+        for (what, a_to_b, b_to_a) in [
+            ("a middle segment", vec![3], vec![]),
+            ("the last segment", vec![15], vec![]),
+            ("the first segment", vec![0], vec![]),
+            ("two segments", vec![2, 9], vec![]),
+            ("the ACKs", vec![], vec![0, 1, 2]),
+            ("segments and ACKs", vec![5], vec![0]),
+            ("a retransmitted segment", vec![3, 16, 17], vec![]),
+        ] {
+            let what = format!("{op:?}, losing {what}");
+            let mut n = Net::new(QpType::Rc);
+            let now = n.now;
+            let src = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
+            let dst = n.b.map(
+                0x80_0000,
+                2 * len,
+                access::LOCAL_WRITE | access::REMOTE_WRITE,
+            );
+            let data = pattern(len as usize, 5);
+            n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+            n.b.recv(now, 7, vec![sge(0x80_0000, 2 * len as u32, dst.0.lkey)]);
+            n.lose = [a_to_b, b_to_a];
+            n.a.post(
+                now,
+                wqe(
+                    1,
+                    op,
+                    vec![sge(0x10_0000, len as u32, src.0.lkey)],
+                    0x80_0000,
+                    dst.0.rkey,
+                ),
+            );
+            n.run();
+            for _ in 0..20 {
+                n.advance(Duration::from_millis(100));
+            }
+            assert_eq!(
+                statuses(&n.a.cqes()),
+                vec![(1, WcStatus::Success)],
+                "{what}: the requester"
+            );
+            let cb = n.b.cqes();
+            if op == SendOpcode::RdmaWrite {
+                assert!(cb.is_empty(), "{what}: {cb:?}");
+            } else {
+                assert_eq!(
+                    statuses(&cb),
+                    vec![(7, WcStatus::Success)],
+                    "{what}: one receive"
+                );
+                assert_eq!(cb[0].byte_len as u64, len, "{what}");
+            }
+            same(
+                &n.b.get(&dst, 0x80_0000, 0x80_0000, len as usize),
+                &data,
+                &what,
+            );
+        }
+    }
+}
+
+/// Hands frames (encoded, in order) that `from` sent to `to`, as a link that was slow.
+fn deliver_late(to: &mut Host, from: HostId, now: Instant, frames: &[Vec<u8>]) {
+    for buf in frames {
+        let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
+        let repr = FrameRepr::parse(&frame).expect("a valid frame");
+        let FrameRepr::Segment { slid, grh, segment } = repr else {
+            panic!("a segment");
+        };
+        let sender = Sender {
+            slid,
+            grh: grh.as_ref(),
+        };
+        let payload = &buf[repr.payload_range()];
+        to.e.handle_segment(now, from, sender, &segment, payload, &mut to.mem);
+    }
+}
+
+/// Everything `h` has to send now, encoded, kept back (a slow link).
+fn hold(h: &mut Host, now: Instant, held: &mut Vec<Vec<u8>>) {
+    while h.e.process(now, &mut h.mem) {}
+    while let Some(t) = h.e.poll_transmit() {
+        let mut buf = Vec::new();
+        assert!(t.encode(&mut h.mem, &mut buf), "a consistent frame");
+        held.push(buf);
+    }
+}
+
+/// A slow link, not a lossy one: the requester's local ACK timeout expires while its segments
+/// are still on the way, so it sends them again behind the first copies (as an engine thread
+/// starved of CPU does between shards, or a congested link). Every copy arrives, in order:
+/// the message still lands whole and once, in its one receive, and both sides succeed.
+#[test]
+fn segments_sent_again_behind_their_slow_first_copies_land_once() {
+    let len = 1024 * 1024u64;
+    for op in [
+        SendOpcode::Send,
+        SendOpcode::RdmaWrite,
+        SendOpcode::RdmaWriteWithImm,
+    ] {
+        for timeouts in [1, 2, 3] {
+            let what = format!("{op:?}, {timeouts} timeouts");
+            let mut n = Net::new(QpType::Rc);
+            let now = n.now;
+            let src = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
+            let dst = n.b.map(
+                0x80_0000,
+                2 * len,
+                access::LOCAL_WRITE | access::REMOTE_WRITE,
+            );
+            let data = pattern(len as usize, 5);
+            n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+            n.b.recv(now, 7, vec![sge(0x80_0000, 2 * len as u32, dst.0.lkey)]);
+            n.b.recv(now, 8, vec![sge(0x80_0000, 16, dst.0.lkey)]);
+            n.a.post(
+                now,
+                wqe(
+                    1,
+                    op,
+                    vec![sge(0x10_0000, len as u32, src.0.lkey)],
+                    0x80_0000,
+                    dst.0.rkey,
+                ),
+            );
+            let mut held = Vec::new();
+            hold(&mut n.a, n.now, &mut held);
+            for _ in 0..timeouts {
+                n.now += Duration::from_millis(100);
+                n.a.e.handle_timeout(n.now);
+                hold(&mut n.a, n.now, &mut held);
+            }
+            let a_id = n.a.id;
+            deliver_late(&mut n.b, a_id, n.now, &held);
+            n.run();
+            for _ in 0..20 {
+                n.advance(Duration::from_millis(100));
+            }
+            assert_eq!(
+                statuses(&n.a.cqes()),
+                vec![(1, WcStatus::Success)],
+                "{what}: the requester"
+            );
+            let cb = n.b.cqes();
+            if op == SendOpcode::RdmaWrite {
+                assert!(cb.is_empty(), "{what}: {cb:?}");
+            } else {
+                assert_eq!(
+                    statuses(&cb),
+                    vec![(7, WcStatus::Success)],
+                    "{what}: one receive"
+                );
+                assert_eq!(cb[0].byte_len as u64, len, "{what}");
+            }
+            same(
+                &n.b.get(&dst, 0x80_0000, 0x80_0000, len as usize),
+                &data,
+                &what,
+            );
+        }
+    }
+}
+
+/// An RDMA WRITE with immediate of many segments whose last one finds no receive (RNR NAK):
+/// sent again once a receive is posted, it lands whole, completes both sides, and its bytes
+/// went where its RETH said (the cursor of the WRITE was kept across the RNR wait).
+#[test]
+fn a_multi_segment_write_with_immediate_waits_out_rnr_and_lands_whole() {
+    let len = 1024 * 1024u64;
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let src = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
+    let dst =
+        n.b.map(0x80_0000, len, access::LOCAL_WRITE | access::REMOTE_WRITE);
+    let data = pattern(len as usize, 9);
+    n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::RdmaWriteWithImm,
+            vec![sge(0x10_0000, len as u32, src.0.lkey)],
+            0x80_0000,
+            dst.0.rkey,
+        ),
+    );
+    n.run();
+    assert!(n.a.cqes().is_empty(), "waiting for a receive");
+    n.b.recv(n.now, 7, vec![sge(0x80_0000, 16, dst.0.lkey)]);
+    for _ in 0..20 {
+        n.advance(Duration::from_millis(100));
+    }
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    let cb = n.b.cqes();
+    assert_eq!(statuses(&cb), vec![(7, WcStatus::Success)]);
+    assert_eq!(cb[0].byte_len as u64, len);
+    same(
+        &n.b.get(&dst, 0x80_0000, 0x80_0000, len as usize),
+        &data,
+        "the WRITE after its RNR wait",
+    );
 }

@@ -799,6 +799,9 @@ impl Engine {
             }
         };
         let n = payload.len() as u64;
+        // The PSN expected: only a segment taken in sequence moves a WRITE's cursor.
+        let epsn = q.attr.rq_psn;
+        let in_sequence = psn_cmp(seg.psn, epsn) == 0;
         // Where an RDMA WRITE's bytes go: its RETH on the first segment, the cursor after.
         let (va, rkey, len) = match (op, seg.reth, seg.atomic) {
             // SEND with Invalidate: the IETH's R_Key, as a local requester passes it.
@@ -806,6 +809,9 @@ impl Engine {
             (_, Some(r), _) => (r.va, r.rkey, u64::from(r.dma_len)),
             (Op::Write, None, _) => match q.write_at {
                 Some(at) => at,
+                // Out of sequence (a copy sent again, or one that came after a loss): the PSN
+                // check answers it and it moves no byte, so no cursor is needed.
+                None if !in_sequence => (0, 0, 0),
                 None => {
                     if transport.is_reliable() {
                         self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::InvalidRequest));
@@ -876,9 +882,12 @@ impl Engine {
         back.clear();
         let r = self.handle_request(qp, &req, mem, &mut back);
         tracing::trace!(?r, "answer");
-        if r.is_some()
-            && op == Op::Write
+        // The cursor moves past a segment the responder took (the PSN expected moved past
+        // it), never for a duplicate, one NAKed out of sequence, or one turned back for RNR.
+        if op == Op::Write
             && let Some(q) = self.qps.get_mut(&qp)
+            && q.attr.rq_psn != epsn
+            && q.attr.rq_psn == psn_next(seg.psn)
         {
             q.write_at = (!last).then_some((va.wrapping_add(n), rkey, len.saturating_sub(n)));
         }
@@ -1027,6 +1036,11 @@ impl Engine {
                 self.rewind(qp, psn);
                 if let Some(q) = self.qps.get_mut(&qp) {
                     q.rnr_psn = Some(psn);
+                    // An answer: nothing is in flight past the PSN it names (a message sent
+                    // in part keeps its flight), so the local ACK timer waits for the segment
+                    // sent again when the RNR wait ends, instead of expiring meanwhile.
+                    q.ack_until = None;
+                    q.ack_tries = 0;
                 }
                 // Wait out the responder's timer; nothing here can wake it sooner.
                 match self.rnr(now, qp, timer, None) {

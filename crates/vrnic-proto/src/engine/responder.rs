@@ -245,6 +245,11 @@ impl Engine {
         {
             // The RETH's DMA length, which a receive it consumes reports.
             q.write_len = req.len;
+            q.rx_lost = false;
+        }
+        if uc && self.qps.get(&peer).is_some_and(|q| q.rx_lost) {
+            // UC: the rest of a WRITE that lost a segment is dropped.
+            return Response::Unacknowledged;
         }
         let n = req.payload.len();
         let mut dst = std::mem::take(&mut self.scratch_place);
