@@ -1426,6 +1426,13 @@ fn a_request_dropped_before_the_responder_reached_rtr_is_sent_again_after_the_ac
 fn a_context_that_dies_names_its_linked_qps_and_the_peer_told_fails() {
     let mut n = Net::new(QpType::Rc);
     let now = n.now;
+    // In ERR already (a garbage slot in its send ring failed it, as a tenant whose region
+    // was truncated reads zeros, before its context went): named all the same, since its peer
+    // still waits on it.
+    n.b.e
+        .handle_send_wqe(now, n.b.qp, Err(vrnic_wire::ParseError::Opcode(0xee)));
+    n.run();
+    assert_eq!(n.b.e.qp_state(n.b.qp), Some(QpState::Err));
     n.b.e.destroy_context(now, n.b.ctx);
     assert_eq!(n.b.e.take_died_remote(), vec![(n.a.id, n.b.qpn)]);
     assert!(n.b.e.take_died_remote().is_empty(), "taken once");

@@ -623,9 +623,9 @@ impl Engine {
     pub(super) fn fail_peers(&mut self, qp: QpId) {
         let Some(q) = self.qps.get(&qp) else { return };
         let (qpn, vnic) = (q.qpn, q.vnic);
-        if let Route::Remote(host) = q.route
-            && matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-        {
+        // Whatever its own state (a QP its ring check failed is in ERR already): the peer
+        // still waits on it.
+        if let Route::Remote(host) = q.route {
             self.died_remote.push((host, qpn));
         }
         let peers: Vec<QpId> = self
