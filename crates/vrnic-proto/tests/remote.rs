@@ -1449,7 +1449,6 @@ fn a_context_that_dies_names_its_linked_qps_and_the_peer_told_fails() {
 /// whole, once (with immediate: in its one receive), and both sides complete with success.
 #[test]
 fn a_multi_segment_message_that_loses_segments_lands_whole_once() {
-    let len = 1024 * 1024u64;
     for op in [
         SendOpcode::Send,
         SendOpcode::RdmaWrite,
@@ -1466,53 +1465,67 @@ fn a_multi_segment_message_that_loses_segments_lands_whole_once() {
         ] {
             let what = format!("{op:?}, losing {what}");
             let mut n = Net::new(QpType::Rc);
-            let now = n.now;
-            let src = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
-            let dst = n.b.map(
-                0x80_0000,
-                2 * len,
-                access::LOCAL_WRITE | access::REMOTE_WRITE,
-            );
-            let data = pattern(len as usize, 5);
-            n.a.set(&src, 0x10_0000, 0x10_0000, &data);
-            n.b.recv(now, 7, vec![sge(0x80_0000, 2 * len as u32, dst.0.lkey)]);
             n.lose = [a_to_b, b_to_a];
-            n.a.post(
-                now,
-                wqe(
-                    1,
-                    op,
-                    vec![sge(0x10_0000, len as u32, src.0.lkey)],
-                    0x80_0000,
-                    dst.0.rkey,
-                ),
-            );
+            let m = Message::post(&mut n, op);
             n.run();
-            for _ in 0..20 {
-                n.advance(Duration::from_millis(100));
-            }
-            assert_eq!(
-                statuses(&n.a.cqes()),
-                vec![(1, WcStatus::Success)],
-                "{what}: the requester"
-            );
-            let cb = n.b.cqes();
-            if op == SendOpcode::RdmaWrite {
-                assert!(cb.is_empty(), "{what}: {cb:?}");
-            } else {
-                assert_eq!(
-                    statuses(&cb),
-                    vec![(7, WcStatus::Success)],
-                    "{what}: one receive"
-                );
-                assert_eq!(cb[0].byte_len as u64, len, "{what}");
-            }
-            same(
-                &n.b.get(&dst, 0x80_0000, 0x80_0000, len as usize),
-                &data,
-                &what,
-            );
+            m.landed_once(&mut n, &what);
         }
+    }
+}
+
+/// A message of [`Message::LEN`] bytes from a to b, the WR posted (with a receive on b).
+struct Message {
+    op: SendOpcode,
+    dst: (MrKeys, Vec<u64>),
+    data: Vec<u8>,
+}
+
+impl Message {
+    const LEN: u64 = 1024 * 1024;
+
+    /// Its source written, a receive of twice its length posted on b, its WR (id 1) on a:
+    /// SEND, or an RDMA WRITE (with or without immediate) to the receive buffer's start.
+    fn post(n: &mut Net, op: SendOpcode) -> Message {
+        let len = Self::LEN;
+        let now = n.now;
+        let src = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
+        let dst = n.b.map(
+            0x80_0000,
+            2 * len,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        );
+        let data = pattern(len as usize, 5);
+        n.a.set(&src, 0x10_0000, 0x10_0000, &data);
+        n.b.recv(now, 7, vec![sge(0x80_0000, 2 * len as u32, dst.0.lkey)]);
+        let sges = vec![sge(0x10_0000, len as u32, src.0.lkey)];
+        n.a.post(now, wqe(1, op, sges, 0x80_0000, dst.0.rkey));
+        Message { op, dst, data }
+    }
+
+    /// After two seconds of timers: the requester succeeded, b's receive completed once with
+    /// the whole length (not for a plain WRITE), and every byte is where it belongs.
+    fn landed_once(&self, n: &mut Net, what: &str) {
+        for _ in 0..20 {
+            n.advance(Duration::from_millis(100));
+        }
+        assert_eq!(
+            statuses(&n.a.cqes()),
+            vec![(1, WcStatus::Success)],
+            "{what}: the requester"
+        );
+        let cb = n.b.cqes();
+        if self.op == SendOpcode::RdmaWrite {
+            assert!(cb.is_empty(), "{what}: {cb:?}");
+        } else {
+            assert_eq!(
+                statuses(&cb),
+                vec![(7, WcStatus::Success)],
+                "{what}: one receive"
+            );
+            assert_eq!(u64::from(cb[0].byte_len), Self::LEN, "{what}");
+        }
+        let got = n.b.get(&self.dst, 0x80_0000, 0x80_0000, Self::LEN as usize);
+        same(&got, &self.data, what);
     }
 }
 
@@ -1549,7 +1562,6 @@ fn hold(h: &mut Host, now: Instant, held: &mut Vec<Vec<u8>>) {
 /// the message still lands whole and once, in its one receive, and both sides succeed.
 #[test]
 fn segments_sent_again_behind_their_slow_first_copies_land_once() {
-    let len = 1024 * 1024u64;
     for op in [
         SendOpcode::Send,
         SendOpcode::RdmaWrite,
@@ -1558,27 +1570,7 @@ fn segments_sent_again_behind_their_slow_first_copies_land_once() {
         for timeouts in [1, 2, 3] {
             let what = format!("{op:?}, {timeouts} timeouts");
             let mut n = Net::new(QpType::Rc);
-            let now = n.now;
-            let src = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
-            let dst = n.b.map(
-                0x80_0000,
-                2 * len,
-                access::LOCAL_WRITE | access::REMOTE_WRITE,
-            );
-            let data = pattern(len as usize, 5);
-            n.a.set(&src, 0x10_0000, 0x10_0000, &data);
-            n.b.recv(now, 7, vec![sge(0x80_0000, 2 * len as u32, dst.0.lkey)]);
-            n.b.recv(now, 8, vec![sge(0x80_0000, 16, dst.0.lkey)]);
-            n.a.post(
-                now,
-                wqe(
-                    1,
-                    op,
-                    vec![sge(0x10_0000, len as u32, src.0.lkey)],
-                    0x80_0000,
-                    dst.0.rkey,
-                ),
-            );
+            let m = Message::post(&mut n, op);
             let mut held = Vec::new();
             hold(&mut n.a, n.now, &mut held);
             for _ in 0..timeouts {
@@ -1589,30 +1581,7 @@ fn segments_sent_again_behind_their_slow_first_copies_land_once() {
             let a_id = n.a.id;
             deliver_late(&mut n.b, a_id, n.now, &held);
             n.run();
-            for _ in 0..20 {
-                n.advance(Duration::from_millis(100));
-            }
-            assert_eq!(
-                statuses(&n.a.cqes()),
-                vec![(1, WcStatus::Success)],
-                "{what}: the requester"
-            );
-            let cb = n.b.cqes();
-            if op == SendOpcode::RdmaWrite {
-                assert!(cb.is_empty(), "{what}: {cb:?}");
-            } else {
-                assert_eq!(
-                    statuses(&cb),
-                    vec![(7, WcStatus::Success)],
-                    "{what}: one receive"
-                );
-                assert_eq!(cb[0].byte_len as u64, len, "{what}");
-            }
-            same(
-                &n.b.get(&dst, 0x80_0000, 0x80_0000, len as usize),
-                &data,
-                &what,
-            );
+            m.landed_once(&mut n, &what);
         }
     }
 }

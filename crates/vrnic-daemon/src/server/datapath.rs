@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::shard::{Bell, Lane, QpSlot, Shard};
 
-use vrnic_proto::{PASS_BYTES, PASS_WRS};
+use vrnic_proto::{HostId, PASS_BYTES, PASS_WRS, Sender};
+use vrnic_wire::frame::FrameRepr;
 
 /// The engine's view of region memory: every vRNIC's region, by id. It remembers the last
 /// region it found for a source and for a destination, so the runs of one segment (often many,
@@ -155,6 +156,26 @@ pub(super) const LOOK_SHARE: u32 = 16;
 pub(super) const TURN_NOMINAL: Duration = Duration::from_micros(2);
 
 impl Shard {
+    /// A segment frame (decoded) that came from `host`, its payload `body`, to the engine.
+    pub(super) fn take_segment(
+        &mut self,
+        now: Instant,
+        host: HostId,
+        repr: FrameRepr,
+        body: &[u8],
+    ) {
+        let FrameRepr::Segment { slid, grh, segment } = repr else {
+            return;
+        };
+        let from = Sender {
+            slid,
+            grh: grh.as_ref(),
+        };
+        let mem = &mut Mem::new(&self.lanes);
+        self.engine
+            .handle_segment(now, host, from, &segment, body, mem);
+    }
+
     pub(super) fn set_sleeping(&mut self, on: bool) {
         self.sleeping = on;
         for v in self.lanes.values() {

@@ -24,7 +24,7 @@ use super::*;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::thread::JoinHandle;
 
-use vrnic_proto::{HostId, Sender};
+use vrnic_proto::HostId;
 use vrnic_wire::frame::{Frame, FrameRepr};
 
 use super::datapath::{Frames, Mem};
@@ -142,21 +142,10 @@ fn take_inbox(sh: &mut Shard, inbox: &Receiver<ShardFrame>, now: Instant) -> boo
         let Ok(frame) = Frame::new_checked(&bytes[..]) else {
             continue;
         };
-        let Ok(repr @ FrameRepr::Segment { slid, grh, segment }) = FrameRepr::parse(&frame) else {
+        let Ok(repr) = FrameRepr::parse(&frame) else {
             continue;
         };
-        let body = &bytes[repr.payload_range()];
-        sh.engine.handle_segment(
-            now,
-            from,
-            Sender {
-                slid,
-                grh: grh.as_ref(),
-            },
-            &segment,
-            body,
-            &mut Mem::new(&sh.lanes),
-        );
+        sh.take_segment(now, from, repr, &bytes[repr.payload_range()]);
     }
     any
 }

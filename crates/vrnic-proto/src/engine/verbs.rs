@@ -628,13 +628,19 @@ impl Engine {
         if let Route::Remote(host) = q.route {
             self.died_remote.push((host, qpn));
         }
+        self.fail_connected(Route::Local(vnic), qpn);
+    }
+
+    /// Moves the QPs connected to QP `qpn` along `route` to ERR, their head WQE (or next one)
+    /// completing with `RETRY_EXC_ERR`.
+    fn fail_connected(&mut self, route: Route, qpn: u32) {
         let peers: Vec<QpId> = self
             .qps
             .iter()
             .filter(|(_, p)| {
                 matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
                     && p.attr.dest_qp_num == qpn
-                    && p.route == Route::Local(vnic)
+                    && p.route == route
             })
             .map(|(&id, _)| id)
             .collect();
@@ -656,19 +662,7 @@ impl Engine {
     /// move to ERR, their head WQE (or next one) completing with `RETRY_EXC_ERR`, as a local
     /// peer's do at once.
     pub fn peer_died(&mut self, host: HostId, qpn: u32) {
-        let peers: Vec<QpId> = self
-            .qps
-            .iter()
-            .filter(|(_, p)| {
-                matches!(p.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-                    && p.attr.dest_qp_num == qpn
-                    && p.route == Route::Remote(host)
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        for p in peers {
-            self.fail_qp(p, Some(WcStatus::RetryExcErr));
-        }
+        self.fail_connected(Route::Remote(host), qpn);
     }
 
     /// The QP's current state.

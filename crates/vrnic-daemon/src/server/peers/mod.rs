@@ -35,7 +35,7 @@ use mio::{Interest, Token};
 use rustc_hash::FxHashMap;
 use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
-use vrnic_proto::{HostId, Sender};
+use vrnic_proto::HostId;
 use vrnic_wire::frame::{
     CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME,
     pad_bytes_ok, peek_len,
@@ -895,21 +895,8 @@ impl Server {
                 }
                 Ok(State::Up)
             }
-            (State::Up, FrameRepr::Segment { slid, grh, segment }) => {
-                let cell = self.shard0();
-                let mut sh = cell.lock();
-                let sh = &mut *sh;
-                sh.engine.handle_segment(
-                    now,
-                    host,
-                    Sender {
-                        slid,
-                        grh: grh.as_ref(),
-                    },
-                    &segment,
-                    body,
-                    &mut Mem::new(&sh.lanes),
-                );
+            (State::Up, repr @ FrameRepr::Segment { .. }) => {
+                self.shard0().lock().take_segment(now, host, repr, body);
                 Ok(State::Up)
             }
             (State::Up, FrameRepr::Control(c))
