@@ -171,6 +171,7 @@ pub mod errno {
     pub const EBADF: i32 = 9;
     pub const ENOMEM: i32 = 12;
     pub const EBUSY: i32 = 16;
+    pub const EEXIST: i32 = 17;
     pub const EINVAL: i32 = 22;
     pub const ENOSYS: i32 = 38;
     pub const EOPNOTSUPP: i32 = 95;

@@ -370,9 +370,17 @@ pub struct Engine {
     rng: u64,
     next_id: u32,
     next_qpn: u32,
-    /// Its QP numbers are `qpn_offset` modulo `qpn_stride` ([`Engine::set_qpn_space`]).
+    /// Its QP numbers, and the ids it gives out, are `qpn_offset` modulo `qpn_stride`
+    /// ([`Engine::set_qpn_space`]).
     qpn_offset: u32,
     qpn_stride: u32,
+    /// The engines sharing this daemon's number space are hosts `siblings + class`
+    /// ([`Engine::set_siblings`]): a destination on this daemon whose QP number is of another
+    /// class is reached through that host.
+    siblings: Option<u32>,
+    /// The id (and, for an MR, the key) the next object made takes: an object mirrored from
+    /// the engine that made it ([`Engine::mirrored`]).
+    forced: Option<(u32, Option<u32>)>,
     vnics: FxHashMap<VnicId, Vnic>,
     pds: FxHashMap<PdId, Pd>,
     mrs: FxHashMap<MrId, Mr>,
@@ -500,6 +508,8 @@ impl Engine {
             next_qpn: 0x11,
             qpn_offset: 0,
             qpn_stride: 1,
+            siblings: None,
+            forced: None,
             vnics: FxHashMap::default(),
             pds: FxHashMap::default(),
             mrs: FxHashMap::default(),
@@ -541,9 +551,17 @@ impl Engine {
         }
     }
 
+    /// A fresh object id: of this engine's class ([`Engine::set_qpn_space`]), or the one an
+    /// object mirrored from another engine keeps ([`Engine::mirrored`]).
     fn id(&mut self) -> u32 {
+        if let Some((id, _)) = self.forced {
+            return id;
+        }
         let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.next_id = match self.next_id.checked_add(self.qpn_stride) {
+            Some(n) => n,
+            None => self.first_id(),
+        };
         id
     }
 
@@ -556,9 +574,10 @@ impl Engine {
         z ^ (z >> 31)
     }
 
-    /// Gives this engine the QP numbers `offset` modulo `stride` (at most 256 classes), so that
-    /// engines sharing a daemon's number space never give out the same one and a segment's
-    /// destination QP number names its engine. Call before any QP is made.
+    /// Gives this engine the QP numbers, and the object ids, that are `offset` modulo
+    /// `stride` (at most 256 classes), so that engines sharing a daemon's number space never
+    /// give out the same one: a segment's destination QP number names its engine, and so does
+    /// an object's id. Call before any object is made.
     pub fn set_qpn_space(&mut self, offset: u32, stride: u32) {
         let stride = stride.clamp(1, 256);
         let offset = offset % stride;
@@ -566,6 +585,54 @@ impl Engine {
         self.qpn_stride = stride;
         // The first of the class from 0x11 on, as a lone engine starts.
         self.next_qpn = 0x11 + (offset + stride - 0x11 % stride) % stride;
+        self.next_id = self.first_id();
+    }
+
+    /// The first id of this engine's class (ids are 1 and up).
+    fn first_id(&self) -> u32 {
+        if self.qpn_offset == 0 {
+            self.qpn_stride
+        } else {
+            self.qpn_offset
+        }
+    }
+
+    /// Names the engines sharing this daemon's QP numbers ([`Engine::set_qpn_space`]): the
+    /// engine of class `c` is host `HostId(base + c)`. A vRNIC may then have QPs on several
+    /// engines (each holds a *slice* of it: the same vRNIC, its objects mirrored), so a
+    /// destination that resolves to a vRNIC on this engine, with a QP number of another class,
+    /// is reached through that class's engine, as over a peer link.
+    pub fn set_siblings(&mut self, base: HostId) {
+        self.siblings = Some(base.0);
+    }
+
+    /// Runs `make` (one verb that makes an object: `alloc_pd`, `create_cq`, `create_ah`,
+    /// `reg_mr`) so that the object takes id `id` and, for an MR, key `key`: the copy, in this
+    /// engine's slice of a vRNIC, of an object another engine of the daemon made (`id` is of
+    /// that engine's class, so it is free here).
+    pub fn mirrored<T>(
+        &mut self,
+        id: u32,
+        key: Option<u32>,
+        make: impl FnOnce(&mut Engine) -> T,
+    ) -> T {
+        self.forced = Some((id, key));
+        let r = make(self);
+        self.forced = None;
+        r
+    }
+
+    /// The engine of class `c` serving QP number `qpn`, as a host, if it is not this one.
+    pub(super) fn sibling_of(&self, qpn: u32) -> Option<HostId> {
+        let base = self.siblings?;
+        let class = qpn % self.qpn_stride;
+        (class != self.qpn_offset).then(|| HostId(base + class))
+    }
+
+    /// Whether `host` is another engine of this daemon ([`Engine::set_siblings`]).
+    pub(super) fn is_sibling(&self, host: HostId) -> bool {
+        self.siblings
+            .is_some_and(|b| host.0 >= b && host.0 - b < self.qpn_stride)
     }
 
     /// The number of completions waiting (for tests and metrics).

@@ -834,7 +834,11 @@ impl Engine {
             Some(d) => (
                 d.src_qpn,
                 from.slid
-                    .filter(|&l| self.remote_lids.get(&l).is_some_and(|&(h, _)| h == host))
+                    .filter(|&l| {
+                        self.remote_lids.get(&l).is_some_and(|&(h, _)| h == host)
+                            // Another engine of this daemon, for a vRNIC with a slice here.
+                            || (self.is_sibling(host) && self.by_lid.contains_key(&l))
+                    })
                     .or_else(|| grh.and_then(|g| self.lid_of_remote_gid(&g.sgid)))
                     .unwrap_or(0),
             ),

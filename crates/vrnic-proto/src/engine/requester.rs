@@ -40,6 +40,16 @@ impl Engine {
         }
     }
 
+    /// `route` to the QP numbered `qpn` there: a vRNIC on this engine whose QP of that number
+    /// is on another engine of the daemon (a vRNIC with QPs on several, see
+    /// [`Engine::set_siblings`]) is reached through that engine.
+    pub(super) fn classed(&self, route: Route, qpn: u32) -> Route {
+        match (route, self.sibling_of(qpn)) {
+            (Route::Local(_), Some(host)) => Route::Remote(host),
+            _ => route,
+        }
+    }
+
     /// Retires the head send WQE, with a completion if it is signaled.
     pub(super) fn complete_head(&mut self, qp: QpId, byte_len: u32) {
         let Some(q) = self.qps.get_mut(&qp) else {
@@ -73,8 +83,9 @@ impl Engine {
         {
             return q.route;
         }
-        let (vnic, ah) = (q.vnic, q.attr.ah_attr);
+        let (vnic, ah, dqpn) = (q.vnic, q.attr.ah_attr, q.attr.dest_qp_num);
         let route = self.route_from(vnic, &ah, false);
+        let route = self.classed(route, dqpn);
         if let Some(q) = self.qps.get_mut(&qp) {
             q.route = route;
         }
@@ -529,6 +540,7 @@ impl Engine {
                 a.route = route;
             }
         }
+        let route = self.classed(route, wqe.ud.remote_qpn);
         if len > UD_MTU {
             return Outcome::Fail(WcStatus::LocLenErr);
         }

@@ -136,6 +136,21 @@ impl Engine {
         }
     }
 
+    /// Whether PD `pd` of `ctx` is used here (by MRs, QPs, SRQs, address handles): of a vRNIC
+    /// with slices on several engines, each slice counts its own users.
+    pub fn pd_busy(&self, ctx: CtxId, pd: PdId) -> bool {
+        self.pds
+            .get(&pd)
+            .is_some_and(|p| p.ctx == ctx && p.users > 0)
+    }
+
+    /// Whether CQ `cq` of `ctx` is used here by a QP or SRQ (see [`Engine::pd_busy`]).
+    pub fn cq_busy(&self, ctx: CtxId, cq: CqId) -> bool {
+        self.cqs
+            .get(&cq)
+            .is_some_and(|c| c.ctx == ctx && c.users > 0)
+    }
+
     /// The checks of [`Engine::reg_mr`] that need no pages: the PD, the access flags, the
     /// range, the MR limit. The daemon runs them before it does any work for a registration.
     /// Returns the vRNIC the MR would belong to.
@@ -185,19 +200,24 @@ impl Engine {
         let vnic = self.check_reg_mr(ctx, pd, addr, len, iova, access)?;
         let npages = (addr + len).div_ceil(PAGE) - addr / PAGE;
         let spans = spans_of(runs, npages).ok_or(EINVAL)?;
-        let mut key;
-        loop {
-            key = self.random() as u32;
-            // Unique among the MR keys and outside every memory window's key range.
-            if key != 0
-                && !self
-                    .vnics
+        // Unique among the MR keys and outside every memory window's key range.
+        let taken = |e: &Engine, key: u32| {
+            key == 0
+                || e.vnics
                     .get(&vnic)
                     .is_some_and(|v| v.keys.contains_key(&key) || v.mws.contains_key(&(key >> 8)))
-            {
-                break;
-            }
-        }
+        };
+        let key = match self.forced {
+            // A mirror keeps the key its maker gave.
+            Some((_, Some(k))) if taken(self, k) => return Err(EEXIST),
+            Some((_, Some(k))) => k,
+            _ => loop {
+                let key = self.random() as u32;
+                if !taken(self, key) {
+                    break key;
+                }
+            },
+        };
         let mr = MrId(self.id());
         self.vnics
             .get_mut(&vnic)
@@ -502,6 +522,11 @@ impl Engine {
         {
             return Err(EINVAL);
         }
+        let dqpn = if mask & qp_attr::DEST_QPN != 0 {
+            attr.dest_qp_num
+        } else {
+            q.attr.dest_qp_num
+        };
         // Where its segments go: resolved now, from the address it will have.
         let route = match (next, mask & qp_attr::AV != 0) {
             (QpState::Rtr | QpState::Rts | QpState::Sqd, true) => {
@@ -513,6 +538,7 @@ impl Engine {
             }
             _ => Route::Nowhere,
         };
+        let route = self.classed(route, dqpn);
         let Some(q) = self.qps.get_mut(&qp) else {
             return Err(EINVAL);
         };
