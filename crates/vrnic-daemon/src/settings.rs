@@ -53,6 +53,8 @@ pub struct Settings {
     pub max_srq: Option<u32>,
     /// Engine threads (`--engine-threads`).
     pub engine_threads: Option<usize>,
+    /// `--spread-qps`.
+    pub spread_qps: Option<bool>,
 }
 
 /// A config file that could not be used.

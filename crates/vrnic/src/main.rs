@@ -78,10 +78,14 @@ enum Cmd {
         max_vrnics: Option<u32>,
         /// Engine threads: vRNICs are shared out among them, each served wholly by one
         /// (traffic between vRNICs of two threads crosses by a lock-free hand-off). 1: the
-        /// daemon's loop thread runs the engine itself. Peer links and cluster mode need 1
-        /// for now [default: a quarter of the cores, at least 1; 1 with --peer or --etcd].
+        /// daemon's loop thread runs the engine itself [default: a quarter of the cores, at
+        /// least 1].
         #[arg(long)]
         engine_threads: Option<usize>,
+        /// Spread each vRNIC's QPs over the engine threads (a process's QPs then use several
+        /// cores); memory windows are then not offered (max_mw 0, ibv_alloc_mw EOPNOTSUPP).
+        #[arg(long)]
+        spread_qps: bool,
         /// This host's address for peer links to other hosts' daemons (ADDR:PORT).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
@@ -211,6 +215,7 @@ fn real_main() -> Result<()> {
             max_srq,
             max_vrnics,
             engine_threads,
+            spread_qps,
             listen,
             peers,
             etcd,
@@ -233,6 +238,7 @@ fn real_main() -> Result<()> {
                 },
                 max_vrnics: max_vrnics.or(file.max_vrnics).unwrap_or(4096),
                 engine_threads: engine_threads.or(file.engine_threads),
+                spread_qps: spread_qps || file.spread_qps.unwrap_or(false),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() { file.peers } else { peers },

@@ -246,6 +246,158 @@ fn a_process_with_many_qps_runs_with_engine_threads() {
     pair.assert_ok();
 }
 
+/// A daemon with `n` engine threads and `--spread-qps`.
+fn spread_daemon(n: usize) -> Daemon {
+    Daemon::start_with(&["--engine-threads", &n.to_string(), "--spread-qps"])
+}
+
+/// Stops `d` and returns the vRNIC and the engine thread of each QP made (`--spread-qps`
+/// logs them), in order.
+fn qp_engines(mut d: Daemon) -> Vec<(u32, u32)> {
+    let log = d.stop().text();
+    let field = |l: &str, key: &str| -> Option<u32> {
+        let at = l.find(key)? + key.len();
+        let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    log.lines()
+        .map(plain)
+        .filter(|l| l.contains("QP created"))
+        .filter_map(|l| Some((field(&l, "vnic=")?, field(&l, "engine=")?)))
+        .collect()
+}
+
+/// The QP numbers perftest printed for its own QPs (`local address: ... QPN 0x0011 ...`).
+fn local_qpns(out: &str) -> Vec<u32> {
+    out.lines()
+        .filter(|l| l.contains("local address"))
+        .filter_map(|l| {
+            let at = l.find("QPN 0x")? + "QPN 0x".len();
+            let hex: String = l[at..]
+                .chars()
+                .take_while(char::is_ascii_hexdigit)
+                .collect();
+            u32::from_str_radix(&hex, 16).ok()
+        })
+        .collect()
+}
+
+/// `--spread-qps`: one process's QPs over every engine thread. Unmodified `ib_write_bw -q 9`
+/// and `ib_read_bw -q 6` complete, and each side's QPs are of every thread's class (a QP's
+/// number names the thread serving it, and the log says the same); `ibv_rc_pingpong -c`
+/// checks its bytes between two such vRNICs.
+#[test]
+fn one_process_s_qps_spread_over_every_engine_thread() {
+    let d = spread_daemon(3);
+    let limit = Duration::from_secs(120);
+    for (prog, q) in [("ib_write_bw", "9"), ("ib_read_bw", "6")] {
+        let p = port().to_string();
+        let pair = run_pair(
+            &d,
+            &[prog, "-q", q, "-n", "500", "-p", &p],
+            &[prog, "-q", q, "-n", "500", "-p", &p, "localhost"],
+            limit,
+        );
+        pair.assert_ok();
+        assert!(
+            pair.client.stdout.contains("#bytes"),
+            "{prog}: no results table:\n{}",
+            pair.client.stdout
+        );
+        for (side, out) in [
+            ("server", &pair.server.stdout),
+            ("client", &pair.client.stdout),
+        ] {
+            let qpns = local_qpns(out);
+            assert_eq!(
+                qpns.len(),
+                q.parse::<usize>().unwrap(),
+                "{prog} {side}:\n{out}"
+            );
+            for class in 0..3 {
+                assert!(
+                    qpns.iter().any(|n| n % 3 == class),
+                    "{prog} {side}: no QP on engine thread {class}: {qpns:x?}"
+                );
+            }
+        }
+    }
+    let p = port().to_string();
+    let pair = run_pair(
+        &d,
+        &["ibv_rc_pingpong", "-c", "-n", "200", "-p", &p],
+        &["ibv_rc_pingpong", "-c", "-n", "200", "-p", &p, "localhost"],
+        limit,
+    );
+    pair.assert_ok();
+    let used = qp_engines(d);
+    for t in 0..3 {
+        assert!(
+            used.iter().any(|&(_, e)| e == t),
+            "no QP on engine thread {t}: {used:?}"
+        );
+    }
+}
+
+/// `--spread-qps`, every byte checked: one process with one CQ and two RC QPs (on two engine
+/// threads) SENDs, WRITEs and READs 1 MiB with two peers at once, interleaved
+/// (`tests/c/fanout_check.c`); and memory windows are not offered (`ibv_devinfo -v`: max_mw 0).
+#[test]
+fn one_process_s_qps_on_two_engine_threads_land_every_byte() {
+    let bin = common::c_program("fanout_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let d = spread_daemon(2);
+    let (p1, p2) = (port().to_string(), port().to_string());
+    let up = Duration::from_secs(30);
+    let s1 = Proc::spawn(d.run(&[bin, "server", &p1, "1"]), "server 1");
+    let s1 = wait_listening(s1, p1.parse().expect("a port"), up);
+    let s2 = Proc::spawn(d.run(&[bin, "server", &p2, "2"]), "server 2");
+    let s2 = wait_listening(s2, p2.parse().expect("a port"), up);
+    let c = Proc::spawn(
+        d.run(&[bin, "client", "127.0.0.1", &p1, "127.0.0.1", &p2]),
+        "client",
+    )
+    .wait_bounded(Duration::from_secs(120));
+    let s1 = s1.wait_bounded(Duration::from_secs(30));
+    let s2 = s2.wait_bounded(Duration::from_secs(30));
+    assert!(
+        c.ok() && s1.ok() && s2.ok(),
+        "client:\n{}\nserver 1:\n{}\nserver 2:\n{}",
+        c.text(),
+        s1.text(),
+        s2.text()
+    );
+    assert!(
+        c.stdout.contains("OK client: both peers, every byte"),
+        "{}",
+        c.text()
+    );
+    let info = Proc::spawn(d.run(&["ibv_devinfo", "-v"]), "ibv_devinfo")
+        .wait_bounded(Duration::from_secs(30));
+    assert!(info.ok(), "{}", info.text());
+    let max_mw = info
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("max_mw:"))
+        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string());
+    assert_eq!(max_mw.as_deref(), Some("0"), "{}", info.stdout);
+    // The client's vRNIC has two QPs, one on each thread.
+    let used = qp_engines(d);
+    let client = used
+        .iter()
+        .map(|&(v, _)| v)
+        .find(|v| used.iter().filter(|(w, _)| w == v).count() == 2);
+    let threads: Vec<u32> = used
+        .iter()
+        .filter(|(v, _)| Some(*v) == client)
+        .map(|&(_, e)| e)
+        .collect();
+    assert!(
+        threads.len() == 2 && threads[0] != threads[1],
+        "the client's QPs not on two engine threads: {used:?}"
+    );
+}
+
 /// Daemons on two hosts, each with three engine threads: unmodified clients and our UD check
 /// run between the hosts while the apps' vRNICs are on engine threads other than the first
 /// (a vRNIC made beforehand takes a shard), so a frame from the other host reaches the shard

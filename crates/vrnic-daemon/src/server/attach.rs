@@ -70,9 +70,11 @@ impl Server {
     /// Registers an accepted context and tells it its port is up, as a device reports a port
     /// that goes active.
     pub(super) fn add_context(&mut self, id: CtxId, vnic: VnicId, link: Link, mailbox: Mailbox) {
-        if let (Link::Region { .. }, Some(cell)) = (&link, self.cell_of(vnic)) {
-            cell.guests.fetch_add(1, Ordering::AcqRel);
-            cell.wake();
+        if let Link::Region { .. } = &link {
+            for cell in self.slices_of(vnic) {
+                cell.guests.fetch_add(1, Ordering::AcqRel);
+                cell.wake();
+            }
         }
         self.ctxs.insert(
             id,
@@ -228,9 +230,7 @@ impl Server {
             return true;
         }
         // A doorbell for an engine thread that sleeps (the loop's own engine needs no call).
-        if let Some(cell) = self.cell_of(vnic) {
-            cell.wake();
-        }
+        self.wake_slices(vnic);
         self.serve_mailbox(id);
         true
     }
@@ -240,29 +240,40 @@ impl Server {
             return;
         };
         let now = Instant::now();
-        let cell = self.cell_of(ctx.vnic);
-        let mut died = Vec::new();
-        let slots = cell.as_ref().map(|cell| {
-            let mut sh = cell.lock();
-            let sh = &mut *sh;
+        let cells = self.slices_of(ctx.vnic);
+        // Each slice's objects of the context, then the slots of its queues there (a CQ's
+        // slot is shared by the slices: the home's is freed).
+        let mut qps: Vec<(usize, QpSlot)> = Vec::new();
+        let mut cqs: Vec<CqCell> = Vec::new();
+        let mut srqs: Vec<SrqSlot> = Vec::new();
+        for (n, cell) in cells.iter().enumerate() {
+            let mut guard = cell.lock();
+            let sh = &mut *guard;
             sh.engine.destroy_context(now, id);
-            died = sh.engine.take_died_remote();
-            let qps: Vec<QpSlot> = ctx.qps.iter().filter_map(|q| sh.qps.remove(q)).collect();
-            let cqs: Vec<CqSlot> = ctx.cqs.iter().filter_map(|q| sh.cqs.remove(q)).collect();
-            let srqs: Vec<SrqSlot> = ctx.srqs.iter().filter_map(|q| sh.srqs.remove(q)).collect();
-            if let Some(l) = sh.lanes.get_mut(&ctx.vnic) {
-                for b in qps
+            let died = sh.engine.take_died_remote();
+            qps.extend(
+                ctx.qps
                     .iter()
-                    .map(|s| s.bell)
-                    .chain(srqs.iter().map(|s| s.bell))
-                {
-                    l.free_bell(b);
-                }
+                    .filter_map(|q| sh.qps.remove(q))
+                    .map(|s| (cell.index, s)),
+            );
+            let mine: Vec<CqCell> = ctx.cqs.iter().filter_map(|q| sh.cqs.remove(q)).collect();
+            if n == 0 {
+                cqs = mine;
             }
-            (qps, cqs, srqs)
-        });
-        if let Some(cell) = &cell {
+            srqs.extend(ctx.srqs.iter().filter_map(|q| sh.srqs.remove(q)));
+            drop(guard);
             self.tell_died(cell.index, died);
+        }
+        for (k, slot) in &qps {
+            if let Some(cell) = self.shards.get(*k) {
+                self.free_bell(ctx.vnic, cell, slot.bell);
+            }
+        }
+        if let Some(home) = cells.first() {
+            for s in &srqs {
+                self.free_bell(ctx.vnic, home, s.bell);
+            }
         }
         self.cm.drop_context(id);
         self.flush_cm_notes();
@@ -273,7 +284,7 @@ impl Server {
             }
             Link::Region { .. } => {
                 self.guests.retain(|g| *g != id);
-                if let Some(cell) = &cell {
+                for cell in &cells {
                     cell.guests.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -282,13 +293,13 @@ impl Server {
             return;
         };
         v.contexts.remove(&id);
-        let (qps, cqs, srqs) = slots.unwrap_or_default();
-        for slot in qps {
+        for (_, slot) in qps {
             free_ring(v, slot.sq.offset(), slot.sq.depth(), SQ_SLOT);
             free_ring(v, slot.rq.offset(), slot.rq.depth(), RQ_SLOT);
         }
-        for slot in cqs {
-            free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
+        for mut slot in cqs {
+            let (off, depth) = slot.with(|s| (s.ring.offset(), s.ring.depth()));
+            free_ring(v, off, depth, CQ_SLOT);
         }
         for slot in srqs {
             free_ring(v, slot.ring.offset(), slot.ring.depth(), RQ_SLOT);

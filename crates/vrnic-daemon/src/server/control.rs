@@ -111,13 +111,30 @@ impl Server {
                     max_pd: self.opts.limits.max_pd,
                     max_mr_size: v.region.size() - layout::HEAP_OFF,
                     max_srq: self.opts.limits.max_srq,
+                    no_mw: self.spread,
                 })
             }
             Request::AllocPd => {
                 if self.per_vnic(vnic, |c| c.pds as usize) >= self.opts.limits.max_pd as usize {
                     return err(libc::ENOMEM, "PD limit reached");
                 }
-                match cell.lock().engine.alloc_pd(vnic, id) {
+                let made = cell.lock().engine.alloc_pd(vnic, id);
+                let made = made.and_then(|pd| {
+                    self.mirror(
+                        vnic,
+                        pd.0,
+                        None,
+                        |e| e.alloc_pd(vnic, id),
+                        |e| {
+                            let _ = e.dealloc_pd(id, pd);
+                        },
+                    )
+                    .map(|()| pd)
+                    .inspect_err(|_| {
+                        let _ = cell.lock().engine.dealloc_pd(id, pd);
+                    })
+                });
+                match made {
                     Ok(pd) => {
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.pds += 1;
@@ -137,8 +154,14 @@ impl Server {
                 cell.lock().engine.close_xrcd(id, vrnic_proto::XrcdId(xrcd)),
                 "close_xrcd",
             ),
+            Request::DeallocPd { pd } if self.busy_in_slices(vnic, |e| e.pd_busy(id, PdId(pd))) => {
+                err(libc::EBUSY, "dealloc_pd: the PD is in use")
+            }
             Request::DeallocPd { pd } => match cell.lock().engine.dealloc_pd(id, PdId(pd)) {
                 Ok(()) => {
+                    self.on_slices(vnic, |e| {
+                        let _ = e.dealloc_pd(id, PdId(pd));
+                    });
                     if let Some(c) = self.ctxs.get_mut(&id) {
                         c.pds = c.pds.saturating_sub(1);
                     }
@@ -166,6 +189,10 @@ impl Server {
             ),
             Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
             Request::ReleasePages { runs } => self.release_pages(id, &runs),
+            Request::AllocMw { .. } if self.spread => err(
+                libc::EOPNOTSUPP,
+                "memory windows are not offered on a vRNIC whose QPs spread (--spread-qps)",
+            ),
             Request::AllocMw { pd, ty } => match cell.lock().engine.alloc_mw(id, PdId(pd), ty) {
                 Ok((mw, rkey)) => Reply::Mw { mw: mw.0, rkey },
                 Err(e) => err(e, "alloc_mw"),
@@ -182,6 +209,9 @@ impl Server {
                 if !ctx.cqs.contains(&CqId(cq)) {
                     return err(libc::EINVAL, "no such CQ");
                 }
+                if self.busy_in_slices(vnic, |e| e.cq_busy(id, CqId(cq))) {
+                    return err(libc::EBUSY, "destroy_cq: the CQ is in use");
+                }
                 let r = {
                     let mut sh = cell.lock();
                     sh.engine
@@ -190,11 +220,17 @@ impl Server {
                 };
                 match r {
                     Ok(slot) => {
+                        for c in self.slices_of(vnic).iter().skip(1) {
+                            let mut sh = c.lock();
+                            let _ = sh.engine.destroy_cq(id, CqId(cq));
+                            sh.cqs.remove(&CqId(cq));
+                        }
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.cqs.remove(&CqId(cq));
                         }
-                        if let (Some(slot), Some(v)) = (slot, self.vnics.get_mut(&vnic)) {
-                            free_ring(v, slot.ring.offset(), slot.ring.depth(), CQ_SLOT);
+                        if let (Some(mut slot), Some(v)) = (slot, self.vnics.get_mut(&vnic)) {
+                            let (off, depth) = slot.with(|s| (s.ring.offset(), s.ring.depth()));
+                            free_ring(v, off, depth, CQ_SLOT);
                         }
                         Reply::Ok
                     }
@@ -225,6 +261,9 @@ impl Server {
                 if let Err(e) = check_paths(mask, &attr) {
                     return err(e, "modify_qp: address vector past the port's limits");
                 }
+                let Some(cell) = self.cell_of_qp(vnic, QpId(qp)) else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
                 let r = cell.lock().engine.modify_qp(now, id, QpId(qp), mask, &attr);
                 match r {
                     Ok(()) => {
@@ -238,7 +277,11 @@ impl Server {
                     Err(e) => err(e, "modify_qp"),
                 }
             }
-            Request::QueryQp { qp } => match cell.lock().engine.query_qp(id, QpId(qp)) {
+            Request::QueryQp { qp } => match self
+                .cell_of_qp(vnic, QpId(qp))
+                .map_or(Err(libc::ENODEV), |c| {
+                    c.lock().engine.query_qp(id, QpId(qp))
+                }) {
                 Ok(a) => Reply::QpAttr(Box::new(a)),
                 Err(e) => err(e, "query_qp"),
             },
@@ -246,18 +289,20 @@ impl Server {
                 if !ctx.qps.contains(&QpId(qp)) {
                     return err(libc::EINVAL, "no such QP");
                 }
+                let Some(qcell) = self.cell_of_qp(vnic, QpId(qp)) else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
                 let r = {
-                    let mut sh = cell.lock();
-                    sh.engine.destroy_qp(now, id, QpId(qp)).map(|()| {
-                        let slot = sh.qps.remove(&QpId(qp));
-                        if let (Some(slot), Some(l)) = (&slot, sh.lanes.get_mut(&vnic)) {
-                            l.free_bell(slot.bell);
-                        }
-                        slot
-                    })
+                    let mut sh = qcell.lock();
+                    sh.engine
+                        .destroy_qp(now, id, QpId(qp))
+                        .map(|()| sh.qps.remove(&QpId(qp)))
                 };
                 match r {
                     Ok(slot) => {
+                        if let Some(slot) = &slot {
+                            self.free_bell(vnic, &qcell, slot.bell);
+                        }
                         if let Some(c) = self.ctxs.get_mut(&id) {
                             c.qps.remove(&QpId(qp));
                         }
@@ -267,7 +312,7 @@ impl Server {
                         }
                         // The completions the engine still holds for the QP go into its CQs
                         // now, where the driver removes them once it has the reply.
-                        self.pass_now(&cell, now);
+                        self.pass_now(&qcell, now);
                         Reply::Ok
                     }
                     Err(e) => err(e, "destroy_qp"),
@@ -316,13 +361,34 @@ impl Server {
                 }
             }
             Request::CreateAh { pd, attr } => {
-                match cell.lock().engine.create_ah(id, PdId(pd), attr) {
+                let made = cell.lock().engine.create_ah(id, PdId(pd), attr);
+                let made = made.and_then(|ah| {
+                    self.mirror(
+                        vnic,
+                        ah.0,
+                        None,
+                        |e| e.create_ah(id, PdId(pd), attr),
+                        |e| {
+                            let _ = e.destroy_ah(id, ah);
+                        },
+                    )
+                    .map(|()| ah)
+                    .inspect_err(|_| {
+                        let _ = cell.lock().engine.destroy_ah(id, ah);
+                    })
+                });
+                match made {
                     Ok(ah) => Reply::Handle(ah.0),
                     Err(e) => err(e, "create_ah"),
                 }
             }
             Request::DestroyAh { ah } => match cell.lock().engine.destroy_ah(id, AhId(ah)) {
-                Ok(()) => Reply::Ok,
+                Ok(()) => {
+                    self.on_slices(vnic, |e| {
+                        let _ = e.destroy_ah(id, AhId(ah));
+                    });
+                    Reply::Ok
+                }
                 Err(e) => err(e, "destroy_ah"),
             },
             Request::CmCreateId { ps } => {
@@ -392,7 +458,12 @@ impl Server {
                     .engine
                     .rereg_mr(id, MrId(mr), pd.map(PdId), access)
                 {
-                    Ok(()) => Reply::Ok,
+                    Ok(()) => {
+                        self.on_slices(vnic, |e| {
+                            let _ = e.rereg_mr(id, MrId(mr), pd.map(PdId), access);
+                        });
+                        Reply::Ok
+                    }
                     Err(e) => err(e, "rereg_mr"),
                 }
             }
@@ -485,14 +556,17 @@ impl Server {
             return err(libc::ENOMEM, "SRQ limit of the vRNIC reached");
         }
         let depth = max_wr.next_power_of_two();
+        // Its ring may grow the region's mapping: every shard reading it is held. An SRQ is
+        // its vRNIC's home shard's.
+        let cells = self.slices_of(vnic);
+        let mut guards = lock_all(&cells);
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(cell) = self.shards.get(v.shard).cloned() else {
+        let Some(sh) = guards.first_mut() else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let mut sh = cell.lock();
-        let sh = &mut *sh;
+        let sh = &mut **sh;
         let Some(bell) = sh.lane(vnic).and_then(Lane::alloc_bell) else {
             return err(libc::ENOMEM, "no doorbell left for the SRQ");
         };
@@ -570,28 +644,51 @@ impl Server {
             return err(libc::ENOMEM, "CQ limit of the vRNIC reached");
         }
         let depth = cqe.next_power_of_two();
+        // Its ring may grow the region's mapping: every shard reading it is held.
+        let cells = self.slices_of(vnic);
+        let mut guards = lock_all(&cells);
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(cell) = self.shards.get(v.shard).cloned() else {
+        if guards.is_empty() {
             return err(libc::ENODEV, "vRNIC gone");
-        };
-        let mut sh = cell.lock();
+        }
         let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
             return err(libc::ENOMEM, "no memory for the CQ ring");
         };
-        match sh.engine.create_cq(vnic, id, depth) {
+        let made = guards[0].engine.create_cq(vnic, id, depth).and_then(|cq| {
+            // The same CQ in every slice (the QPs there complete into it).
+            for n in 1..guards.len() {
+                let r = guards[n]
+                    .engine
+                    .mirrored(cq.0, None, |e| e.create_cq(vnic, id, depth));
+                if let Err(e) = r {
+                    for g in &mut guards[..n] {
+                        let _ = g.engine.destroy_cq(id, cq);
+                    }
+                    return Err(e);
+                }
+            }
+            Ok(cq)
+        });
+        match made {
             Ok(cq) => {
-                sh.cqs.insert(
-                    cq,
-                    CqSlot {
-                        vnic,
-                        ctx: id,
-                        ring,
-                        prod: 0,
-                        broken: false,
-                    },
-                );
+                let slot = CqSlot {
+                    vnic,
+                    ctx: id,
+                    ring,
+                    prod: 0,
+                    broken: false,
+                };
+                if guards.len() == 1 {
+                    guards[0].cqs.insert(cq, CqCell::Own(slot));
+                } else {
+                    let shared = Arc::new(std::sync::Mutex::new(slot));
+                    for g in &mut guards {
+                        g.cqs.insert(cq, CqCell::Shared(shared.clone()));
+                    }
+                }
+                drop(guards);
                 if let Some(c) = self.ctxs.get_mut(&id) {
                     c.cqs.insert(cq);
                 }
@@ -649,15 +746,26 @@ impl Server {
         }
         let sq_depth = cap.max_send_wr.max(1).next_power_of_two();
         let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
+        // Its rings may grow the region's mapping: every shard reading it is held.
+        let cells = self.slices_of(vnic);
+        let mut guards = lock_all(&cells);
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(cell) = self.shards.get(v.shard).cloned() else {
+        if guards.is_empty() {
             return err(libc::ENODEV, "vRNIC gone");
+        }
+        // A plain QP goes to the slice with the fewest QPs of the vRNIC (ties: the first, its
+        // home); one with an SRQ, and XRC, stay home with their SRQs and domains.
+        let k = if srq.is_none() && !xrc {
+            (0..guards.len())
+                .min_by_key(|&i| guards[i].engine.qp_count(vnic))
+                .unwrap_or(0)
+        } else {
+            0
         };
-        let mut sh = cell.lock();
-        let sh = &mut *sh;
-        let Some(bell) = sh.lane(vnic).and_then(Lane::alloc_bell) else {
+        // The home lane gives the doorbell index out, for every slice.
+        let Some(bell) = guards[0].lane(vnic).and_then(Lane::alloc_bell) else {
             return err(libc::ENOMEM, "no doorbell left for the QP");
         };
         let free_bell = |sh: &mut Shard| {
@@ -666,12 +774,12 @@ impl Server {
             }
         };
         let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else {
-            free_bell(sh);
+            free_bell(&mut guards[0]);
             return err(libc::ENOMEM, "no memory for the send ring");
         };
         let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
             free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
-            free_bell(sh);
+            free_bell(&mut guards[0]);
             return err(libc::ENOMEM, "no memory for the receive ring");
         };
         if qp_type != QpType::XrcRecv {
@@ -683,6 +791,7 @@ impl Server {
             cap.max_recv_wr = cap.max_recv_wr.max(1);
             cap.max_recv_sge = cap.max_recv_sge.max(1);
         }
+        let sh = &mut *guards[k];
         let made = match (qp_type, xrcd) {
             (QpType::XrcRecv, Some(x)) => sh.engine.create_xrc_recv_qp(id, x),
             (QpType::XrcRecv, None) => Err(libc::EINVAL),
@@ -697,9 +806,19 @@ impl Server {
         match made {
             Ok((qp, qpn)) => {
                 if let Some(l) = sh.lane(vnic) {
-                    l.set_bell(bell, Bell::Qp(qp));
+                    l.put_bell(bell, Bell::Qp(qp));
                 }
                 sh.qps.insert(qp, QpSlot::new(vnic, bell, sq, rq));
+                if k != 0
+                    && let Some(l) = guards[0].lane(vnic)
+                {
+                    // The home hands this doorbell on to the QP's slice.
+                    l.set_bell(bell, Bell::Elsewhere(cells[k].index));
+                }
+                drop(guards);
+                if self.spread {
+                    info!(vnic = vnic.0, qpn, engine = cells[k].index, "QP created");
+                }
                 if let Some(c) = self.ctxs.get_mut(&id) {
                     c.qps.insert(qp);
                 }
@@ -715,11 +834,27 @@ impl Server {
                 }
             }
             Err(e) => {
-                free_bell(sh);
+                free_bell(&mut guards[0]);
                 free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
                 free_ring(v, rq.offset(), rq_depth, RQ_SLOT);
                 err(e, "create_qp")
             }
+        }
+    }
+
+    /// Frees doorbell `bell` of `vnic`, whose queue was served by shard `cell`: forgotten
+    /// there, and given back by the home lane.
+    pub(super) fn free_bell(&self, vnic: VnicId, cell: &ShardCell, bell: u32) {
+        let Some(home) = self.cell_of(vnic) else {
+            return;
+        };
+        if home.index != cell.index
+            && let Some(l) = cell.lock().lane(vnic)
+        {
+            l.clear_bell(bell);
+        }
+        if let Some(l) = home.lock().lane(vnic) {
+            l.free_bell(bell);
         }
     }
 }

@@ -178,7 +178,8 @@ impl Shard {
 
     pub(super) fn set_sleeping(&mut self, on: bool) {
         self.sleeping = on;
-        for v in self.lanes.values() {
+        // A slice's engine-sleeping word is its home's: the home takes its doorbells.
+        for v in self.lanes.values().filter(|v| v.inbox.is_none()) {
             if let Ok(w) = v.region.atomic_u32(hdr::ENGINE_SLEEPING) {
                 w.store(u32::from(on), Ordering::SeqCst);
             }
@@ -253,11 +254,36 @@ impl Shard {
             if look == Look::Newcomers && self.engine.has_turn_waiting(id) {
                 continue;
             }
-            vrnic_shm::bell::drain(&v.region, |i| {
-                if let Some(Some(b)) = v.bells.get(i as usize) {
-                    dirty.push(*b);
+            if let Some(inbox) = &v.inbox {
+                // A slice: its doorbells come from the vRNIC's home shard.
+                inbox.drain(|i| {
+                    if let Some(Some(b)) = v.bells.get(i as usize) {
+                        dirty.push(*b);
+                    }
+                });
+                continue;
+            }
+            // Shards with a slice of this vRNIC to wake (bits by shard index; at most 64).
+            let mut woken = 0u64;
+            vrnic_shm::bell::drain(&v.region, |i| match v.bells.get(i as usize) {
+                Some(Some(Bell::Elsewhere(k))) => {
+                    if let Some(sl) = v.slices.iter().find(|sl| sl.shard == *k) {
+                        sl.inbox.put(i);
+                        woken |= 1 << (k % 64);
+                    }
                 }
+                Some(Some(b)) => dirty.push(*b),
+                _ => {}
             });
+            if woken != 0 {
+                for sl in &v.slices {
+                    if woken & (1 << (sl.shard % 64)) != 0
+                        && let Some(cell) = sl.cell.upgrade()
+                    {
+                        cell.wake();
+                    }
+                }
+            }
         }
         for &b in &dirty {
             let more = match b {
@@ -266,7 +292,7 @@ impl Shard {
                     work |= self.fetch_srq(srq);
                     self.srq_has_more(srq)
                 }
-                Bell::Pending => false,
+                Bell::Pending | Bell::Elsewhere(_) => false,
             };
             if more {
                 self.carry_on(b);
@@ -511,7 +537,7 @@ impl Shard {
         let carried = match b {
             Bell::Qp(qp) => self.qps.get_mut(&qp).map(|s| &mut s.carried),
             Bell::Srq(srq) => self.srqs.get_mut(&srq).map(|s| &mut s.carried),
-            Bell::Pending => None,
+            Bell::Pending | Bell::Elsewhere(_) => None,
         };
         if let Some(c) = carried
             && !*c
@@ -566,49 +592,50 @@ impl Shard {
     }
 
     pub(super) fn post_cqe(&mut self, cq: CqId, cqe: &Cqe, solicited: bool) {
-        let Some(slot) = self.cqs.get_mut(&cq) else {
+        let Some(cell) = self.cqs.get_mut(&cq) else {
             return;
         };
-        let Some(v) = self.lanes.get(&slot.vnic) else {
-            return;
-        };
-        if slot.broken {
-            return;
-        }
-        let region = &v.region;
-        let cons = slot.ring.cons(region).load(Ordering::Acquire);
-        if slot.prod.wrapping_sub(cons) >= slot.ring.depth() {
-            // Overflow (or a garbage consumer index): the CQ is in error, as on a device.
-            warn!(cq = cq.0, "completion queue overrun; CQ in error");
-            slot.broken = true;
-            self.out
-                .events
-                .push((slot.ctx, vrnic_api::event::CQ_ERR, cq.0));
-            return;
-        }
-        let mut raw = [0u8; CQ_SLOT];
-        let stamped = Cqe {
-            timestamp_ns: sys::monotonic_ns(),
-            ..*cqe
-        };
-        stamped.encode(&mut raw);
-        slot.ring.write_slot(region, slot.prod, &raw);
-        slot.prod = slot.prod.wrapping_add(1);
-        slot.ring.prod(region).store(slot.prod, Ordering::Release);
-        // Store-then-load against the driver's arm-then-poll: without a full fence both sides
-        // could miss each other (the CQE unseen by the poll, the arm unseen here).
-        fence(Ordering::SeqCst);
-        // Arm word: 1 = next completion, 2 = next solicited completion.
-        let arm = slot.ring.arm(region);
-        let a = arm.load(Ordering::Acquire);
-        if (a == 1 || (a == 2 && solicited))
-            && arm
-                .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
-            tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
-            self.out.wakes.push(slot.ctx);
-        }
+        let (lanes, out) = (&self.lanes, &mut self.out);
+        cell.with(|slot| {
+            let Some(v) = lanes.get(&slot.vnic) else {
+                return;
+            };
+            if slot.broken {
+                return;
+            }
+            let region = &v.region;
+            let cons = slot.ring.cons(region).load(Ordering::Acquire);
+            if slot.prod.wrapping_sub(cons) >= slot.ring.depth() {
+                // Overflow (or a garbage consumer index): the CQ is in error, as on a device.
+                warn!(cq = cq.0, "completion queue overrun; CQ in error");
+                slot.broken = true;
+                out.events.push((slot.ctx, vrnic_api::event::CQ_ERR, cq.0));
+                return;
+            }
+            let mut raw = [0u8; CQ_SLOT];
+            let stamped = Cqe {
+                timestamp_ns: sys::monotonic_ns(),
+                ..*cqe
+            };
+            stamped.encode(&mut raw);
+            slot.ring.write_slot(region, slot.prod, &raw);
+            slot.prod = slot.prod.wrapping_add(1);
+            slot.ring.prod(region).store(slot.prod, Ordering::Release);
+            // Store-then-load against the driver's arm-then-poll: without a full fence both
+            // sides could miss each other (the CQE unseen by the poll, the arm unseen here).
+            fence(Ordering::SeqCst);
+            // Arm word: 1 = next completion, 2 = next solicited completion.
+            let arm = slot.ring.arm(region);
+            let a = arm.load(Ordering::Acquire);
+            if (a == 1 || (a == 2 && solicited))
+                && arm
+                    .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
+                tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
+                out.wakes.push(slot.ctx);
+            }
+        });
     }
 }

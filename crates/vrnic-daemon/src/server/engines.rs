@@ -1,13 +1,28 @@
-//! The loop's side of the shards: which shard serves a vRNIC, the passes the loop runs itself
-//! when there is one shard, and what the shards' passes produced for contexts (events,
-//! wake-ups), handed on to them.
+//! The loop's side of the shards: which shard serves a vRNIC (or, with `--spread-qps`, which
+//! serve its slices, and which one a QP), the passes the loop runs itself when there is one
+//! shard, and what the shards' passes produced for contexts (events, wake-ups), handed on to
+//! them.
+//!
+//! With `--spread-qps` every vRNIC has a *slice* in every shard: the same vRNIC (LID, GID,
+//! group) in each shard's engine, its lane on the same region. Its home shard (picked as
+//! without spreading) makes its PDs, MRs, CQs and address handles, which are then made in the
+//! other slices with the same ids and keys ([`Engine::mirrored`]; ids are of the maker's class,
+//! so they are free everywhere); its plain QPs go to the slice with the fewest, and QPs with an
+//! SRQ, XRC QPs, SRQs and XRC domains stay home. A QP's id and number are of its shard's
+//! class, so both name its shard. QPs of two slices reach each other as QPs of two shards do
+//! (frames through inboxes; engines route by the destination QP number's class,
+//! [`Engine::set_siblings`]). A CQ's slot is shared by the slices under a mutex. The home
+//! lane alone takes the region's doorbell bits and hands a slice's on to it
+//! ([`super::shard::BellInbox`]). Memory windows are not offered: a bind is a work request of
+//! one shard, and a window's R_Key would have to be known in every slice at once.
 
 use super::*;
 
 use super::datapath::{Frames, Mem, NoFrames};
-use super::shard::Lane;
-use super::shard::{host_shard, shard_host};
+use super::shard::{BellInbox, Lane, Slice};
+use super::shard::{Shard, host_shard, shard_host};
 use super::threads::ShardFrames;
+use std::sync::MutexGuard;
 use vrnic_proto::HostId;
 
 impl Server {
@@ -37,7 +52,33 @@ impl Server {
             .unwrap_or(0)
     }
 
-    /// Gives vRNIC `id` (with its region) to shard `shard`'s engine.
+    /// The shards holding a slice of `vnic`: its home shard first, then, with `--spread-qps`,
+    /// the others in order.
+    pub(super) fn slices_of(&self, vnic: VnicId) -> Vec<Arc<ShardCell>> {
+        let Some(home) = self.vnics.get(&vnic).map(|v| v.shard) else {
+            return Vec::new();
+        };
+        let mut cells = vec![self.shards[home].clone()];
+        if self.spread {
+            cells.extend(self.shards.iter().filter(|c| c.index != home).cloned());
+        }
+        cells
+    }
+
+    /// The shard serving QP `qp` of `vnic`: the one whose class its id is of when the vRNIC's
+    /// QPs spread (a tenant's id naming no QP there is refused by that shard's engine), else
+    /// the vRNIC's.
+    pub(super) fn cell_of_qp(&self, vnic: VnicId, qp: QpId) -> Option<Arc<ShardCell>> {
+        if self.spread {
+            self.vnics.get(&vnic)?;
+            return self.shards.get(qp.0 as usize % self.shards.len()).cloned();
+        }
+        self.cell_of(vnic)
+    }
+
+    /// Gives vRNIC `id` (with its region) to shard `shard`'s engine, and, with `--spread-qps`,
+    /// a slice of it to every other shard's (see the module docs); without, the other shards
+    /// know it as a host of its own.
     pub(super) fn add_to_shard(
         &mut self,
         shard: usize,
@@ -47,37 +88,103 @@ impl Server {
         group: GroupId,
     ) {
         let (lid, gid) = identity;
+        let mut slices = Vec::new();
         for (k, cell) in self.shards.iter().enumerate() {
-            let mut sh = cell.lock();
             if k == shard {
+                continue;
+            }
+            let mut sh = cell.lock();
+            if self.spread {
+                let inbox = BellInbox::new();
                 sh.engine.add_vnic_in_group(id, lid, gid, group);
-                sh.lanes.insert(id, Lane::new(region.clone()));
+                sh.lanes
+                    .insert(id, Lane::slice(region.clone(), inbox.clone()));
+                slices.push(Slice {
+                    shard: k,
+                    inbox,
+                    cell: Arc::downgrade(cell),
+                });
             } else {
-                // The other shards reach it as a host of its own.
                 sh.engine
                     .add_remote_vnic_in_group(shard_host(shard), lid, gid, group);
             }
         }
+        let mut sh = self.shards[shard].lock();
+        sh.engine.add_vnic_in_group(id, lid, gid, group);
+        let mut lane = Lane::new(region.clone());
+        lane.slices = slices;
+        sh.lanes.insert(id, lane);
     }
 
-    /// Takes vRNIC `id` out of its shard's engine.
+    /// Takes vRNIC `id` out of its shard's engine (and its slices out of the others').
     pub(super) fn remove_from_shard(&mut self, id: VnicId) {
-        let Some(cell) = self.cell_of(id) else { return };
         let Some((lid, gid)) = self.vnics.get(&id).map(|v| (v.lid, v.gid)) else {
             return;
         };
-        let mut sh = cell.lock();
-        sh.engine.remove_vnic(Instant::now(), id);
-        sh.lanes.remove(&id);
-        let died = sh.engine.take_died_remote();
-        drop(sh);
-        self.tell_died(cell.index, died);
-        for other in &self.shards {
-            if other.index != cell.index {
-                other.lock().engine.remove_remote_vnic(lid, gid);
+        let cells = self.slices_of(id);
+        for cell in &cells {
+            let mut sh = cell.lock();
+            sh.engine.remove_vnic(Instant::now(), id);
+            sh.lanes.remove(&id);
+            let died = sh.engine.take_died_remote();
+            drop(sh);
+            self.tell_died(cell.index, died);
+        }
+        if !self.spread
+            && let Some(home) = cells.first()
+        {
+            for other in &self.shards {
+                if other.index != home.index {
+                    other.lock().engine.remove_remote_vnic(lid, gid);
+                }
             }
         }
-        self.drain_outbox(&cell);
+        for cell in &cells {
+            self.drain_outbox(cell);
+        }
+    }
+
+    /// Makes in every slice of `vnic` but its home the object its home just made with id
+    /// `made` (and, for an MR, key `key`), by `make`. On a failure the copies made are
+    /// undone by `undo` and the error returned (the caller undoes the home's).
+    pub(super) fn mirror<T>(
+        &self,
+        vnic: VnicId,
+        made: u32,
+        key: Option<u32>,
+        make: impl Fn(&mut Engine) -> Result<T, vrnic_proto::Errno>,
+        undo: impl Fn(&mut Engine),
+    ) -> Result<(), vrnic_proto::Errno> {
+        let cells = self.slices_of(vnic);
+        for (n, cell) in cells.iter().enumerate().skip(1) {
+            let r = cell.lock().engine.mirrored(made, key, &make);
+            if let Err(e) = r {
+                warn!(
+                    vnic = vnic.0,
+                    id = made,
+                    "an object could not be made in a slice: {e}"
+                );
+                for c in &cells[1..n] {
+                    undo(&mut c.lock().engine);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the engine of every slice of `vnic` but its home.
+    pub(super) fn on_slices(&self, vnic: VnicId, f: impl Fn(&mut Engine)) {
+        for cell in self.slices_of(vnic).iter().skip(1) {
+            f(&mut cell.lock().engine);
+        }
+    }
+
+    /// Whether `busy` holds in any slice of `vnic` (an object in use there).
+    pub(super) fn busy_in_slices(&self, vnic: VnicId, busy: impl Fn(&Engine) -> bool) -> bool {
+        self.slices_of(vnic)
+            .iter()
+            .any(|cell| busy(&cell.lock().engine))
     }
 
     /// Tells the shards whose QPs were connected to QPs of shard `from` that died with their
@@ -138,6 +245,13 @@ impl Server {
         self.shard0().lock().set_sleeping(on);
     }
 
+    /// Wakes every shard serving `vnic` (a doorbell on its socket, a guest come or gone).
+    pub(super) fn wake_slices(&self, vnic: VnicId) {
+        for cell in self.slices_of(vnic) {
+            cell.wake();
+        }
+    }
+
     /// Hands on what every shard's passes produced (an engine thread told the loop).
     pub(super) fn drain_outboxes(&mut self) {
         for i in 0..self.shards.len() {
@@ -171,4 +285,9 @@ impl Server {
             sh.out = out;
         }
     }
+}
+
+/// Locks every shard of `cells` (in their order; only the loop thread holds more than one).
+pub(super) fn lock_all(cells: &[Arc<ShardCell>]) -> Vec<MutexGuard<'_, Shard>> {
+    cells.iter().map(|c| c.lock()).collect()
 }

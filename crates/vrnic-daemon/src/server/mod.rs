@@ -69,9 +69,10 @@ pub use peers::PeerOptions;
 pub use threads::default_engine_threads;
 
 use control::err;
+use engines::lock_all;
 use pages::{alloc_ring, free_pages, free_ring};
 use registry::cleanup_stale;
-use shard::{Bell, CqSlot, QpSlot, ShardCell, SrqSlot};
+use shard::{Bell, CqCell, CqSlot, QpSlot, ShardCell, SrqSlot};
 
 const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
@@ -105,6 +106,10 @@ pub struct ServeOptions {
     pub max_vrnics: u32,
     /// Engine threads (`None`: [`default_engine_threads`]); see `threads`.
     pub engine_threads: Option<usize>,
+    /// Spread each vRNIC's QPs over the engine threads (`vrnic serve --spread-qps`), so that
+    /// one process's QPs use several cores; its memory windows are then not offered
+    /// (`max_mw` 0, `ibv_alloc_mw` fails with `EOPNOTSUPP`). See `engines`.
+    pub spread_qps: bool,
     /// Peer links to other hosts' daemons.
     pub peer: PeerOptions,
     /// Cluster mode: etcd instead of a static peer list (needs `peer.listen`, no `peer.peers`).
@@ -226,6 +231,9 @@ pub struct Server {
     poll: Poll,
     /// The data path's shards (one engine each); a vRNIC is served by one of them.
     shards: Vec<Arc<ShardCell>>,
+    /// vRNICs' QPs spread over the shards (`--spread-qps`, with more than one shard): every
+    /// vRNIC has a slice in every shard, its home shard the first.
+    spread: bool,
     /// The engine threads, when there is more than one shard.
     threads: Option<threads::Threads>,
     vnics: BTreeMap<VnicId, Vnic>,
@@ -358,6 +366,7 @@ impl Server {
             Some(n) => n.min(MAX_ENGINE_THREADS),
             None => default_engine_threads().min(MAX_ENGINE_THREADS),
         };
+        let spread = opts.spread_qps && engine_threads > 1;
         let shards: Vec<Arc<ShardCell>> = (0..engine_threads)
             .map(|i| {
                 let seed = seed() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -375,6 +384,7 @@ impl Server {
             directory,
             opts,
             poll,
+            spread,
             shards,
             threads,
             vnics: BTreeMap::new(),

@@ -9,15 +9,16 @@ use super::*;
 /// pages up to there). `false` if the address space has no room: the caller gives the pages
 /// back and the request fails with `ENOMEM`.
 ///
-/// The mapping may move, so the caller holds the lock of the shard serving the region's vRNIC:
-/// its engine thread is then between passes, the only time it holds no address into the region.
+/// The mapping may move, so the caller holds the locks of the shards serving the region's
+/// vRNIC (every slice's, with `--spread-qps`): their engine threads are then between passes,
+/// the only time they hold no address into the region.
 pub(super) fn cover(region: &Region, end: u64) -> bool {
     sys::grow_region(region, end)
 }
 
-/// [`cover`] with the lock of the shard `cell` taken for it.
-fn cover_locked(cell: &ShardCell, region: &Region, end: u64) -> bool {
-    let _pass = cell.lock();
+/// [`cover`] with the locks of the shards `cells` taken for it.
+fn cover_locked(cells: &[Arc<ShardCell>], region: &Region, end: u64) -> bool {
+    let _pass = super::engines::lock_all(cells);
     cover(region, end)
 }
 
@@ -85,6 +86,7 @@ impl Server {
         let Some(cell) = self.cell_of(vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
+        let cells = self.slices_of(vnic);
         let Some(ctx) = self.ctxs.get_mut(&id) else {
             return err(libc::ENODEV, "no context");
         };
@@ -126,7 +128,7 @@ impl Server {
                 .unwrap_or(0);
             // Under the shard's lock for the growth only: the pages' contents come through the
             // file, while the engine runs.
-            if cover_locked(&cell, region, end) {
+            if cover_locked(&cells, region, end) {
                 Some(runs)
             } else {
                 for &(off, p) in &runs {
@@ -144,6 +146,21 @@ impl Server {
             .lock()
             .engine
             .reg_mr(id, pd, addr, len, iova, access, &got.region);
+        // The same MR, with its keys, in every other slice of the vRNIC.
+        let made = made.and_then(|keys| {
+            for (n, c) in cells.iter().enumerate().skip(1) {
+                let r = c.lock().engine.mirrored(keys.mr.0, Some(keys.lkey), |e| {
+                    e.reg_mr(id, pd, addr, len, iova, access, &got.region)
+                });
+                if let Err(e) = r {
+                    for c in &cells[..n] {
+                        let _ = c.lock().engine.dereg_mr(id, keys.mr);
+                    }
+                    return Err(e);
+                }
+            }
+            Ok(keys)
+        });
         match made {
             Ok(keys) => {
                 ctx.mrs.insert(keys.mr, (first, npages));
@@ -177,10 +194,13 @@ impl Server {
         if let Err(e) = done {
             return err(e, "dereg_mr");
         }
+        let vnic = ctx.vnic;
         ctx.mrs.remove(&mr);
-        Reply::Detach {
-            runs: ctx.table.deregister(first, npages),
-        }
+        let runs = ctx.table.deregister(first, npages);
+        self.on_slices(vnic, |e| {
+            let _ = e.dereg_mr(id, mr);
+        });
+        Reply::Detach { runs }
     }
 
     pub(super) fn release_pages(&mut self, id: CtxId, runs: &[PageRun]) -> Reply {

@@ -258,8 +258,10 @@ impl Server {
             lid: v.lid,
             gid: v.gid,
             qps: self
-                .cell_of(id)
-                .map_or(0, |cell| cell.lock().engine.qp_count(id)),
+                .slices_of(id)
+                .iter()
+                .map(|cell| cell.lock().engine.qp_count(id))
+                .sum(),
             users: v.holders + v.contexts.len(),
             persistent: v.persistent,
             dir: v.dir.display().to_string(),

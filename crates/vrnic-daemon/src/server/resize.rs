@@ -26,13 +26,23 @@ impl Server {
                 format!("cqe {cqe} outside 1..={}", control::MAX_CQE),
             );
         }
-        let Some(cell) = self.ctxs.get(&id).and_then(|c| self.cell_of(c.vnic)) else {
+        let Some(vnic) = self.ctxs.get(&id).map(|c| c.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let mut sh = cell.lock();
-        let Some(slot) = sh.cqs.get_mut(&cq) else {
+        // A new ring may grow the region's mapping: every shard reading it is held.
+        let cells = self.slices_of(vnic);
+        let mut guards = lock_all(&cells);
+        let Some(home) = guards.first_mut() else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let Some(cell) = home.cqs.get_mut(&cq) else {
             return err(libc::EINVAL, "no such CQ");
         };
+        cell.with(|slot| self.resize_cq_slot(cq, cqe, slot))
+    }
+
+    /// [`Server::resize_cq`] on the CQ's slot, its shards held.
+    fn resize_cq_slot(&mut self, cq: CqId, cqe: u32, slot: &mut CqSlot) -> Reply {
         let Some(v) = self.vnics.get_mut(&slot.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };

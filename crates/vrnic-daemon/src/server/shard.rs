@@ -12,8 +12,8 @@
 //! thread runs the passes itself and the lock is never contended; with more, each shard has an
 //! engine thread of its own (`threads.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::Instant;
 
@@ -28,6 +28,59 @@ pub(super) enum Bell {
     Pending,
     Qp(QpId),
     Srq(SrqId),
+    /// A QP of this vRNIC served by shard `k` (a vRNIC with slices): its bell is handed on.
+    Elsewhere(usize),
+}
+
+/// Doorbell indices handed on to a slice of a vRNIC by the vRNIC's home shard, which alone
+/// takes the region's doorbell bits (they are taken by swaps, so one taker): a bit per index
+/// and a flag saying that some are set. Written by the home's engine thread, taken by the
+/// slice's; lock-free.
+pub(super) struct BellInbox {
+    any: AtomicBool,
+    words: Box<[AtomicU64]>,
+}
+
+impl BellInbox {
+    pub(super) fn new() -> Arc<BellInbox> {
+        let n = (vrnic_shm::bell::BELLS as usize).div_ceil(64);
+        Arc::new(BellInbox {
+            any: AtomicBool::new(false),
+            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// Hands doorbell `i` on (the slice's thread is then woken by the caller).
+    pub(super) fn put(&self, i: u32) {
+        if let Some(w) = self.words.get(i as usize / 64) {
+            w.fetch_or(1 << (i % 64), Ordering::SeqCst);
+            self.any.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Takes every index handed on, calling `f` with each.
+    pub(super) fn drain(&self, mut f: impl FnMut(u32)) {
+        if !self.any.load(Ordering::Relaxed) || !self.any.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        for (k, w) in self.words.iter().enumerate() {
+            if w.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = w.swap(0, Ordering::SeqCst);
+            while bits != 0 {
+                f(k as u32 * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+    }
+}
+
+/// A slice of a vRNIC in another shard, as its home lane knows it.
+pub(super) struct Slice {
+    pub(super) shard: usize,
+    pub(super) inbox: Arc<BellInbox>,
+    pub(super) cell: Weak<ShardCell>,
 }
 
 /// A vRNIC as its shard sees it: its region, and what its doorbell indices name.
@@ -36,8 +89,14 @@ pub(super) struct Lane {
     pub(super) region: Arc<Region>,
     /// Doorbell index -> the queue it names (`None`: free).
     pub(super) bells: Vec<Option<Bell>>,
-    /// Free doorbell indices below `bells.len()`.
+    /// Free doorbell indices below `bells.len()` (the home lane gives them out).
     pub(super) free_bells: Vec<u32>,
+    /// The home lane of a vRNIC whose QPs spread over shards (`vrnic serve --spread-qps`):
+    /// its slices in the other shards, to hand their doorbells on.
+    pub(super) slices: Vec<Slice>,
+    /// A slice (not the home lane): its doorbells come handed on here; it never takes the
+    /// region's bits, nor sets its engine-sleeping word.
+    pub(super) inbox: Option<Arc<BellInbox>>,
 }
 
 impl Lane {
@@ -46,6 +105,32 @@ impl Lane {
             region,
             bells: Vec::new(),
             free_bells: Vec::new(),
+            slices: Vec::new(),
+            inbox: None,
+        }
+    }
+
+    /// A slice's lane: see [`Lane::inbox`].
+    pub(super) fn slice(region: Arc<Region>, inbox: Arc<BellInbox>) -> Lane {
+        Lane {
+            inbox: Some(inbox),
+            ..Lane::new(region)
+        }
+    }
+
+    /// Names the queue behind doorbell `i` in a slice (the home lane gave `i` out).
+    pub(super) fn put_bell(&mut self, i: u32, b: Bell) {
+        let i = i as usize;
+        if i >= self.bells.len() {
+            self.bells.resize(i + 1, None);
+        }
+        self.bells[i] = Some(b);
+    }
+
+    /// Forgets doorbell `i` in a slice (the home lane frees it).
+    pub(super) fn clear_bell(&mut self, i: u32) {
+        if let Some(slot) = self.bells.get_mut(i as usize) {
+            *slot = None;
         }
     }
 
@@ -76,6 +161,26 @@ impl Lane {
             && slot.take().is_some()
         {
             self.free_bells.push(i);
+        }
+    }
+}
+
+/// A CQ's slot as the shards that complete into it hold it: its own (a vRNIC in one shard: no
+/// lock), or shared by the slices of a vRNIC whose QPs spread, under a mutex taken once per
+/// completion (the driver's ring stays single-consumer).
+pub(super) enum CqCell {
+    Own(CqSlot),
+    Shared(Arc<Mutex<CqSlot>>),
+}
+
+impl CqCell {
+    /// Runs `f` on the slot (under its mutex when shared).
+    pub(super) fn with<R>(&mut self, f: impl FnOnce(&mut CqSlot) -> R) -> R {
+        match self {
+            CqCell::Own(s) => f(s),
+            CqCell::Shared(m) => {
+                f(&mut m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+            }
         }
     }
 }
@@ -160,7 +265,7 @@ pub(super) struct Shard {
     /// The data path's slots of the engine's queues, looked up for every batch of work
     /// requests and completions: Fx-hashed, as the engine's own maps, since their keys are ids
     /// the engine assigns (no tenant chooses them to collide).
-    pub(super) cqs: FxHashMap<CqId, CqSlot>,
+    pub(super) cqs: FxHashMap<CqId, CqCell>,
     pub(super) qps: FxHashMap<QpId, QpSlot>,
     pub(super) srqs: FxHashMap<SrqId, SrqSlot>,
     /// Queues to look at in the next engine pass: their doorbells rang, or they had more
@@ -241,6 +346,7 @@ impl ShardCell {
         shard
             .engine
             .set_qpn_space(index as u32, shards.max(1) as u32);
+        shard.engine.set_siblings(shard_host(0));
         Arc::new(ShardCell {
             state: Mutex::new(shard),
             want: AtomicU32::new(0),
