@@ -1625,3 +1625,125 @@ fn a_multi_segment_write_with_immediate_waits_out_rnr_and_lands_whole() {
         "the WRITE after its RNR wait",
     );
 }
+
+/// Two engines of one daemon (classes 0 and 1 of 2, siblings from host 100), each holding a
+/// slice of one vRNIC (`vrnic serve --spread-qps`): the PD, CQ and MR made in one are made in
+/// the other with the same ids and keys (`Engine::mirrored`), each makes a QP of its own class,
+/// and the QPs, connected to the vRNIC's own LID, reach each other through the sibling engine:
+/// a SEND and an RDMA WRITE cross as frames and land byte for byte, with the MR key the maker
+/// gave honoured by the mirror.
+#[test]
+fn a_vrnic_sliced_over_two_engines_connects_its_qps_through_its_siblings() {
+    let (vnic, ctx, lid, gid) = (VnicId(1), CtxId(1), 10u16, [1u8; 16]);
+    let cap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    };
+    let mut engines: Vec<Engine> = (0..2)
+        .map(|k| {
+            let mut e = Engine::new(7 + k);
+            e.set_qpn_space(k as u32, 2);
+            e.set_siblings(HostId(100));
+            e.add_vnic(vnic, lid, gid);
+            e
+        })
+        .collect();
+    let pd = engines[0].alloc_pd(vnic, ctx).unwrap();
+    let cq = engines[0].create_cq(vnic, ctx, 256).unwrap();
+    let (pd1, cq1) = {
+        let e = &mut engines[1];
+        let pd1 = e.mirrored(pd.0, None, |e| e.alloc_pd(vnic, ctx)).unwrap();
+        let cq1 = e
+            .mirrored(cq.0, None, |e| e.create_cq(vnic, ctx, 256))
+            .unwrap();
+        (pd1, cq1)
+    };
+    assert_eq!((pd1, cq1), (pd, cq), "mirrors keep their maker's ids");
+    let mut hosts: Vec<Host> = engines
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut e)| {
+            let (qp, qpn) = e
+                .create_qp(ctx, pd, cq, cq, QpType::Rc, cap, false)
+                .unwrap();
+            assert_eq!(qpn % 2, k as u32, "a QP number of its engine's class");
+            assert_eq!(qp.0 % 2, k as u32, "a QP id of its engine's class");
+            Host {
+                e,
+                mem: VecMem([(vnic, vec![0u8; REGION])].into_iter().collect()),
+                id: HostId(100 + k as u32),
+                vnic,
+                ctx,
+                pd,
+                qp,
+                qpn,
+                lid,
+                gid,
+                next_page: 1,
+                first_mr: 0,
+                first_mr_access: 0,
+            }
+        })
+        .collect();
+    let b = hosts.pop().unwrap();
+    let a = hosts.pop().unwrap();
+    let mut n = Net {
+        a,
+        b,
+        now: Instant::now(),
+        cut: false,
+        sent: [0, 0],
+        into: [Into::default(); 2],
+        lose: [Vec::new(), Vec::new()],
+        offered: [0, 0],
+    };
+    // One MR, made in the first slice and mirrored with its key into the second, over the
+    // same region pages in both (the slices share the vRNIC's region).
+    let all = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
+    let (addr, len) = (0x40_0000u64, 64u64 << 10);
+    let mr = n.a.map(addr, len, all);
+    let keys =
+        n.b.e
+            .mirrored(mr.0.mr.0, Some(mr.0.lkey), |e| {
+                e.reg_mr(ctx, pd, addr, len, addr, all, &per_page(&mr.1))
+            })
+            .unwrap();
+    assert_eq!(keys, mr.0, "a mirrored MR keeps its id and keys");
+    let now = n.now;
+    let (aq, bq) = (n.a.qpn, n.b.qpn);
+    n.a.connect(now, bq, lid, all);
+    n.b.connect(now, aq, lid, all);
+    // A SEND from the first slice's QP into a receive of the second's, then a WRITE into the
+    // second's memory at another offset: both through frames (the engines have no other way).
+    let msg = pattern(5000, 3);
+    n.a.set(&mr, addr, addr, &msg);
+    n.b.recv(now, 9, vec![sge(addr + 0x8000, 5000, mr.0.lkey)]);
+    n.a.post(
+        now,
+        wqe(1, SendOpcode::Send, vec![sge(addr, 5000, mr.0.lkey)], 0, 0),
+    );
+    let w = pattern(3000, 8);
+    n.a.set(&mr, addr, addr + 0x2000, &w);
+    n.a.post(
+        now,
+        wqe(
+            2,
+            SendOpcode::RdmaWrite,
+            vec![sge(addr + 0x2000, 3000, mr.0.lkey)],
+            addr + 0xc000,
+            mr.0.rkey,
+        ),
+    );
+    n.run();
+    assert!(n.sent[0] > 0, "no frame went to the sibling");
+    same(&n.b.get(&mr, addr, addr + 0x8000, 5000), &msg, "the SEND");
+    same(&n.b.get(&mr, addr, addr + 0xc000, 3000), &w, "the WRITE");
+    assert_eq!(
+        statuses(&n.a.cqes()),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(statuses(&n.b.cqes()), vec![(9, WcStatus::Success)]);
+}

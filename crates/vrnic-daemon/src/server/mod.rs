@@ -370,7 +370,7 @@ impl Server {
         let shards: Vec<Arc<ShardCell>> = (0..engine_threads)
             .map(|i| {
                 let seed = seed() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                ShardCell::new(i, engine_threads, seed)
+                ShardCell::new(i, engine_threads, seed, spread)
             })
             .collect();
         let threads = if engine_threads > 1 {

@@ -339,14 +339,18 @@ pub(super) fn qpn_shard(qpn: u32, shards: usize) -> usize {
 }
 
 impl ShardCell {
-    /// Shard `index` of `shards`: its engine gives out the QP numbers that are `index` modulo
-    /// `shards`, so a segment's destination QP number names its shard ([`qpn_shard`]).
-    pub(super) fn new(index: usize, shards: usize, seed: u64) -> Arc<ShardCell> {
+    /// Shard `index` of `shards`: its engine gives out the QP numbers (and object ids) that are
+    /// `index` modulo `shards`, so a segment's destination QP number names its shard
+    /// ([`qpn_shard`]). With `spread` (`--spread-qps`), its engine routes a destination by
+    /// its QP number's class (a vRNIC's QPs are in several shards).
+    pub(super) fn new(index: usize, shards: usize, seed: u64, spread: bool) -> Arc<ShardCell> {
         let mut shard = Shard::new(seed);
         shard
             .engine
             .set_qpn_space(index as u32, shards.max(1) as u32);
-        shard.engine.set_siblings(shard_host(0));
+        if spread {
+            shard.engine.set_siblings(shard_host(0));
+        }
         Arc::new(ShardCell {
             state: Mutex::new(shard),
             want: AtomicU32::new(0),
