@@ -119,21 +119,15 @@ impl Server {
                     return err(libc::ENOMEM, "PD limit reached");
                 }
                 let made = cell.lock().engine.alloc_pd(vnic, id);
-                let made = made.and_then(|pd| {
-                    self.mirror(
-                        vnic,
-                        pd.0,
-                        None,
-                        |e| e.alloc_pd(vnic, id),
-                        |e| {
-                            let _ = e.dealloc_pd(id, pd);
-                        },
-                    )
-                    .map(|()| pd)
-                    .inspect_err(|_| {
-                        let _ = cell.lock().engine.dealloc_pd(id, pd);
-                    })
-                });
+                let made = self.mirror_made(
+                    vnic,
+                    made,
+                    |pd| pd.0,
+                    |e| e.alloc_pd(vnic, id),
+                    |e, pd| {
+                        let _ = e.dealloc_pd(id, pd);
+                    },
+                );
                 match made {
                     Ok(pd) => {
                         if let Some(c) = self.ctxs.get_mut(&id) {
@@ -362,21 +356,15 @@ impl Server {
             }
             Request::CreateAh { pd, attr } => {
                 let made = cell.lock().engine.create_ah(id, PdId(pd), attr);
-                let made = made.and_then(|ah| {
-                    self.mirror(
-                        vnic,
-                        ah.0,
-                        None,
-                        |e| e.create_ah(id, PdId(pd), attr),
-                        |e| {
-                            let _ = e.destroy_ah(id, ah);
-                        },
-                    )
-                    .map(|()| ah)
-                    .inspect_err(|_| {
-                        let _ = cell.lock().engine.destroy_ah(id, ah);
-                    })
-                });
+                let made = self.mirror_made(
+                    vnic,
+                    made,
+                    |ah| ah.0,
+                    |e| e.create_ah(id, PdId(pd), attr),
+                    |e, ah| {
+                        let _ = e.destroy_ah(id, ah);
+                    },
+                );
                 match made {
                     Ok(ah) => Reply::Handle(ah.0),
                     Err(e) => err(e, "create_ah"),

@@ -144,33 +144,34 @@ impl Server {
         }
     }
 
-    /// Makes in every slice of `vnic` but its home the object its home just made with id
-    /// `made` (and, for an MR, key `key`), by `make`. On a failure the copies made are
-    /// undone by `undo` and the error returned (the caller undoes the home's).
-    pub(super) fn mirror<T>(
+    /// `made`, an object `vnic`'s home shard just made (its id given by `id`), made by `make`
+    /// in every other slice too, with that id ([`Engine::mirrored`]). If a slice cannot, the
+    /// copies made and the home's object are undone by `undo` and the error returned.
+    pub(super) fn mirror_made<I: Copy>(
         &self,
         vnic: VnicId,
-        made: u32,
-        key: Option<u32>,
-        make: impl Fn(&mut Engine) -> Result<T, vrnic_proto::Errno>,
-        undo: impl Fn(&mut Engine),
-    ) -> Result<(), vrnic_proto::Errno> {
+        made: Result<I, vrnic_proto::Errno>,
+        id: impl Fn(I) -> u32,
+        make: impl Fn(&mut Engine) -> Result<I, vrnic_proto::Errno>,
+        undo: impl Fn(&mut Engine, I),
+    ) -> Result<I, vrnic_proto::Errno> {
+        let obj = made?;
         let cells = self.slices_of(vnic);
         for (n, cell) in cells.iter().enumerate().skip(1) {
-            let r = cell.lock().engine.mirrored(made, key, &make);
+            let r = cell.lock().engine.mirrored(id(obj), None, &make);
             if let Err(e) = r {
                 warn!(
                     vnic = vnic.0,
-                    id = made,
+                    id = id(obj),
                     "an object could not be made in a slice: {e}"
                 );
-                for c in &cells[1..n] {
-                    undo(&mut c.lock().engine);
+                for c in &cells[..n] {
+                    undo(&mut c.lock().engine, obj);
                 }
                 return Err(e);
             }
         }
-        Ok(())
+        Ok(obj)
     }
 
     /// Runs `f` on the engine of every slice of `vnic` but its home.
