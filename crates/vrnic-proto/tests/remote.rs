@@ -11,7 +11,7 @@ use common::{VecMem, per_page};
 use std::time::{Duration, Instant};
 
 use vrnic_proto::{CtxId, Engine, HostId, Memory, MrKeys, PdId, QpId, Sender, VnicId};
-use vrnic_wire::frame::{Deth, Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
+use vrnic_wire::frame::{AddrRepr, Deth, Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
 use vrnic_wire::{
     AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
     SendPayload, SendWqe, Sge, UdAddr, WC_GRH, WC_WITH_IMM, WC_WITH_INV, WcOpcode, WcStatus,
@@ -278,6 +278,23 @@ impl Net {
         panic!("the hosts never settle");
     }
 
+    /// The address word of a segment from a's QP to b's.
+    fn a_to_b(&self) -> AddrRepr {
+        AddrRepr {
+            dlid: self.b.lid,
+            slid: self.a.lid,
+            src_qpn: self.a.qpn,
+        }
+    }
+
+    /// What a frame from a's QP to b's says of its sender.
+    fn a_sends(&self) -> Sender<'static> {
+        Sender {
+            addr: self.a_to_b(),
+            grh: None,
+        }
+    }
+
     fn advance(&mut self, d: Duration) {
         self.now += d;
         self.a.e.handle_timeout(self.now);
@@ -317,7 +334,7 @@ fn carry(
         }
         let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
         let repr = FrameRepr::parse(&frame).expect("a valid frame");
-        let FrameRepr::Segment { slid, grh, segment } = repr else {
+        let FrameRepr::Segment { addr, grh, segment } = repr else {
             panic!("a segment");
         };
         let payload = &buf[repr.payload_range()];
@@ -325,11 +342,11 @@ fn carry(
         let mut runs = Vec::new();
         let placement = into
             .place
-            .then(|| to.e.placement(from.id, &segment, &mut runs))
+            .then(|| to.e.placement(from.id, &addr, &segment, &mut runs))
             .flatten();
         let Some(p) = placement else {
             let sender = Sender {
-                slid,
+                addr,
                 grh: grh.as_ref(),
             };
             to.e.handle_segment(now, from.id, sender, &segment, payload, &mut to.mem);
@@ -364,7 +381,7 @@ fn carry(
                 .expect("rereg");
         }
         let whole = broken != Some(Break::Half);
-        to.e.handle_placed_segment(now, from.id, &segment, p, whole, &mut to.mem);
+        to.e.handle_placed_segment(now, from.id, &addr, &segment, p, whole, &mut to.mem);
     }
     moved
 }
@@ -871,20 +888,25 @@ fn a_ud_address_handle_made_before_its_destination_was_announced_reaches_it_afte
     assert_eq!(
         (cb[0].src_qp, cb[0].slid, cb[0].wc_flags & WC_GRH),
         (n.a.qpn, n.a.lid, 0),
-        "no GRH: the sender's LID from its frame's SLID word"
+        "no GRH: the sender's LID from its frame's address word"
     );
 }
 
-/// A datagram's SLID word is believed only from the host that announced that LID: a peer
-/// that names another host's vRNIC, or a LID nobody announced, gets `slid` 0 (the receive
-/// still completes, as a fabric cannot vouch for a source either).
+/// A datagram from a link reaches a UD QP only as its address word allows: DLID the QP's own
+/// vRNIC (a QP number never reaches another vRNIC's QP), SLID a vRNIC that link's host
+/// announced, in the QP's group, and the DETH's source QP the word's. Anything else is dropped
+/// and counted; the receive stays posted for the honest datagram, whose `slid` is its sender's.
 #[test]
-fn a_slid_word_naming_a_vrnic_of_another_host_is_not_believed() {
+fn a_datagram_is_taken_only_for_its_vrnic_from_a_vrnic_its_link_speaks_for() {
     let mut n = Net::new(QpType::Ud);
     let now = n.now;
     ud_up(&mut n);
-    let dst = n.b.map(0x9000, 3 * 4096, access::LOCAL_WRITE);
+    let dst = n.b.map(0x9000, 4096, access::LOCAL_WRITE);
+    // Another vRNIC on b, of b's group (its own QP numbers), and vRNICs behind other links.
+    n.b.e.add_vnic(VnicId(7), 0x0707, [7; 16]);
     n.b.e.add_remote_vnic(HostId(9), 0x4242, [0x42; 16]);
+    n.b.e
+        .add_remote_vnic_in_group(n.a.id, 0x5151, [0x51; 16], vrnic_proto::GroupId(3));
     let mut seg = SegmentRepr::new(
         Opcode::new(Transport::Ud, Op::SendOnly).unwrap(),
         n.b.qpn,
@@ -895,23 +917,146 @@ fn a_slid_word_naming_a_vrnic_of_another_host_is_not_believed() {
         src_qpn: n.a.qpn,
     });
     seg.payload_len = 4;
-    for (wr_id, slid, want) in [
-        (1, Some(n.a.lid), n.a.lid),
-        (2, Some(0x4242), 0),
-        (3, Some(0x7777), 0),
+    n.b.recv(now, 1, vec![sge(0x9000, 4096, dst.0.lkey)]);
+    let good = n.a_to_b();
+    for (what, addr) in [
+        (
+            "routed to another vRNIC of b",
+            AddrRepr {
+                dlid: 0x0707,
+                ..good
+            },
+        ),
+        (
+            "from a vRNIC of another host",
+            AddrRepr {
+                slid: 0x4242,
+                ..good
+            },
+        ),
+        (
+            "from a LID nobody announced",
+            AddrRepr {
+                slid: 0x7777,
+                ..good
+            },
+        ),
+        (
+            "from a vRNIC of another group",
+            AddrRepr {
+                slid: 0x5151,
+                ..good
+            },
+        ),
+        (
+            "a source QP other than the DETH's",
+            AddrRepr {
+                src_qpn: n.a.qpn + 1,
+                ..good
+            },
+        ),
     ] {
-        n.b.recv(
-            now,
-            wr_id,
-            vec![sge(0x9000 + (wr_id - 1) * 4096, 4096, dst.0.lkey)],
-        );
-        let from = Sender { slid, grh: None };
+        let before = n.b.e.segments_refused();
+        let from = Sender { addr, grh: None };
         n.b.e
-            .handle_segment(now, n.a.id, from, &seg, b"dgrm", &mut n.b.mem);
+            .handle_segment(now, n.a.id, from, &seg, b"evil", &mut n.b.mem);
         n.run();
-        let cb = n.b.cqes();
-        assert_eq!(statuses(&cb), vec![(wr_id, WcStatus::Success)]);
-        assert_eq!(cb[0].slid, want, "SLID word {slid:x?} from host a");
+        assert!(n.b.cqes().is_empty(), "{what}: nothing delivered");
+        assert_eq!(n.b.e.segments_refused(), before + 1, "{what}: counted");
+    }
+    n.b.e
+        .handle_segment(now, n.a.id, n.a_sends(), &seg, b"dgrm", &mut n.b.mem);
+    n.run();
+    let cb = n.b.cqes();
+    assert_eq!(statuses(&cb), vec![(1, WcStatus::Success)]);
+    assert_eq!((cb[0].src_qp, cb[0].slid), (n.a.qpn, n.a.lid));
+    assert_eq!(
+        n.b.get(&dst, 0x9000, 0x9000 + 40, 4),
+        b"dgrm",
+        "after the GRH space"
+    );
+}
+
+/// A connected QP takes segments from a link only from its peer: the vRNIC and QP it was
+/// connected to, over that link, routed to its own vRNIC. A tenant who names the QP's number
+/// from another QP (of its own vRNIC, or with its own vRNIC as the route's destination) moves
+/// no byte and gets no answer, and the QP's connection is untouched: its peer's WRITE lands.
+#[test]
+fn a_connected_qp_takes_segments_only_from_its_peer() {
+    for ty in [QpType::Rc, QpType::Uc] {
+        let mut n = Net::new(ty);
+        let dst = n.b.map(
+            0x80_0000,
+            1 << 16,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        );
+        n.b.e.add_vnic(VnicId(7), 0x0707, [7; 16]);
+        let mut seg = SegmentRepr::new(
+            Opcode::new(
+                if ty == QpType::Rc {
+                    Transport::Rc
+                } else {
+                    Transport::Uc
+                },
+                Op::RdmaWriteOnly,
+            )
+            .unwrap(),
+            n.b.qpn,
+            0x77,
+        );
+        seg.reth = Some(vrnic_wire::frame::Reth {
+            va: 0x80_0000,
+            rkey: dst.0.rkey,
+            dma_len: 4,
+        });
+        seg.payload_len = 4;
+        let good = n.a_to_b();
+        for (what, host, addr) in [
+            (
+                "another QP of the peer's vRNIC",
+                n.a.id,
+                AddrRepr {
+                    src_qpn: n.a.qpn + 1,
+                    ..good
+                },
+            ),
+            (
+                "routed to another vRNIC",
+                n.a.id,
+                AddrRepr {
+                    dlid: 0x0707,
+                    ..good
+                },
+            ),
+            (
+                "the peer's QP number from another vRNIC",
+                n.a.id,
+                AddrRepr {
+                    slid: 0x0a0a,
+                    ..good
+                },
+            ),
+            ("the peer's address over another link", HostId(9), good),
+        ] {
+            if addr.slid == 0x0a0a {
+                n.b.e.add_remote_vnic(n.a.id, 0x0a0a, [0x0a; 16]);
+            }
+            let before = n.b.e.segments_refused();
+            let mut runs = Vec::new();
+            assert!(
+                n.b.e.placement(host, &addr, &seg, &mut runs).is_none(),
+                "{ty:?} {what}: not read into place"
+            );
+            let from = Sender { addr, grh: None };
+            n.b.e
+                .handle_segment(n.now, host, from, &seg, b"evil", &mut n.b.mem);
+            assert_eq!(n.b.e.segments_refused(), before + 1, "{ty:?} {what}");
+            assert!(n.b.e.poll_transmit().is_none(), "{ty:?} {what}: no answer");
+            assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0000, 4), [0; 4], "{what}");
+        }
+        n.b.e
+            .handle_segment(n.now, n.a.id, n.a_sends(), &seg, b"good", &mut n.b.mem);
+        assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0000, 4), b"good", "{ty:?}");
     }
 }
 
@@ -1321,15 +1466,16 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
         s
     };
     let from = n.a.id;
+    let ab = n.a_to_b();
     let mut runs = Vec::new();
     // In sequence (the QP expects PSN 0x77), a valid key: the runs of those bytes.
     let ok = write(Op::RdmaWriteOnly, 0x77, dst.0.rkey, 4096);
-    assert!(n.b.e.placement(from, &ok, &mut runs).is_some());
+    assert!(n.b.e.placement(from, &ab, &ok, &mut runs).is_some());
     let first = runs.clone();
     assert_eq!(first.iter().map(|&(_, l)| l).sum::<u64>(), 4096);
     // Asking again gives the same: nothing was taken or moved on.
     runs.clear();
-    assert!(n.b.e.placement(from, &ok, &mut runs).is_some());
+    assert!(n.b.e.placement(from, &ab, &ok, &mut runs).is_some());
     assert_eq!(runs, first);
     // Not offered: out of sequence, a wrong key, a key past the MR, with immediate data (it
     // takes a receive), from another host, for no QP.
@@ -1366,17 +1512,20 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
         ),
     ] {
         runs.clear();
-        assert!(n.b.e.placement(host, &seg, &mut runs).is_none(), "{what}");
+        assert!(
+            n.b.e.placement(host, &ab, &seg, &mut runs).is_none(),
+            "{what}"
+        );
         assert!(runs.is_empty(), "{what}: nothing appended");
     }
     // Then the same segment handled as usual (its payload copied) is taken as the first.
     let data = pattern(4096, 8);
     n.b.e
-        .handle_segment(n.now, from, Sender::default(), &ok, &data, &mut n.b.mem);
+        .handle_segment(n.now, from, n.a_sends(), &ok, &data, &mut n.b.mem);
     same(&n.b.get(&dst, 0x80_0000, 0x80_0100, 4096), &data, "bytes");
     runs.clear();
     assert!(
-        n.b.e.placement(from, &ok, &mut runs).is_none(),
+        n.b.e.placement(from, &ab, &ok, &mut runs).is_none(),
         "PSN 0x77 is taken now"
     );
 }
@@ -1534,11 +1683,11 @@ fn deliver_late(to: &mut Host, from: HostId, now: Instant, frames: &[Vec<u8>]) {
     for buf in frames {
         let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
         let repr = FrameRepr::parse(&frame).expect("a valid frame");
-        let FrameRepr::Segment { slid, grh, segment } = repr else {
+        let FrameRepr::Segment { addr, grh, segment } = repr else {
             panic!("a segment");
         };
         let sender = Sender {
-            slid,
+            addr,
             grh: grh.as_ref(),
         };
         let payload = &buf[repr.payload_range()];

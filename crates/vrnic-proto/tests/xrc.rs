@@ -281,7 +281,7 @@ impl World {
             assert!(t.encode(mem, &mut buf), "a consistent frame");
             let frame = Frame::new_checked(&buf[..]).expect("a whole frame");
             let repr = FrameRepr::parse(&frame).expect("a valid frame");
-            let FrameRepr::Segment { slid, grh, segment } = repr else {
+            let FrameRepr::Segment { addr, grh, segment } = repr else {
                 panic!("a segment");
             };
             if segment.opcode.transport() == Transport::Xrc {
@@ -293,7 +293,7 @@ impl World {
                 self.now,
                 HostId(from as u32 + 1),
                 Sender {
-                    slid,
+                    addr,
                     grh: grh.as_ref(),
                 },
                 &segment,

@@ -6,8 +6,15 @@
 use std::path::PathBuf;
 
 use vrnic_wire::frame::{
-    Aeth, AtomicAckEth, AtomicEth, ControlKind, ControlRepr, Deth, Frame, FrameRepr, GrhRepr,
-    NakCode, Op, Opcode, Reth, SegmentRepr, Syndrome, Transport,
+    AddrRepr, Aeth, AtomicAckEth, AtomicEth, ControlKind, ControlRepr, Deth, Frame, FrameRepr,
+    GrhRepr, NakCode, Op, Opcode, Reth, SegmentRepr, Syndrome, Transport,
+};
+
+/// The address word of every seed: from LID 0x11's QP 0x22 to LID 0x33.
+const ADDR: AddrRepr = AddrRepr {
+    dlid: 0x33,
+    slid: 0x11,
+    src_qpn: 0x22,
 };
 
 /// A segment of `op` on `t` to QP 0x11 at PSN 0x100, with `f` filling in its headers.
@@ -17,7 +24,7 @@ fn seg(t: Transport, op: Op, payload_len: usize, f: impl FnOnce(&mut SegmentRepr
     s.payload_len = payload_len;
     f(&mut s);
     FrameRepr::Segment {
-        slid: None,
+        addr: ADDR,
         grh: None,
         segment: s,
     }
@@ -144,7 +151,7 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
                 unreachable!("seg makes segments")
             };
             FrameRepr::Segment {
-                slid: None,
+                addr: ADDR,
                 grh: Some(GrhRepr {
                     traffic_class: 0,
                     flow_label: 0,
@@ -152,21 +159,6 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
                     sgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
                     dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
                 }),
-                segment,
-            }
-        }),
-        ("ud-send-only-slid", {
-            let FrameRepr::Segment { segment, .. } = seg(Ud, SendOnly, 8, |s| {
-                s.deth = Some(Deth {
-                    qkey: 0x1111_1111,
-                    src_qpn: 0x12,
-                });
-            }) else {
-                unreachable!("seg makes segments")
-            };
-            FrameRepr::Segment {
-                slid: Some(0x0011),
-                grh: None,
                 segment,
             }
         }),

@@ -91,7 +91,7 @@ fn ud_pingpong_across_hosts() {
 
 /// UD completions name their sender across hosts, GRH or not: our extended-API check
 /// (`tests/c/ex_check.c ud`) asserts each receive's `src_qp` and `slid` against what the peer
-/// said over TCP; without a GRH the LID comes from the frame's SLID word.
+/// said over TCP; without a GRH the LID comes from the frame's address word.
 #[test]
 fn ud_completions_name_their_sender_across_hosts() {
     let (pair, _ds, _hosts) = c_check_across("ex_check", &["ud"]);

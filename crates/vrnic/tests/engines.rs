@@ -154,7 +154,7 @@ fn unmodified_clients_run_between_engine_threads() {
 
 /// Our two-process checks of the verbs a frame between shards must carry beyond plain RC, each
 /// pair on a fresh daemon with two engine threads (so its two vRNICs on different ones): UD
-/// without a GRH (`wc.slid` is the sender's LID, from the frame's SLID word), XRC (the XRCETH
+/// without a GRH (`wc.slid` is the sender's LID, from the frame's address word), XRC (the XRCETH
 /// names the SRQ; another domain's SRQ refused), memory windows with SEND with Invalidate (the
 /// IETH closes the window) and the extended API's completions.
 #[test]

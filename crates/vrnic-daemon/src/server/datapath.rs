@@ -164,11 +164,11 @@ impl Shard {
         repr: FrameRepr,
         body: &[u8],
     ) {
-        let FrameRepr::Segment { slid, grh, segment } = repr else {
+        let FrameRepr::Segment { addr, grh, segment } = repr else {
             return;
         };
         let from = Sender {
-            slid,
+            addr,
             grh: grh.as_ref(),
         };
         let mem = &mut Mem::new(&self.lanes);

@@ -30,7 +30,7 @@ use std::os::fd::RawFd;
 
 use vrnic_proto::{Loc, Placement, VnicId};
 use vrnic_shm::Region;
-use vrnic_wire::frame::SegmentRepr;
+use vrnic_wire::frame::{AddrRepr, SegmentRepr};
 
 use super::linkbuf::LinkBuf;
 use super::shard::Lane;
@@ -56,7 +56,8 @@ pub(super) const HEADROOM: usize = 1024;
 /// A segment whose payload is being read into place.
 #[derive(Debug)]
 pub(super) struct Placing {
-    /// The segment, its headers decoded.
+    /// The segment's address word and headers, decoded.
+    pub(super) addr: AddrRepr,
     pub(super) seg: SegmentRepr,
     pub(super) placement: Placement,
     /// Where its payload goes (summing to `total`).
@@ -77,6 +78,7 @@ impl Placing {
     /// A placement of `seg`'s payload into `runs`, with its first bytes, those that came in with
     /// the headers, copied into place.
     pub(super) fn start(
+        addr: AddrRepr,
         seg: SegmentRepr,
         placement: Placement,
         runs: Vec<(Loc, u64)>,
@@ -86,6 +88,7 @@ impl Placing {
     ) -> Placing {
         let mut p = Placing {
             total: seg.payload_len,
+            addr,
             seg,
             placement,
             runs,
@@ -276,7 +279,15 @@ mod tests {
         let op = Opcode::new(Transport::Rc, Op::RdmaWriteMiddle).unwrap();
         let mut seg = SegmentRepr::new(op, 5, 7);
         seg.payload_len = total as usize;
-        Placing::start(seg, Placement::stale(), runs, 0, first, regions)
+        Placing::start(
+            AddrRepr::default(),
+            seg,
+            Placement::stale(),
+            runs,
+            0,
+            first,
+            regions,
+        )
     }
 
     fn at(off: u64) -> Loc {

@@ -32,6 +32,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
+use vrnic_wire::frame::AddrRepr;
 use vrnic_wire::{
     AhAttr, Cqe, MAX_INLINE, MAX_MSG_SIZE, MAX_SGE, ParseError, QpAttr, QpCap, QpState, QpType,
     RecvWqe, SendFlags, SendOpcode, SendPayload, SendWqe, Sge, SgeList, WC_GRH, WC_WITH_IMM,
@@ -252,6 +253,10 @@ struct Qp {
     progress: Option<Progress>,
     /// Where its segments go, resolved at RTR from its address.
     route: Route,
+    /// The address word of the segments it sends over a link (a connected QP's, set with its
+    /// route): its peer's LID, its own vRNIC's, its own number. A segment from a link reaches
+    /// it only from that peer: DLID its vRNIC's LID, SLID `addr.dlid`, source `dest_qp_num`.
+    addr: AddrRepr,
     /// Requester over a peer link: how many WQEs at the front of `sq` are sent wholly and
     /// wait for their answer, and for each WQE sent (wholly or partly) its PSNs.
     sq_sent: usize,
@@ -431,6 +436,8 @@ pub struct Engine {
     scratch_place: Vec<(Loc, u64)>,
     /// vRNICs behind peer links, by address: their host and group (and, by GID, their LID).
     remote_lids: HashMap<u16, (HostId, GroupId)>,
+    /// Segments from links that [`Engine::segments_refused`] counts.
+    refused_segments: u64,
     remote_gids: HashMap<[u8; 16], (HostId, GroupId, u16)>,
     /// Routes refused because the two ends are in different groups, for the daemon to log
     /// ([`Engine::take_refusals`]); at most `groups::MAX_REFUSALS` wait.
@@ -541,6 +548,7 @@ impl Engine {
             scratch_local: Vec::new(),
             scratch_place: Vec::new(),
             remote_lids: HashMap::new(),
+            refused_segments: 0,
             remote_gids: HashMap::new(),
             refusals: Vec::new(),
             refused: 0,

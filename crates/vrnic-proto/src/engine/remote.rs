@@ -21,8 +21,8 @@ use std::collections::VecDeque;
 
 use vrnic_wire::GlobalRoute;
 use vrnic_wire::frame::{
-    Aeth, AtomicAckEth, AtomicEth, Deth, Frame, FrameRepr, GrhRepr, NakCode, Op as WireOp, Opcode,
-    Reth, SegmentRepr, Syndrome, Transport,
+    AddrRepr, Aeth, AtomicAckEth, AtomicEth, Deth, Frame, FrameRepr, GrhRepr, NakCode,
+    Op as WireOp, Opcode, Reth, SegmentRepr, Syndrome, Transport,
 };
 
 use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_cmp, psn_next};
@@ -38,8 +38,8 @@ pub const WINDOW: u32 = 512;
 pub struct Transmit {
     /// The peer daemon.
     pub host: HostId,
-    /// The sending vRNIC's LID (UD segments: no connection names their sender).
-    pub slid: Option<u16>,
+    /// The destination vRNIC's LID, the sending vRNIC's and the sending QP's number.
+    pub addr: AddrRepr,
     /// The GRH (UD segments sent along a global route).
     pub grh: Option<GrhRepr>,
     /// The transport headers.
@@ -82,12 +82,12 @@ impl Placement {
     }
 }
 
-/// What a segment's frame says of its sender besides its link: the SLID word and the GRH, which
-/// only UD segments carry (a connected QP knows its peer from its attributes).
+/// What a segment's frame says besides its transport headers: the address word (whom it is for
+/// and from, as its sender's daemon wrote it) and the GRH, which only UD segments carry.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sender<'a> {
-    /// The sending vRNIC's LID, as its host's daemon wrote it.
-    pub slid: Option<u16>,
+    /// The destination vRNIC's LID, the sending vRNIC's and the sending QP's number.
+    pub addr: AddrRepr,
     /// The global route header.
     pub grh: Option<&'a GrhRepr>,
 }
@@ -95,7 +95,7 @@ pub struct Sender<'a> {
 impl Transmit {
     fn repr(&self) -> FrameRepr {
         FrameRepr::Segment {
-            slid: self.slid,
+            addr: self.addr,
             grh: self.grh,
             segment: self.segment,
         }
@@ -267,7 +267,7 @@ impl Engine {
             );
             return Some(Transmit {
                 host,
-                slid: None,
+                addr: q.addr,
                 grh: None,
                 segment: seg,
                 payload: TxPayload::Empty,
@@ -351,7 +351,7 @@ impl Engine {
         let Some(q) = self.qps.get(&qp) else {
             return Step::Blocked;
         };
-        let psn = q.attr.sq_psn;
+        let (psn, addr) = (q.attr.sq_psn, q.addr);
         let atomic = matches!(
             wqe.opcode,
             SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
@@ -467,7 +467,7 @@ impl Engine {
         };
         self.outbox.push_back(Transmit {
             host,
-            slid: None,
+            addr,
             grh: None,
             segment: seg,
             payload,
@@ -568,10 +568,10 @@ impl Engine {
                 TxPayload::Runs(runs)
             }
         };
-        let slid = self.vnics.get(&vnic).map(|v| v.lid);
+        let addr = self.addr_to(vnic, qpn, Route::Remote(host), attr);
         self.outbox.push_back(Transmit {
             host,
-            slid,
+            addr,
             grh,
             segment: seg,
             payload,
@@ -604,8 +604,7 @@ impl Engine {
         payload: Incoming,
         mem: &mut dyn Memory,
     ) {
-        let Some(&qp) = self.by_qpn.get(&seg.dest_qpn) else {
-            tracing::trace!(?host, qpn = seg.dest_qpn, "segment for no QP dropped");
+        let Some(qp) = self.admitted(host, &from.addr, seg) else {
             return;
         };
         match seg.opcode.op() {
@@ -617,6 +616,68 @@ impl Engine {
             | WireOp::RdmaReadResponseOnly => self.handle_answer(now, host, qp, seg, payload, mem),
             _ => self.handle_remote_request(host, qp, from, seg, payload, mem),
         }
+    }
+
+    /// The QP a segment that came on `host`'s link is for, if it may reach it: the QP its BTH
+    /// names is of the vRNIC its DLID names (a QP number reaches nothing of another vRNIC),
+    /// its SLID is a vRNIC that link speaks for (one its host announced, or, from another
+    /// engine of this daemon, a vRNIC with a slice here) and of the QP's group, and a
+    /// connected QP (RC, UC, XRC) takes it only from its peer: that LID, that QP number, over
+    /// that link. A UD segment's DETH names the QP of the address word. Anything else is
+    /// dropped, as a port drops a packet that is not for it, and counted
+    /// ([`Engine::segments_refused`]).
+    fn admitted(&mut self, host: HostId, addr: &AddrRepr, seg: &SegmentRepr) -> Option<QpId> {
+        let qp = self.by_qpn.get(&seg.dest_qpn).copied();
+        let ok = qp.is_some_and(|qp| self.admits(host, addr, seg, qp));
+        if !ok {
+            self.refused_segments += 1;
+            tracing::trace!(?host, qpn = seg.dest_qpn, ?addr, "segment refused");
+            return None;
+        }
+        qp
+    }
+
+    fn admits(&mut self, host: HostId, addr: &AddrRepr, seg: &SegmentRepr, qp: QpId) -> bool {
+        let Some(q) = self.qps.get(&qp) else {
+            return false;
+        };
+        let vnic = q.vnic;
+        if self.by_lid.get(&addr.dlid) != Some(&vnic) {
+            return false;
+        }
+        let Some(group) = self.vnics.get(&vnic).map(|v| v.group) else {
+            return false;
+        };
+        let from_group = match self.remote_lids.get(&addr.slid) {
+            Some(&(h, g)) if h == host => Some(g),
+            _ if self.is_sibling(host) => self
+                .by_lid
+                .get(&addr.slid)
+                .and_then(|v| self.vnics.get(v))
+                .map(|v| v.group),
+            _ => None,
+        };
+        if from_group != Some(group) {
+            return false;
+        }
+        if q.ty == QpType::Ud {
+            return seg.deth.is_some_and(|d| d.src_qpn == addr.src_qpn);
+        }
+        // A connected QP whose peer was unknown at RTR looks it up again first.
+        let route = self.reroute(qp);
+        self.qps.get(&qp).is_some_and(|q| {
+            route == Route::Remote(host)
+                && q.addr.dlid == addr.slid
+                && q.attr.dest_qp_num == addr.src_qpn
+        })
+    }
+
+    /// Segments from links refused by [`Engine::admitted`]'s checks so far: another vRNIC's
+    /// QP named by number, a sender its link cannot speak for, another group, a QP that is not
+    /// the destination's peer.
+    #[must_use]
+    pub fn segments_refused(&self) -> u64 {
+        self.refused_segments
     }
 
     /// Where the payload of `seg`, arriving on `host`'s link, lands if the segment is handled
@@ -631,16 +692,17 @@ impl Engine {
     pub fn placement(
         &mut self,
         host: HostId,
+        addr: &AddrRepr,
         seg: &SegmentRepr,
         runs: &mut Vec<(Loc, u64)>,
     ) -> Option<Placement> {
         let start = runs.len();
         let &qp = self.by_qpn.get(&seg.dest_qpn)?;
-        let q = self.qps.get(&qp)?;
         let n = seg.payload_len as u64;
-        if q.route != Route::Remote(host) || n == 0 {
+        if n == 0 || !self.admits(host, addr, seg, qp) {
             return None;
         }
+        let q = self.qps.get(&qp)?;
         use WireOp::*;
         let ok = match seg.opcode.op() {
             RdmaWriteFirst | RdmaWriteMiddle | RdmaWriteLast | RdmaWriteOnly => {
@@ -707,21 +769,27 @@ impl Engine {
     /// as [`Engine::handle_segment`] does, with nothing left to copy. Otherwise it is taken
     /// as lost on the way, and asked for again at once: a request with a sequence NAK naming
     /// its PSN (on RC; UC just loses it), a READ response by sending the READ again.
+    #[allow(clippy::too_many_arguments)]
     pub fn handle_placed_segment(
         &mut self,
         now: Instant,
         host: HostId,
+        addr: &AddrRepr,
         seg: &SegmentRepr,
         placement: Placement,
         whole: bool,
         mem: &mut dyn Memory,
     ) {
+        let from = Sender {
+            addr: *addr,
+            grh: None,
+        };
         if whole && self.placement_holds(placement) {
             let n = seg.payload_len;
-            self.dispatch(now, host, Sender::default(), seg, Incoming::Placed(n), mem);
+            self.dispatch(now, host, from, seg, Incoming::Placed(n), mem);
             return;
         }
-        let Some(&qp) = self.by_qpn.get(&seg.dest_qpn) else {
+        let Some(qp) = self.admitted(host, addr, seg) else {
             return;
         };
         tracing::debug!(
@@ -827,23 +895,8 @@ impl Engine {
             return;
         }
         let grh = from.grh;
-        // A datagram's sender: the LID its host wrote, if that host announced it (a host that
-        // names another's vRNIC gets 0, as does one that names none), else the LID behind
-        // its GRH's source GID.
-        let (src_qpn, slid) = match seg.deth {
-            Some(d) => (
-                d.src_qpn,
-                from.slid
-                    .filter(|&l| {
-                        self.remote_lids.get(&l).is_some_and(|&(h, _)| h == host)
-                            // Another engine of this daemon, for a vRNIC with a slice here.
-                            || (self.is_sibling(host) && self.by_lid.contains_key(&l))
-                    })
-                    .or_else(|| grh.and_then(|g| self.lid_of_remote_gid(&g.sgid)))
-                    .unwrap_or(0),
-            ),
-            None => (q.attr.dest_qp_num, q.attr.ah_attr.dlid),
-        };
+        // The sender, as its address word names it (`Engine::admits` vouched for it).
+        let (src_qpn, slid) = (from.addr.src_qpn, from.addr.slid);
         let grh_bytes = grh.map(|g| {
             let ah = AhAttr {
                 is_global: true,
@@ -936,7 +989,7 @@ impl Engine {
                     s.payload_len = len as usize;
                     self.outbox.push_back(Transmit {
                         host,
-                        slid: None,
+                        addr: q.addr,
                         grh: None,
                         segment: s,
                         payload: TxPayload::Runs(back.clone()),
@@ -958,7 +1011,7 @@ impl Engine {
                     s.atomic_ack = Some(AtomicAckEth { orig });
                     self.outbox.push_back(Transmit {
                         host,
-                        slid: None,
+                        addr: q.addr,
                         grh: None,
                         segment: s,
                         payload: TxPayload::Empty,
@@ -983,7 +1036,7 @@ impl Engine {
         q.ack_due = None;
         self.outbox.push_back(Transmit {
             host,
-            slid: None,
+            addr: q.addr,
             grh: None,
             segment: answer(answer_transport(q), q.attr.dest_qp_num, psn, syndrome),
             payload: TxPayload::Empty,

@@ -40,6 +40,28 @@ impl Engine {
         }
     }
 
+    /// The address word of segments from QP `qpn` of vRNIC `from` along `route` to the
+    /// address `ah`: the LID of the vRNIC the address resolved to (a GID names one by its LID),
+    /// its own vRNIC's LID, its number. All zero but the number where the route leads nowhere.
+    pub(super) fn addr_to(&self, from: VnicId, qpn: u32, route: Route, ah: &AhAttr) -> AddrRepr {
+        let dlid = match route {
+            Route::Nowhere => 0,
+            _ if !ah.is_global => ah.dlid,
+            _ => self
+                .by_gid
+                .get(&ah.grh.dgid)
+                .and_then(|v| self.vnics.get(v))
+                .map(|v| v.lid)
+                .or_else(|| self.lid_of_remote_gid(&ah.grh.dgid))
+                .unwrap_or(0),
+        };
+        AddrRepr {
+            dlid,
+            slid: self.vnics.get(&from).map_or(0, |v| v.lid),
+            src_qpn: qpn,
+        }
+    }
+
     /// `route` to the QP numbered `qpn` there: a vRNIC on this engine whose QP of that number
     /// is on another engine of the daemon (a vRNIC with QPs on several, see
     /// [`Engine::set_siblings`]) is reached through that engine.
@@ -83,11 +105,13 @@ impl Engine {
         {
             return q.route;
         }
-        let (vnic, ah, dqpn) = (q.vnic, q.attr.ah_attr, q.attr.dest_qp_num);
+        let (vnic, qpn, ah, dqpn) = (q.vnic, q.qpn, q.attr.ah_attr, q.attr.dest_qp_num);
         let route = self.route_from(vnic, &ah, false);
         let route = self.classed(route, dqpn);
+        let addr = self.addr_to(vnic, qpn, route, &ah);
         if let Some(q) = self.qps.get_mut(&qp) {
             q.route = route;
+            q.addr = addr;
         }
         route
     }

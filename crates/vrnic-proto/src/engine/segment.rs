@@ -44,8 +44,9 @@ pub(super) enum Src {
         /// Its QPN.
         qpn: u32,
     },
-    /// A QP behind a peer link (RC/UC name no source QPN: the link and the destination QP's
-    /// connection say who it is, as the LRH's SLID does on a fabric).
+    /// A QP behind a peer link or another engine thread: the frame's address word named it,
+    /// and `Engine::admitted` checked it (its vRNIC is one that link speaks for, of the
+    /// destination's group, and a connected destination's peer).
     Remote(HostId),
 }
 

@@ -433,6 +433,7 @@ impl Engine {
                 wait: Wait::None,
                 progress: None,
                 route: Route::Nowhere,
+                addr: AddrRepr::default(),
                 sq_sent: 0,
                 stalled: false,
                 rnr_psn: None,
@@ -528,21 +529,26 @@ impl Engine {
             q.attr.dest_qp_num
         };
         // Where its segments go: resolved now, from the address it will have.
+        let (vnic, qpn) = (q.vnic, q.qpn);
+        let ah = if mask & qp_attr::AV != 0 {
+            attr.ah_attr
+        } else {
+            q.attr.ah_attr
+        };
         let route = match (next, mask & qp_attr::AV != 0) {
-            (QpState::Rtr | QpState::Rts | QpState::Sqd, true) => {
-                self.route_from(q.vnic, &attr.ah_attr, true)
-            }
+            (QpState::Rtr | QpState::Rts | QpState::Sqd, true) => self.route_from(vnic, &ah, true),
             (QpState::Rtr | QpState::Rts | QpState::Sqd, false) => {
-                let ah = q.attr.ah_attr;
-                self.route_from(q.vnic, &ah, false)
+                self.route_from(vnic, &ah, false)
             }
             _ => Route::Nowhere,
         };
         let route = self.classed(route, dqpn);
+        let addr = self.addr_to(vnic, qpn, route, &ah);
         let Some(q) = self.qps.get_mut(&qp) else {
             return Err(EINVAL);
         };
         q.route = route;
+        q.addr = addr;
         let a = &mut q.attr;
         macro_rules! set {
             ($bit:ident => $($f:ident),+) => {

@@ -21,18 +21,17 @@
 //! - magic: `"vR"` ([`MAGIC`]); version: [`VERSION`] (1).
 //! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce, 5 cm (control). Every
 //!   other value is refused.
-//! - flags: bit 0 ([`FLAG_GRH`]): a 40-byte GRH follows the link header (segments of UD
-//!   opcodes only); bit 1 ([`FLAG_SLID`]): a 4-byte source-LID word comes first, before any
-//!   GRH (segments of UD opcodes only). The other bits are reserved and must be zero.
+//! - flags: bit 0 ([`FLAG_GRH`]): a 40-byte GRH follows the address word (segments of UD
+//!   opcodes only). The other bits are reserved and must be zero.
 //! - length: bytes in the whole frame, these 8 included, from the smallest body the kind
 //!   allows up to [`MAX_FRAME`]. A reader takes 8 bytes, asks [`peek_len`], then reads the
 //!   rest of the frame.
 //!
-//! A segment frame is then `[SLID 4] [GRH 40] BTH 12 | extension headers | payload | pad`:
+//! A segment frame is then `ADDR 8 [GRH 40] BTH 12 | extension headers | payload | pad`:
 //!
 //! | header | bytes | fields (big-endian) |
 //! |---|---|---|
-//! | SLID | 4 | source LID 16, reserved 16 (zero) |
+//! | ADDR | 8 | destination LID 16, source LID 16, reserved 8 (zero), source QP 24 |
 //! | BTH | 12 | opcode, SE/M/PadCnt/TVer, P_Key, reserved 8 + DestQP 24, AckReq + reserved 7 + PSN 24 |
 //! | DETH | 8 | Q_Key 32, reserved 8 + SrcQP 24 |
 //! | RETH | 16 | VA 64, R_Key 32, DMA length 32 |
@@ -48,10 +47,13 @@
 //! [`Opcode::has_payload`] are the table of what follows each.
 //!
 //! Where the IB wire differs:
-//! - No LRH, no ICRC or VCRC: the link addresses hosts and TCP checks the bytes. DestQP is the
-//!   QP number on the receiving host, which names the destination vRNIC there. Of the LRH's
-//!   fields only the SLID matters to a receiver, and only for UD, where no connection names the
-//!   sender (`ibv_wc.slid`): a UD segment carries it in the SLID word.
+//! - No LRH, no ICRC or VCRC: the link addresses hosts and TCP checks the bytes. In the LRH's
+//!   place every segment carries the address word ([`AddrRepr`]): the LID of the vRNIC the
+//!   sender routed it to (DLID), the sending vRNIC's LID (SLID) and the sending QP's number,
+//!   which RC, UC and XRC packets otherwise do not name. A receiver takes a segment only for a
+//!   QP of the vRNIC its DLID names, from a vRNIC its link may speak for, in the same tenant
+//!   group, and on a connected QP only from the QP it is connected to: a QP number alone never
+//!   reaches another vRNIC's QP.
 //! - The GRH is optional and flagged in the link header, as LRH's next-header field would,
 //!   and allowed on UD segments only; its PayLen counts the bytes after it in the frame.
 //! - Payload is padded to 4 bytes as IB does, and the pad bytes must be zero. A segment
@@ -80,18 +82,19 @@
 //! # Example
 //!
 //! ```
-//! use vrnic_wire::frame::{Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
+//! use vrnic_wire::frame::{AddrRepr, Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
 //!
 //! let send = Opcode::new(Transport::Rc, Op::SendOnly).unwrap();
 //! let mut segment = SegmentRepr::new(send, 0x12, 7);
 //! segment.ack_req = true;
 //! segment.payload_len = 5;
-//! let repr = FrameRepr::Segment { slid: None, grh: None, segment };
+//! let addr = AddrRepr { dlid: 2, slid: 1, src_qpn: 0x34 };
+//! let repr = FrameRepr::Segment { addr, grh: None, segment };
 //!
 //! let mut buf = vec![0u8; repr.buffer_len()];
 //! buf[repr.payload_range()].copy_from_slice(b"hello");
 //! repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
-//! assert_eq!(buf.len(), 8 + 12 + 5 + 3);
+//! assert_eq!(buf.len(), 8 + 8 + 12 + 5 + 3);
 //!
 //! let frame = Frame::new_checked(&buf[..]).unwrap();
 //! let parsed = FrameRepr::parse(&frame).unwrap();
@@ -118,14 +121,13 @@ pub use segment::{DEFAULT_PKEY, Packet, SegmentRepr, pad_bytes_ok};
 pub const LINK_HEADER_LEN: usize = 8;
 /// The link header's first two bytes.
 pub const MAGIC: [u8; 2] = *b"vR";
-/// The link header version this module reads and writes.
-pub const VERSION: u8 = 1;
-/// Link flag: a GRH follows the link header (and the SLID word, if any).
+/// The link header version this module reads and writes (2: every segment has an address
+/// word).
+pub const VERSION: u8 = 2;
+/// Link flag: a GRH follows the address word.
 pub const FLAG_GRH: u8 = 0x01;
-/// Link flag: the SLID word follows the link header.
-pub const FLAG_SLID: u8 = 0x02;
-/// Bytes of the SLID word: the sender's LID (16 bits), 16 reserved bits.
-pub const SLID_LEN: usize = 4;
+/// Bytes of a segment's address word: DLID 16, SLID 16, reserved 8, source QP 24.
+pub const ADDR_LEN: usize = 8;
 
 /// Bytes of the global route header.
 pub const GRH_LEN: usize = 40;
@@ -173,8 +175,9 @@ pub const MAX_SEGMENT_HEADERS: usize = {
     }
     max
 };
-/// Most bytes in one frame: link header, the longest headers and [`MAX_PAYLOAD`].
-pub const MAX_FRAME: usize = LINK_HEADER_LEN + MAX_SEGMENT_HEADERS + MAX_PAYLOAD;
+/// Most bytes in one frame: link header, address word, the longest headers and
+/// [`MAX_PAYLOAD`].
+pub const MAX_FRAME: usize = LINK_HEADER_LEN + ADDR_LEN + MAX_SEGMENT_HEADERS + MAX_PAYLOAD;
 
 const _: () = assert!(MAX_SEGMENT_HEADERS == BTH_LEN + XRCETH_LEN + ATOMIC_ETH_LEN);
 const _: () = assert!(MAX_FRAME <= 0xff_ffff, "the length field has 24 bits");
@@ -183,7 +186,7 @@ const _: () = assert!(
     UD_SEGMENT_MAX <= u16::MAX as usize,
     "GRH PayLen has 16 bits"
 );
-const _: () = assert!(LINK_HEADER_LEN + SLID_LEN + GRH_LEN + UD_SEGMENT_MAX <= MAX_FRAME);
+const _: () = assert!(LINK_HEADER_LEN + ADDR_LEN + GRH_LEN + UD_SEGMENT_MAX <= MAX_FRAME);
 const _: () = assert!(MAX_PAYLOAD.is_multiple_of(4) && MAX_UD_PAYLOAD.is_multiple_of(4));
 
 /// Why bytes are not a frame (or a representation cannot become one).
@@ -219,9 +222,6 @@ pub enum FrameError {
     /// A GRH on a control frame or on a segment that is not UD.
     #[error("a GRH on a frame that is not a UD segment")]
     GrhNotAllowed,
-    /// A SLID word on a control frame or on a segment that is not UD.
-    #[error("a SLID word on a frame that is not a UD segment")]
-    SlidNotAllowed,
     /// A GRH field other than the constants or the length this module writes.
     #[error("bad GRH {0}")]
     Grh(&'static str),
@@ -355,15 +355,13 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     }
     let kind = FrameKind::from_u8(h[3]).ok_or(FrameError::Kind(h[3]))?;
     let flags = h[4];
-    if flags & !(FLAG_GRH | FLAG_SLID) != 0 {
+    if flags & !FLAG_GRH != 0 {
         return Err(FrameError::Reserved("link flags"));
     }
     let grh = flags & FLAG_GRH != 0;
-    let slid = flags & FLAG_SLID != 0;
     let min = match kind {
         FrameKind::Segment => LINK_HEADER_LEN + route_len(flags) + BTH_LEN,
         FrameKind::Control(_) if grh => return Err(FrameError::GrhNotAllowed),
-        FrameKind::Control(_) if slid => return Err(FrameError::SlidNotAllowed),
         FrameKind::Control(_) => LINK_HEADER_LEN,
     };
     let len = be24(h, 5) as usize;
@@ -373,10 +371,9 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     Ok(Some(len))
 }
 
-/// Bytes of the SLID word and the GRH that link flags `flags` announce.
+/// Bytes of a segment's address word and the GRH that link flags `flags` announce.
 const fn route_len(flags: u8) -> usize {
-    (if flags & FLAG_SLID != 0 { SLID_LEN } else { 0 })
-        + if flags & FLAG_GRH != 0 { GRH_LEN } else { 0 }
+    ADDR_LEN + if flags & FLAG_GRH != 0 { GRH_LEN } else { 0 }
 }
 
 /// A read/write view of one whole frame: link header, then body.
@@ -459,15 +456,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
             .is_some_and(|f| f & FLAG_GRH != 0)
     }
 
-    /// Whether [`FLAG_SLID`] is set.
-    pub fn has_slid(&self) -> bool {
-        self.buffer
-            .as_ref()
-            .get(4)
-            .is_some_and(|f| f & FLAG_SLID != 0)
-    }
-
-    /// Bytes of the SLID word and the GRH its flags announce.
+    /// Bytes of a segment's address word and the GRH its flags announce.
     fn route_len(&self) -> usize {
         self.buffer.as_ref().get(4).map_or(0, |&f| route_len(f))
     }
@@ -477,26 +466,22 @@ impl<T: AsRef<[u8]>> Frame<T> {
         self.buffer.as_ref().get(LINK_HEADER_LEN..).unwrap_or(&[])
     }
 
-    /// The SLID word's bytes, if flagged and present.
-    pub fn slid_word(&self) -> Option<&[u8; SLID_LEN]> {
-        if self.has_slid() {
-            self.body().first_chunk()
-        } else {
-            None
-        }
+    /// A segment's address word, if present.
+    pub fn addr_word(&self) -> Option<&[u8; ADDR_LEN]> {
+        self.body().first_chunk()
     }
 
     /// The GRH's bytes, if flagged and present.
     pub fn grh(&self) -> Option<&[u8; GRH_LEN]> {
-        let skip = if self.has_slid() { SLID_LEN } else { 0 };
         if self.has_grh() {
-            self.body().get(skip..)?.first_chunk()
+            self.body().get(ADDR_LEN..)?.first_chunk()
         } else {
             None
         }
     }
 
-    /// The IB transport packet of a segment: the body after the SLID word and the GRH, if any.
+    /// The IB transport packet of a segment: the body after the address word and the GRH, if
+    /// any.
     pub fn segment(&self) -> &[u8] {
         self.body().get(self.route_len()..).unwrap_or(&[])
     }
@@ -536,20 +521,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
             .unwrap_or(&mut [])
     }
 
-    /// The SLID word's bytes, writable, if flagged and present.
-    pub fn slid_word_mut(&mut self) -> Option<&mut [u8; SLID_LEN]> {
-        if self.has_slid() {
-            self.body_mut().first_chunk_mut()
-        } else {
-            None
-        }
+    /// A segment's address word, writable, if present.
+    pub fn addr_word_mut(&mut self) -> Option<&mut [u8; ADDR_LEN]> {
+        self.body_mut().first_chunk_mut()
     }
 
     /// The GRH's bytes, writable, if flagged and present.
     pub fn grh_mut(&mut self) -> Option<&mut [u8; GRH_LEN]> {
-        let skip = if self.has_slid() { SLID_LEN } else { 0 };
         if self.has_grh() {
-            self.body_mut().get_mut(skip..)?.first_chunk_mut()
+            self.body_mut().get_mut(ADDR_LEN..)?.first_chunk_mut()
         } else {
             None
         }
@@ -575,11 +555,11 @@ pub struct ControlRepr {
 /// the buffer at [`FrameRepr::payload_range`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameRepr {
-    /// An IB transport packet, with the sender's LID and a GRH if it is a UD one that carries
-    /// them.
+    /// An IB transport packet, with its address word, and a GRH if it is a UD one that carries
+    /// one.
     Segment {
-        /// The sender's LID (the SLID word), if flagged.
-        slid: Option<u16>,
+        /// Whom it is for and from.
+        addr: AddrRepr,
         /// The global route header, if flagged.
         grh: Option<GrhRepr>,
         /// The transport headers.
@@ -618,8 +598,8 @@ impl FrameRepr {
             }
             Some(g) => Some(GrhRepr::parse(g, frame.segment().len())?),
         };
-        let slid = parse_slid(frame, &segment, frame.body().len())?;
-        Ok(FrameRepr::Segment { slid, grh, segment })
+        let addr = parse_addr(frame, frame.body().len())?;
+        Ok(FrameRepr::Segment { addr, grh, segment })
     }
 
     /// [`FrameRepr::parse`] of a frame from its first bytes `head`, for a receiver that reads a
@@ -659,21 +639,21 @@ impl FrameRepr {
             }
             Some(g) => Some(GrhRepr::parse(g, packet_len)?),
         };
-        let slid = parse_slid(&frame, &segment, frame.buffer.len() - LINK_HEADER_LEN)?;
-        Ok(FrameRepr::Segment { slid, grh, segment })
+        let addr = parse_addr(&frame, frame.buffer.len() - LINK_HEADER_LEN)?;
+        Ok(FrameRepr::Segment { addr, grh, segment })
     }
 
-    /// Whether the value can be emitted: a valid segment ([`SegmentRepr::check`]) with a SLID
-    /// and a GRH only if UD, or a control body that fits in [`MAX_FRAME`].
+    /// Whether the value can be emitted: a valid segment ([`SegmentRepr::check`]) with a
+    /// 24-bit source QP, and a GRH only if UD, or a control body that fits in [`MAX_FRAME`].
     pub fn check(&self) -> Result<(), FrameError> {
         match self {
-            FrameRepr::Segment { slid, grh, segment } => {
+            FrameRepr::Segment { addr, grh, segment } => {
                 segment.check()?;
                 if grh.is_some() && segment.opcode.transport() != Transport::Ud {
                     return Err(FrameError::GrhNotAllowed);
                 }
-                if slid.is_some() && segment.opcode.transport() != Transport::Ud {
-                    return Err(FrameError::SlidNotAllowed);
+                if addr.src_qpn > QPN_MASK {
+                    return Err(FrameError::Inconsistent("source QP"));
                 }
                 if grh.is_some_and(|g| g.flow_label > FLOW_LABEL_MASK) {
                     return Err(FrameError::Inconsistent("flow label"));
@@ -688,7 +668,7 @@ impl FrameRepr {
         Ok(())
     }
 
-    /// Bytes before the payload: link header, SLID word, GRH, BTH and extension headers.
+    /// Bytes before the payload: link header, address word, GRH, BTH and extension headers.
     pub fn header_len(&self) -> usize {
         LINK_HEADER_LEN
             + match self {
@@ -720,18 +700,15 @@ impl FrameRepr {
         }
     }
 
-    /// The link flags of its SLID word and GRH.
+    /// The link flags of its GRH.
     fn flags(&self) -> u8 {
         match self {
-            FrameRepr::Segment { slid, grh, .. } => {
-                (if slid.is_some() { FLAG_SLID } else { 0 })
-                    | if grh.is_some() { FLAG_GRH } else { 0 }
-            }
-            FrameRepr::Control(_) => 0,
+            FrameRepr::Segment { grh: Some(_), .. } => FLAG_GRH,
+            _ => 0,
         }
     }
 
-    /// Bytes of its SLID word and GRH.
+    /// Bytes of its address word and GRH.
     fn route_len(&self) -> usize {
         route_len(self.flags())
     }
@@ -754,11 +731,11 @@ impl FrameRepr {
         frame.set_version(VERSION);
         frame.set_frame_len(len);
         match self {
-            FrameRepr::Segment { slid, grh, segment } => {
+            FrameRepr::Segment { addr, grh, segment } => {
                 frame.set_kind(FrameKind::SEGMENT);
                 frame.set_flags(self.flags());
-                if let (Some(l), Some(dst)) = (slid, frame.slid_word_mut()) {
-                    *dst = [(l >> 8) as u8, *l as u8, 0, 0];
+                if let Some(dst) = frame.addr_word_mut() {
+                    *dst = addr.to_bytes();
                 }
                 if let (Some(g), Some(dst)) = (grh, frame.grh_mut()) {
                     *dst = g.to_bytes(segment.buffer_len());
@@ -773,29 +750,47 @@ impl FrameRepr {
     }
 }
 
-/// The SLID word of a segment frame (whose link header was checked), if flagged: allowed on UD
-/// segments only, its reserved half zero. `body_len`: the body bytes at hand.
-fn parse_slid<T: AsRef<[u8]>>(
-    frame: &Frame<T>,
-    segment: &SegmentRepr,
-    body_len: usize,
-) -> Result<Option<u16>, FrameError> {
-    if !frame.has_slid() {
-        return Ok(None);
-    }
-    let Some(w) = frame.slid_word() else {
+/// The address word of a segment frame whose link header was checked: its reserved byte zero.
+/// `body_len`: the body bytes at hand.
+fn parse_addr<T: AsRef<[u8]>>(frame: &Frame<T>, body_len: usize) -> Result<AddrRepr, FrameError> {
+    let Some(w) = frame.addr_word() else {
         return Err(FrameError::Truncated {
-            needed: LINK_HEADER_LEN + SLID_LEN,
+            needed: LINK_HEADER_LEN + ADDR_LEN,
             got: LINK_HEADER_LEN + body_len,
         });
     };
-    if segment.opcode.transport() != Transport::Ud {
-        return Err(FrameError::SlidNotAllowed);
+    if w[4] != 0 {
+        return Err(FrameError::Reserved("address word"));
     }
-    if w[2..] != [0, 0] {
-        return Err(FrameError::Reserved("SLID word"));
+    Ok(AddrRepr {
+        dlid: be16(w, 0),
+        slid: be16(w, 2),
+        src_qpn: be24(w, 5),
+    })
+}
+
+/// A segment's address word, in the LRH's place: which vRNIC it was routed to, and which vRNIC
+/// and QP sent it. The receiving daemon believes the source only as far as the link it came on
+/// may speak for it (a LID its host announced); the destination is checked against the QP the
+/// BTH names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AddrRepr {
+    /// The destination vRNIC's LID (the LRH's DLID): the one its sender's route resolved.
+    pub dlid: u16,
+    /// The sending vRNIC's LID (the LRH's SLID).
+    pub slid: u16,
+    /// The sending QP's number (24 bits; a UD segment's DETH names it too).
+    pub src_qpn: u32,
+}
+
+impl AddrRepr {
+    /// Its 8 bytes: DLID, SLID, a zero byte, the source QP (big-endian).
+    pub fn to_bytes(&self) -> [u8; ADDR_LEN] {
+        let [d0, d1] = self.dlid.to_be_bytes();
+        let [s0, s1] = self.slid.to_be_bytes();
+        let [_, q0, q1, q2] = (self.src_qpn & QPN_MASK).to_be_bytes();
+        [d0, d1, s0, s1, 0, q0, q1, q2]
     }
-    Ok(Some(be16(w, 0)))
 }
 
 fn be16(b: &[u8], off: usize) -> u16 {

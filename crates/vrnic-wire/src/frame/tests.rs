@@ -19,7 +19,7 @@ fn parse(b: &[u8]) -> Result<FrameRepr, FrameError> {
 
 fn segment(opcode: u8, payload_len: usize) -> FrameRepr {
     FrameRepr::Segment {
-        slid: None,
+        addr: ADDR,
         grh: None,
         segment: sample(Opcode::from_u8(opcode).unwrap(), payload_len),
     }
@@ -37,7 +37,7 @@ fn grh() -> GrhRepr {
 
 fn ud_with_grh(opcode: u8, payload_len: usize) -> FrameRepr {
     FrameRepr::Segment {
-        slid: None,
+        addr: ADDR,
         grh: Some(grh()),
         segment: sample(Opcode::from_u8(opcode).unwrap(), payload_len),
     }
@@ -50,7 +50,14 @@ fn relen(b: &mut [u8]) {
 }
 
 /// Offset of the BTH in a frame without GRH.
-const BTH: usize = LINK_HEADER_LEN;
+const BTH: usize = LINK_HEADER_LEN + ADDR_LEN;
+
+/// The address word of the test frames.
+const ADDR: AddrRepr = AddrRepr {
+    dlid: 0x1234,
+    slid: 0xbeef,
+    src_qpn: 0xab_cdef,
+};
 
 #[test]
 fn every_opcode_round_trips_through_emit_and_parse() {
@@ -66,19 +73,19 @@ fn every_opcode_round_trips_through_emit_and_parse() {
             &[0]
         };
         for &len in lens {
-            let routes: &[(Option<u16>, Option<GrhRepr>)] = if op.transport() == Transport::Ud {
-                &[
-                    (None, None),
-                    (None, Some(grh())),
-                    (Some(0xbeef), None),
-                    (Some(7), Some(grh())),
-                ]
-            } else {
-                &[(None, None)]
+            let other = AddrRepr {
+                dlid: 7,
+                slid: 0,
+                src_qpn: 1,
             };
-            for &(slid, g) in routes {
+            let routes: &[(AddrRepr, Option<GrhRepr>)] = if op.transport() == Transport::Ud {
+                &[(ADDR, None), (ADDR, Some(grh())), (other, Some(grh()))]
+            } else {
+                &[(ADDR, None), (other, None)]
+            };
+            for &(addr, g) in routes {
                 let repr = FrameRepr::Segment {
-                    slid,
+                    addr,
                     grh: g,
                     segment: sample(op, len),
                 };
@@ -128,16 +135,16 @@ fn link_header_bytes_are_magic_version_kind_flags_length() {
         kind: ControlKind::Keepalive,
         body_len: 3,
     });
-    assert_eq!(&emit(&repr)[..8], &[0x76, 0x52, 1, 3, 0, 0, 0, 11]);
+    assert_eq!(&emit(&repr)[..8], &[0x76, 0x52, 2, 3, 0, 0, 0, 11]);
     let b = emit(&ud_with_grh(0x64, 0x100));
-    let len = 8 + 40 + 12 + 8 + 0x100;
+    let len = 8 + 8 + 40 + 12 + 8 + 0x100;
     assert_eq!(
         &b[..8],
-        &[0x76, 0x52, 1, 1, 1, 0, (len >> 8) as u8, len as u8]
+        &[0x76, 0x52, 2, 1, 1, 0, (len >> 8) as u8, len as u8]
     );
     // The GRH's PayLen counts BTH, DETH and payload.
-    assert_eq!(&b[8..16], &[0x60, 0x31, 0x23, 0x45, 0x01, 0x14, 0x1b, 255]);
-    assert_eq!(b[48], 0x64, "the BTH follows the GRH");
+    assert_eq!(&b[16..24], &[0x60, 0x31, 0x23, 0x45, 0x01, 0x14, 0x1b, 255]);
+    assert_eq!(b[56], 0x64, "the BTH follows the GRH");
 }
 
 #[test]
@@ -153,7 +160,7 @@ fn an_rdma_write_only_with_immediate_frame_byte_for_byte() {
     s.imm = Some(0x0102_0304);
     s.payload_len = 2;
     let repr = FrameRepr::Segment {
-        slid: None,
+        addr: ADDR,
         grh: None,
         segment: s,
     };
@@ -162,7 +169,8 @@ fn an_rdma_write_only_with_immediate_frame_byte_for_byte() {
     repr.emit(&mut Frame::new_unchecked(&mut b[..]));
     #[rustfmt::skip]
     let expected = [
-        0x76, 0x52, 0x01, 0x01, 0x00, 0x00, 0x00, 44,          // link header
+        0x76, 0x52, 0x02, 0x01, 0x00, 0x00, 0x00, 52,          // link header
+        0x12, 0x34, 0xbe, 0xef, 0x00, 0xab, 0xcd, 0xef,        // DLID, SLID, source QP
         0x0b, 0x20, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12,        // BTH: opcode, pad 2, P_Key, QP
         0x80, 0x00, 0x00, 0x34,                                // AckReq, PSN
         0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0x2a, 0, 0, 0, 2,  // RETH
@@ -185,13 +193,14 @@ fn an_atomic_acknowledge_frame_byte_for_byte() {
         orig: 0x0102_0304_0506_0708,
     });
     let repr = FrameRepr::Segment {
-        slid: None,
+        addr: ADDR,
         grh: None,
         segment: s,
     };
     #[rustfmt::skip]
     let expected = [
-        0x76, 0x52, 1, 1, 0, 0, 0, 32,
+        0x76, 0x52, 2, 1, 0, 0, 0, 40,
+        0x12, 0x34, 0xbe, 0xef, 0, 0xab, 0xcd, 0xef,
         0x12, 0x00, 0xff, 0xff, 0, 0xab, 0xcd, 0xef, 0, 0, 0x01, 0x00,
         0x1f, 0, 0, 5,
         1, 2, 3, 4, 5, 6, 7, 8,
@@ -234,11 +243,12 @@ fn bad_magic_version_kind_and_flags_are_refused() {
     assert_eq!(with(0, b'V'), Err(FrameError::Magic(*b"VR")));
     assert_eq!(with(1, 0), Err(FrameError::Magic([b'v', 0])));
     assert_eq!(with(2, 0), Err(FrameError::Version(0)));
-    assert_eq!(with(2, 2), Err(FrameError::Version(2)));
+    assert_eq!(with(2, 1), Err(FrameError::Version(1)));
+    assert_eq!(with(2, 3), Err(FrameError::Version(3)));
     for kind in [0, 6, 0x80, 0xff] {
         assert_eq!(with(3, kind), Err(FrameError::Kind(kind)));
     }
-    for flags in [0x04, 0x80, 0xfc] {
+    for flags in [0x02, 0x04, 0x80, 0xfc] {
         assert_eq!(with(4, flags), Err(FrameError::Reserved("link flags")));
     }
     let control = emit(&FrameRepr::Control(ControlRepr {
@@ -253,25 +263,25 @@ fn bad_magic_version_kind_and_flags_are_refused() {
 #[test]
 fn lengths_below_the_kind_or_above_max_frame_are_refused() {
     let mut b = emit(&segment(0x11, 0));
-    b[7] = 19; // less than link header + BTH
-    assert_eq!(peek_len(&b), Err(FrameError::Length(19)));
-    let mut h = [0x76, 0x52, 1, 1, 0, 0, 0, 0];
+    b[7] = 27; // less than link header + address word + BTH
+    assert_eq!(peek_len(&b), Err(FrameError::Length(27)));
+    let mut h = [0x76, 0x52, VERSION, 1, 0, 0, 0, 0];
     put24(&mut h, 5, (MAX_FRAME + 1) as u32);
     assert_eq!(peek_len(&h), Err(FrameError::Length(MAX_FRAME + 1)));
     put24(&mut h, 5, 0xff_ffff);
     assert_eq!(peek_len(&h), Err(FrameError::Length(0xff_ffff)));
     h[4] = FLAG_GRH;
-    put24(&mut h, 5, 8 + 40 + 11);
-    assert_eq!(peek_len(&h), Err(FrameError::Length(59)));
+    put24(&mut h, 5, 8 + 8 + 40 + 11);
+    assert_eq!(peek_len(&h), Err(FrameError::Length(67)));
     // A frame of MAX_FRAME bytes passes the link header but not the payload bound.
     let mut big = vec![0; MAX_FRAME];
-    big[..8].copy_from_slice(&[0x76, 0x52, 1, 1, 0, 0, 0, 0]);
+    big[..8].copy_from_slice(&[0x76, 0x52, VERSION, 1, 0, 0, 0, 0]);
     put24(&mut big, 5, MAX_FRAME as u32);
-    big[8..20].copy_from_slice(&[0x04, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 1]);
+    big[16..28].copy_from_slice(&[0x04, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 1]);
     assert_eq!(
         parse(&big),
         Err(FrameError::PayloadTooLong {
-            len: MAX_FRAME - 20,
+            len: MAX_FRAME - 28,
             max: MAX_PAYLOAD
         })
     );
@@ -408,79 +418,78 @@ fn a_payload_on_an_opcode_without_one_is_refused() {
 }
 
 #[test]
-fn a_slid_word_byte_for_byte_and_for_ud_segments_only() {
+fn an_address_word_byte_for_byte_on_every_segment() {
     let ud = ud_with_grh(0x64, 4);
-    let FrameRepr::Segment {
-        grh, segment: s, ..
-    } = ud
-    else {
+    let b = emit(&ud);
+    assert_eq!(b[4], FLAG_GRH, "the GRH flag alone");
+    assert_eq!(
+        b[8..16],
+        [0x12, 0x34, 0xbe, 0xef, 0, 0xab, 0xcd, 0xef],
+        "the address word comes first: DLID, SLID, zero, source QP"
+    );
+    let FrameRepr::Segment { grh, .. } = ud else {
         unreachable!()
     };
-    let with = FrameRepr::Segment {
-        slid: Some(0x1234),
-        grh,
-        segment: s,
-    };
-    let b = emit(&with);
-    assert_eq!(b[4], FLAG_SLID | FLAG_GRH, "both flags");
-    assert_eq!(b[8..12], [0x12, 0x34, 0, 0], "the SLID word comes first");
     assert_eq!(
-        b[12..52],
-        grh.unwrap().to_bytes(b.len() - 52),
+        b[16..56],
+        grh.unwrap().to_bytes(b.len() - 56),
         "then the GRH"
     );
-    assert_eq!(parse(&b), Ok(with));
-    assert_eq!(FrameRepr::parse_head(&b[..b.len() - 4]), Ok(with));
-    // Its reserved half must be zero.
+    assert_eq!(parse(&b), Ok(ud));
+    assert_eq!(FrameRepr::parse_head(&b[..b.len() - 4]), Ok(ud));
+    // Its reserved byte must be zero.
     let mut r = b.clone();
-    r[11] = 1;
-    assert_eq!(parse(&r), Err(FrameError::Reserved("SLID word")));
-    // Cut short: the word alone, then nothing.
+    r[12] = 1;
+    assert_eq!(parse(&r), Err(FrameError::Reserved("address word")));
+    // Cut short: a segment frame too short for the word and a BTH.
     let mut short = b[..8].to_vec();
-    short[4] = FLAG_SLID;
-    short.extend_from_slice(&[0, 1]);
+    short[4] = 0;
+    short.extend_from_slice(&[0, 1, 0, 2, 0, 0, 0, 3, 0, 0]);
     relen(&mut short);
-    assert_eq!(peek_len(&short), Err(FrameError::Length(10)));
-    // On an RC segment, and on a control frame.
-    let rc = emit(&segment(0x04, 4));
-    let mut b = rc[..8].to_vec();
-    b[4] = FLAG_SLID;
-    b.extend_from_slice(&[0, 1, 0, 0]);
-    b.extend_from_slice(&rc[8..]);
-    relen(&mut b);
-    assert_eq!(parse(&b), Err(FrameError::SlidNotAllowed));
+    assert_eq!(peek_len(&short), Err(FrameError::Length(18)));
+    // A source QP past 24 bits cannot be emitted.
     let bad = FrameRepr::Segment {
-        slid: Some(1),
+        addr: AddrRepr {
+            src_qpn: 1 << 24,
+            ..ADDR
+        },
         grh: None,
         segment: sample(Opcode::from_u8(0x04).unwrap(), 4),
     };
-    assert_eq!(bad.check(), Err(FrameError::SlidNotAllowed));
-    let mut ctl = vec![
+    assert_eq!(bad.check(), Err(FrameError::Inconsistent("source QP")));
+    // The old SLID flag is a reserved bit now, on segments and control frames.
+    let mut old = emit(&segment(0x04, 4));
+    old[4] = 0x02;
+    assert_eq!(parse(&old), Err(FrameError::Reserved("link flags")));
+    let ctl = [
         0x76,
         0x52,
-        1,
+        VERSION,
         ControlKind::Keepalive as u8,
-        FLAG_SLID,
+        0x02,
         0,
         0,
-        12,
+        8,
     ];
-    ctl.extend_from_slice(&[0, 1, 0, 0]);
-    assert_eq!(peek_len(&ctl), Err(FrameError::SlidNotAllowed));
+    assert_eq!(peek_len(&ctl), Err(FrameError::Reserved("link flags")));
+    // A frame of the version before the address word is refused whole.
+    let mut v1 = emit(&segment(0x04, 4));
+    v1[2] = 1;
+    assert_eq!(peek_len(&v1), Err(FrameError::Version(1)));
 }
 
 #[test]
 fn a_grh_is_for_ud_segments_only_and_must_be_consistent() {
     // A GRH in front of an RC SEND.
     let rc = emit(&segment(0x04, 4));
-    let mut b = rc[..8].to_vec();
+    let mut b = rc[..BTH].to_vec();
     b[4] = FLAG_GRH;
-    b.extend_from_slice(&grh().to_bytes(rc.len() - 8));
-    b.extend_from_slice(&rc[8..]);
+    b.extend_from_slice(&grh().to_bytes(rc.len() - BTH));
+    b.extend_from_slice(&rc[BTH..]);
     relen(&mut b);
     assert_eq!(parse(&b), Err(FrameError::GrhNotAllowed));
     let bad = FrameRepr::Segment {
-        slid: None,
+        addr: ADDR,
         grh: Some(grh()),
         segment: sample(Opcode::from_u8(0x04).unwrap(), 4),
     };
@@ -488,9 +497,9 @@ fn a_grh_is_for_ud_segments_only_and_must_be_consistent() {
     // PayLen, version and next header of a UD one.
     let good = emit(&ud_with_grh(0x65, 4));
     for (at, v, what) in [
-        (13, 0, "payload length"),
-        (8, 0x40, "IP version"),
-        (14, 0x11, "next header"),
+        (BTH + 5, 0, "payload length"),
+        (BTH, 0x40, "IP version"),
+        (BTH + 6, 0x11, "next header"),
     ] {
         let mut b = good.clone();
         b[at] = v;

@@ -758,6 +758,7 @@ impl Server {
                     sh.engine.handle_placed_segment(
                         now,
                         host,
+                        &p.addr,
                         &p.seg,
                         p.placement,
                         !p.broken,
@@ -818,7 +819,7 @@ impl Server {
         // A malformed head is the whole-frame decoder's to refuse once the frame is in.
         let head = FrameRepr::parse_head(buf).ok()?;
         let FrameRepr::Segment {
-            slid: None,
+            addr,
             grh: None,
             segment,
         } = head
@@ -836,7 +837,7 @@ impl Server {
         runs.clear();
         let cell = self.shard0();
         let mut sh = cell.lock();
-        let Some(placement) = sh.engine.placement(host, &segment, &mut runs) else {
+        let Some(placement) = sh.engine.placement(host, &addr, &segment, &mut runs) else {
             if let Some(p) = &mut self.peers {
                 p.runs = runs;
             }
@@ -845,7 +846,7 @@ impl Server {
         let range = head.payload_range();
         let have = &buf[range.start..buf.len().min(range.end)];
         let pad = len - range.end;
-        let p = Placing::start(segment, placement, runs, pad, have, &sh.lanes);
+        let p = Placing::start(addr, segment, placement, runs, pad, have, &sh.lanes);
         Some((p, range.start + have.len()))
     }
 
