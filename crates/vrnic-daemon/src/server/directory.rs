@@ -310,7 +310,8 @@ impl Server {
         true
     }
 
-    /// The whole directory: this host's vRNICs, then what other hosts announced.
+    /// The whole directory: this host's vRNICs, then what other hosts announced, at most
+    /// [`vrnic_api::DIRECTORY_LISTING_MAX`] entries (this host's first).
     pub(super) fn directory_listing(&self) -> Vec<vrnic_api::DirectoryEntry> {
         let mut out: Vec<vrnic_api::DirectoryEntry> = self
             .vnics
@@ -336,19 +337,19 @@ impl Server {
         };
         let mut remote: Vec<_> = self.directory.remote_vnics().collect();
         remote.sort_by_key(|&(h, lid, _, _)| (h, lid));
-        out.extend(
-            remote
-                .into_iter()
-                .map(|(h, lid, gid, v)| vrnic_api::DirectoryEntry {
-                    host: host_name(h),
-                    name: v.name.clone(),
-                    lid,
-                    gid,
-                    ip: v.vip.to_string(),
-                    group: self.directory.group_name(v.group).to_string(),
-                    qps: None,
-                }),
-        );
+        out.truncate(vrnic_api::DIRECTORY_LISTING_MAX);
+        let room = vrnic_api::DIRECTORY_LISTING_MAX - out.len();
+        out.extend(remote.into_iter().take(room).map(|(h, lid, gid, v)| {
+            vrnic_api::DirectoryEntry {
+                host: host_name(h),
+                name: v.name.clone(),
+                lid,
+                gid,
+                ip: v.vip.to_string(),
+                group: self.directory.group_name(v.group).to_string(),
+                qps: None,
+            }
+        }));
         out.sort_by(|a, b| {
             (a.host != "local", &a.host, a.lid).cmp(&(b.host != "local", &b.host, b.lid))
         });
@@ -467,9 +468,32 @@ impl Server {
     }
 }
 
+/// The most bytes one `vrnic ls --all` entry takes in a reply (longest host, names, GID).
+const LISTING_ENTRY_MAX: usize = 400;
+const _: () = assert!(
+    vrnic_api::DIRECTORY_LISTING_MAX * LISTING_ENTRY_MAX
+        <= super::admin_socket::ADMIN_OUT_MAX - (64 << 10)
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_directory_listing_fits_in_one_admin_reply() {
+        let long = "x".repeat(63);
+        let e = vrnic_api::DirectoryEntry {
+            host: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535".into(),
+            name: long.clone(),
+            lid: u16::MAX,
+            gid: [255; 16],
+            ip: "255.255.255.255".into(),
+            group: long,
+            qps: Some(usize::MAX),
+        };
+        let one = serde_json::to_vec(&e).unwrap().len() + 1;
+        assert!(one <= LISTING_ENTRY_MAX, "{one} bytes");
+    }
 
     #[test]
     fn lids_come_from_the_share_and_are_not_reused_at_once() {
