@@ -31,6 +31,7 @@ use std::net::IpAddr;
 use std::ops::Range;
 
 use tracing::warn;
+use vrnic_api::gid_string;
 use vrnic_proto::HostId;
 
 use super::Close;
@@ -145,7 +146,9 @@ impl Server {
                 } => {
                     if !owns(lid, &gid) {
                         return Err(Close::Broken(format!(
-                            "a vRNIC announced outside its host's share (LID {lid}, GID                              {gid:02x?}; its LIDs are {share:?})"
+                            "a vRNIC announced outside its host's share (LID {lid}, GID {}; its LIDs \
+                             are {share:?})",
+                            gid_string(&gid)
                         )));
                     }
                     let (count, known) = self.directory.announced(host, lid);
