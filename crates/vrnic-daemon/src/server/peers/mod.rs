@@ -35,7 +35,8 @@
 //!   that does not move is the peer's doing.
 //! - **Input.** What is read and not yet a whole frame is at most one frame plus a pass's
 //!   [`READ_BUDGET`]; connections not yet past their hello are at most [`MAX_PENDING`] (more
-//!   are closed as they come) and 64 bytes each, and go after [`DEAD_AFTER`].
+//!   are closed as they come), each holding at most a hello's worth of bytes, and go after
+//!   [`DEAD_AFTER`].
 //! - **Announcements** (`share.rs`): a host announces only its own share of LIDs and GIDs,
 //!   one vRNIC per LID, at most [`share::MAX_ANNOUNCED_VNICS`], and at most
 //!   [`share::MAX_ANNOUNCED_ADDRS`] addresses, none of another host's; all of it is forgotten
