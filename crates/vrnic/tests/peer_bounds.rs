@@ -241,6 +241,10 @@ fn still_serves(d: &mut Daemon, base: u64, watch: &RssWatch, what: &str) {
     assert!(d.alive(), "{what}: the daemon died");
     let _ = d.ls();
     let grown = watch.peak().saturating_sub(base);
+    eprintln!(
+        "{what}: the daemon's RSS grew by {} KiB at most",
+        grown >> 10
+    );
     assert!(
         grown < RSS_GROWTH_MAX,
         "{what}: the daemon's RSS grew by {} MiB",
