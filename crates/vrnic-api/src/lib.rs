@@ -583,6 +583,10 @@ pub struct VnicSummary {
     pub ip: String,
 }
 
+/// Most entries a `vrnic ls --all` reply holds (this host's vRNICs first, then other hosts'
+/// by host and LID): the reply stays within what an admin client may be sent.
+pub const DIRECTORY_LISTING_MAX: usize = 32768;
+
 /// One vRNIC of the whole directory (`vrnic ls --all`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirectoryEntry {

@@ -1,7 +1,7 @@
 //! Where the daemon keeps its state, and the names of the files in it. Shared with the CLI so
 //! both agree without a config file (the embedded default).
 
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 /// The admin socket, relative to the state dir.
@@ -81,7 +81,9 @@ pub enum Owner {
 
 /// Makes sure the state dir exists and that nobody but us (and root) can change it, then
 /// returns its canonical path. A missing dir and missing parents are created (0700 for a
-/// non-root daemon, 0755 for root, so unprivileged users can reach the vRNICs it hands out).
+/// non-root daemon, 0711 for root, so unprivileged users can reach the vRNICs it hands out by
+/// name but not list them). An existing state dir loses its read bits for group and others
+/// (its search bits stay): nobody else lists the vRNICs' names.
 ///
 /// Every component of the canonical path is checked without following links: each parent must
 /// be owned by root or us and not writable by group or others unless it is sticky (like
@@ -91,7 +93,7 @@ pub enum Owner {
 pub fn prepare_state_dir(dir: &Path) -> Result<PathBuf, StateDirError> {
     let uid = current_euid();
     if std::fs::symlink_metadata(dir).is_err() {
-        let mode = if uid == 0 { 0o755 } else { 0o700 };
+        let mode = if uid == 0 { 0o711 } else { 0o700 };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(mode)
@@ -102,7 +104,21 @@ pub fn prepare_state_dir(dir: &Path) -> Result<PathBuf, StateDirError> {
                 source,
             })?;
     }
-    check_state_dir(dir, Owner::Daemon)
+    let canon = check_state_dir(dir, Owner::Daemon)?;
+    // Ours (checked just above): only its listing is taken from others.
+    if let Ok(m) = std::fs::metadata(&canon)
+        && m.permissions().mode() & 0o044 != 0
+    {
+        let mode = m.permissions().mode() & 0o7777 & !0o044;
+        std::fs::set_permissions(&canon, std::fs::Permissions::from_mode(mode)).map_err(
+            |source| StateDirError::Io {
+                op: "restrict",
+                path: canon.clone(),
+                source,
+            },
+        )?;
+    }
+    Ok(canon)
 }
 
 /// Checks an existing state dir (see [`prepare_state_dir`]) for `who`, and returns its

@@ -47,7 +47,8 @@ pub fn ensure_tmpfs(dir: &Path) -> bool {
         return dir.join(MOUNT_MARKER).exists();
     }
     // Small: with per-vRNIC quota mounts (root), only directories and sockets live here.
-    match mount_tmpfs(dir, "mode=0755,size=64m") {
+    // Others may reach a vRNIC's directory by its name, never list the names (0711).
+    match mount_tmpfs(dir, "mode=0711,size=64m") {
         Ok(()) => {
             info!(dir = %dir.display(), "mounted a tmpfs on the state dir");
             let _ = std::fs::write(dir.join(MOUNT_MARKER), b"mounted by vrnic serve\n");

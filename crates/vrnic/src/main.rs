@@ -188,6 +188,26 @@ enum Cmd {
     },
 }
 
+/// `println!` for a reader that may go away (`vrnic ls | head`): Rust ignores `SIGPIPE`, so a
+/// plain `println!` would panic on `EPIPE`; this ends the program quietly instead, with status
+/// 0, as a tool killed by `SIGPIPE` leaves its pipeline's status to the reader.
+macro_rules! say {
+    ($($t:tt)*) => {
+        say(format_args!($($t)*))
+    };
+}
+
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("vrnic: write to stdout: {e}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -304,7 +324,7 @@ fn real_main() -> Result<()> {
                     ),
                 }
             }
-            println!("{args}");
+            say!("{args}");
             Ok(())
         }
         Cmd::VmArgs { name } => {
@@ -319,7 +339,7 @@ fn real_main() -> Result<()> {
                      --region-gib 1, 2, 4, 8 or 16)"
                 );
             }
-            println!(
+            say!(
                 "-object memory-backend-file,id=vrnic-{name},share=on,mem-path={},size={size} \
                  -device ivshmem-plain,memdev=vrnic-{name}",
                 region.display()
@@ -331,12 +351,17 @@ fn real_main() -> Result<()> {
             let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
                 bail!("unexpected reply")
             };
-            println!(
+            say!(
                 "{:<16} {:>6} {:<40} {:>4} {:>5}  {:<15} GROUP",
-                "NAME", "LID", "GID", "QPS", "USERS", "IP"
+                "NAME",
+                "LID",
+                "GID",
+                "QPS",
+                "USERS",
+                "IP"
             );
             for v in list {
-                println!(
+                say!(
                     "{:<16} {:>6} {:<40} {:>4} {:>5}  {:<15} {}",
                     v.name,
                     v.lid,
@@ -354,12 +379,24 @@ fn real_main() -> Result<()> {
             let AdminReply::Directory(list) = c.call(&AdminRequest::ListAll)? else {
                 bail!("unexpected reply")
             };
-            println!(
+            if list.len() >= vrnic_api::DIRECTORY_LISTING_MAX {
+                eprintln!(
+                    "vrnic: the first {} entries only (this host's first)",
+                    vrnic_api::DIRECTORY_LISTING_MAX
+                );
+            }
+            say!(
                 "{:<22} {:<16} {:>6} {:<40} {:<15} {:<12} {:>4}",
-                "HOST", "NAME", "LID", "GID", "IP", "GROUP", "QPS"
+                "HOST",
+                "NAME",
+                "LID",
+                "GID",
+                "IP",
+                "GROUP",
+                "QPS"
             );
             for v in list {
-                println!(
+                say!(
                     "{:<22} {:<16} {:>6} {:<40} {:<15} {:<12} {:>4}",
                     v.host,
                     v.name,
@@ -377,12 +414,19 @@ fn real_main() -> Result<()> {
             let AdminReply::Peers(list) = c.call(&AdminRequest::Peers)? else {
                 bail!("unexpected reply")
             };
-            println!(
+            say!(
                 "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5}",
-                "PEER", "STATE", "RTT_US", "BYTES_IN", "PLACED_IN", "BYTES_OUT", "RESENT", "DROPS"
+                "PEER",
+                "STATE",
+                "RTT_US",
+                "BYTES_IN",
+                "PLACED_IN",
+                "BYTES_OUT",
+                "RESENT",
+                "DROPS"
             );
             for p in list {
-                println!(
+                say!(
                     "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5}",
                     p.addr,
                     p.state,
@@ -399,7 +443,7 @@ fn real_main() -> Result<()> {
         Cmd::Create { name, group, ip } => {
             let mut c = AdminClient::connect(&state_dir)?;
             if let AdminReply::Vnic(v) = c.call(&AdminRequest::Create { name, group, ip })? {
-                println!(
+                say!(
                     "{} lid {} gid {} group {} ip {} dir {}",
                     v.name,
                     v.lid,

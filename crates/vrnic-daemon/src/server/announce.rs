@@ -9,7 +9,9 @@
 //! | 3 | an address of the host | zero 2, IP 16 (an IPv4 one mapped) |
 //!
 //! Names are 1 to 63 bytes of `[A-Za-z0-9_-]`. Decoding is strict: a body that does not
-//! decode whole closes the link, as any malformed frame does.
+//! decode whole closes the link, as any malformed frame does. What a decoded entry may claim
+//! (its host's share of LIDs, GIDs and addresses) and how many a host may announce is checked
+//! by `peers/share.rs` before anything is recorded.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -111,7 +113,9 @@ pub(super) fn parse(mut b: &[u8]) -> Option<Vec<Entry<'_>>> {
             2 => Entry::Removed { lid, gid: *g },
             3 if lid == 0 => {
                 let ip = IpAddr::V6(Ipv6Addr::from(*g)).to_canonical();
-                if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
+                // A loopback address is a host's own only as its peer-link address: whether it
+                // is is `peers/share.rs`'s to say, not the codec's.
+                if ip.is_unspecified() || ip.is_multicast() {
                     return None;
                 }
                 Entry::Addr(ip)
@@ -170,8 +174,15 @@ mod tests {
         bad[1 + 2 + 16 + 4] = 0;
         assert!(parse(&bad).is_none(), "an empty name");
         let mut loopback = Vec::new();
-        Entry::Addr("127.0.0.1".parse().unwrap()).emit(&mut loopback);
-        assert!(parse(&loopback).is_none());
+        Entry::Addr("127.0.0.2".parse().unwrap()).emit(&mut loopback);
+        assert_eq!(
+            parse(&loopback).unwrap(),
+            [Entry::Addr("127.0.0.2".parse().unwrap())],
+            "a loopback peer-link address decodes (the share rule decides)"
+        );
+        let mut unspecified = Vec::new();
+        Entry::Addr("0.0.0.0".parse().unwrap()).emit(&mut unspecified);
+        assert!(parse(&unspecified).is_none());
         assert!(parse(&[9; 19]).is_none(), "unknown op");
     }
 

@@ -53,7 +53,8 @@ pub(super) struct RemoteVnic {
 /// What one other host announced.
 #[derive(Debug, Default)]
 struct Announced {
-    vnics: HashMap<(u16, [u8; 16]), RemoteVnic>,
+    /// By LID: a host gives a LID to one vRNIC at a time (`peers/share.rs`).
+    vnics: HashMap<u16, ([u8; 16], RemoteVnic)>,
     addrs: HashSet<IpAddr>,
 }
 
@@ -172,19 +173,34 @@ impl Directory {
     pub(super) fn remote_vnics(
         &self,
     ) -> impl Iterator<Item = (HostId, u16, [u8; 16], &RemoteVnic)> {
-        self.remote
-            .iter()
-            .flat_map(|(&h, a)| a.vnics.iter().map(move |(&(lid, gid), v)| (h, lid, gid, v)))
+        self.remote.iter().flat_map(|(&h, a)| {
+            a.vnics
+                .iter()
+                .map(move |(&lid, (gid, v))| (h, lid, *gid, v))
+        })
     }
 
     /// The announced vRNIC of `host` with LID `lid`.
     pub(super) fn remote_vnic(&self, host: HostId, lid: u16) -> Option<&RemoteVnic> {
+        self.remote.get(&host)?.vnics.get(&lid).map(|(_, v)| v)
+    }
+
+    /// How many vRNICs `host` announced, and whether one of them has LID `lid`.
+    pub(super) fn announced(&self, host: HostId, lid: u16) -> (usize, bool) {
         self.remote
-            .get(&host)?
-            .vnics
+            .get(&host)
+            .map_or((0, false), |a| (a.vnics.len(), a.vnics.contains_key(&lid)))
+    }
+
+    /// How many addresses `host` announced, and which host (if any) holds `ip`.
+    pub(super) fn addr_holder(&self, host: HostId, ip: IpAddr) -> (usize, Option<HostId>) {
+        let n = self.remote.get(&host).map_or(0, |a| a.addrs.len());
+        let holder = self
+            .remote
             .iter()
-            .find(|((l, _), _)| *l == lid)
-            .map(|(_, v)| v)
+            .find(|(_, a)| a.addrs.contains(&ip))
+            .map(|(&h, _)| h);
+        (n, holder)
     }
 
     /// Addresses for this host's vRNIC number `serial`: a LID no vRNIC here holds, and a GUID
@@ -203,8 +219,7 @@ impl Directory {
         } else {
             lid + 1
         };
-        let guid_host: u64 =
-            0x0256_5200_0000_0000 | (self.host << 24) | u64::from(serial & 0xff_ffff);
+        let guid_host = super::peers::guid(self.host, serial);
         let mut gid = [0u8; 16];
         gid[0] = 0xfe;
         gid[1] = 0x80;
@@ -244,16 +259,33 @@ impl Server {
                     vip,
                 };
                 let known = self.directory.remote.entry(host).or_default();
-                if let Some(old) = known.vnics.insert((lid, gid), v) {
-                    self.directory.vips.remove(&(old.group, old.vip));
-                    self.cm.remove_vip(old.group, old.vip);
+                if let Some((old_gid, old)) = known.vnics.insert(lid, (gid, v)) {
+                    // Its earlier vRNIC of this LID is replaced; only a virtual IP that
+                    // vRNIC held is released (never another host's).
+                    if self.directory.vips.get(&(old.group, old.vip)) == Some(&VipAt::There(host)) {
+                        self.directory.vips.remove(&(old.group, old.vip));
+                        self.cm.remove_vip(old.group, old.vip);
+                    }
+                    if old_gid != gid {
+                        for cell in &self.shards {
+                            cell.lock().engine.remove_remote_vnic(lid, old_gid);
+                        }
+                    }
                 }
-                // A clash (the same address given on two hosts) leaves the first owner.
-                self.directory
-                    .vips
-                    .entry((g, vip))
-                    .or_insert(VipAt::There(host));
-                self.cm.add_vip(g, vip, VipAt::There(host));
+                // A clash (the same address given on two hosts, or this one) leaves the first
+                // owner, in the directory and the CM broker alike.
+                let first = match self.directory.vips.entry((g, vip)) {
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(VipAt::There(host));
+                        true
+                    }
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        *e.get() == VipAt::There(host)
+                    }
+                };
+                if first {
+                    self.cm.add_vip(g, vip, VipAt::There(host));
+                }
                 for cell in &self.shards {
                     cell.lock()
                         .engine
@@ -262,7 +294,9 @@ impl Server {
             }
             None => {
                 let known = self.directory.remote.entry(host).or_default();
-                if let Some(old) = known.vnics.remove(&(lid, gid)) {
+                if known.vnics.get(&lid).is_some_and(|(g, _)| *g == gid)
+                    && let Some((_, old)) = known.vnics.remove(&lid)
+                {
                     if self.directory.vips.get(&(old.group, old.vip)) == Some(&VipAt::There(host)) {
                         self.directory.vips.remove(&(old.group, old.vip));
                         self.cm.remove_vip(old.group, old.vip);
@@ -276,7 +310,8 @@ impl Server {
         true
     }
 
-    /// The whole directory: this host's vRNICs, then what other hosts announced.
+    /// The whole directory: this host's vRNICs, then what other hosts announced, at most
+    /// [`vrnic_api::DIRECTORY_LISTING_MAX`] entries (this host's first).
     pub(super) fn directory_listing(&self) -> Vec<vrnic_api::DirectoryEntry> {
         let mut out: Vec<vrnic_api::DirectoryEntry> = self
             .vnics
@@ -302,19 +337,19 @@ impl Server {
         };
         let mut remote: Vec<_> = self.directory.remote_vnics().collect();
         remote.sort_by_key(|&(h, lid, _, _)| (h, lid));
-        out.extend(
-            remote
-                .into_iter()
-                .map(|(h, lid, gid, v)| vrnic_api::DirectoryEntry {
-                    host: host_name(h),
-                    name: v.name.clone(),
-                    lid,
-                    gid,
-                    ip: v.vip.to_string(),
-                    group: self.directory.group_name(v.group).to_string(),
-                    qps: None,
-                }),
-        );
+        out.truncate(vrnic_api::DIRECTORY_LISTING_MAX);
+        let room = vrnic_api::DIRECTORY_LISTING_MAX - out.len();
+        out.extend(remote.into_iter().take(room).map(|(h, lid, gid, v)| {
+            vrnic_api::DirectoryEntry {
+                host: host_name(h),
+                name: v.name.clone(),
+                lid,
+                gid,
+                ip: v.vip.to_string(),
+                group: self.directory.group_name(v.group).to_string(),
+                qps: None,
+            }
+        }));
         out.sort_by(|a, b| {
             (a.host != "local", &a.host, a.lid).cmp(&(b.host != "local", &b.host, b.lid))
         });
@@ -378,8 +413,34 @@ impl Server {
         }
     }
 
-    /// Host `host` announced one of its IP addresses.
-    pub(super) fn directory_addr(&mut self, host: HostId, ip: IpAddr) {
+    /// Host `host` announced one of its IP addresses, which is recorded as its for rdma_cm if
+    /// it passes `peers/share.rs`'s rule (an address another host held first is taken from
+    /// that host only when it is the announcer's own peer-link address). Returns why it was
+    /// dropped, if it was.
+    pub(super) fn directory_addr(
+        &mut self,
+        host: HostId,
+        ip: IpAddr,
+        facts: &super::peers::AddrFacts,
+    ) -> Option<&'static str> {
+        use super::peers::AddrVerdict;
+        match super::peers::addr_verdict(ip, facts) {
+            AddrVerdict::Known => None,
+            AddrVerdict::Drop(why) => Some(why),
+            AddrVerdict::Keep => {
+                for (h, a) in &mut self.directory.remote {
+                    if *h != host {
+                        a.addrs.remove(&ip);
+                    }
+                }
+                self.record_addr(host, ip);
+                None
+            }
+        }
+    }
+
+    /// Records `ip` as host `host`'s (for rdma_cm).
+    pub(super) fn record_addr(&mut self, host: HostId, ip: IpAddr) {
         self.directory
             .remote
             .entry(host)
@@ -393,7 +454,7 @@ impl Server {
     /// broke). Connections already routed to it keep their routes.
     pub(super) fn directory_forget(&mut self, host: HostId) {
         if let Some(known) = self.directory.remote.remove(&host) {
-            for ((lid, gid), v) in known.vnics {
+            for (lid, (gid, v)) in known.vnics {
                 if self.directory.vips.get(&(v.group, v.vip)) == Some(&VipAt::There(host)) {
                     self.directory.vips.remove(&(v.group, v.vip));
                     self.cm.remove_vip(v.group, v.vip);
@@ -407,9 +468,32 @@ impl Server {
     }
 }
 
+/// The most bytes one `vrnic ls --all` entry takes in a reply (longest host, names, GID).
+const LISTING_ENTRY_MAX: usize = 400;
+const _: () = assert!(
+    vrnic_api::DIRECTORY_LISTING_MAX * LISTING_ENTRY_MAX
+        <= super::admin_socket::ADMIN_OUT_MAX - (64 << 10)
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_directory_listing_fits_in_one_admin_reply() {
+        let long = "x".repeat(63);
+        let e = vrnic_api::DirectoryEntry {
+            host: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535".into(),
+            name: long.clone(),
+            lid: u16::MAX,
+            gid: [255; 16],
+            ip: "255.255.255.255".into(),
+            group: long,
+            qps: Some(usize::MAX),
+        };
+        let one = serde_json::to_vec(&e).unwrap().len() + 1;
+        assert!(one <= LISTING_ENTRY_MAX, "{one} bytes");
+    }
 
     #[test]
     fn lids_come_from_the_share_and_are_not_reused_at_once() {

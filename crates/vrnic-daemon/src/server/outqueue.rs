@@ -10,6 +10,11 @@
 //! and the loop removes that vRNIC), and writes again: the frame goes out with zeros in it and
 //! the stream stays whole. Should that not help, the ranges tried are sent as zeros.
 //!
+//! It has no bound of its own: what a link's peer can make it hold is bounded by the link
+//! (`peers/mod.rs`: replies to a peer's keepalives are queued only while it holds little, and
+//! a link whose queue makes no progress for a few seconds is closed); the engine's frames are
+//! bounded by its windows and per-pass budget, and a busy link that writes is never cut.
+//!
 //! Its one `unsafe` block hands the pieces to `writev`: it is sound because the queue owns
 //! what they point at (its byte buffer, the regions' `Arc`s, a static).
 #![allow(unsafe_code)]
@@ -49,6 +54,12 @@ pub(super) struct OutQueue {
 impl OutQueue {
     pub(super) fn is_empty(&self) -> bool {
         self.pieces.is_empty()
+    }
+
+    /// The bytes it holds in its own memory (region ranges and zeros not counted: they are the
+    /// tenants' memory, or none).
+    pub(super) fn held(&self) -> usize {
+        self.bytes.data().len()
     }
 
     /// Drops everything queued.

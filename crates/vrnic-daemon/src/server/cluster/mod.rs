@@ -372,7 +372,7 @@ impl Server {
                 self.cluster_host_added(host, r.addr);
                 self.cm.clear_host_addrs(host);
                 for ip in r.addrs {
-                    self.directory_addr(host, ip);
+                    self.record_addr(host, ip);
                 }
             }
             None => {

@@ -21,6 +21,27 @@
 //! Everything read from a link is hostile: frames are decoded strictly, and a malformed frame
 //! or a control frame out of place closes the link and fails the QPs routed over it; nothing
 //! else is touched. Reads are bounded per pass, so a flooding peer costs its own link's share.
+//!
+//! What a peer can make this daemon hold is bounded:
+//!
+//! - **Output it causes.** A keepalive ping is answered only while the link's queue holds
+//!   less than [`PONG_ROOM`] bytes (a pong is only a liveness sign, and a peer with that much
+//!   unread learns its liveness from the rest); so a peer that sends pings and never reads
+//!   makes the daemon queue at most that much. And a link whose queue makes no write progress
+//!   (not one byte taken by the socket) for [`STALL_AFTER`] is closed: its peer does not
+//!   read. There is no bound on the queue's size itself: an honest busy link queues what the
+//!   engine's windows let it (large payloads as ranges of regions, or copies with engine
+//!   threads), and one that keeps writing is never cut, however much it holds; only a queue
+//!   that does not move is the peer's doing.
+//! - **Input.** What is read and not yet a whole frame is at most one frame plus a pass's
+//!   [`READ_BUDGET`]; connections not yet past their hello are at most [`MAX_PENDING`] (more
+//!   are closed as they come), each holding at most a hello's worth of bytes, and go after
+//!   [`DEAD_AFTER`].
+//! - **Announcements** (`share.rs`): a host announces only its own share of LIDs and GIDs,
+//!   one vRNIC per LID, at most [`share::MAX_ANNOUNCED_VNICS`], and at most
+//!   [`share::MAX_ANNOUNCED_ADDRS`] addresses, none of another host's; all of it is forgotten
+//!   when its link goes down broken or comes up again.
+//! - **Connection-manager messages** kept while a link is down: [`CM_BACKLOG`].
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
@@ -43,8 +64,10 @@ use vrnic_wire::frame::{
 
 mod hello;
 mod hosts;
+mod share;
 
 pub(super) use hosts::MAX_HOSTS;
+pub(super) use share::{AddrFacts, AddrVerdict, addr_verdict, guid};
 
 use hello::parse_hello;
 
@@ -72,6 +95,13 @@ const PROTOCOL: u8 = 2;
 const ZERO_COPY_MIN: u64 = 16 << 10;
 /// Most connection-manager messages kept for a link that is down (the oldest go first).
 const CM_BACKLOG: usize = 1024;
+/// A keepalive ping is answered only while the link's queue holds fewer bytes than this.
+const PONG_ROOM: usize = 64 << 10;
+/// A link whose queue has not moved for this long is closed (its peer does not read). Longer
+/// than [`DEAD_AFTER`], so a peer that merely stalls is already closed as silent by then.
+const STALL_AFTER: Duration = Duration::from_secs(4);
+/// Most accepted connections waiting for their hello.
+const MAX_PENDING: usize = 64;
 
 /// Where the daemon listens and which hosts it links to (`vrnic serve --listen/--peer`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -120,6 +150,8 @@ struct Link {
     last_rx: Instant,
     last_tx: Instant,
     last_ping: Instant,
+    /// When its queue was last empty or last wrote a byte.
+    progress: Instant,
     bytes_in: u64,
     /// Payload bytes read straight into place.
     placed_in: u64,
@@ -189,6 +221,7 @@ impl Link {
             last_rx: now,
             last_tx: now,
             last_ping: now,
+            progress: now,
             bytes_in: 0,
             bytes_out: 0,
             drops: 0,
@@ -302,10 +335,7 @@ impl Peers {
 
     /// The LIDs this host gives out: its share of the unicast range (static host list).
     pub(super) fn lid_range(&self) -> std::ops::Range<u16> {
-        let n = self.hello_count().max(1) as u32;
-        let span = 0xbffe / n;
-        let base = 1 + self.index() as u32 * span;
-        base as u16..(base + span) as u16
+        share::lid_share(self.index(), self.hello_count())
     }
 
     /// The links, for `vrnic peers`.
@@ -379,14 +409,7 @@ impl Server {
                 group: self.directory.group_name(v.group),
             })
             .collect();
-        let mut addrs = crate::sys::host_addrs();
-        if let Some(p) = &self.peers {
-            let listen = p.listen.ip();
-            if !listen.is_unspecified() && !addrs.contains(&listen) {
-                addrs.push(listen);
-            }
-        }
-        for ip in addrs {
+        for ip in share::own_addrs(self.peers.as_ref().map(|p| p.listen.ip())) {
             entries.push(Entry::Addr(ip));
         }
         announce(out, &entries);
@@ -434,6 +457,10 @@ impl Server {
         loop {
             match p.listener.accept() {
                 Ok((mut stream, addr)) => {
+                    if p.pending.len() >= MAX_PENDING {
+                        debug!(%addr, "peer connection closed: too many waiting for a hello");
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     let token = mio::Token(self.next_token);
                     self.next_token += 1;
@@ -521,6 +548,7 @@ impl Server {
                     l.out.extend(&hello);
                     l.last_rx = now;
                     l.last_tx = now;
+                    l.progress = now;
                 }
                 Err(e) => {
                     debug!(addr = %l.addr, "dial peer: {e}");
@@ -637,6 +665,7 @@ impl Server {
         l.out.extend(&out);
         l.last_rx = now;
         l.last_tx = now;
+        l.progress = now;
         let host = l.host;
         info!(peer = %l.addr, "peer link up");
         self.link_up(host);
@@ -909,28 +938,7 @@ impl Server {
                 ))
             }
             (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Announce => {
-                let Some(entries) = super::announce::parse(body) else {
-                    return Err(Close::Broken("a malformed announcement".into()));
-                };
-                for e in entries {
-                    match e {
-                        Entry::Added {
-                            lid,
-                            gid,
-                            vip,
-                            name,
-                            group,
-                        } => {
-                            if !self.directory_vnic(host, lid, gid, Some((name, group, vip))) {
-                                return Err(Close::Broken("too many groups announced".into()));
-                            }
-                        }
-                        Entry::Removed { lid, gid } => {
-                            self.directory_vnic(host, lid, gid, None);
-                        }
-                        Entry::Addr(ip) => self.directory_addr(host, ip),
-                    }
-                }
+                self.take_announcement(host, body)?;
                 Ok(State::Up)
             }
             (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Cm => {
@@ -948,14 +956,14 @@ impl Server {
                 if let Some(p) = &mut self.peers
                     && let Some(Some(l)) = p.links.get_mut(host.0 as usize)
                 {
-                    if body[0] == 0 {
+                    if body[0] == 0 && l.out.held() < PONG_ROOM {
                         let mut pong = [0u8; 9];
                         pong[0] = 1;
                         pong[1..].copy_from_slice(&body[1..]);
                         let mut f = Vec::new();
                         control(&mut f, ControlKind::Keepalive, &pong);
                         l.out.extend(&f);
-                    } else {
+                    } else if body[0] == 1 {
                         let mut t = [0u8; 8];
                         t.copy_from_slice(&body[1..]);
                         let sent = Duration::from_nanos(u64::from_be_bytes(t));
@@ -969,7 +977,8 @@ impl Server {
         }
     }
 
-    /// Sends a keepalive on a quiet link; closes one silent past [`DEAD_AFTER`].
+    /// Sends a keepalive on a quiet link; closes one silent past [`DEAD_AFTER`], and one whose
+    /// queue has not moved for [`STALL_AFTER`].
     fn keepalive(&mut self, now: Instant, i: usize) {
         let Some(p) = &mut self.peers else { return };
         let Some(Some(l)) = p.links.get_mut(i) else {
@@ -980,6 +989,16 @@ impl Server {
         }
         if now.duration_since(l.last_rx) > DEAD_AFTER {
             self.close_link(now, i, Close::Gone("silent".into()));
+            return;
+        }
+        if l.out.is_empty() {
+            l.progress = now;
+        } else if now.duration_since(l.progress) > STALL_AFTER {
+            let why = format!(
+                "the peer does not read ({} bytes queued, none written for {STALL_AFTER:?})",
+                l.out.held()
+            );
+            self.close_link(now, i, Close::Gone(why));
             return;
         }
         if l.state == State::Up && now.duration_since(l.last_ping) > KEEPALIVE {
@@ -1136,6 +1155,7 @@ impl Peers {
                     Ok(n) => {
                         l.bytes_out += n as u64;
                         l.last_tx = now;
+                        l.progress = now;
                         sent = true;
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
