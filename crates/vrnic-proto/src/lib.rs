@@ -63,7 +63,7 @@
 //!
 //! ```
 //! use std::time::Instant;
-//! use vrnic_proto::{CtxId, Engine, Loc, Memory, VnicId};
+//! use vrnic_proto::{CtxId, Engine, Loc, Memory, MemoryRefused, VnicId};
 //! use vrnic_wire::{
 //!     AhAttr, QpAttr, QpCap, QpState, QpType, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
 //!     WcStatus, access, qp_attr,
@@ -72,18 +72,22 @@
 //! /// One 8 KiB region per vRNIC.
 //! struct Regions(Vec<Vec<u8>>);
 //! impl Memory for Regions {
-//!     fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+//!     fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
 //!         let mut tmp = vec![0; len];
-//!         self.read(src, &mut tmp);
-//!         self.write(dst, &tmp);
+//!         self.read(src, &mut tmp)?;
+//!         self.write(dst, &tmp)
 //!     }
-//!     fn write(&mut self, dst: Loc, data: &[u8]) {
+//!     fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
 //!         let at = dst.off as usize;
-//!         self.0[dst.vnic.0 as usize][at..at + data.len()].copy_from_slice(data);
+//!         let r = self.0.get_mut(dst.vnic.0 as usize).ok_or(MemoryRefused)?;
+//!         r.get_mut(at..at + data.len()).ok_or(MemoryRefused)?.copy_from_slice(data);
+//!         Ok(())
 //!     }
-//!     fn read(&mut self, src: Loc, out: &mut [u8]) {
+//!     fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
 //!         let at = src.off as usize;
-//!         out.copy_from_slice(&self.0[src.vnic.0 as usize][at..at + out.len()]);
+//!         let r = self.0.get(src.vnic.0 as usize).ok_or(MemoryRefused)?;
+//!         out.copy_from_slice(r.get(at..at + out.len()).ok_or(MemoryRefused)?);
+//!         Ok(())
 //!     }
 //! }
 //!
@@ -223,15 +227,25 @@ pub struct Loc {
     pub off: u64,
 }
 
-/// Access to registered memory, implemented by the daemon over mapped regions.
+/// Access to registered memory, implemented by the daemon over mapped regions. Each call may
+/// be refused ([`MemoryRefused`]: memory the daemon cannot reach, such as a region its tenant
+/// truncated); the engine then completes the work request with an error, never success.
 pub trait Memory {
     /// Copies `len` bytes (memmove semantics: ranges may overlap).
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize);
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused>;
     /// Writes `data` at `dst`.
-    fn write(&mut self, dst: Loc, data: &[u8]);
+    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused>;
     /// Reads `out.len()` bytes at `src`.
-    fn read(&mut self, src: Loc, out: &mut [u8]);
+    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused>;
 }
+
+/// A copy, write or read that [`Memory`] could not make. The work request it served completes
+/// with an error: the responder answers Remote Operational Error (the requester sees
+/// `IBV_WC_REM_OP_ERR`) and a receive it took, or a requester's own READ or atomic result,
+/// completes with `IBV_WC_GENERAL_ERR`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("memory the daemon cannot reach")]
+pub struct MemoryRefused;
 
 /// Keys of a new memory region.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

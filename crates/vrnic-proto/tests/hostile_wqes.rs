@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CtxId, Engine, Loc, Memory, PdId, QpId, VnicId};
+use vrnic_proto::{CtxId, Engine, Loc, Memory, MemoryRefused, PdId, QpId, VnicId};
 use vrnic_wire::{
     AhAttr, QpAttr, QpCap, QpState, QpType, SQ_SLOT, SendFlags, SendOpcode, SendPayload, SendWqe,
     Sge, UdAddr, access, qp_attr,
@@ -47,20 +47,22 @@ impl Guarded {
 }
 
 impl Memory for Guarded {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
         self.check(src, len);
         self.check(dst, len);
         let data = self.regions[&src.vnic][src.off as usize..][..len].to_vec();
-        self.write(dst, &data);
+        self.write(dst, &data)
     }
-    fn write(&mut self, dst: Loc, data: &[u8]) {
+    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
         self.check(dst, data.len());
         let r = self.regions.get_mut(&dst.vnic).expect("vnic");
         r[dst.off as usize..][..data.len()].copy_from_slice(data);
+        Ok(())
     }
-    fn read(&mut self, src: Loc, out: &mut [u8]) {
+    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
         self.check(src, out.len());
         out.copy_from_slice(&self.regions[&src.vnic][src.off as usize..][..out.len()]);
+        Ok(())
     }
 }
 

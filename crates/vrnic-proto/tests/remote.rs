@@ -371,7 +371,9 @@ fn carry(
         let mut at = 0usize;
         for (loc, n) in runs {
             let n = (n as usize).min(upto.saturating_sub(at));
-            to.mem.write(loc, &payload[at..at + n]);
+            to.mem
+                .write(loc, &payload[at..at + n])
+                .expect("a placement names memory");
             at += n;
         }
         if broken == Some(Break::Stale) {

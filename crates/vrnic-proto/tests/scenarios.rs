@@ -1099,7 +1099,7 @@ fn uc_write_with_a_bad_rkey_is_dropped_silently() {
 
 // ---- bounded work, bad WQEs, limits -------------------------------------------------------
 
-use vrnic_proto::{CHUNK, CHUNK_ALONE, QP_WRS, SOLO_TURNS};
+use vrnic_proto::{CHUNK, CHUNK_ALONE, MemoryRefused, QP_WRS, SOLO_TURNS};
 
 /// Counts what one `process` call moves.
 struct Counting<'a> {
@@ -1108,16 +1108,16 @@ struct Counting<'a> {
 }
 
 impl Memory for Counting<'_> {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
         self.bytes += len as u64;
-        self.inner.copy(src, dst, len);
+        self.inner.copy(src, dst, len)
     }
-    fn write(&mut self, dst: Loc, data: &[u8]) {
+    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
         self.bytes += data.len() as u64;
-        self.inner.write(dst, data);
+        self.inner.write(dst, data)
     }
-    fn read(&mut self, src: Loc, out: &mut [u8]) {
-        self.inner.read(src, out);
+    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
+        self.inner.read(src, out)
     }
 }
 
@@ -3211,5 +3211,70 @@ fn engines_sharing_a_qpn_space_give_out_disjoint_numbers_of_their_class() {
             assert!(seen.insert(q), "QPN {q:#x} given twice");
         }
         assert_eq!(qpns[0], 0x11 + (offset + stride - 0x11 % stride) % stride);
+    }
+}
+
+// ---- memory the daemon cannot reach ---------------------------------------------------------
+
+/// A copy the daemon cannot make (a region its tenant truncated: here, the responder's vRNIC
+/// has no memory behind it) completes its work request with an error, never success: a SEND
+/// gets `REM_OP_ERR` and its receive `GENERAL_ERR`; a WRITE and an atomic `REM_OP_ERR`; a READ
+/// whose own buffer cannot be written, `GENERAL_ERR`.
+#[test]
+fn a_copy_the_daemon_cannot_make_completes_with_an_error_never_success() {
+    let cases = [
+        (SendOpcode::Send, WcStatus::RemOpErr, true),
+        (SendOpcode::RdmaWrite, WcStatus::RemOpErr, true),
+        (SendOpcode::AtomicFetchAndAdd, WcStatus::RemOpErr, true),
+        (SendOpcode::RdmaRead, WcStatus::GeneralErr, false),
+    ];
+    for (op, want, responder_gone) in cases {
+        let mut w = World::new();
+        let all = access::LOCAL_WRITE
+            | access::REMOTE_WRITE
+            | access::REMOTE_READ
+            | access::REMOTE_ATOMIC;
+        let src = w.map(true, 0x10_0000, 4096, all);
+        let dst = w.map(false, 0x20_0000, 4096, all);
+        w.recv(false, 9, vec![sge(0x20_0000, 4096, dst.keys.lkey)]);
+        let len = if op == SendOpcode::AtomicFetchAndAdd {
+            8
+        } else {
+            64
+        };
+        w.send(
+            true,
+            wqe(
+                1,
+                op,
+                vec![sge(0x10_0000, len, src.keys.lkey)],
+                0x20_0000,
+                dst.keys.rkey,
+            ),
+        );
+        // The side whose memory is gone: the responder's, or (READ) the requester's own.
+        let gone = if responder_gone { w.b.vnic } else { w.a.vnic };
+        let kept = w.mem.0.remove(&gone).expect("a region");
+        w.run();
+        w.mem.0.insert(gone, kept);
+        let c = w.cqes();
+        let send = c
+            .iter()
+            .find(|(cq, _)| *cq == w.a.cq)
+            .expect("a send completion")
+            .1;
+        assert_eq!((send.wr_id, send.status), (1, want), "{op:?}");
+        if op == SendOpcode::Send {
+            let recv = c
+                .iter()
+                .find(|(cq, _)| *cq == w.b.cq)
+                .expect("the receive")
+                .1;
+            assert_eq!((recv.wr_id, recv.status), (9, WcStatus::GeneralErr));
+        }
+        assert!(
+            c.iter().all(|(_, x)| x.status != WcStatus::Success),
+            "{op:?}: nothing completes with success: {c:?}"
+        );
     }
 }

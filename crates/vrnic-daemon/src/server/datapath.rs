@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::shard::{Bell, Lane, QpSlot, Shard};
 
-use vrnic_proto::{HostId, PASS_BYTES, PASS_WRS, Sender};
+use std::sync::atomic::AtomicU64;
+use vrnic_proto::{HostId, MemoryRefused, PASS_BYTES, PASS_WRS, Sender};
 use vrnic_wire::frame::FrameRepr;
 
 /// The engine's view of region memory: every vRNIC's region, by id. It remembers the last
@@ -50,31 +51,55 @@ impl<'a> Mem<'a> {
 }
 
 impl Memory for Mem<'_> {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
         let s = Self::region(self.lanes, &mut self.src, src.vnic);
         let d = Self::region(self.lanes, &mut self.dst, dst.vnic);
         let (Some(s), Some(d)) = (s, d) else {
-            warn!(?src, ?dst, "copy between unknown vnics");
-            return;
+            return refused(&format!("copy between unknown vRNICs {src:?} -> {dst:?}"));
         };
-        if let Err(e) = Region::copy(s, src.off, d, dst.off, len as u64) {
-            warn!("engine copy refused: {e}");
-        }
+        Region::copy(s, src.off, d, dst.off, len as u64)
+            .or_else(|e| refused(&format!("engine copy refused: {e}")))
     }
-    fn write(&mut self, dst: Loc, data: &[u8]) {
-        if let Some(d) = Self::region(self.lanes, &mut self.dst, dst.vnic)
-            && let Err(e) = d.write_bytes(dst.off, data)
-        {
-            warn!("engine write refused: {e}");
-        }
+    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
+        let Some(d) = Self::region(self.lanes, &mut self.dst, dst.vnic) else {
+            return refused(&format!("write to an unknown vRNIC {dst:?}"));
+        };
+        d.write_bytes(dst.off, data)
+            .or_else(|e| refused(&format!("engine write refused: {e}")))
     }
-    fn read(&mut self, src: Loc, out: &mut [u8]) {
-        if let Some(s) = Self::region(self.lanes, &mut self.src, src.vnic)
-            && let Err(e) = s.read_bytes(src.off, out)
-        {
-            warn!("engine read refused: {e}");
-        }
+    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
+        let Some(s) = Self::region(self.lanes, &mut self.src, src.vnic) else {
+            return refused(&format!("read of an unknown vRNIC {src:?}"));
+        };
+        s.read_bytes(src.off, out)
+            .or_else(|e| refused(&format!("engine read refused: {e}")))
     }
+}
+
+/// Copies refused since the last warning, and when that was (seconds of the monotonic clock): a
+/// tenant that makes every copy fail gets one line a second.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static REFUSED_LOGGED: AtomicU64 = AtomicU64::new(0);
+
+/// A refused copy: counted, and logged at most once a second (with how many since); the
+/// engine completes the work request it served with an error.
+#[cold]
+fn refused(what: &str) -> Result<(), MemoryRefused> {
+    let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+    let now = crate::sys::monotonic_ns() / 1_000_000_000;
+    let last = REFUSED_LOGGED.load(Ordering::Relaxed);
+    if now > last
+        && REFUSED_LOGGED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        REFUSED.store(0, Ordering::Relaxed);
+        warn!(
+            refused = n,
+            "{what} (the work request fails; at most one such line a second)"
+        );
+    }
+    Err(MemoryRefused)
 }
 
 /// Where a pass puts the frames its engine made: the peer links (one shard), or the other

@@ -424,7 +424,12 @@ pub(super) fn translate(m: &Mr, addr: u64, len: u64, runs: &mut Vec<(Loc, u64)>)
 
 /// Copies `len` bytes from the `src` runs into the `dst` runs, one [`Memory::copy`] per
 /// stretch that is contiguous on both sides.
-pub(super) fn copy_runs(mem: &mut dyn Memory, src: &[(Loc, u64)], dst: &[(Loc, u64)], len: u64) {
+pub(super) fn copy_runs(
+    mem: &mut dyn Memory,
+    src: &[(Loc, u64)],
+    dst: &[(Loc, u64)],
+    len: u64,
+) -> Result<(), MemoryRefused> {
     let (mut si, mut so, mut di, mut dof) = (0usize, 0u64, 0usize, 0u64);
     let mut left = len;
     while left > 0
@@ -441,7 +446,7 @@ pub(super) fn copy_runs(mem: &mut dyn Memory, src: &[(Loc, u64)], dst: &[(Loc, u
                 off: d.off + dof,
             },
             n as usize,
-        );
+        )?;
         so += n;
         dof += n;
         left -= n;
@@ -454,10 +459,15 @@ pub(super) fn copy_runs(mem: &mut dyn Memory, src: &[(Loc, u64)], dst: &[(Loc, u
             dof = 0;
         }
     }
+    Ok(())
 }
 
 /// Writes `data` across the `dst` runs.
-pub(super) fn scatter_bytes(mem: &mut dyn Memory, data: &[u8], dst: &[(Loc, u64)]) {
+pub(super) fn scatter_bytes(
+    mem: &mut dyn Memory,
+    data: &[u8],
+    dst: &[(Loc, u64)],
+) -> Result<(), MemoryRefused> {
     let mut at = 0usize;
     for &(d, l) in dst {
         if at >= data.len() {
@@ -466,9 +476,10 @@ pub(super) fn scatter_bytes(mem: &mut dyn Memory, data: &[u8], dst: &[(Loc, u64)
         let n = usize::try_from(l)
             .unwrap_or(usize::MAX)
             .min(data.len() - at);
-        mem.write(d, &data[at..at + n]);
+        mem.write(d, &data[at..at + n])?;
         at += n;
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -588,11 +599,16 @@ mod tests {
     fn copy_runs_uses_one_copy_per_stretch_contiguous_on_both_sides() {
         struct Log(Vec<(u64, u64, usize)>);
         impl Memory for Log {
-            fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
+            fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
                 self.0.push((src.off, dst.off, len));
+                Ok(())
             }
-            fn write(&mut self, _: Loc, _: &[u8]) {}
-            fn read(&mut self, _: Loc, _: &mut [u8]) {}
+            fn write(&mut self, _: Loc, _: &[u8]) -> Result<(), MemoryRefused> {
+                Ok(())
+            }
+            fn read(&mut self, _: Loc, _: &mut [u8]) -> Result<(), MemoryRefused> {
+                Ok(())
+            }
         }
         let l = |off| Loc {
             vnic: VnicId(1),
@@ -604,7 +620,8 @@ mod tests {
             &[(l(0), 10), (l(100), 10)],
             &[(l(1000), 15), (l(2000), 5)],
             20,
-        );
+        )
+        .expect("Log refuses nothing");
         assert_eq!(log.0, vec![(0, 1000, 10), (100, 1010, 5), (105, 2000, 5)]);
     }
 }

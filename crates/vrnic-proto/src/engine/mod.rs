@@ -42,8 +42,8 @@ use vrnic_wire::{
 use crate::errno::*;
 use crate::state;
 use crate::{
-    AhId, CqId, CtxId, Errno, Event, GroupId, HostId, Loc, Memory, MrId, MrKeys, MwId, PdId, QpId,
-    SrqId, VnicId, XrcdId,
+    AhId, CqId, CtxId, Errno, Event, GroupId, HostId, Loc, Memory, MemoryRefused, MrId, MrKeys,
+    MwId, PdId, QpId, SrqId, VnicId, XrcdId,
 };
 
 /// Deepest work queue.

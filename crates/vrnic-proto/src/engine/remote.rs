@@ -173,7 +173,11 @@ impl Transmit {
                     let n = usize::try_from(n)
                         .unwrap_or(usize::MAX)
                         .min(body.len() - at);
-                    mem.read(loc, &mut body[at..at + n]);
+                    if mem.read(loc, &mut body[at..at + n]).is_err() {
+                        // Memory its tenant took away (its vRNIC goes): zeros, never stale
+                        // bytes of an earlier frame.
+                        body[at..at + n].fill(0);
+                    }
                     at += n;
                 }
                 at
@@ -631,7 +635,18 @@ impl Engine {
         let ok = qp.is_some_and(|qp| self.admits(host, addr, seg, qp));
         if !ok {
             self.refused_segments += 1;
-            tracing::trace!(?host, qpn = seg.dest_qpn, ?addr, "segment refused");
+            let q = qp.and_then(|qp| self.qps.get(&qp));
+            tracing::trace!(
+                ?host,
+                qpn = seg.dest_qpn,
+                ?addr,
+                vnic = ?q.map(|q| q.vnic),
+                dlid_is = ?self.by_lid.get(&addr.dlid),
+                slid_is = ?self.remote_lids.get(&addr.slid),
+                route = ?q.map(|q| q.route),
+                peer = ?q.map(|q| (q.addr, q.attr.dest_qp_num)),
+                "segment refused"
+            );
             return None;
         }
         qp
@@ -1167,8 +1182,13 @@ impl Engine {
             let mut local = std::mem::take(&mut self.scratch_local);
             local.clear();
             let _ = self.sge_runs(q.vnic, sges, off, want, &mut local);
-            scatter_bytes(mem, b, &local);
+            let written = scatter_bytes(mem, b, &local);
             self.scratch_local = local;
+            if written.is_err() {
+                // A copy the daemon could not make: the QP fails, never a READ done.
+                self.fail_qp(qp, Some(WcStatus::GeneralErr));
+                return;
+            }
         }
         if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {
             f.got = f.got.max(off + want);
@@ -1184,8 +1204,12 @@ impl Engine {
             let mut local = std::mem::take(&mut self.scratch_local);
             local.clear();
             let _ = self.sge_runs(q.vnic, sges, 0, 8, &mut local);
-            scatter_bytes(mem, &orig.to_le_bytes(), &local);
+            let written = scatter_bytes(mem, &orig.to_le_bytes(), &local);
             self.scratch_local = local;
+            if written.is_err() {
+                self.fail_qp(qp, Some(WcStatus::GeneralErr));
+                return;
+            }
         }
         if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {
             f.done = true;

@@ -398,8 +398,11 @@ impl Engine {
                     local.clear();
                     // Checked by `check_sges` at this generation, so it cannot fail.
                     let _ = self.local_runs(qp, sges, len, done, n, &mut local);
-                    copy_runs(mem, back, &local, n);
+                    let copied = copy_runs(mem, back, &local, n);
                     self.scratch_local = local;
+                    if copied.is_err() {
+                        return Outcome::Fail(WcStatus::GeneralErr);
+                    }
                 }
                 if done + n < len {
                     self.continue_at(qp, done + n);
@@ -416,8 +419,11 @@ impl Engine {
                     let mut local = std::mem::take(&mut self.scratch_local);
                     local.clear();
                     let _ = self.sge_runs(vnic, sges, 0, 8, &mut local);
-                    scatter_bytes(mem, &old.to_le_bytes(), &local);
+                    let written = scatter_bytes(mem, &old.to_le_bytes(), &local);
                     self.scratch_local = local;
+                    if written.is_err() {
+                        return Outcome::Fail(WcStatus::GeneralErr);
+                    }
                 }
                 Outcome::Complete {
                     byte_len: 8,

@@ -199,8 +199,14 @@ impl Engine {
         dst.clear();
         // Checked when the receive was taken, so it cannot fail.
         let _ = self.sge_runs(pvnic, &rx.wqe.sges, rx.off, n, &mut dst);
-        place(mem, req.payload, &dst);
+        let placed = place(mem, req.payload, &dst);
         self.scratch_place = dst;
+        if placed.is_err() {
+            // A copy the daemon could not make: the receive fails, and the requester learns a
+            // remote operational error (UC: nothing is answered, the receive still fails).
+            self.finish_recv(peer, rx.wqe, WcStatus::GeneralErr, None, req);
+            return self.refuse(peer, Nak::RemoteOperational);
+        }
         let off = rx.off + n;
         if req.last
             && req.op == Op::SendInv
@@ -266,10 +272,20 @@ impl Engine {
                 access::REMOTE_WRITE,
                 &mut dst,
             );
-        if ok {
-            place(mem, req.payload, &dst);
-        }
+        let placed = if ok {
+            place(mem, req.payload, &dst)
+        } else {
+            Ok(())
+        };
         self.scratch_place = dst;
+        if placed.is_err() {
+            // A copy the daemon could not make.
+            return if uc {
+                Response::Unacknowledged
+            } else {
+                self.refuse(peer, Nak::RemoteOperational)
+            };
+        }
         if !ok {
             // UC drops a write it may not perform, and stays up; RC fails.
             return if uc {
@@ -328,15 +344,19 @@ impl Engine {
             return self.refuse(peer, Nak::RemoteAccess);
         };
         let mut old = [0u8; 8];
-        mem.read(at, &mut old);
+        if mem.read(at, &mut old).is_err() {
+            return self.refuse(peer, Nak::RemoteOperational);
+        }
         let cur = u64::from_le_bytes(old);
         let new = match req.op {
             Op::CmpSwap { compare, swap } => (cur == compare).then_some(swap),
             Op::FetchAdd { add } => Some(cur.wrapping_add(add)),
             _ => None,
         };
-        if let Some(v) = new {
-            mem.write(at, &v.to_le_bytes());
+        if let Some(v) = new
+            && mem.write(at, &v.to_le_bytes()).is_err()
+        {
+            return self.refuse(peer, Nak::RemoteOperational);
         }
         Response::AtomicAck(cur)
     }
@@ -373,14 +393,20 @@ impl Engine {
         let mut dst = std::mem::take(&mut self.scratch_place);
         dst.clear();
         // Checked just above, so neither can fail.
+        let mut placed = Ok(());
         if let Some(g) = &req.grh {
             let _ = self.sge_runs(pvnic, &wqe.sges, 0, GRH_LEN, &mut dst);
-            scatter_bytes(mem, g, &dst);
+            placed = scatter_bytes(mem, g, &dst);
             dst.clear();
         }
         let _ = self.sge_runs(pvnic, &wqe.sges, GRH_LEN, len, &mut dst);
-        place(mem, req.payload, &dst);
+        let placed = placed.and_then(|()| place(mem, req.payload, &dst));
         self.scratch_place = dst;
+        if placed.is_err() {
+            // A copy the daemon could not make: the receive fails (a datagram is not answered).
+            self.finish_recv(peer, wqe, WcStatus::GeneralErr, None, req);
+            return Response::Unacknowledged;
+        }
         self.finish_recv(peer, wqe, WcStatus::Success, Some(len + GRH_LEN), req);
         Response::Unacknowledged
     }
@@ -466,12 +492,12 @@ impl Engine {
 }
 
 /// Copies a segment's payload into the `dst` runs (one copy per byte).
-fn place(mem: &mut dyn Memory, payload: Payload, dst: &[(Loc, u64)]) {
+fn place(mem: &mut dyn Memory, payload: Payload, dst: &[(Loc, u64)]) -> Result<(), MemoryRefused> {
     match payload {
-        Payload::Empty => {}
+        Payload::Empty => Ok(()),
         Payload::Runs(src) => copy_runs(mem, src, dst, payload.len()),
         Payload::Bytes(b) => scatter_bytes(mem, b, dst),
         // Read from the link into `dst` already (only where `Engine::placement` said).
-        Payload::Placed(_) => {}
+        Payload::Placed(_) => Ok(()),
     }
 }

@@ -2,22 +2,28 @@
 
 use std::collections::HashMap;
 
-use vrnic_proto::{Loc, Memory, VnicId};
+use vrnic_proto::{Loc, Memory, MemoryRefused, VnicId};
 
 /// Each vRNIC's region, as a vector.
 pub struct VecMem(pub HashMap<VnicId, Vec<u8>>);
 
+/// A vRNIC without a vector refuses every access (as a region the daemon cannot reach); a
+/// range past a vector's end is a bug of the engine and panics.
 impl Memory for VecMem {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) {
-        let data = self.0[&src.vnic][src.off as usize..src.off as usize + len].to_vec();
-        self.write(dst, &data);
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
+        let r = self.0.get(&src.vnic).ok_or(MemoryRefused)?;
+        let data = r[src.off as usize..src.off as usize + len].to_vec();
+        self.write(dst, &data)
     }
-    fn write(&mut self, dst: Loc, data: &[u8]) {
-        let r = self.0.get_mut(&dst.vnic).expect("vnic");
+    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
+        let r = self.0.get_mut(&dst.vnic).ok_or(MemoryRefused)?;
         r[dst.off as usize..dst.off as usize + data.len()].copy_from_slice(data);
+        Ok(())
     }
-    fn read(&mut self, src: Loc, out: &mut [u8]) {
-        out.copy_from_slice(&self.0[&src.vnic][src.off as usize..src.off as usize + out.len()]);
+    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
+        let r = self.0.get(&src.vnic).ok_or(MemoryRefused)?;
+        out.copy_from_slice(&r[src.off as usize..src.off as usize + out.len()]);
+        Ok(())
     }
 }
 
