@@ -581,6 +581,9 @@ pub struct VnicSummary {
     /// Its virtual IP in the group (what rdma_cm resolves within the group).
     #[serde(default)]
     pub ip: String,
+    /// The engine thread that serves it (its home shard, with `--spread-qps`), from 0.
+    #[serde(default)]
+    pub engine: usize,
 }
 
 /// Most entries a `vrnic ls --all` reply holds (this host's vRNICs first, then other hosts'

@@ -77,9 +77,9 @@ enum Cmd {
         #[arg(long)]
         max_vrnics: Option<u32>,
         /// Engine threads: vRNICs are shared out among them, each served wholly by one
-        /// (traffic between vRNICs of two threads crosses by a lock-free hand-off). 1: the
-        /// daemon's loop thread runs the engine itself [default: a quarter of the cores, at
-        /// least 1].
+        /// (traffic between vRNICs of two threads crosses as frames, as between hosts: see
+        /// docs/performance.md). 1: the daemon's loop thread runs the engine itself, the fastest
+        /// for pairs of vRNICs on this host [default: 1]. `vrnic ls` shows each vRNIC's.
         #[arg(long)]
         engine_threads: Option<usize>,
         /// Spread each vRNIC's QPs over the engine threads (a process's QPs then use several
@@ -352,22 +352,24 @@ fn real_main() -> Result<()> {
                 bail!("unexpected reply")
             };
             say!(
-                "{:<16} {:>6} {:<40} {:>4} {:>5}  {:<15} GROUP",
+                "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} GROUP",
                 "NAME",
                 "LID",
                 "GID",
                 "QPS",
                 "USERS",
+                "ENGINE",
                 "IP"
             );
             for v in list {
                 say!(
-                    "{:<16} {:>6} {:<40} {:>4} {:>5}  {:<15} {}",
+                    "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {}",
                     v.name,
                     v.lid,
                     gid_string(&v.gid),
                     v.qps,
                     v.users,
+                    v.engine,
                     v.ip,
                     v.group
                 );

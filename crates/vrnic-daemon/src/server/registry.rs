@@ -267,6 +267,7 @@ impl Server {
             dir: v.dir.display().to_string(),
             group: self.directory.group_name(v.group).to_string(),
             ip: v.vip.to_string(),
+            engine: v.shard,
         })
     }
 }

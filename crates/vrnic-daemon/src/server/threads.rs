@@ -44,11 +44,13 @@ const INBOX_BATCH: usize = 256;
 /// tenant flooding a slower shard costs that shard a bounded queue, never the daemon's memory.
 const INBOX_CAP: usize = 4096;
 
-/// Engine threads by default: a quarter of the cores, at least 1 (the loop thread and the
-/// apps need the rest; on a 2-core machine the loop runs the engine itself).
+/// Engine threads by default: 1, the daemon's loop thread running the engine itself. Two
+/// vRNICs on different engine threads talk as two hosts do (frames, PSNs and ACKs, a copy into
+/// a frame and out), which costs a pair more than a second core gives it (issue "One host is
+/// one RNIC on every core", docs/performance.md): until the threads share one data path, more
+/// threads are a choice for many busy pairs, not a default.
 pub fn default_engine_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    (cores / 4).max(1)
+    1
 }
 
 /// What the loop holds of the engine threads.
