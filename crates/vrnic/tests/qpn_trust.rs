@@ -146,10 +146,10 @@ fn make_tenants(d: &Daemon) {
     }
 }
 
-/// One daemon, one engine thread: the local path's checks.
-#[test]
-fn a_qp_number_of_another_group_is_not_reached_on_one_engine() {
-    let d = Daemon::start_with(&["--engine-threads", "1"]);
+/// Runs the attack with every QP type on one daemon with `threads` engine threads, and hands
+/// the daemon back.
+fn on_one_daemon(threads: &str) -> Daemon {
+    let d = Daemon::start_with(&["--engine-threads", threads]);
     make_tenants(&d);
     let s = Scene {
         b2: (&d, "b2"),
@@ -161,24 +161,20 @@ fn a_qp_number_of_another_group_is_not_reached_on_one_engine() {
     for ty in ["ud", "uc", "rc"] {
         attack(&s, ty);
     }
+    d
+}
+
+/// One daemon, one engine thread: the local path's checks.
+#[test]
+fn a_qp_number_of_another_group_is_not_reached_on_one_engine() {
+    on_one_daemon("1");
 }
 
 /// One daemon, two engine threads: b2 and r2 on one, b1 and r1 on the other, so every
 /// segment of the attack and of the legitimate peer crosses between threads.
 #[test]
 fn a_qp_number_of_another_group_is_not_reached_across_engine_threads() {
-    let mut d = Daemon::start_with(&["--engine-threads", "2"]);
-    make_tenants(&d);
-    let s = Scene {
-        b2: (&d, "b2"),
-        b1: (&d, "b1"),
-        r1: (&d, "r1"),
-        r2: (&d, "r2"),
-        victim_addr: "127.0.0.1",
-    };
-    for ty in ["ud", "uc", "rc"] {
-        attack(&s, ty);
-    }
+    let mut d = on_one_daemon("2");
     let log = d.stop().text();
     let at = shards(&log, &["b2", "b1", "r2", "r1"]);
     assert!(

@@ -687,7 +687,7 @@ impl Engine {
         })
     }
 
-    /// Segments from links refused by [`Engine::admitted`]'s checks so far: another vRNIC's
+    /// Segments from links refused by the address-word checks so far: another vRNIC's
     /// QP named by number, a sender its link cannot speak for, another group, a QP that is not
     /// the destination's peer.
     #[must_use]
