@@ -568,8 +568,8 @@ fn garbage_on_the_peer_port_closes_only_that_connection() {
     // hello claiming to be host 0 itself, a frame header announcing 16 MiB.
     for payload in [
         r"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
-        r"vR\x01\x02\x00\x00\x00\x0d\x01\x00\x00\x00\x02",
-        r"vR\x01\x01\x00\xff\xff\xff",
+        r"vR\x02\x02\x00\x00\x00\x0d\x01\x00\x00\x00\x02",
+        r"vR\x02\x01\x00\xff\xff\xff",
     ] {
         let script = format!(
             "exec 3<>/dev/tcp/{}/{PEER_PORT} && printf '{payload}' >&3 && sleep 0.2",
