@@ -57,6 +57,9 @@ pub struct ClusterOptions {
     pub password_file: Option<PathBuf>,
 }
 
+/// Why etcd is not usable before the first registration.
+const NOT_YET: &str = "not registered yet";
+
 /// The default lease time to live.
 pub const DEFAULT_TTL_S: u64 = 5;
 
@@ -147,6 +150,8 @@ pub(super) struct Cluster {
     refused: u64,
     /// etcd refused this daemon's credentials at start: the daemon stops with this error.
     fatal: Option<String>,
+    /// The session's waker, held as long as the loop may poll for it.
+    _waker: Arc<mio::Waker>,
 }
 
 impl Cluster {
@@ -182,9 +187,12 @@ impl Cluster {
         };
         let (tx, cmds) = tokio::sync::mpsc::unbounded_channel();
         let (etx, rx) = channel();
+        // The loop keeps the waker too: a session thread that ends right after its last
+        // event (a refusal at start) must not close the waker's fd before the loop saw it.
+        let waker = Arc::new(waker);
         let out = session::Out {
             tx: etx,
-            waker: Arc::new(waker),
+            waker: waker.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("vrnic-etcd".into())
@@ -197,13 +205,14 @@ impl Cluster {
             thread: Some(thread),
             endpoints: opts.endpoints.join(","),
             me: None,
-            down: Some("not registered yet".into()),
+            down: Some(NOT_YET.into()),
             hosts: BTreeMap::new(),
             vnics: BTreeMap::new(),
             next_req: 1,
             pending: HashMap::new(),
             refused: 0,
             fatal: None,
+            _waker: waker,
         })
     }
 
@@ -402,7 +411,8 @@ impl Server {
                 c.fatal = Some(why);
             }
             Event::Down(why) => {
-                if c.down.is_none() {
+                // An outage is logged once; so is the first failure before registering.
+                if c.down.is_none() || c.me.is_none() && c.down.as_deref() == Some(NOT_YET) {
                     warn!(
                         etcd = c.endpoints,
                         "the cluster store is unreachable: {why}; established QPs go on, new \
