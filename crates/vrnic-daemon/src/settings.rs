@@ -16,6 +16,8 @@
 //! listen = "10.0.0.1:7700"
 //! etcd = ["http://10.0.0.100:2379"]
 //! etcd_ttl = 5
+//! etcd_user = "vrnic"
+//! etcd_password_file = "/etc/vrnic/etcd-password"
 //! ```
 
 use std::net::SocketAddr;
@@ -37,6 +39,10 @@ pub struct Settings {
     pub etcd: Vec<String>,
     /// The etcd lease's time to live in seconds (`--etcd-ttl`).
     pub etcd_ttl: Option<u64>,
+    /// The etcd user to authenticate as (`--etcd-user`).
+    pub etcd_user: Option<String>,
+    /// The file holding its password (`--etcd-password-file`).
+    pub etcd_password_file: Option<std::path::PathBuf>,
     /// Region size in GiB (`--region-gib`).
     pub region_gib: Option<u64>,
     /// Most vRNICs (`--max-vrnics`).
@@ -113,6 +119,10 @@ mod tests {
         let s = Settings::parse("etcd = [\"http://10.0.0.9:2379\"]\netcd_ttl = 3\n").unwrap();
         assert_eq!(s.etcd, vec!["http://10.0.0.9:2379".to_string()]);
         assert_eq!(s.etcd_ttl, Some(3));
+        let s =
+            Settings::parse("etcd_user = \"vrnic\"\netcd_password_file = \"/etc/p\"\n").unwrap();
+        assert_eq!(s.etcd_user.as_deref(), Some("vrnic"));
+        assert_eq!(s.etcd_password_file, Some("/etc/p".into()));
     }
 
     #[test]

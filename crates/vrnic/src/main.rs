@@ -101,6 +101,14 @@ enum Cmd {
         /// vRNICs stay listed [default: 5].
         #[arg(long)]
         etcd_ttl: Option<u64>,
+        /// Cluster mode: the etcd user to authenticate as (etcd's v3 auth; its role needs
+        /// readwrite on the prefix /vrnic/); needs --etcd-password-file.
+        #[arg(long, value_name = "NAME")]
+        etcd_user: Option<String>,
+        /// Cluster mode: a file holding the etcd user's password (its first line), readable
+        /// by its owner only (mode 600); the password is never given on the command line.
+        #[arg(long, value_name = "PATH")]
+        etcd_password_file: Option<std::path::PathBuf>,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -240,6 +248,8 @@ fn real_main() -> Result<()> {
             peers,
             etcd,
             etcd_ttl,
+            etcd_user,
+            etcd_password_file,
         } => {
             let file = match &config {
                 Some(path) => vrnic_daemon::settings::Settings::load(path)?,
@@ -270,6 +280,8 @@ fn real_main() -> Result<()> {
                         ttl_s: etcd_ttl
                             .or(file.etcd_ttl)
                             .unwrap_or(vrnic_daemon::DEFAULT_TTL_S),
+                        user: etcd_user.or(file.etcd_user),
+                        password_file: etcd_password_file.or(file.etcd_password_file),
                     })
                 },
             })

@@ -493,6 +493,9 @@ impl Server {
                     info!("signal received, shutting down");
                     return Ok(());
                 }
+                if let Some(why) = self.cluster_fatal() {
+                    bail!("{why}");
+                }
             }
             let now = Instant::now();
             if now.duration_since(self.last_scan) >= GUEST_SCAN {

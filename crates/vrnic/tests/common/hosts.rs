@@ -324,13 +324,98 @@ impl Etcd {
     /// Puts `value` under `key` through etcd's JSON gateway (`POST /v3/kv/put`), from its own
     /// namespace, as another writer to etcd would; panics unless etcd answers 200.
     pub fn put(&self, key: &str, value: &[u8]) {
+        let (ok, text) = self.put_as(None, key, value);
+        assert!(ok, "put {key}\n{text}");
+    }
+
+    /// [`Etcd::put`] with `token`'s user (`None`: no credentials); returns whether etcd
+    /// answered 200, and its answer.
+    pub fn put_as(&self, token: Option<&str>, key: &str, value: &[u8]) -> (bool, String) {
         let body = format!(
             "{{\"key\":\"{}\",\"value\":\"{}\"}}",
             base64(key.as_bytes()),
             base64(value)
         );
+        self.post("/v3/kv/put", &body, token)
+    }
+
+    /// Deletes `key` (`POST /v3/kv/deleterange`) as `token`'s user.
+    pub fn delete_as(&self, token: Option<&str>, key: &str) -> (bool, String) {
+        let body = format!("{{\"key\":\"{}\"}}", base64(key.as_bytes()));
+        self.post("/v3/kv/deleterange", &body, token)
+    }
+
+    /// The value under `key` and the lease it is bound to (0: none), read as `token`'s user;
+    /// `None` if there is no such key.
+    pub fn get_as(&self, token: Option<&str>, key: &str) -> Option<(Vec<u8>, i64)> {
+        let body = format!("{{\"key\":\"{}\"}}", base64(key.as_bytes()));
+        let (ok, text) = self.post("/v3/kv/range", &body, token);
+        assert!(ok, "range {key}\n{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("etcd's answer is JSON");
+        let kv = v.get("kvs")?.get(0)?;
+        let value = unbase64(kv.get("value").and_then(|v| v.as_str()).unwrap_or(""));
+        let lease = kv
+            .get("lease")
+            .and_then(|l| l.as_str())
+            .map_or(0, |l| l.parse().expect("a lease id"));
+        Some((value, lease))
+    }
+
+    /// Turns on etcd's v3 authentication as a cluster's operator would: user `root` (role
+    /// `root`, password `root_password`), user `user` with `password` and a role of the same
+    /// name granting readwrite on the prefix `/vrnic/`, then `auth enable`.
+    pub fn enable_auth(&self, root_password: &str, user: &str, password: &str) {
+        let prefix = base64(b"/vrnic/");
+        let end = base64(b"/vrnic0");
+        for (path, body) in [
+            (
+                "/v3/auth/user/add",
+                format!("{{\"name\":\"root\",\"password\":\"{root_password}\"}}"),
+            ),
+            ("/v3/auth/role/add", "{\"name\":\"root\"}".to_string()),
+            (
+                "/v3/auth/user/grant",
+                "{\"user\":\"root\",\"role\":\"root\"}".to_string(),
+            ),
+            (
+                "/v3/auth/user/add",
+                format!("{{\"name\":\"{user}\",\"password\":\"{password}\"}}"),
+            ),
+            ("/v3/auth/role/add", format!("{{\"name\":\"{user}\"}}")),
+            (
+                "/v3/auth/role/grant",
+                format!(
+                    "{{\"name\":\"{user}\",\"perm\":{{\"permType\":\"READWRITE\",\
+                     \"key\":\"{prefix}\",\"range_end\":\"{end}\"}}}}"
+                ),
+            ),
+            (
+                "/v3/auth/user/grant",
+                format!("{{\"user\":\"{user}\",\"role\":\"{user}\"}}"),
+            ),
+            ("/v3/auth/enable", "{}".to_string()),
+        ] {
+            let (ok, text) = self.post(path, &body, None);
+            assert!(ok, "{path} {body}\n{text}");
+        }
+    }
+
+    /// A token for `user` (`POST /v3/auth/authenticate`): what a client that knows the
+    /// password gets.
+    pub fn token(&self, user: &str, password: &str) -> String {
+        let body = format!("{{\"name\":\"{user}\",\"password\":\"{password}\"}}");
+        let (ok, text) = self.post("/v3/auth/authenticate", &body, None);
+        assert!(ok, "authenticate {user}\n{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("etcd's answer is JSON");
+        v["token"].as_str().expect("a token").to_string()
+    }
+
+    /// `POST path` with JSON `body` to etcd's gateway from its own namespace, as `token`'s
+    /// user (`None`: no credentials). Returns whether etcd answered 200, and the answer's body.
+    pub fn post(&self, path: &str, body: &str, token: Option<&str>) -> (bool, String) {
+        let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\\r\\n"));
         let script = format!(
-            "exec 3<>/dev/tcp/{}/{ETCD_PORT} && printf 'POST /v3/kv/put HTTP/1.0\\r\\nContent-Type: \
+            "exec 3<>/dev/tcp/{}/{ETCD_PORT} && printf 'POST {path} HTTP/1.0\\r\\n{auth}Content-Type: \
              application/json\\r\\nContent-Length: {}\\r\\n\\r\\n%s' '{body}' >&3 && cat <&3",
             self.addr,
             body.len()
@@ -338,17 +423,19 @@ impl Etcd {
         let mut c = Command::new("nsenter");
         c.arg(format!("--net=/run/netns/{}", self.netns))
             .args(["bash", "-c", &script]);
-        let out = Proc::spawn(c, "etcd put").wait(super::CLI);
-        assert!(
-            out.ok()
-                && out
-                    .stdout
-                    .lines()
-                    .next()
-                    .is_some_and(|l| l.contains(" 200 ")),
-            "put {key}\n{}",
-            out.text()
-        );
+        let out = Proc::spawn(c, "etcd gateway").wait(super::CLI);
+        assert!(out.ok(), "POST {path}\n{}", out.text());
+        let ok = out
+            .stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains(" 200 "));
+        let answer = out
+            .stdout
+            .split_once("\r\n\r\n")
+            .map_or(out.stdout.as_str(), |(_, b)| b)
+            .to_string();
+        (ok, answer)
     }
 
     /// Stops it (SIGTERM, SIGKILL after a while); its data stays.
@@ -377,6 +464,26 @@ fn base64(b: &[u8]) -> String {
         }
     }
     s
+}
+
+/// Decodes standard base64 (what etcd's JSON gateway answers with); ignores anything else.
+fn unbase64(s: &str) -> Vec<u8> {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes() {
+        let Some(v) = A.iter().position(|&a| a == c) else {
+            continue;
+        };
+        acc = (acc << 6) | u32::try_from(v).expect("below 64");
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(u8::try_from(acc >> bits).expect("8 bits"));
+            acc &= (1 << bits) - 1;
+        }
+    }
+    out
 }
 
 impl Drop for Etcd {

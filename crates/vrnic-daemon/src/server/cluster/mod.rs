@@ -28,6 +28,7 @@ mod session;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
@@ -41,14 +42,23 @@ use super::{Server, directory::Identity};
 use records::{HostRecord, VnicRecord};
 use session::{Command, Event};
 
-/// Cluster mode's options (`vrnic serve --etcd`, `--etcd-ttl`).
+/// Cluster mode's options (`vrnic serve --etcd`, `--etcd-ttl`, `--etcd-user`,
+/// `--etcd-password-file`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterOptions {
     /// etcd's client URLs (`http://HOST:PORT`).
     pub endpoints: Vec<String>,
     /// The lease's time to live in seconds: how long a dead daemon's vRNICs stay listed.
     pub ttl_s: u64,
+    /// etcd's user the daemon authenticates as (etcd's v3 auth), with the password in
+    /// `password_file`; `None`: no authentication (an etcd without auth).
+    pub user: Option<String>,
+    /// The file holding `user`'s password (its first line), readable by its owner only.
+    pub password_file: Option<PathBuf>,
 }
+
+/// Why etcd is not usable before the first registration.
+const NOT_YET: &str = "not registered yet";
 
 /// The default lease time to live.
 pub const DEFAULT_TTL_S: u64 = 5;
@@ -70,7 +80,47 @@ impl ClusterOptions {
         if !(2..=3600).contains(&self.ttl_s) {
             bail!("--etcd-ttl {}: use 2 to 3600 seconds", self.ttl_s);
         }
+        match (&self.user, &self.password_file) {
+            (Some(u), _) if u.is_empty() || u.contains(char::is_control) => {
+                bail!("--etcd-user {u:?}: not a user name")
+            }
+            (Some(u), None) => bail!("--etcd-user {u} needs --etcd-password-file"),
+            (None, Some(f)) => {
+                bail!("--etcd-password-file {}: needs --etcd-user", f.display())
+            }
+            _ => {}
+        }
         Ok(())
+    }
+
+    /// The user and password to authenticate to etcd with, the password read from its file
+    /// (its first line, without the line end). The file must be a regular file that neither
+    /// its group nor others can read or write: anyone who reads it can rewrite the directory.
+    pub fn credentials(&self) -> Result<Option<(String, String)>> {
+        let (Some(user), Some(file)) = (&self.user, &self.password_file) else {
+            return Ok(None);
+        };
+        let shown = file.display();
+        let meta = std::fs::metadata(file)
+            .with_context(|| format!("etcd password file {shown} (for user {user})"))?;
+        if !meta.is_file() {
+            bail!("etcd password file {shown}: not a regular file");
+        }
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+        if mode & 0o077 != 0 {
+            bail!(
+                "etcd password file {shown} has mode {:03o}: it must not be readable or writable \
+                 by group or others (chmod 600 {shown})",
+                mode & 0o777
+            );
+        }
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("etcd password file {shown} (for user {user})"))?;
+        let password = text.lines().next().unwrap_or_default();
+        if password.is_empty() {
+            bail!("etcd password file {shown}: its first line is empty");
+        }
+        Ok(Some((user.clone(), password.to_string())))
     }
 }
 
@@ -98,6 +148,10 @@ pub(super) struct Cluster {
     pending: HashMap<u64, Pending>,
     /// Lookups of other hosts refused since etcd became unreachable (the first is logged).
     refused: u64,
+    /// etcd refused this daemon's credentials at start: the daemon stops with this error.
+    fatal: Option<String>,
+    /// The session's waker, held as long as the loop may poll for it.
+    _waker: Arc<mio::Waker>,
 }
 
 impl Cluster {
@@ -118,8 +172,12 @@ impl Cluster {
         if listen.ip().is_unspecified() {
             bail!("--listen {listen}: in cluster mode peers dial it, so give this host's address");
         }
+        let credentials = opts
+            .credentials()?
+            .map(|(user, password)| session::Credentials { user, password });
         let cfg = session::Config {
             endpoints: opts.endpoints.clone(),
+            credentials,
             ttl_s: opts.ttl_s as i64,
             me: HostRecord {
                 addr: listen,
@@ -129,9 +187,12 @@ impl Cluster {
         };
         let (tx, cmds) = tokio::sync::mpsc::unbounded_channel();
         let (etx, rx) = channel();
+        // The loop keeps the waker too: a session thread that ends right after its last
+        // event (a refusal at start) must not close the waker's fd before the loop saw it.
+        let waker = Arc::new(waker);
         let out = session::Out {
             tx: etx,
-            waker: Arc::new(waker),
+            waker: waker.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("vrnic-etcd".into())
@@ -144,12 +205,14 @@ impl Cluster {
             thread: Some(thread),
             endpoints: opts.endpoints.join(","),
             me: None,
-            down: Some("not registered yet".into()),
+            down: Some(NOT_YET.into()),
             hosts: BTreeMap::new(),
             vnics: BTreeMap::new(),
             next_req: 1,
             pending: HashMap::new(),
             refused: 0,
+            fatal: None,
+            _waker: waker,
         })
     }
 
@@ -261,6 +324,11 @@ impl Server {
         Some(msg)
     }
 
+    /// Why the daemon must stop: etcd refused its credentials (or their lack) at start.
+    pub(super) fn cluster_fatal(&self) -> Option<&str> {
+        self.cluster.as_ref()?.fatal.as_deref()
+    }
+
     /// A local vRNIC with LID `lid` is gone: its keys go from etcd.
     pub(super) fn cluster_release(&mut self, lid: u16) {
         if let Some(c) = &self.cluster {
@@ -338,8 +406,13 @@ impl Server {
                     self.remove_vnic(id);
                 }
             }
+            Event::Fatal(why) => {
+                error!("{why}");
+                c.fatal = Some(why);
+            }
             Event::Down(why) => {
-                if c.down.is_none() {
+                // An outage is logged once; so is the first failure before registering.
+                if c.down.is_none() || c.me.is_none() && c.down.as_deref() == Some(NOT_YET) {
                     warn!(
                         etcd = c.endpoints,
                         "the cluster store is unreachable: {why}; established QPs go on, new \
@@ -493,6 +566,8 @@ mod tests {
         ClusterOptions {
             endpoints: urls.iter().map(|u| u.to_string()).collect(),
             ttl_s,
+            user: None,
+            password_file: None,
         }
     }
 
@@ -519,5 +594,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("TLS"), "{e}");
+    }
+
+    #[test]
+    fn a_password_file_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("vrnic-etcd-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "s3cret\nignored\n").unwrap();
+        let mut o = opts(&["http://e:2379"], 5);
+        o.user = Some("vrnic".into());
+        assert!(o.check().is_err(), "a user without a password file");
+        o.password_file = Some(file.clone());
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = o.credentials().unwrap_err().to_string();
+            assert!(
+                e.contains("group or others") && e.contains("password"),
+                "{e}"
+            );
+        }
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(o.check().is_ok());
+        assert_eq!(
+            o.credentials().unwrap(),
+            Some(("vrnic".to_string(), "s3cret".to_string()))
+        );
+        o.user = None;
+        assert!(o.check().is_err(), "a password file without a user");
+        assert_eq!(o.credentials().unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

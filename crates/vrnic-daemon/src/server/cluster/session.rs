@@ -29,7 +29,7 @@ use etcd_client::{
     WatchOptions,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::alloc;
 use super::records::{
@@ -87,15 +87,33 @@ pub(super) enum Event {
     Lost { lid: u16, why: String },
     /// etcd cannot be reached (or the lease was lost): why.
     Down(String),
+    /// etcd refused this daemon's credentials (or their lack) before it ever registered: the
+    /// daemon stops with this error.
+    Fatal(String),
 }
 
 /// What the session needs to know.
 #[derive(Debug, Clone)]
 pub(super) struct Config {
     pub(super) endpoints: Vec<String>,
+    /// etcd's user and password (`None`: no authentication).
+    pub(super) credentials: Option<Credentials>,
     pub(super) ttl_s: i64,
     pub(super) me: HostRecord,
     pub(super) seed: u64,
+}
+
+/// An etcd user and its password (never printed).
+#[derive(Clone)]
+pub(super) struct Credentials {
+    pub(super) user: String,
+    pub(super) password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials {{ user: {:?}, .. }}", self.user)
+    }
 }
 
 /// Hands events to the loop and wakes it.
@@ -119,7 +137,58 @@ struct Registration {
     lease: Option<i64>,
     host: Option<u32>,
     mine: BTreeMap<u16, VnicRecord>,
+    /// Every key this daemon wrote and holds, with the value it wrote: its host record, its
+    /// vRNICs' records and their GID and IP claims. A change by another writer is undone.
+    owned: BTreeMap<String, Owned>,
     tries: u64,
+}
+
+/// A key this daemon wrote.
+struct Owned {
+    value: Vec<u8>,
+    /// The vRNIC it belongs to (`None`: the host record).
+    lid: Option<u16>,
+}
+
+impl Registration {
+    /// Holds host index `i`, whose record is `value`.
+    fn keep_host(&mut self, i: u32, value: Vec<u8>) {
+        self.owned.retain(|_, o| o.lid.is_some());
+        self.owned.insert(host_key(i), Owned { value, lid: None });
+        self.host = Some(i);
+    }
+
+    /// Holds vRNIC `rec` and its claims.
+    fn keep(&mut self, rec: VnicRecord) {
+        for (key, value) in owned_keys(&rec) {
+            let lid = Some(rec.lid);
+            self.owned.insert(key, Owned { value, lid });
+        }
+        self.mine.insert(rec.lid, rec);
+    }
+
+    /// No longer holds the vRNIC with LID `lid`.
+    fn forget(&mut self, lid: u16) -> Option<VnicRecord> {
+        let rec = self.mine.remove(&lid)?;
+        for (key, _) in owned_keys(&rec) {
+            self.owned.remove(&key);
+        }
+        Some(rec)
+    }
+}
+
+/// A vRNIC's keys and the values its daemon writes there: its record, its GID's and its IP's
+/// claims (each the LID).
+fn owned_keys(rec: &VnicRecord) -> Vec<(String, Vec<u8>)> {
+    let lid = rec.lid.to_string().into_bytes();
+    let mut keys = vec![
+        (vnic_key(rec.lid), rec.encode()),
+        (ip_key(&rec.group, rec.ip), lid.clone()),
+    ];
+    if let Some(gid) = rec.gid_bytes() {
+        keys.push((records::gid_key(&gid), lid));
+    }
+    keys
 }
 
 /// A live connection.
@@ -130,10 +199,91 @@ struct Live {
     watch: etcd_client::WatchStream,
 }
 
-type Error = String;
+/// Why the session lost etcd.
+#[derive(Debug)]
+struct Error {
+    why: String,
+    /// etcd refused the credentials, or their lack.
+    refused: Option<Refusal>,
+}
+
+/// How etcd refused this daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Wrong user name or password.
+    BadPassword,
+    /// The user's roles do not grant what the daemon needs.
+    PermissionDenied,
+    /// etcd requires authentication and none was given.
+    Required,
+    /// A user was given but etcd has authentication disabled.
+    NotEnabled,
+}
+
+impl From<String> for Error {
+    fn from(why: String) -> Error {
+        Error { why, refused: None }
+    }
+}
+
+impl From<&str> for Error {
+    fn from(why: &str) -> Error {
+        why.to_string().into()
+    }
+}
+
+impl Refusal {
+    /// How etcd refused, if this error is a refusal of the credentials.
+    fn of(e: &etcd_client::Error) -> Option<Refusal> {
+        let etcd_client::Error::GRpcStatus(s) = e else {
+            return None;
+        };
+        let m = s.message();
+        if m.contains("invalid user ID or password") {
+            Some(Refusal::BadPassword)
+        } else if m.contains("permission denied") {
+            Some(Refusal::PermissionDenied)
+        } else if m.contains("user name is empty") {
+            Some(Refusal::Required)
+        } else if m.contains("authentication is not enabled") {
+            Some(Refusal::NotEnabled)
+        } else {
+            None
+        }
+    }
+}
 
 fn err(what: &str) -> impl Fn(etcd_client::Error) -> Error + '_ {
-    move |e| format!("{what}: {e}")
+    move |e| Error {
+        refused: Refusal::of(&e),
+        why: format!("{what}: {e}"),
+    }
+}
+
+/// One line that says what happened, naming etcd and, for a refusal, the user.
+fn describe(cfg: &Config, e: &Error) -> String {
+    let etcd = cfg.endpoints.join(",");
+    let user = cfg.credentials.as_ref().map_or("", |c| c.user.as_str());
+    match e.refused {
+        None => e.why.clone(),
+        Some(Refusal::BadPassword) => {
+            format!("etcd at {etcd} refused user {user:?}: wrong user name or password")
+        }
+        Some(Refusal::PermissionDenied) if user.is_empty() => {
+            format!("etcd at {etcd} denied access to {PREFIX}: authenticate with --etcd-user")
+        }
+        Some(Refusal::PermissionDenied) => format!(
+            "etcd at {etcd} denied user {user:?} access to {PREFIX}: grant its role readwrite \
+             on the prefix /vrnic/"
+        ),
+        Some(Refusal::Required) => format!(
+            "etcd at {etcd} requires authentication: give --etcd-user and --etcd-password-file"
+        ),
+        Some(Refusal::NotEnabled) => format!(
+            "etcd at {etcd} has authentication disabled but --etcd-user {user:?} was given: \
+             enable it (etcdctl auth enable) or start without --etcd-user"
+        ),
+    }
 }
 
 /// The session's thread body: runs until [`Command::Stop`] or the loop is gone.
@@ -153,6 +303,8 @@ pub(super) fn run(cfg: Config, mut cmds: UnboundedReceiver<Command>, out: Out) {
     rt.block_on(async move {
         let mut reg = Registration::default();
         let mut releases = Vec::new();
+        // Whether the session has registered since the daemon started.
+        let mut registered = false;
         loop {
             let r = {
                 let establish = establish(&cfg, &mut reg, &out);
@@ -173,6 +325,7 @@ pub(super) fn run(cfg: Config, mut cmds: UnboundedReceiver<Command>, out: Out) {
             };
             let why = match r {
                 Ok(mut live) => {
+                    registered = true;
                     for lid in releases.drain(..) {
                         release(&mut live.client, &mut reg, lid).await;
                     }
@@ -192,7 +345,12 @@ pub(super) fn run(cfg: Config, mut cmds: UnboundedReceiver<Command>, out: Out) {
                 }
                 Err(why) => why,
             };
-            out.send(Event::Down(why));
+            if why.refused.is_some() && !registered {
+                // Credentials etcd refuses will not do better on the next try.
+                out.send(Event::Fatal(describe(&cfg, &why)));
+                return;
+            }
+            out.send(Event::Down(describe(&cfg, &why)));
             // Wait a while before connecting again, answering what comes meanwhile.
             let pause = tokio::time::sleep(RETRY);
             tokio::pin!(pause);
@@ -216,10 +374,15 @@ pub(super) fn run(cfg: Config, mut cmds: UnboundedReceiver<Command>, out: Out) {
 /// Connects, takes or keeps the lease, claims the host index, puts back this daemon's vRNICs
 /// if the lease is new, reports the snapshot and starts the watch after it.
 async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Live, Error> {
-    let opts = ConnectOptions::new()
+    let mut opts = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(REQUEST_TIMEOUT)
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1));
+    if let Some(c) = &cfg.credentials {
+        opts = opts
+            .with_user(c.user.clone(), c.password.clone())
+            .with_auto_token_refresh(true);
+    }
     let mut client = Client::connect(&cfg.endpoints, Some(opts))
         .await
         .map_err(err("connect"))?;
@@ -247,17 +410,17 @@ async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Li
         }
     };
     if fresh || reg.host.is_none() {
-        reg.host = Some(claim_host(&mut client, cfg, reg.host, lease).await?);
+        let i = claim_host(&mut client, cfg, reg.host, lease).await?;
+        reg.keep_host(i, cfg.me.encode());
     }
     let host = reg.host.unwrap_or_default();
     if fresh {
         let mine = std::mem::take(&mut reg.mine);
+        reg.owned.retain(|_, o| o.lid.is_none());
         for (lid, mut rec) in mine {
             rec.host = host;
             match claim(&mut client, &rec, lease).await? {
-                true => {
-                    reg.mine.insert(lid, rec);
-                }
+                true => reg.keep(rec),
                 false => out.send(Event::Lost {
                     lid,
                     why: "its LID, GID or IP was claimed by another host while etcd was away"
@@ -275,9 +438,20 @@ async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Li
         .await
         .map_err(err("read the directory"))?;
     let rev = snap.header().map_or(0, |h| h.revision());
-    let mut hosts = BTreeMap::new();
+    let mut hosts = BTreeMap::from([(host, cfg.me.clone())]);
     let mut vnics = BTreeMap::new();
+    // This daemon's own keys are checked against what it wrote (another writer may have
+    // changed them while the session was away), never taken from etcd.
+    let mut foreign = Vec::new();
+    let mut seen = BTreeSet::new();
     for kv in snap.kvs() {
+        if let Some((key, o)) = owned(reg, kv.key()) {
+            seen.insert(key.to_string());
+            if kv.value() != o.value || kv.lease() != lease {
+                foreign.push((key.to_string(), Foreign::Changed(kv.mod_revision())));
+            }
+            continue;
+        }
         match decode(kv.key(), Some(kv.value())) {
             Some(Event::Host(i, Some(r))) => {
                 hosts.insert(i, r);
@@ -287,6 +461,14 @@ async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Li
             }
             _ => {}
         }
+    }
+    for key in reg.owned.keys() {
+        if !seen.contains(key) {
+            foreign.push((key.clone(), Foreign::Deleted));
+        }
+    }
+    for (key, how) in foreign {
+        restore(&mut client, reg, &key, how, out).await?;
     }
     let watch = client
         .watch(
@@ -308,6 +490,92 @@ async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Li
         alive,
         watch,
     })
+}
+
+/// The key `key` and what this daemon wrote there, if it is one of its own.
+fn owned<'a>(reg: &'a Registration, key: &[u8]) -> Option<(&'a str, &'a Owned)> {
+    let key = std::str::from_utf8(key).ok()?;
+    reg.owned.get_key_value(key).map(|(k, o)| (k.as_str(), o))
+}
+
+/// How another writer touched a key of this daemon's.
+#[derive(Debug, Clone, Copy)]
+enum Foreign {
+    /// Put another value, or bound it to another lease (or none), at this revision.
+    Changed(i64),
+    /// Deleted it.
+    Deleted,
+}
+
+/// Another writer changed or deleted `key`, one of this daemon's: it is put back as this
+/// daemon wrote it, bound to its lease, provided nothing touched it since (a changed key: its
+/// revision is still that change's; a later change comes as an event of its own and is undone
+/// then). A deleted key is put back only if it is still absent: if it was claimed again
+/// meanwhile (another daemon may have, honestly, for a key that was free), the claim is lost
+/// and this daemon fails safe: a vRNIC's keys are dropped and the loop removes the vRNIC
+/// ([`Event::Lost`]); the host record's loss revokes the lease and registers anew. An error
+/// (etcd gone, the write refused) ends the connection; the next one checks every key again
+/// before it serves.
+async fn restore(
+    client: &mut Client,
+    reg: &mut Registration,
+    key: &str,
+    how: Foreign,
+    out: &Out,
+) -> Result<(), Error> {
+    let (Some(lease), Some(o)) = (reg.lease, reg.owned.get(key)) else {
+        return Ok(());
+    };
+    let (value, lid) = (o.value.clone(), o.lid);
+    let (cmp, what) = match how {
+        Foreign::Changed(rev) => (Compare::mod_revision(key, CompareOp::Equal, rev), "changed"),
+        Foreign::Deleted => (
+            Compare::create_revision(key, CompareOp::Equal, 0),
+            "deleted",
+        ),
+    };
+    warn!(
+        key,
+        "another writer {what} this daemon's record in etcd: putting it back as written"
+    );
+    let txn = Txn::new().when([cmp]).and_then([TxnOp::put(
+        key,
+        value,
+        Some(PutOptions::new().with_lease(lease)),
+    )]);
+    let done = client
+        .txn(txn)
+        .await
+        .map_err(err("put back a record another writer changed"))?
+        .succeeded();
+    match (done, how, lid) {
+        (true, ..) => {
+            info!(key, "record put back in etcd as this daemon wrote it");
+            Ok(())
+        }
+        // Changed again since: that change's event follows.
+        (false, Foreign::Changed(_), _) => Ok(()),
+        (false, Foreign::Deleted, Some(lid)) => {
+            release(client, reg, lid).await;
+            out.send(Event::Lost {
+                lid,
+                why: format!(
+                    "its key {key} was deleted in etcd by another writer and claimed again \
+                     before this daemon could put it back"
+                ),
+            });
+            Ok(())
+        }
+        (false, Foreign::Deleted, None) => {
+            let _ = client.lease_revoke(lease).await;
+            reg.lease = None;
+            Err(format!(
+                "this host's record {key} was deleted in etcd by another writer and its index \
+                 claimed again: registering anew"
+            )
+            .into())
+        }
+    }
 }
 
 /// Claims a host index (`prefer` if free) bound to `lease`.
@@ -333,7 +601,7 @@ async fn claim_host(
             })
             .collect();
         let Some(i) = alloc::pick_host(&used, prefer, MAX_HOSTS) else {
-            return Err(format!("the cluster has its limit of {MAX_HOSTS} hosts"));
+            return Err(format!("the cluster has its limit of {MAX_HOSTS} hosts").into());
         };
         let key = host_key(i);
         let txn = Txn::new()
@@ -454,7 +722,7 @@ async fn create(
             group: group.clone(),
         };
         if claim(client, &rec, lease).await? {
-            reg.mine.insert(lid, rec.clone());
+            reg.keep(rec.clone());
             return Ok(Ok(rec));
         }
         debug!(lid, %ip, "a candidate was claimed by another host first; trying another");
@@ -466,7 +734,7 @@ async fn create(
 
 /// Deletes a removed vRNIC's keys (those of its claims that are still ours).
 async fn release(client: &mut Client, reg: &mut Registration, lid: u16) {
-    let Some(rec) = reg.mine.remove(&lid) else {
+    let Some(rec) = reg.forget(lid) else {
         return;
     };
     let Some(lease) = reg.lease else { return };
@@ -520,11 +788,28 @@ async fn serve(
                     return Err("the watch closed".into());
                 };
                 if resp.canceled() {
-                    return Err(format!("the watch was cancelled: {}", resp.cancel_reason()));
+                    return Err(
+                        format!("the watch was cancelled: {}", resp.cancel_reason()).into()
+                    );
                 }
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    let value = (ev.event_type() == EventType::Put).then(|| kv.value());
+                    let put = ev.event_type() == EventType::Put;
+                    if let Some((key, o)) = owned(reg, kv.key()) {
+                        // One of this daemon's keys: its own write, or another writer's undone.
+                        if put && kv.value() == o.value && Some(kv.lease()) == reg.lease {
+                            continue;
+                        }
+                        let how = if put {
+                            Foreign::Changed(kv.mod_revision())
+                        } else {
+                            Foreign::Deleted
+                        };
+                        let key = key.to_string();
+                        restore(&mut live.client, reg, &key, how, out).await?;
+                        continue;
+                    }
+                    let value = put.then(|| kv.value());
                     if let Some(e) = decode(kv.key(), value) {
                         out.send(e);
                     }
@@ -538,7 +823,7 @@ async fn serve(
                     match result {
                         Ok(result) => out.send(Event::Created { req, result }),
                         Err(why) => {
-                            out.send(Event::Created { req, result: Err(why.clone()) });
+                            out.send(Event::Created { req, result: Err(describe(cfg, &why)) });
                             return Err(why);
                         }
                     }
