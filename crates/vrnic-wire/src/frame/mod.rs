@@ -584,6 +584,9 @@ impl FrameRepr {
             }
             Some(FrameKind::Segment) => {}
         }
+        // The address word first, in both parses, so a frame refused for it is refused so
+        // by the head's parse too (whatever its pad).
+        let addr = parse_addr(frame, frame.body().len())?;
         let segment = SegmentRepr::parse(&Packet::new_unchecked(frame.segment()))?;
         let grh = match frame.grh() {
             None if frame.has_grh() => {
@@ -598,7 +601,6 @@ impl FrameRepr {
             }
             Some(g) => Some(GrhRepr::parse(g, frame.segment().len())?),
         };
-        let addr = parse_addr(frame, frame.body().len())?;
         Ok(FrameRepr::Segment { addr, grh, segment })
     }
 
@@ -624,6 +626,7 @@ impl FrameRepr {
             }
             Some(FrameKind::Segment) => {}
         }
+        let addr = parse_addr(&frame, frame.buffer.len() - LINK_HEADER_LEN)?;
         let packet_len = len - LINK_HEADER_LEN - frame.route_len();
         let segment = SegmentRepr::parse_head(frame.segment(), packet_len)?;
         let grh = match frame.grh() {
@@ -639,7 +642,6 @@ impl FrameRepr {
             }
             Some(g) => Some(GrhRepr::parse(g, packet_len)?),
         };
-        let addr = parse_addr(&frame, frame.buffer.len() - LINK_HEADER_LEN)?;
         Ok(FrameRepr::Segment { addr, grh, segment })
     }
 
