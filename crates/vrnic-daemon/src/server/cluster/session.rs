@@ -800,12 +800,23 @@ async fn serve(
                         if put && kv.value() == o.value && Some(kv.lease()) == reg.lease {
                             continue;
                         }
-                        let how = if put {
-                            Foreign::Changed(kv.mod_revision())
-                        } else {
-                            Foreign::Deleted
+                        // The event may be older than this daemon's own latest write of the
+                        // key (a vRNIC removed and another made with the same address: the
+                        // first one's delete arrives after the second one's claim), so what
+                        // counts is the key as it is now.
+                        let (key, value) = (key.to_string(), o.value.clone());
+                        let now = live
+                            .client
+                            .get(key.as_str(), None)
+                            .await
+                            .map_err(err("read back a record of this daemon's"))?;
+                        let how = match now.kvs().first() {
+                            Some(c) if c.value() == value && Some(c.lease()) == reg.lease => {
+                                continue;
+                            }
+                            Some(c) if put => Foreign::Changed(c.mod_revision()),
+                            Some(_) | None => Foreign::Deleted,
                         };
-                        let key = key.to_string();
                         restore(&mut live.client, reg, &key, how, out).await?;
                         continue;
                     }
