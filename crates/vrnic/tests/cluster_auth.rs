@@ -20,7 +20,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::hosts::{Etcd, Hosts, PEER_PORT};
-use common::{Daemon, Pair, Proc, pair_of, port, remove_state_dir, require, vrnic_bin};
+use common::{
+    Daemon, Proc, create_in as create, pair_on as pair, port, remove_state_dir, require, vrnic_bin,
+};
 
 const LINKS_UP: Duration = Duration::from_secs(30);
 const PAIR: Duration = Duration::from_secs(60);
@@ -88,26 +90,6 @@ fn wait_listed(d: &Daemon, name: &str, group: &str) -> String {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn create(d: &Daemon, name: &str, group: &str, ip: &str) {
-    let out = d.cli_output(&["create", name, "--group", group, "--ip", ip]);
-    assert!(out.ok(), "vrnic create {name}\n{}", out.text());
-}
-
-/// `server` on vRNIC `s` of `ds`, `client` on vRNIC `c` of `dc`, within `limit`.
-fn pair(
-    (ds, s): (&Daemon, &str),
-    server: &[&str],
-    (dc, c): (&Daemon, &str),
-    client: &[&str],
-    limit: Duration,
-) -> Pair {
-    pair_of(
-        ds.run_on(Some(s), server),
-        || dc.run_on(Some(c), client),
-        limit,
-    )
 }
 
 /// Polls `key` (as `token`'s user) until it holds `value` bound to a lease; returns how long

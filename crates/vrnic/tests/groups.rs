@@ -10,32 +10,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::hosts::Hosts;
-use common::{Daemon, Output, Pair, Proc, pair_of, port, require};
+use common::{Daemon, Output, Pair, Proc, create_in as create, pair_on as pair, port, require};
 
 const PAIR: Duration = Duration::from_secs(60);
 const LINKS_UP: Duration = Duration::from_secs(20);
 /// How long a pair whose peer is in another group gets before it is reported as stuck.
 const CROSS: Duration = Duration::from_secs(8);
-
-fn create(d: &Daemon, name: &str, group: &str, ip: &str) {
-    let out = d.cli_output(&["create", name, "--group", group, "--ip", ip]);
-    assert!(out.ok(), "vrnic create {name}\n{}", out.text());
-}
-
-/// `server` on vRNIC `s` of `ds`, `client` on vRNIC `c` of `dc`.
-fn pair(
-    (ds, s): (&Daemon, &str),
-    server: &[&str],
-    (dc, c): (&Daemon, &str),
-    client: &[&str],
-    limit: Duration,
-) -> Pair {
-    pair_of(
-        ds.run_on(Some(s), server),
-        || dc.run_on(Some(c), client),
-        limit,
-    )
-}
 
 /// A vRNIC of a daemon.
 type On<'a> = (&'a Daemon, &'a str);

@@ -651,6 +651,28 @@ pub fn c_check_pair(bin: &Path, mode: &str) -> Pair {
     pair
 }
 
+/// `vrnic create NAME --group GROUP --ip IP` on `d`, checked.
+pub fn create_in(d: &Daemon, name: &str, group: &str, ip: &str) {
+    let out = d.cli_output(&["create", name, "--group", group, "--ip", ip]);
+    assert!(out.ok(), "vrnic create {name}\n{}", out.text());
+}
+
+/// `server` on vRNIC `s` of `ds`, `client` on vRNIC `c` of `dc`, within `limit` (the client
+/// retried while the server does not listen yet, as [`pair_of`] does).
+pub fn pair_on(
+    (ds, s): (&Daemon, &str),
+    server: &[&str],
+    (dc, c): (&Daemon, &str),
+    client: &[&str],
+    limit: Duration,
+) -> Pair {
+    pair_of(
+        ds.run_on(Some(s), server),
+        || dc.run_on(Some(c), client),
+        limit,
+    )
+}
+
 impl Daemon {
     /// `vrnic create NAME` (a vRNIC that stays until removed), checked.
     pub fn create(&self, name: &str) {
