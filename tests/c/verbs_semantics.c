@@ -6,7 +6,7 @@
  *   verbs_semantics CASE
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
- *       unsignaled | ex | reg_contents | isolation | dev_limits | queue_full | fork | event_stress |
+ *       unsignaled | arm_once | ex | reg_contents | isolation | dev_limits | queue_full | fork | event_stress |
  *       resize | gid | dm |
  *       limits | reg_limit (these two on a
  *       daemon with small limits)
@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <sched.h>
@@ -778,6 +779,91 @@ static void case_unsignaled(void)
 	if (w[8] != 103)
 		fail("writes out of order: %lu", (unsigned long)w[8]);
 	ok("unsignaled writes give no completion and ran in order (last value 103)");
+}
+
+/* ---- one arm, one event: an app that arms its CQ once and then busy-polls -------------------- */
+
+/* Events on `ch` for `cq` within `secs` of the first one (0 if none comes in `first_secs`). */
+static int count_events(struct ibv_comp_channel *ch, struct ibv_cq *cq, double first_secs, double secs)
+{
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	if (poll(&p, 1, (int)(first_secs * 1000)) != 1)
+		return 0;
+	int n = 0;
+	double end = now() + secs;
+	while (now() < end) {
+		struct ibv_cq *ev;
+		void *ectx;
+		if (ibv_get_cq_event(ch, &ev, &ectx)) {
+			if (errno != EAGAIN)
+				fail("get_cq_event: %s", strerror(errno));
+			usleep(1000);
+			continue;
+		}
+		if (ev != cq)
+			fail("an event for another CQ");
+		ibv_ack_cq_events(cq, 1);
+		n++;
+	}
+	return n;
+}
+
+static void case_arm_once(void)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		fail("create_comp_channel");
+	int fl = fcntl(ch->fd, F_GETFL);
+	if (fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK))
+		fail("O_NONBLOCK on the channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, ch, 0);
+	if (!cq)
+		fail("create_cq");
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 1);
+	struct ibv_qp *b = qp_new(cq, IBV_QPT_RC, NULL, 1);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	static uint64_t w[2];
+	struct ibv_mr *mr = reg(w, sizeof w, ALL_ACCESS);
+	/* Armed once, then 500 messages, each polled as soon as it completes (as UCX, which arms
+	 * now and then and keeps polling). A device raises one event for the arm, whatever the
+	 * completions after it. */
+	if (ibv_req_notify_cq(cq, 0))
+		fail("req_notify_cq");
+	for (int i = 0; i < 500; i++) {
+		recv_on(b, 2 * i + 1, &w[1], 8, mr->lkey);
+		w[0] = i;
+		if (post(a, 2 * i, IBV_WR_SEND, &w[0], 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+			fail("post_send");
+		struct ibv_wc wc;
+		for (int k = 0; k < 2; k++) {
+			wc = poll1(cq);
+			if (wc.status != IBV_WC_SUCCESS)
+				fail("message %d: %s", i, ibv_wc_status_str(wc.status));
+		}
+		if (w[1] != (uint64_t)i)
+			fail("message %d: received %lu", i, (unsigned long)w[1]);
+	}
+	int n = count_events(ch, cq, 2.0, 0.3);
+	if (n != 1)
+		fail("one arm, 1000 completions polled by the app: %d events, a device raises 1", n);
+	ok("one arm, 1000 completions polled by the app: exactly one event, as on a device");
+	/* Armed again, an app that waits on the channel gets its event. */
+	if (ibv_req_notify_cq(cq, 0))
+		fail("req_notify_cq");
+	recv_on(b, 9001, &w[1], 8, mr->lkey);
+	if (post(a, 9000, IBV_WR_SEND, &w[0], 8, mr->lkey, 0, 0, 0, 0, IBV_SEND_SIGNALED))
+		fail("post_send");
+	n = count_events(ch, cq, 5.0, 0.3);
+	if (n < 1)
+		fail("armed again and waiting: no event");
+	struct ibv_wc wc;
+	int got = 0;
+	while (got < 2 && poll_for(cq, &wc, 2.0))
+		got += wc.status == IBV_WC_SUCCESS;
+	if (got != 2)
+		fail("armed again: %d of 2 completions", got);
+	ok("armed again, the waiting app gets its event and both completions");
 }
 
 /* ---- the extended API: ibv_wr_* on a QP from ibv_create_qp_ex, ibv_cq_ex polling ---------- */
@@ -2013,6 +2099,8 @@ int main(int argc, char **argv)
 		case_rereg();
 	else if (!strcmp(c, "unsignaled"))
 		case_unsignaled();
+	else if (!strcmp(c, "arm_once"))
+		case_arm_once();
 	else if (!strcmp(c, "ex"))
 		case_ex();
 	else if (!strcmp(c, "reg_contents"))

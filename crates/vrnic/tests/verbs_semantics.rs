@@ -229,6 +229,20 @@ fn unsignaled_sends_give_no_completion() {
     case("unsignaled", &["unsignaled writes give no completion"]);
 }
 
+/// An app that arms its CQ once and then busy-polls (UCX does) gets one event, as from a
+/// device, not a wake-up of the daemon and the driver per completion for ever; armed again,
+/// an app that waits gets its event.
+#[test]
+fn one_arm_raises_one_event_however_many_completions_follow() {
+    case(
+        "arm_once",
+        &[
+            "exactly one event, as on a device",
+            "the waiting app gets its event",
+        ],
+    );
+}
+
 #[test]
 fn extended_qp_and_cq_apis() {
     case(
