@@ -14,7 +14,9 @@
 //! - `fairness`: an unrelated pair's round trip beside another vRNIC's idle QPs and beside
 //!   flooding pairs, against its idle round trip;
 //! - `hosts` (root): two daemons in network namespaces the bench makes, joined by a veth,
-//!   against TCP on that veth.
+//!   against TCP on that veth;
+//! - `ucx`: UCX's `ucx_perftest` `tag_lat` (8 B) and `tag_bw` (1 MiB) over vrnic's `rc_verbs`
+//!   against UCX's own shared memory and TCP.
 //!
 //! It prints a table (`report`) where each figure stands beside its limit as a ratio, and can
 //! write the figures as JSON and plots as SVG (`svg`). `--pin` puts the engine (the daemons)
@@ -38,6 +40,7 @@ mod scale;
 mod svg;
 mod sys;
 mod tools;
+mod ucx;
 mod vnics;
 
 use std::path::PathBuf;
@@ -66,6 +69,8 @@ pub enum Section {
     Fairness,
     /// Two hosts in network namespaces (root).
     Hosts,
+    /// UCX over vrnic against UCX's shared memory and TCP (`ucx_perftest`).
+    Ucx,
 }
 
 /// `vrnic bench`'s options.
@@ -374,6 +379,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
             } else {
                 eprintln!("vrnic bench: not root: no across-host runs (network namespaces)");
             }
+            if ucx::require().is_ok() {
+                all.push(Section::Ucx);
+            } else {
+                eprintln!("vrnic bench: no ucx_perftest (apt-get install ucx-utils): no UCX runs");
+            }
             all
         }
     };
@@ -404,6 +414,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
     if sections.contains(&Section::Hosts) {
         tools::require(&["ip", "nsenter"])?;
+    }
+    if sections.contains(&Section::Ucx) {
+        ucx::require()?;
     }
     if let Some(p) = &args.json {
         // Fail now, not after the whole run, if the file cannot be written.
@@ -499,6 +512,14 @@ pub fn main(args: BenchArgs) -> Result<()> {
         }
     }
 
+    if has(Section::Ucx) {
+        let d = ctx.daemon(&[])?;
+        for r in 0..runs {
+            progress(t0, &format!("run {}/{runs}: UCX", r + 1));
+            ucx::measure(&ctx, &d, &mut report);
+        }
+    }
+
     perftest::set_limits(&mut report);
     copy::set_limits(&mut report);
     ctrl::set_limits(&mut report);
@@ -506,6 +527,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     vnics::set_limits(&mut report, vnics);
     fairness::set_limits(&mut report, idle_qps, flood_pairs);
     hosts::set_limits(&mut report);
+    ucx::set_limits(&mut report);
     if args.all_sizes {
         for f in &mut report.figures {
             if matches!(f.section, "bandwidth" | "latency") {

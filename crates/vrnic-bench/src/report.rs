@@ -32,7 +32,7 @@ pub struct Limit {
 #[derive(Clone, Debug, Serialize)]
 pub struct Figure {
     /// Its group: `limits`, `bandwidth`, `rate`, `latency`, `control`, `scale`, `vnics`,
-    /// `fairness`, `hosts`.
+    /// `fairness`, `hosts`, `ucx`.
     pub section: &'static str,
     /// What was measured (a program, a step).
     pub name: String,

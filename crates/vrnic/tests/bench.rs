@@ -386,3 +386,41 @@ fn quick_vnics_and_fairness_hold_their_counts_and_leave_nothing_behind() {
         dir.display()
     );
 }
+
+/// The UCX section: unmodified `ucx_perftest` over vrnic's `rc_verbs`, UCX's shared memory
+/// and its TCP, each row in the table and the JSON, vrnic's and TCP's beside shared memory of
+/// the same run, no error, and nothing of it left running.
+#[test]
+fn quick_ucx_section_sets_vrnic_beside_ucx_s_own_transports() {
+    common::require("ucx_perftest");
+    let out_dir = OutDir::new("ucx");
+    let (out, json, pid) = quick_sections(&out_dir, "ucx", &[]);
+    for (test, size) in [("tag_lat", 8u64), ("tag_bw", 1 << 20)] {
+        let sm = figures(&json, "ucx", &format!("{test}, UCX shared memory (sm)"));
+        assert_eq!(sm.len(), 1, "{test} over sm\n{}", out.text());
+        let sm = positive(&sm[0]["median"], "sm");
+        for t in ["UCX over vrnic (rc_verbs)", "UCX TCP (tcp)"] {
+            let name = format!("{test}, {t}");
+            let f = figures(&json, "ucx", &name);
+            assert_eq!(f.len(), 1, "{name}\n{}", out.text());
+            assert_eq!(f[0]["size"], size, "{name}");
+            let v = positive(&f[0]["median"], &name);
+            assert_eq!(f[0]["limit"]["value"].as_f64(), Some(sm), "{name}");
+            let ratio = f[0]["ratio"].as_f64().expect("a ratio");
+            assert!(
+                (ratio - v / sm).abs() < 1e-9 * ratio.max(1.0),
+                "{name}: {ratio}"
+            );
+            assert!(
+                out.stdout.contains(&name),
+                "no {name:?} in the table\n{}",
+                out.text()
+            );
+        }
+    }
+    assert!(
+        processes_under(&scratch(pid)).is_empty(),
+        "left running: {:?}",
+        processes_under(&scratch(pid))
+    );
+}
