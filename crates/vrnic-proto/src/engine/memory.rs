@@ -76,7 +76,7 @@ impl Engine {
             && self
                 .qps
                 .get(&qp)
-                .is_some_and(|q| q.tx_mem.generation == self.mem_gen)
+                .is_some_and(|q| q.tr.tx_mem.generation == self.mem_gen)
     }
 
     /// The region runs of bytes `[done, done + n)` of the head send WQE of `qp` (its SGEs
@@ -96,7 +96,7 @@ impl Engine {
             return false;
         };
         let vnic = q.vnic;
-        let mut t = std::mem::take(&mut q.tx_mem);
+        let mut t = std::mem::take(&mut q.tr.tx_mem);
         let reuse = (done > 0 || t.fresh) && t.covers(self.mem_gen, done, done.saturating_add(n));
         t.fresh = false;
         if !reuse {
@@ -115,7 +115,7 @@ impl Engine {
             t.slice(done, n, out);
         }
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.tx_mem = t;
+            q.tr.tx_mem = t;
         }
         ok
     }
@@ -144,7 +144,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&peer) else {
             return false;
         };
-        let mut t = std::mem::take(&mut q.rx_mem);
+        let mut t = std::mem::take(&mut q.tr.rx_mem);
         let must_cover = if first { msg_end } else { end };
         if !(t.rkey == rkey && t.need == need && t.covers(self.mem_gen, va, must_cover)) {
             t.runs.clear();
@@ -166,7 +166,7 @@ impl Engine {
             t.slice(va, take, out);
         }
         if let Some(q) = self.qps.get_mut(&peer) {
-            q.rx_mem = t;
+            q.tr.rx_mem = t;
         }
         ok
     }
@@ -186,7 +186,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return false;
         };
-        let mut t = std::mem::take(&mut q.tx_mem);
+        let mut t = std::mem::take(&mut q.tr.tx_mem);
         t.runs.clear();
         (t.generation, t.fresh) = (0, false);
         let upto = len.min(TRANSLATE_AHEAD);
@@ -194,17 +194,17 @@ impl Engine {
         let ok = match sges {
             // One SGE inside what the last one's check granted (same key, same rights, no
             // memory change since): no lookup, no translation.
-            [s] if q.tx_ahead.rkey == s.lkey
-                && q.tx_ahead.need >= need
+            [s] if q.tr.tx_ahead.rkey == s.lkey
+                && q.tr.tx_ahead.need >= need
                 && s.addr
                     .checked_add(u64::from(s.length))
-                    .is_some_and(|end| q.tx_ahead.covers(self.mem_gen, s.addr, end)) =>
+                    .is_some_and(|end| q.tr.tx_ahead.covers(self.mem_gen, s.addr, end)) =>
             {
-                q.tx_ahead.slice(s.addr, upto, &mut t.runs);
+                q.tr.tx_ahead.slice(s.addr, upto, &mut t.runs);
                 true
             }
             _ => {
-                let mut ahead = std::mem::take(&mut q.tx_ahead);
+                let mut ahead = std::mem::take(&mut q.tr.tx_ahead);
                 let ok = self.check_sges_translating(vnic, pd, sges, write, upto, &mut t.runs);
                 ahead.generation = 0;
                 if ok
@@ -214,7 +214,7 @@ impl Engine {
                     self.local_ahead(vnic, s, need, &mut ahead);
                 }
                 if let Some(q) = self.qps.get_mut(&qp) {
-                    q.tx_ahead = ahead;
+                    q.tr.tx_ahead = ahead;
                 }
                 ok
             }
@@ -223,7 +223,7 @@ impl Engine {
             (t.generation, t.start, t.end, t.fresh) = (self.mem_gen, 0, upto, true);
         }
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.tx_mem = t;
+            q.tr.tx_mem = t;
         }
         ok
     }

@@ -257,35 +257,72 @@ struct Qp {
     /// route): its peer's LID, its own vRNIC's, its own number. A segment from a link reaches
     /// it only from that peer: DLID its vRNIC's LID, SLID `addr.dlid`, source `dest_qp_num`.
     addr: AddrRepr,
-    /// Requester over a peer link: how many WQEs at the front of `sq` are sent wholly and
-    /// wait for their answer, and for each WQE sent (wholly or partly) its PSNs.
+    /// Its state over a peer link (or the seam between engine threads): what is in flight,
+    /// the ACK timer, the WRITE being placed, the ACK owed.
+    link: Link,
+    /// Its responder's message in progress and what it answered last.
+    resp: Resp,
+    /// Its place in the scheduler: ready list, waiter lists, timer heap, retired counters.
+    sched: Sched,
+    /// Translations kept for the next chunk or message (requester and responder).
+    tr: Tr,
+}
+
+/// A QP's state over a peer link (requester and responder): see [`Qp::link`].
+#[derive(Debug, Default)]
+struct Link {
+    /// Requester: how many WQEs at the front of `sq` are sent wholly and wait for their
+    /// answer, and for each WQE sent (wholly or partly) its PSNs.
     sq_sent: usize,
     flights: Flights,
-    /// Requester over a peer link: its next WQE waits for those in flight to be answered.
+    /// Requester: its next WQE waits for those in flight to be answered.
     stalled: bool,
-    /// Requester over a peer link: the PSN an RNR NAK named; its wait ends when that PSN is
-    /// acknowledged.
+    /// Requester: the PSN an RNR NAK named; its wait ends when that PSN is acknowledged.
     rnr_psn: Option<u32>,
-    /// Requester over a peer link: when it sends again what is unanswered (the local ACK
-    /// timeout), or fails once it did so `retry_cnt` times.
+    /// Requester: when it sends again what is unanswered (the local ACK timeout), or fails
+    /// once it did so `retry_cnt` times.
     ack_until: Option<Instant>,
-    /// Requester over a peer link: local ACK timeouts since the last answer.
+    /// Requester: local ACK timeouts since the last answer.
     ack_tries: u8,
-    /// Responder over a peer link: the RDMA WRITE in progress (next VA, R_Key, bytes left).
+    /// Responder: the RDMA WRITE in progress (next VA, R_Key, bytes left).
     write_at: Option<(u64, u32, u64)>,
-    /// Responder over a peer link: the PSN its next (coalesced) ACK acknowledges.
+    /// Responder: the PSN its next (coalesced) ACK acknowledges.
     ack_due: Option<u32>,
-    /// Responder: the SEND message in progress.
+}
+
+impl Link {
+    /// Forgets what is in flight (its queue was flushed or reset), keeping the buffers.
+    fn clear(&mut self) {
+        self.sq_sent = 0;
+        self.stalled = false;
+        self.rnr_psn = None;
+        self.flights.clear();
+        self.ack_until = None;
+        self.ack_tries = 0;
+        self.write_at = None;
+        self.ack_due = None;
+    }
+}
+
+/// A QP's responder state: see [`Qp::resp`].
+#[derive(Debug, Default)]
+struct Resp {
+    /// The SEND message in progress.
     rx: Option<Rx>,
-    /// Responder (UC): the message in progress lost a segment; drop the rest of it.
+    /// (UC) The message in progress lost a segment; drop the rest of it.
     rx_lost: bool,
-    /// Responder: it NAKed a PSN sequence error or sent an RNR NAK, and drops what comes out
-    /// of sequence until the PSN it expects arrives.
+    /// It NAKed a PSN sequence error or sent an RNR NAK, and drops what comes out of sequence
+    /// until the PSN it expects arrives.
     nak_sent: bool,
-    /// Responder: the DMA length of the RDMA WRITE in progress.
+    /// The DMA length of the RDMA WRITE in progress.
     write_len: u64,
-    /// Responder: the PSN and answer of the last atomic (for a retransmitted request).
+    /// The PSN and answer of the last atomic (for a retransmitted request).
     last_atomic: Option<(u32, u64)>,
+}
+
+/// A QP's place in the scheduler: see [`Qp::sched`].
+#[derive(Debug, Default)]
+struct Sched {
     /// In its vRNIC's ready list.
     queued: bool,
     /// Blocked: off the ready lists until something wakes it.
@@ -297,6 +334,11 @@ struct Qp {
     armed: Option<Instant>,
     /// Its retired counters moved since the driver last took [`Engine::drain_retired`].
     touched: bool,
+}
+
+/// A QP's translations kept between chunks and messages: see [`Qp::tr`].
+#[derive(Debug, Default)]
+struct Tr {
     /// Requester: the head WQE's local memory, translated (on the local route).
     tx_mem: Translated,
     /// Requester: what the key of its last single-SGE work request grants around that SGE
@@ -317,7 +359,7 @@ impl Qp {
             Wait::Rnr { until, .. } | Wait::Retry { until } => Some(until),
             Wait::None => None,
         };
-        match (wait, self.ack_until) {
+        match (wait, self.link.ack_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -326,9 +368,10 @@ impl Qp {
     /// Whether it has a WQE it may send now: one not yet sent (all of them, on a local route,
     /// until retired), with room in its window and nothing before it to wait for.
     fn has_unsent(&self) -> bool {
-        self.sq.len() > self.sq_sent
-            && !self.stalled
+        self.sq.len() > self.link.sq_sent
+            && !self.link.stalled
             && self
+                .link
                 .flights
                 .front()
                 .is_none_or(|f| (self.attr.sq_psn.wrapping_sub(f.first_psn) & 0xff_ffff) < WINDOW)
@@ -336,14 +379,7 @@ impl Qp {
 
     /// Forgets what is in flight over a peer link (its queue was flushed or reset).
     fn clear_flights(&mut self) {
-        self.sq_sent = 0;
-        self.stalled = false;
-        self.rnr_psn = None;
-        self.flights.clear();
-        self.ack_until = None;
-        self.ack_tries = 0;
-        self.write_at = None;
-        self.ack_due = None;
+        self.link.clear();
     }
 }
 
@@ -486,8 +522,8 @@ fn cqe(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Cqe {
 
 /// Lists a QP whose retired counters moved (once until drained).
 fn touch(list: &mut Vec<QpId>, id: QpId, q: &mut Qp) {
-    if !q.touched {
-        q.touched = true;
+    if !q.sched.touched {
+        q.sched.touched = true;
         list.push(id);
     }
 }

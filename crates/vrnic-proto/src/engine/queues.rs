@@ -187,7 +187,7 @@ impl Engine {
         q.wait = Wait::None;
         q.progress = None;
         q.clear_flights();
-        if let Some(rx) = q.rx.take() {
+        if let Some(rx) = q.resp.rx.take() {
             // The receive a message was landing in: taken from the queue already.
             let c = cqe(rx.wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
             self.completions.push_back((rx.cq, c, false));

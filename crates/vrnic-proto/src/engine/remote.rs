@@ -260,7 +260,7 @@ impl Engine {
             let Some(q) = self.qps.get_mut(&qp) else {
                 continue;
             };
-            let (Some(psn), Route::Remote(host)) = (q.ack_due.take(), q.route) else {
+            let (Some(psn), Route::Remote(host)) = (q.link.ack_due.take(), q.route) else {
                 continue;
             };
             let seg = answer(
@@ -286,7 +286,7 @@ impl Engine {
         let qps: Vec<QpId> = self
             .qps
             .iter()
-            .filter(|(_, q)| q.route == Route::Remote(host) && !q.flights.is_empty())
+            .filter(|(_, q)| q.route == Route::Remote(host) && !q.link.flights.is_empty())
             .map(|(&id, _)| id)
             .collect();
         tracing::debug!(
@@ -296,7 +296,7 @@ impl Engine {
         );
         for qp in qps {
             let Some(q) = self.qps.get(&qp) else { continue };
-            if let Some(f) = q.flights.iter().find(|f| !f.done) {
+            if let Some(f) = q.link.flights.iter().find(|f| !f.done) {
                 let psn = f.first_psn;
                 self.rewind(qp, psn);
             }
@@ -309,7 +309,7 @@ impl Engine {
         let Some(q) = self.qps.get(&qp) else {
             return Step::Blocked;
         };
-        let idx = q.sq_sent;
+        let idx = q.link.sq_sent;
         let (vnic, pd, uc, xrc) = (q.vnic, q.pd, q.ty == QpType::Uc, q.ty == QpType::XrcSend);
         let wqe = match q.sq.get(idx) {
             Some(Ok(w)) => w.clone(),
@@ -324,7 +324,7 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let sent = q.flights.get(idx).map_or(0, |f| f.sent);
+        let sent = q.link.flights.get(idx).map_or(0, |f| f.sent);
         let len = wqe.payload.len();
         if sent == 0 {
             let needs_write = matches!(
@@ -482,14 +482,14 @@ impl Engine {
         q.attr.sq_psn = psn_next(psn);
         if uc {
             if last {
-                q.flights.clear();
+                q.link.flights.clear();
                 self.complete_head(qp, len as u32);
                 return Step::Done(n);
             }
-            if let Some(f) = q.flights.get_mut(0) {
+            if let Some(f) = q.link.flights.get_mut(0) {
                 f.sent += n;
             } else {
-                q.flights.push_back(Flight {
+                q.link.flights.push_back(Flight {
                     first_psn: psn,
                     next_psn: psn_next(psn),
                     sent: n,
@@ -500,13 +500,13 @@ impl Engine {
             }
             return Step::Partial(n);
         }
-        match q.flights.get_mut(idx) {
+        match q.link.flights.get_mut(idx) {
             Some(f) => {
                 f.sent += n;
                 f.next_psn = psn_next(psn);
                 f.whole = last;
             }
-            None => q.flights.push_back(Flight {
+            None => q.link.flights.push_back(Flight {
                 first_psn: psn,
                 next_psn: psn_next(psn),
                 sent: n,
@@ -515,9 +515,9 @@ impl Engine {
                 got: 0,
             }),
         }
-        if q.ack_until.is_none() {
-            q.ack_until = Some(now + ack_budget(q));
-            q.ack_tries = 0;
+        if q.link.ack_until.is_none() {
+            q.link.ack_until = Some(now + ack_budget(q));
+            q.link.ack_tries = 0;
             let until = now + ack_budget(q);
             self.arm(qp, until);
         }
@@ -525,7 +525,7 @@ impl Engine {
             return Step::Blocked;
         };
         if last {
-            q.sq_sent += 1;
+            q.link.sq_sent += 1;
             return Step::Sent(n);
         }
         Step::Partial(n)
@@ -737,7 +737,7 @@ impl Engine {
                 let first = seg.reth.is_some();
                 let (va, rkey, len) = match seg.reth {
                     Some(r) => (r.va, r.rkey, u64::from(r.dma_len)),
-                    None => q.write_at?,
+                    None => q.link.write_at?,
                 };
                 n <= len
                     && self.remote_runs(qp, va, len, n, first, rkey, access::REMOTE_WRITE, runs)
@@ -746,10 +746,10 @@ impl Engine {
                 if !q.ty.is_reliable() || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
                     return None;
                 }
-                let i = q.flights.iter().position(|f| {
+                let i = q.link.flights.iter().position(|f| {
                     psn_cmp(seg.psn, f.first_psn) >= 0 && psn_cmp(seg.psn, f.next_psn) < 0
                 })?;
-                let (f, w) = (q.flights.get(i)?, q.sq.get(i)?.as_ref().ok()?);
+                let (f, w) = (q.link.flights.get(i)?, q.sq.get(i)?.as_ref().ok()?);
                 let off = u64::from(seg.psn.wrapping_sub(f.first_psn) & 0xff_ffff) * SEGMENT;
                 let want = w.payload.len().saturating_sub(off).min(SEGMENT);
                 match &w.payload {
@@ -822,9 +822,9 @@ impl Engine {
         if seg.opcode.op() == WireOp::RdmaReadResponseOnly {
             self.rewind(qp, seg.psn);
             self.wake(qp);
-        } else if seg.psn == q.attr.rq_psn && !q.nak_sent {
+        } else if seg.psn == q.attr.rq_psn && !q.resp.nak_sent {
             // What follows it in flight is out of sequence until it comes again.
-            q.nak_sent = true;
+            q.resp.nak_sent = true;
             self.answer_now(qp, seg.psn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
     }
@@ -890,7 +890,7 @@ impl Engine {
             // SEND with Invalidate: the IETH's R_Key, as a local requester passes it.
             (Op::SendInv, _, _) => (0, seg.invalidate_rkey.unwrap_or(0), 0),
             (_, Some(r), _) => (r.va, r.rkey, u64::from(r.dma_len)),
-            (Op::Write, None, _) => match q.write_at {
+            (Op::Write, None, _) => match q.link.write_at {
                 Some(at) => at,
                 // Out of sequence (a copy sent again, or one that came after a loss): the PSN
                 // check answers it and it moves no byte, so no cursor is needed.
@@ -961,15 +961,15 @@ impl Engine {
             && q.attr.rq_psn != epsn
             && q.attr.rq_psn == psn_next(seg.psn)
         {
-            q.write_at = (!last).then_some((va.wrapping_add(n), rkey, len.saturating_sub(n)));
+            q.link.write_at = (!last).then_some((va.wrapping_add(n), rkey, len.saturating_sub(n)));
         }
         match r {
             Some(Response::Ack) => {
                 if let Some(q) = self.qps.get_mut(&qp) {
-                    if q.ack_due.is_none() {
+                    if q.link.ack_due.is_none() {
                         self.acks_due.push(qp);
                     }
-                    q.ack_due = Some(req.psn);
+                    q.link.ack_due = Some(req.psn);
                 }
             }
             Some(Response::RnrNak { timer }) => {
@@ -995,7 +995,7 @@ impl Engine {
                     && let Some(opcode) =
                         Opcode::new(answer_transport(q), WireOp::RdmaReadResponseOnly)
                 {
-                    q.ack_due = None;
+                    q.link.ack_due = None;
                     let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
                     s.aeth = Some(Aeth {
                         syndrome: Syndrome::Ack { credits: 31 },
@@ -1017,7 +1017,7 @@ impl Engine {
                     && let Some(opcode) =
                         Opcode::new(answer_transport(q), WireOp::AtomicAcknowledge)
                 {
-                    q.ack_due = None;
+                    q.link.ack_due = None;
                     let mut s = SegmentRepr::new(opcode, q.attr.dest_qp_num, req.psn);
                     s.aeth = Some(Aeth {
                         syndrome: Syndrome::Ack { credits: 31 },
@@ -1048,7 +1048,7 @@ impl Engine {
         if !q.ty.is_reliable() {
             return;
         }
-        q.ack_due = None;
+        q.link.ack_due = None;
         self.outbox.push_back(Transmit {
             host,
             addr: q.addr,
@@ -1080,14 +1080,15 @@ impl Engine {
             ?qp,
             psn,
             syndrome = ?seg.aeth.map(|a| a.syndrome),
-            flights = q.flights.len(),
-            sq_sent = q.sq_sent,
+            flights = q.link.flights.len(),
+            sq_sent = q.link.sq_sent,
             sq_psn = q.attr.sq_psn,
             wait = ?q.wait,
-            parked = q.parked,
+            parked = q.sched.parked,
             "answer"
         );
         let Some(i) = q
+            .link
             .flights
             .iter()
             .position(|f| psn_cmp(psn, f.first_psn) >= 0 && psn_cmp(psn, f.next_psn) < 0)
@@ -1107,12 +1108,12 @@ impl Engine {
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 self.rewind(qp, psn);
                 if let Some(q) = self.qps.get_mut(&qp) {
-                    q.rnr_psn = Some(psn);
+                    q.link.rnr_psn = Some(psn);
                     // An answer: nothing is in flight past the PSN it names (a message sent
                     // in part keeps its flight), so the local ACK timer waits for the segment
                     // sent again when the RNR wait ends, instead of expiring meanwhile.
-                    q.ack_until = None;
-                    q.ack_tries = 0;
+                    q.link.ack_until = None;
+                    q.link.ack_tries = 0;
                 }
                 // Wait out the responder's timer; nothing here can wake it sooner.
                 match self.rnr(now, qp, timer, None) {
@@ -1136,7 +1137,7 @@ impl Engine {
             }
             (WireOp::RdmaReadResponseOnly, _) => {
                 // Before it, the WQE itself (counted from the head, which may move).
-                let first = self.qps.get(&qp).map_or(0, |q| q.flights[i].first_psn);
+                let first = self.qps.get(&qp).map_or(0, |q| q.link.flights[i].first_psn);
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 if let Some(i) = self.flight_of(qp, first) {
                     self.place_read_response(qp, i, psn, payload, mem);
@@ -1144,7 +1145,7 @@ impl Engine {
                 self.retire_answered(now, qp);
             }
             (WireOp::AtomicAcknowledge, _) => {
-                let first = self.qps.get(&qp).map_or(0, |q| q.flights[i].first_psn);
+                let first = self.qps.get(&qp).map_or(0, |q| q.link.flights[i].first_psn);
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 if let (Some(orig), Some(i)) =
                     (seg.atomic_ack.map(|a| a.orig), self.flight_of(qp, first))
@@ -1168,7 +1169,7 @@ impl Engine {
         mem: &mut dyn Memory,
     ) {
         let Some(q) = self.qps.get(&qp) else { return };
-        let (Some(f), Some(Ok(w))) = (q.flights.get(i).copied(), q.sq.get(i)) else {
+        let (Some(f), Some(Ok(w))) = (q.link.flights.get(i).copied(), q.sq.get(i)) else {
             return;
         };
         let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
@@ -1190,7 +1191,11 @@ impl Engine {
                 return;
             }
         }
-        if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {
+        if let Some(f) = self
+            .qps
+            .get_mut(&qp)
+            .and_then(|q| q.link.flights.get_mut(i))
+        {
             f.got = f.got.max(off + want);
             f.done = f.whole && f.got >= len;
         }
@@ -1211,7 +1216,11 @@ impl Engine {
                 return;
             }
         }
-        if let Some(f) = self.qps.get_mut(&qp).and_then(|q| q.flights.get_mut(i)) {
+        if let Some(f) = self
+            .qps
+            .get_mut(&qp)
+            .and_then(|q| q.link.flights.get_mut(i))
+        {
             f.done = true;
         }
     }
@@ -1221,12 +1230,12 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.rnr_psn.is_some_and(|w| psn_cmp(psn, w) >= 0) {
+        if q.link.rnr_psn.is_some_and(|w| psn_cmp(psn, w) >= 0) {
             // What the RNR NAK named got through: the wait is over.
-            q.rnr_psn = None;
+            q.link.rnr_psn = None;
             q.wait = Wait::None;
         }
-        for (f, w) in q.flights.iter_mut().zip(q.sq.iter()) {
+        for (f, w) in q.link.flights.iter_mut().zip(q.sq.iter()) {
             if psn_cmp(f.next_psn.wrapping_sub(1) & 0xff_ffff, psn) > 0 {
                 break;
             }
@@ -1248,18 +1257,18 @@ impl Engine {
     /// remain unanswered.
     fn retire_answered(&mut self, now: Instant, qp: QpId) {
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.stalled = false;
+            q.link.stalled = false;
         }
         loop {
             let Some(q) = self.qps.get_mut(&qp) else {
                 return;
             };
-            match q.flights.front() {
+            match q.link.flights.front() {
                 Some(f) if f.done => {}
                 _ => break,
             }
-            q.flights.pop_front();
-            q.sq_sent = q.sq_sent.saturating_sub(1);
+            q.link.flights.pop_front();
+            q.link.sq_sent = q.link.sq_sent.saturating_sub(1);
             let len = match q.sq.front() {
                 Some(Ok(w)) => w.payload.len(),
                 _ => 0,
@@ -1274,12 +1283,12 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.flights.is_empty() {
-            q.ack_until = None;
+        if q.link.flights.is_empty() {
+            q.link.ack_until = None;
         } else {
             let until = now + ack_budget(q);
-            q.ack_until = Some(until);
-            q.ack_tries = 0;
+            q.link.ack_until = Some(until);
+            q.link.ack_tries = 0;
             self.arm(qp, until);
         }
         self.wake(qp);
@@ -1296,18 +1305,22 @@ impl Engine {
         // Every timeout that expired by now counts (a driver late to call counts them all),
         // each from the one before, so the whole budget stays `(retry_cnt + 1) * timeout`.
         let step = ack_budget(q);
-        let mut until = q.ack_until.unwrap_or(now);
+        let mut until = q.link.ack_until.unwrap_or(now);
         while until <= now {
-            if q.ack_tries >= q.attr.retry_cnt {
+            if q.link.ack_tries >= q.attr.retry_cnt {
                 self.fail_qp(qp, Some(WcStatus::RetryExcErr));
                 return false;
             }
-            q.ack_tries += 1;
+            q.link.ack_tries += 1;
             until += step;
         }
-        q.ack_until = Some(until);
-        let first = q.flights.iter().find(|f| !f.done).map(|f| f.first_psn);
-        tracing::debug!(?qp, tries = q.ack_tries, "local ACK timeout: sending again");
+        q.link.ack_until = Some(until);
+        let first = q.link.flights.iter().find(|f| !f.done).map(|f| f.first_psn);
+        tracing::debug!(
+            ?qp,
+            tries = q.link.ack_tries,
+            "local ACK timeout: sending again"
+        );
         self.arm(qp, until);
         if let Some(psn) = first {
             self.rewind(qp, psn);
@@ -1322,14 +1335,15 @@ impl Engine {
             return;
         };
         let Some(i) = q
+            .link
             .flights
             .iter()
             .position(|f| psn_cmp(psn, f.first_psn) >= 0 && psn_cmp(psn, f.next_psn) < 0)
         else {
             return;
         };
-        q.flights.truncate(i + 1);
-        let f = &mut q.flights[i];
+        q.link.flights.truncate(i + 1);
+        let f = &mut q.link.flights[i];
         let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
         f.sent = k * SEGMENT;
         f.got = f.got.min(f.sent);
@@ -1337,9 +1351,9 @@ impl Engine {
         f.whole = false;
         f.done = false;
         if f.sent == 0 {
-            q.flights.truncate(i);
+            q.link.flights.truncate(i);
         }
-        q.sq_sent = i;
+        q.link.sq_sent = i;
         let again = u64::from(q.attr.sq_psn.wrapping_sub(psn) & 0xff_ffff);
         if let Route::Remote(h) = q.route {
             *self.resent.entry(h).or_default() += again;
@@ -1352,6 +1366,7 @@ impl Engine {
     fn flight_of(&self, qp: QpId, first: u32) -> Option<usize> {
         self.qps
             .get(&qp)?
+            .link
             .flights
             .iter()
             .position(|f| f.first_psn == first)
@@ -1361,7 +1376,7 @@ impl Engine {
     /// an answer comes (or the ACK timer fails the QP).
     fn stall(&mut self, qp: QpId) {
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.stalled = true;
+            q.link.stalled = true;
         }
     }
 

@@ -128,13 +128,13 @@ impl Engine {
             // Memory-window operations are executed here, in order: once all before them are
             // answered. (A SEND with Invalidate crosses the link with its IETH on RC; UC has
             // no such opcode, so there it fails with LOC_QP_OP_ERR.)
-            let next = q.sq.get(q.sq_sent).and_then(|w| w.as_ref().ok());
+            let next = q.sq.get(q.link.sq_sent).and_then(|w| w.as_ref().ok());
             let uc = q.ty == QpType::Uc;
             match next.map(|w| w.opcode) {
                 Some(op) if op.is_local() || (uc && op == SendOpcode::SendWithInv) => {
-                    if q.sq_sent > 0 {
+                    if q.link.sq_sent > 0 {
                         // Off the ready lists until those in flight are answered.
-                        q.stalled = true;
+                        q.link.stalled = true;
                         return Step::Blocked;
                     }
                 }

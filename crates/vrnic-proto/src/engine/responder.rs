@@ -56,7 +56,7 @@ impl Engine {
         match psn_cmp(req.psn, p.attr.rq_psn) {
             0 => {
                 if let Some(q) = self.qps.get_mut(&peer) {
-                    q.nak_sent = false;
+                    q.resp.nak_sent = false;
                 }
             }
             _ if uc => {
@@ -64,7 +64,7 @@ impl Engine {
                 if !req.first {
                     if let Some(q) = self.qps.get_mut(&peer) {
                         q.attr.rq_psn = psn_next(req.psn);
-                        q.rx_lost = true;
+                        q.resp.rx_lost = true;
                     }
                     return Some(Response::Unacknowledged);
                 }
@@ -73,10 +73,10 @@ impl Engine {
             // (IB spec 9.7.5.1.1), so a burst in flight behind a NAK costs one answer.
             d if d > 0 => {
                 let q = self.qps.get_mut(&peer)?;
-                if q.nak_sent {
+                if q.resp.nak_sent {
                     return None;
                 }
-                q.nak_sent = true;
+                q.resp.nak_sent = true;
                 return Some(Response::Nak(Nak::Sequence));
             }
             _ => return Some(self.duplicate(peer, req, back)),
@@ -98,7 +98,7 @@ impl Engine {
         };
         if let (Some(q), Response::RnrNak { .. }) = (self.qps.get_mut(&peer), r) {
             // What follows it in flight is out of sequence until it comes again.
-            q.nak_sent = true;
+            q.resp.nak_sent = true;
         }
         if let Some(q) = self.qps.get_mut(&peer)
             && (uc
@@ -109,7 +109,7 @@ impl Engine {
         {
             q.attr.rq_psn = psn_next(req.psn);
             if let Response::AtomicAck(old) = r {
-                q.last_atomic = Some((req.psn, old));
+                q.resp.last_atomic = Some((req.psn, old));
             }
         }
         Some(if uc { Response::Unacknowledged } else { r })
@@ -123,7 +123,7 @@ impl Engine {
             Op::Send | Op::SendInv | Op::Write => Response::Ack,
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => {
-                match self.qps.get(&peer).and_then(|p| p.last_atomic) {
+                match self.qps.get(&peer).and_then(|p| p.resp.last_atomic) {
                     Some((psn, old)) if psn == req.psn => Response::AtomicAck(old),
                     _ => Response::Nak(Nak::InvalidRequest),
                 }
@@ -149,13 +149,13 @@ impl Engine {
         let uc = p.ty == QpType::Uc;
         if req.first {
             if let Some(q) = self.qps.get_mut(&peer) {
-                q.rx_lost = false;
-                if let Some(rx) = q.rx.as_mut() {
+                q.resp.rx_lost = false;
+                if let Some(rx) = q.resp.rx.as_mut() {
                     // The message starts over (a retransmission): same receive, from byte 0.
                     rx.off = 0;
                 }
             }
-            if self.qps.get(&peer).is_some_and(|q| q.rx.is_none()) {
+            if self.qps.get(&peer).is_some_and(|q| q.resp.rx.is_none()) {
                 let Some(head) = self.recv_head(peer) else {
                     // UC: the message is dropped; RC: try again later.
                     return if uc {
@@ -175,17 +175,17 @@ impl Engine {
                     return self.refuse(peer, Nak::RemoteOperational);
                 }
                 if let Some(q) = self.qps.get_mut(&peer) {
-                    q.rx = Some(Rx { wqe, off: 0, cq });
+                    q.resp.rx = Some(Rx { wqe, off: 0, cq });
                 }
             }
         }
         let Some(q) = self.qps.get_mut(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
-        if q.rx_lost {
+        if q.resp.rx_lost {
             return Response::Unacknowledged;
         }
-        let Some(rx) = q.rx.take() else {
+        let Some(rx) = q.resp.rx.take() else {
             // A middle or last segment with no message in progress.
             return self.refuse(peer, Nak::InvalidRequest);
         };
@@ -222,7 +222,7 @@ impl Engine {
         if req.last {
             self.finish_recv(peer, rx.wqe, WcStatus::Success, Some(off), req);
         } else if let Some(q) = self.qps.get_mut(&peer) {
-            q.rx = Some(Rx {
+            q.resp.rx = Some(Rx {
                 wqe: rx.wqe,
                 off,
                 cq: rx.cq,
@@ -250,10 +250,10 @@ impl Engine {
             && let Some(q) = self.qps.get_mut(&peer)
         {
             // The RETH's DMA length, which a receive it consumes reports.
-            q.write_len = req.len;
-            q.rx_lost = false;
+            q.resp.write_len = req.len;
+            q.resp.rx_lost = false;
         }
-        if uc && self.qps.get(&peer).is_some_and(|q| q.rx_lost) {
+        if uc && self.qps.get(&peer).is_some_and(|q| q.resp.rx_lost) {
             // UC: the rest of a WRITE that lost a segment is dropped.
             return Response::Unacknowledged;
         }
@@ -298,7 +298,7 @@ impl Engine {
             && req.imm.is_some()
             && let Some(wqe) = self.pop_recv(peer)
         {
-            let total = self.qps.get(&peer).map_or(0, |q| q.write_len);
+            let total = self.qps.get(&peer).map_or(0, |q| q.resp.write_len);
             self.finish_recv(peer, wqe, WcStatus::Success, Some(total), req);
         }
         Response::Ack

@@ -31,11 +31,11 @@ impl Engine {
             let Some(q) = self.qps.get_mut(&qp) else {
                 continue;
             };
-            if q.armed != Some(t) {
+            if q.sched.armed != Some(t) {
                 // Stale: superseded by an earlier entry of the same QP.
                 continue;
             }
-            q.armed = None;
+            q.sched.armed = None;
             match q.deadline() {
                 Some(d) if d > now => {
                     // It waits until later now: keep one entry for that.
@@ -46,7 +46,7 @@ impl Engine {
                 None => continue,
             }
             // Over a peer link: no answer to what is in flight within the local ACK timeout.
-            if q.ack_until.is_some_and(|t| t <= now) {
+            if q.link.ack_until.is_some_and(|t| t <= now) {
                 self.ack_timeout(now, qp);
                 continue;
             }
@@ -157,8 +157,8 @@ impl Engine {
             let Some(q) = self.qps.get_mut(&qp) else {
                 continue;
             };
-            q.queued = false;
-            if q.parked {
+            q.sched.queued = false;
+            if q.sched.parked {
                 // It began to wait after it was listed (an RNR NAK from a peer link).
                 continue;
             }
@@ -223,10 +223,10 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.queued || q.parked || !q.has_unsent() || q.attr.qp_state != QpState::Rts {
+        if q.sched.queued || q.sched.parked || !q.has_unsent() || q.attr.qp_state != QpState::Rts {
             return;
         }
-        q.queued = true;
+        q.sched.queued = true;
         let vid = q.vnic;
         let Some(v) = self.vnics.get_mut(&vid) else {
             return;
@@ -247,17 +247,17 @@ impl Engine {
             Wait::Rnr { on, .. } => {
                 if let Some(key) = on
                     && let Some(q) = self.qps.get_mut(&qp)
-                    && !q.listed
+                    && !q.sched.listed
                 {
-                    q.listed = true;
+                    q.sched.listed = true;
                     self.rnr_waiters.entry(key).or_default().push(qp);
                 }
             }
             Wait::Retry { .. } => {
                 if let Some(q) = self.qps.get_mut(&qp)
-                    && !q.listed
+                    && !q.sched.listed
                 {
-                    q.listed = true;
+                    q.sched.listed = true;
                     self.retry_waiters.push(qp);
                 }
             }
@@ -268,7 +268,7 @@ impl Engine {
             }
         }
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.parked = true;
+            q.sched.parked = true;
         }
     }
 
@@ -277,8 +277,8 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qp) else {
             return;
         };
-        if q.armed.is_none_or(|a| until < a) {
-            q.armed = Some(until);
+        if q.sched.armed.is_none_or(|a| until < a) {
+            q.sched.armed = Some(until);
             self.timers.push(Reverse((until, qp)));
         }
     }
@@ -286,7 +286,7 @@ impl Engine {
     /// Takes a QP off the waiter list it was in, and wakes it.
     pub(super) fn unlist(&mut self, qp: QpId) {
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.listed = false;
+            q.sched.listed = false;
         }
         self.unpark(qp);
     }
@@ -294,7 +294,7 @@ impl Engine {
     /// Wakes a parked QP (its wait may be over).
     pub(super) fn unpark(&mut self, qp: QpId) {
         if let Some(q) = self.qps.get_mut(&qp) {
-            q.parked = false;
+            q.sched.parked = false;
         }
         self.wake(qp);
     }
@@ -320,7 +320,7 @@ impl Engine {
         let mut touched = std::mem::take(&mut self.touched);
         for id in touched.drain(..) {
             if let Some(q) = self.qps.get_mut(&id) {
-                q.touched = false;
+                q.sched.touched = false;
                 qp(id, q.sq_retired, q.rq_retired);
             }
         }

@@ -434,27 +434,10 @@ impl Engine {
                 progress: None,
                 route: Route::Nowhere,
                 addr: AddrRepr::default(),
-                sq_sent: 0,
-                stalled: false,
-                rnr_psn: None,
-                flights: Flights::new(),
-                ack_until: None,
-                ack_tries: 0,
-                write_at: None,
-                ack_due: None,
-                rx: None,
-                rx_lost: false,
-                nak_sent: false,
-                write_len: 0,
-                last_atomic: None,
-                queued: false,
-                parked: false,
-                listed: false,
-                armed: None,
-                touched: false,
-                tx_mem: Translated::default(),
-                tx_ahead: Translated::default(),
-                rx_mem: Translated::default(),
+                link: Link::default(),
+                resp: Resp::default(),
+                sched: Sched::default(),
+                tr: Tr::default(),
             },
         );
         if let Some(p) = self.pds.get_mut(&pd) {
@@ -585,11 +568,11 @@ impl Engine {
                 q.rq.clear();
                 q.wait = Wait::None;
                 q.progress = None;
-                q.rx = None;
-                q.rx_lost = false;
-                q.nak_sent = false;
+                q.resp.rx = None;
+                q.resp.rx_lost = false;
+                q.resp.nak_sent = false;
                 q.clear_flights();
-                q.last_atomic = None;
+                q.resp.last_atomic = None;
                 q.attr = QpAttr {
                     cap: q.cap,
                     ..QpAttr::default()

@@ -247,7 +247,7 @@ impl Engine {
             && q.xrc_srq != Some(srq)
         {
             // Another SRQ, perhaps another PD: what was translated under the last is stale.
-            q.rx_mem = Translated::default();
+            q.tr.rx_mem = Translated::default();
             q.xrc_srq = Some(srq);
         }
         Ok(())
