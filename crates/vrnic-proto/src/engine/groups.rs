@@ -41,7 +41,7 @@ impl Engine {
     /// Registers a vRNIC with its address, in `group`.
     pub fn add_vnic_in_group(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16], group: GroupId) {
         self.add_vnic(vnic, lid, gid);
-        if let Some(v) = self.vnics.get_mut(&vnic) {
+        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
             v.group = group;
         }
     }
@@ -55,30 +55,34 @@ impl Engine {
         gid: [u8; 16],
         group: GroupId,
     ) {
-        self.remote_lids.insert(lid, (host, group));
-        self.remote_gids.insert(gid, (host, group, lid));
+        self.routes.remote_lids.insert(lid, (host, group));
+        self.routes.remote_gids.insert(gid, (host, group, lid));
     }
 
     /// The route from vRNIC `from` to the address `ah`: [`Route::Nowhere`] when nobody
     /// answers it, or when its vRNIC is in another group (then, if `note`, a [`Refusal`] is
     /// kept: once per address given, not again when a QP moves on with the same one).
     pub(super) fn route_from(&mut self, from: VnicId, ah: &AhAttr, note: bool) -> Route {
-        let Some(mine) = self.vnics.get(&from).map(|v| v.group) else {
+        let Some(mine) = self.objs.vnics.get(&from).map(|v| v.group) else {
             return Route::Nowhere;
         };
         let (route, group, to) = match self.resolve(ah) {
             Route::Local(v) => (
                 Route::Local(v),
-                self.vnics.get(&v).map(|x| x.group),
+                self.objs.vnics.get(&v).map(|x| x.group),
                 Refused::Local(v),
             ),
             Route::Remote(h) => {
                 let found = if ah.is_global {
-                    self.remote_gids
+                    self.routes
+                        .remote_gids
                         .get(&ah.grh.dgid)
                         .map(|&(_, g, lid)| (g, lid))
                 } else {
-                    self.remote_lids.get(&ah.dlid).map(|&(_, g)| (g, ah.dlid))
+                    self.routes
+                        .remote_lids
+                        .get(&ah.dlid)
+                        .map(|&(_, g)| (g, ah.dlid))
                 };
                 let lid = found.map_or(0, |(_, l)| l);
                 (
@@ -93,9 +97,9 @@ impl Engine {
             Some(g) if g == mine => route,
             Some(_) if !note => Route::Nowhere,
             Some(g) => {
-                self.refused += 1;
-                if self.refusals.len() < MAX_REFUSALS {
-                    self.refusals.push(Refusal {
+                self.routes.refused += 1;
+                if self.routes.refusals.len() < MAX_REFUSALS {
+                    self.routes.refusals.push(Refusal {
                         from,
                         from_group: mine,
                         to,
@@ -111,13 +115,13 @@ impl Engine {
     /// The routes refused across groups since the last call (at most `MAX_REFUSALS`, 256), and
     /// how many there were in all.
     pub fn take_refusals(&mut self) -> (Vec<Refusal>, u64) {
-        let n = std::mem::take(&mut self.refused);
-        (std::mem::take(&mut self.refusals), n)
+        let n = std::mem::take(&mut self.routes.refused);
+        (std::mem::take(&mut self.routes.refusals), n)
     }
 
     /// Whether refusals wait to be taken.
     #[must_use]
     pub fn has_refusals(&self) -> bool {
-        self.refused > 0
+        self.routes.refused > 0
     }
 }

@@ -74,6 +74,7 @@ impl Engine {
     pub(super) fn head_translated(&self, qp: QpId, done: u64) -> bool {
         done > 0
             && self
+                .objs
                 .qps
                 .get(&qp)
                 .is_some_and(|q| q.tr.tx_mem.generation == self.mem_gen)
@@ -92,7 +93,7 @@ impl Engine {
         n: u64,
         out: &mut Vec<(Loc, u64)>,
     ) -> bool {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return false;
         };
         let vnic = q.vnic;
@@ -114,7 +115,7 @@ impl Engine {
         if ok {
             t.slice(done, n, out);
         }
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.tr.tx_mem = t;
         }
         ok
@@ -141,7 +142,7 @@ impl Engine {
         let (Some(end), Some(msg_end)) = (va.checked_add(take), va.checked_add(len)) else {
             return false;
         };
-        let Some(q) = self.qps.get_mut(&peer) else {
+        let Some(q) = self.objs.qps.get_mut(&peer) else {
             return false;
         };
         let mut t = std::mem::take(&mut q.tr.rx_mem);
@@ -165,7 +166,7 @@ impl Engine {
         if ok {
             t.slice(va, take, out);
         }
-        if let Some(q) = self.qps.get_mut(&peer) {
+        if let Some(q) = self.objs.qps.get_mut(&peer) {
             q.tr.rx_mem = t;
         }
         ok
@@ -183,7 +184,7 @@ impl Engine {
         write: bool,
         len: u64,
     ) -> bool {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return false;
         };
         let mut t = std::mem::take(&mut q.tr.tx_mem);
@@ -213,7 +214,7 @@ impl Engine {
                 {
                     self.local_ahead(vnic, s, need, &mut ahead);
                 }
-                if let Some(q) = self.qps.get_mut(&qp) {
+                if let Some(q) = self.objs.qps.get_mut(&qp) {
                     q.tr.tx_ahead = ahead;
                 }
                 ok
@@ -222,7 +223,7 @@ impl Engine {
         if ok {
             (t.generation, t.start, t.end, t.fresh) = (self.mem_gen, 0, upto, true);
         }
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.tr.tx_mem = t;
         }
         ok
@@ -239,7 +240,7 @@ impl Engine {
         upto: u64,
         runs: &mut Vec<(Loc, u64)>,
     ) -> bool {
-        self.vnics.get(&vnic).is_some_and(|v| {
+        self.objs.vnics.get(&vnic).is_some_and(|v| {
             let mut at = 0u64;
             sges.iter().all(|s| {
                 if s.length == 0 {
@@ -263,10 +264,11 @@ impl Engine {
     fn local_ahead(&self, vnic: VnicId, s: &Sge, need: u32, ahead: &mut Translated) {
         ahead.runs.clear();
         let Some(m) = self
+            .objs
             .vnics
             .get(&vnic)
             .and_then(|v| v.keys.get(&s.lkey))
-            .and_then(|id| self.mrs.get(id))
+            .and_then(|id| self.objs.mrs.get(id))
         else {
             return;
         };
@@ -282,7 +284,7 @@ impl Engine {
     /// Checks local SGEs: each nonempty one names an MR of `vnic` by lkey, in `pd`, with
     /// `LOCAL_WRITE` if `write`, and lies inside it.
     pub(super) fn check_sges(&self, vnic: VnicId, pd: PdId, sges: &[Sge], write: bool) -> bool {
-        let Some(v) = self.vnics.get(&vnic) else {
+        let Some(v) = self.objs.vnics.get(&vnic) else {
             return false;
         };
         sges.iter()
@@ -292,7 +294,7 @@ impl Engine {
     /// The MR a nonempty SGE names by lkey on `v`, if it is in `pd`, allows `LOCAL_WRITE`
     /// when `write`, and holds the SGE.
     fn sge_mr(&self, v: &Vnic, pd: PdId, s: &Sge, write: bool) -> Option<&Mr> {
-        let m = self.mrs.get(v.keys.get(&s.lkey)?)?;
+        let m = self.objs.mrs.get(v.keys.get(&s.lkey)?)?;
         (m.pd == pd
             && (!write || m.access & access::LOCAL_WRITE != 0)
             && inside(m, s.addr, u64::from(s.length)))
@@ -309,7 +311,7 @@ impl Engine {
         mut take: u64,
         runs: &mut Vec<(Loc, u64)>,
     ) -> Option<()> {
-        let v = self.vnics.get(&vnic)?;
+        let v = self.objs.vnics.get(&vnic)?;
         for s in sges {
             if take == 0 {
                 break;
@@ -320,7 +322,7 @@ impl Engine {
                 continue;
             }
             let n = (l - skip).min(take);
-            let m = self.mrs.get(v.keys.get(&s.lkey)?)?;
+            let m = self.objs.mrs.get(v.keys.get(&s.lkey)?)?;
             translate(m, s.addr.checked_add(skip)?, n, runs)?;
             skip = 0;
             take -= n;
@@ -352,16 +354,16 @@ impl Engine {
         rkey: u32,
         need: u32,
     ) -> Option<(&Mr, u64)> {
-        let p = self.qps.get(&peer)?;
+        let p = self.objs.qps.get(&peer)?;
         if p.attr.qp_access_flags & need == 0 {
             return None;
         }
-        let v = self.vnics.get(&p.vnic)?;
+        let v = self.objs.vnics.get(&p.vnic)?;
         let Some(mr) = v.keys.get(&rkey) else {
             // Not an MR's key: perhaps a memory window's.
             return self.window_mr(peer, addr, len, rkey, need);
         };
-        let m = self.mrs.get(mr)?;
+        let m = self.objs.mrs.get(mr)?;
         (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len))
             .then_some((m, m.iova.saturating_add(m.len)))
     }

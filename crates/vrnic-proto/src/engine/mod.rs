@@ -422,6 +422,24 @@ pub struct Engine {
     /// The id (and, for an MR, the key) the next object made takes: an object mirrored from
     /// the engine that made it ([`Engine::mirrored`]).
     forced: Option<(u32, Option<u32>)>,
+    /// Its objects, by id, and the numbers that name them.
+    objs: Objects,
+    /// The memory generation: bumped whenever a translation could change (see
+    /// [`Engine::memory_changed`]); starts at 1 (0 marks an empty [`Translated`]).
+    mem_gen: u64,
+    /// Who runs next, who waits for what, whose counters moved.
+    sched: Scheduler,
+    /// Where addresses lead: this engine's vRNICs and those behind links, and what was refused.
+    routes: Routes,
+    /// What the driver takes out: completions, events, frames, and what it must be told.
+    out: Outputs,
+    /// Run lists kept to spare an allocation per segment.
+    scratch: Scratch,
+}
+
+/// An engine's objects, by id, and the numbers that name them (QP and SRQ numbers).
+#[derive(Debug)]
+struct Objects {
     vnics: FxHashMap<VnicId, Vnic>,
     pds: FxHashMap<PdId, Pd>,
     mrs: FxHashMap<MrId, Mr>,
@@ -435,17 +453,18 @@ pub struct Engine {
     /// SRQs by number (what XRC requests name).
     by_srqn: FxHashMap<u32, SrqId>,
     next_srqn: u32,
-    completions: VecDeque<(CqId, Cqe, bool)>,
-    events: VecDeque<(CtxId, Event)>,
+}
+
+/// The scheduler's state: the run queue, the turn under way, the timers and waiter lists, and
+/// the queues whose retired counters moved.
+#[derive(Debug)]
+struct Scheduler {
     /// vRNICs with QPs that may have work, served in turn by [`Engine::process`]: a vRNIC
     /// that was idle goes first, one that used its turn goes last. Idle QPs and vRNICs are in
     /// no list and cost nothing.
     runq: VecDeque<VnicId>,
     /// The most the turn under way moves: [`CHUNK`], or [`CHUNK_ALONE`] for a vRNIC alone.
     turn_bytes: u64,
-    /// The memory generation: bumped whenever a translation could change (see
-    /// [`Engine::memory_changed`]); starts at 1 (0 marks an empty [`Translated`]).
-    mem_gen: u64,
     /// Turns given so far, and the last one of a light tenant (its work all done in the turn)
     /// while others waited.
     turns: u64,
@@ -461,25 +480,33 @@ pub struct Engine {
     /// QPs and SRQs whose retired counters moved (see [`Engine::drain_retired`]).
     touched: Vec<QpId>,
     touched_srqs: Vec<SrqId>,
+}
+
+/// Where addresses lead: this engine's vRNICs by address, those behind peer links, and the
+/// routes and segments refused.
+#[derive(Debug, Default)]
+struct Routes {
     /// vRNICs by address, to resolve routes.
     by_lid: FxHashMap<u16, VnicId>,
     by_gid: FxHashMap<[u8; 16], VnicId>,
-    /// Scratch run lists, kept to spare an allocation per segment: the requester's payload,
-    /// a READ response, the requester's local buffer, the responder's destination.
-    scratch_src: Vec<(Loc, u64)>,
-    scratch_dst: Vec<(Loc, u64)>,
-    scratch_local: Vec<(Loc, u64)>,
-    scratch_place: Vec<(Loc, u64)>,
     /// vRNICs behind peer links, by address: their host and group (and, by GID, their LID).
+    /// SipHash: their keys come from peers.
     remote_lids: HashMap<u16, (HostId, GroupId)>,
+    remote_gids: HashMap<[u8; 16], (HostId, GroupId, u16)>,
     /// Segments from links that [`Engine::segments_refused`] counts.
     refused_segments: u64,
-    remote_gids: HashMap<[u8; 16], (HostId, GroupId, u16)>,
     /// Routes refused because the two ends are in different groups, for the daemon to log
     /// ([`Engine::take_refusals`]); at most `groups::MAX_REFUSALS` wait.
     refusals: Vec<Refusal>,
     /// Refusals since the last take, kept or not.
     refused: u64,
+}
+
+/// What the driver takes out of the engine.
+#[derive(Debug, Default)]
+struct Outputs {
+    completions: VecDeque<(CqId, Cqe, bool)>,
+    events: VecDeque<(CtxId, Event)>,
     /// Frames to send over peer links, in order.
     outbox: VecDeque<Transmit>,
     /// Responder QPs that owe a coalesced ACK.
@@ -490,6 +517,16 @@ pub struct Engine {
     /// number), for the driver to tell the engine at the other end if it can
     /// ([`Engine::take_died_remote`], [`Engine::peer_died`]).
     died_remote: Vec<(HostId, u32)>,
+}
+
+/// Scratch run lists, kept to spare an allocation per segment: the requester's payload, a READ
+/// response, the requester's local buffer, the responder's destination.
+#[derive(Debug, Default)]
+struct Scratch {
+    scratch_src: Vec<(Loc, u64)>,
+    scratch_dst: Vec<(Loc, u64)>,
+    scratch_local: Vec<(Loc, u64)>,
+    scratch_place: Vec<(Loc, u64)>,
 }
 
 /// A receive queue: a QP's own, or an SRQ.
@@ -553,45 +590,35 @@ impl Engine {
             qpn_stride: 1,
             siblings: None,
             forced: None,
-            vnics: FxHashMap::default(),
-            pds: FxHashMap::default(),
-            mrs: FxHashMap::default(),
-            mws: FxHashMap::default(),
-            cqs: FxHashMap::default(),
-            qps: FxHashMap::default(),
-            srqs: FxHashMap::default(),
-            ahs: FxHashMap::default(),
-            xrcds: FxHashMap::default(),
-            by_qpn: FxHashMap::default(),
-            by_srqn: FxHashMap::default(),
-            next_srqn: 0x40,
-            completions: VecDeque::new(),
-            events: VecDeque::new(),
-            runq: VecDeque::new(),
-            turn_bytes: CHUNK,
+            objs: Objects {
+                vnics: FxHashMap::default(),
+                pds: FxHashMap::default(),
+                mrs: FxHashMap::default(),
+                mws: FxHashMap::default(),
+                cqs: FxHashMap::default(),
+                qps: FxHashMap::default(),
+                srqs: FxHashMap::default(),
+                ahs: FxHashMap::default(),
+                xrcds: FxHashMap::default(),
+                by_qpn: FxHashMap::default(),
+                by_srqn: FxHashMap::default(),
+                next_srqn: 0x40,
+            },
             mem_gen: 1,
-            turns: 0,
-            light_at: 0,
-            timers: BinaryHeap::new(),
-            rnr_waiters: FxHashMap::default(),
-            retry_waiters: Vec::new(),
-            touched: Vec::new(),
-            touched_srqs: Vec::new(),
-            by_lid: FxHashMap::default(),
-            by_gid: FxHashMap::default(),
-            scratch_src: Vec::new(),
-            scratch_dst: Vec::new(),
-            scratch_local: Vec::new(),
-            scratch_place: Vec::new(),
-            remote_lids: HashMap::new(),
-            refused_segments: 0,
-            remote_gids: HashMap::new(),
-            refusals: Vec::new(),
-            refused: 0,
-            outbox: VecDeque::new(),
-            acks_due: Vec::new(),
-            resent: HashMap::new(),
-            died_remote: Vec::new(),
+            sched: Scheduler {
+                runq: VecDeque::new(),
+                turn_bytes: CHUNK,
+                turns: 0,
+                light_at: 0,
+                timers: BinaryHeap::new(),
+                rnr_waiters: FxHashMap::default(),
+                retry_waiters: Vec::new(),
+                touched: Vec::new(),
+                touched_srqs: Vec::new(),
+            },
+            routes: Routes::default(),
+            out: Outputs::default(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -681,6 +708,6 @@ impl Engine {
 
     /// The number of completions waiting (for tests and metrics).
     pub fn pending_completions(&self) -> usize {
-        self.completions.len()
+        self.out.completions.len()
     }
 }

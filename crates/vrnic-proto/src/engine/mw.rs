@@ -54,21 +54,21 @@ struct Binding {
 impl Engine {
     /// `ibv_alloc_mw`: a window of `ty` in `pd`, unbound; returns it and its R_Key.
     pub fn alloc_mw(&mut self, ctx: CtxId, pd: PdId, ty: u32) -> Result<(MwId, u32), Errno> {
-        let vnic = match self.pds.get(&pd) {
+        let vnic = match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
         };
         if ty != MW_TYPE_1 && ty != MW_TYPE_2 {
             return Err(EINVAL);
         }
-        if self.vnics.get(&vnic).ok_or(ENOENT)?.mws.len() >= MAX_MW {
+        if self.objs.vnics.get(&vnic).ok_or(ENOENT)?.mws.len() >= MAX_MW {
             return Err(ENOMEM);
         }
         // An index (upper 24 bits) no memory key of the vRNIC uses, whatever its low byte.
         let index = loop {
             let r = self.random();
             let index = (r >> 8) as u32 & 0x00ff_ffff;
-            let Some(v) = self.vnics.get(&vnic) else {
+            let Some(v) = self.objs.vnics.get(&vnic) else {
                 return Err(ENOENT);
             };
             if index != 0
@@ -80,10 +80,10 @@ impl Engine {
         };
         let rkey = index << 8 | (self.random() as u32 & 0xff);
         let id = MwId(self.id());
-        if let Some(v) = self.vnics.get_mut(&vnic) {
+        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
             v.mws.insert(index, id);
         }
-        self.mws.insert(
+        self.objs.mws.insert(
             id,
             Mw {
                 vnic,
@@ -94,7 +94,7 @@ impl Engine {
                 bound: None,
             },
         );
-        if let Some(p) = self.pds.get_mut(&pd) {
+        if let Some(p) = self.objs.pds.get_mut(&pd) {
             p.users += 1;
         }
         Ok((id, rkey))
@@ -102,17 +102,17 @@ impl Engine {
 
     /// `ibv_dealloc_mw`: the window and its R_Key are gone, bound or not.
     pub fn dealloc_mw(&mut self, ctx: CtxId, mw: MwId) -> Result<(), Errno> {
-        match self.mws.get(&mw) {
+        match self.objs.mws.get(&mw) {
             Some(w) if w.ctx == ctx => {}
             _ => return Err(EINVAL),
         }
         self.unbind(mw);
         self.memory_changed();
-        let w = self.mws.remove(&mw).ok_or(EINVAL)?;
-        if let Some(v) = self.vnics.get_mut(&w.vnic) {
+        let w = self.objs.mws.remove(&mw).ok_or(EINVAL)?;
+        if let Some(v) = self.objs.vnics.get_mut(&w.vnic) {
             v.mws.remove(&(w.rkey >> 8));
         }
-        if let Some(p) = self.pds.get_mut(&w.pd) {
+        if let Some(p) = self.objs.pds.get_mut(&w.pd) {
             p.users = p.users.saturating_sub(1);
         }
         Ok(())
@@ -120,16 +120,16 @@ impl Engine {
 
     /// The R_Key of a window (for tests and the daemon's logs).
     pub fn mw_rkey(&self, mw: MwId) -> Option<u32> {
-        self.mws.get(&mw).map(|w| w.rkey)
+        self.objs.mws.get(&mw).map(|w| w.rkey)
     }
 
     /// Drops a window's binding (its MR may be deregistered again once none is left).
     fn unbind(&mut self, mw: MwId) {
-        let Some(b) = self.mws.get_mut(&mw).and_then(|w| w.bound.take()) else {
+        let Some(b) = self.objs.mws.get_mut(&mw).and_then(|w| w.bound.take()) else {
             return;
         };
         self.memory_changed();
-        if let Some(m) = self.mrs.get_mut(&b.mr) {
+        if let Some(m) = self.objs.mrs.get_mut(&b.mr) {
             m.windows = m.windows.saturating_sub(1);
         }
     }
@@ -137,6 +137,7 @@ impl Engine {
     /// Type 2 windows bound to a QP being destroyed become free.
     pub(super) fn unbind_qp_windows(&mut self, qp: QpId) {
         let ids: Vec<MwId> = self
+            .objs
             .mws
             .iter()
             .filter(|(_, w)| w.bound.is_some_and(|b| b.qp == Some(qp)))
@@ -150,6 +151,7 @@ impl Engine {
     /// Deallocates every window of `ctx` (before its MRs go).
     pub(super) fn dealloc_ctx_windows(&mut self, ctx: CtxId) {
         let ids: Vec<MwId> = self
+            .objs
             .mws
             .iter()
             .filter(|(_, w)| w.ctx == ctx)
@@ -166,12 +168,12 @@ impl Engine {
         const BAD: WcStatus = WcStatus::MwBindErr;
         // A window's range and rights may change: translations through it are stale.
         self.memory_changed();
-        let q = self.qps.get(&qp).ok_or(BAD)?;
+        let q = self.objs.qps.get(&qp).ok_or(BAD)?;
         let (vnic, ctx, qpd) = (q.vnic, q.ctx, q.pd);
         let id = MwId((wqe.swap >> 32) as u32);
         let lkey = wqe.swap as u32;
         let (addr, len, acc, rkey) = (wqe.remote_addr, wqe.compare_add, wqe.imm_data, wqe.rkey);
-        let w = self.mws.get(&id).filter(|w| w.ctx == ctx).ok_or(BAD)?;
+        let w = self.objs.mws.get(&id).filter(|w| w.ctx == ctx).ok_or(BAD)?;
         if (rkey ^ w.rkey) & !0xff != 0 || acc & !access::MW_SUPPORTED != 0 {
             return Err(BAD);
         }
@@ -182,13 +184,14 @@ impl Engine {
             None
         } else {
             let mr = *self
+                .objs
                 .vnics
                 .get(&vnic)
                 .ok_or(BAD)?
                 .keys
                 .get(&lkey)
                 .ok_or(BAD)?;
-            let m = self.mrs.get(&mr).ok_or(BAD)?;
+            let m = self.objs.mrs.get(&mr).ok_or(BAD)?;
             let writable = acc & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0;
             if m.pd != w.pd
                 || m.access & access::MW_BIND == 0
@@ -209,11 +212,11 @@ impl Engine {
             qp: (ty == MW_TYPE_2).then_some(qp),
         });
         if let Some(b) = binding
-            && let Some(m) = self.mrs.get_mut(&b.mr)
+            && let Some(m) = self.objs.mrs.get_mut(&b.mr)
         {
             m.windows += 1;
         }
-        if let Some(w) = self.mws.get_mut(&id) {
+        if let Some(w) = self.objs.mws.get_mut(&id) {
             w.rkey = rkey;
             w.bound = binding;
         }
@@ -230,11 +233,12 @@ impl Engine {
         on: Option<QpId>,
     ) -> Result<(), ()> {
         let id = *self
+            .objs
             .vnics
             .get(&vnic)
             .and_then(|v| v.mws.get(&(rkey >> 8)))
             .ok_or(())?;
-        let w = self.mws.get(&id).ok_or(())?;
+        let w = self.objs.mws.get(&id).ok_or(())?;
         let b = w.bound.ok_or(())?;
         if w.rkey != rkey
             || w.ty != MW_TYPE_2
@@ -258,10 +262,10 @@ impl Engine {
         rkey: u32,
         need: u32,
     ) -> Option<(&Mr, u64)> {
-        let p = self.qps.get(&peer)?;
+        let p = self.objs.qps.get(&peer)?;
         let (vnic, pd) = (p.vnic, self.responder_pd(p));
-        let id = self.vnics.get(&vnic)?.mws.get(&(rkey >> 8))?;
-        let w = self.mws.get(id)?;
+        let id = self.objs.vnics.get(&vnic)?.mws.get(&(rkey >> 8))?;
+        let w = self.objs.mws.get(id)?;
         let b = w.bound?;
         let end = addr.checked_add(len)?;
         let ok = w.rkey == rkey
@@ -270,7 +274,7 @@ impl Engine {
             && b.access & need != 0
             && addr >= b.addr
             && end <= b.addr.checked_add(b.len)?;
-        let m = self.mrs.get(&b.mr)?;
+        let m = self.objs.mrs.get(&b.mr)?;
         // What it grants ends at the window's end (inside its MR, but bounded by both).
         let limit = b
             .addr

@@ -8,7 +8,8 @@ impl Engine {
 
     /// Send WQEs that may be handed in now.
     pub fn sq_room(&self, qp: QpId) -> u32 {
-        self.qps
+        self.objs
+            .qps
             .get(&qp)
             .map(|q| q.sq_depth.saturating_sub(q.sq.len() as u32))
             .unwrap_or(0)
@@ -16,7 +17,8 @@ impl Engine {
 
     /// Receive WQEs that may be handed in now.
     pub fn rq_room(&self, qp: QpId) -> u32 {
-        self.qps
+        self.objs
+            .qps
             .get(&qp)
             .map(|q| q.rq_depth.saturating_sub(q.rq.len() as u32))
             .unwrap_or(0)
@@ -24,12 +26,12 @@ impl Engine {
 
     /// Send WQEs retired so far (free running).
     pub fn sq_retired(&self, qp: QpId) -> u32 {
-        self.qps.get(&qp).map(|q| q.sq_retired).unwrap_or(0)
+        self.objs.qps.get(&qp).map(|q| q.sq_retired).unwrap_or(0)
     }
 
     /// Receive WQEs retired so far (free running).
     pub fn rq_retired(&self, qp: QpId) -> u32 {
-        self.qps.get(&qp).map(|q| q.rq_retired).unwrap_or(0)
+        self.objs.qps.get(&qp).map(|q| q.rq_retired).unwrap_or(0)
     }
 
     /// A send WQE from the ring (already copied and parsed).
@@ -42,13 +44,13 @@ impl Engine {
     /// RESET it is dropped silently.
     pub fn handle_send_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<SendWqe, ParseError>) {
         let _ = now;
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         match q.attr.qp_state {
             QpState::Reset => {
                 q.sq_retired = q.sq_retired.wrapping_add(1);
-                touch(&mut self.touched, qp, q);
+                touch(&mut self.sched.touched, qp, q);
             }
             QpState::Err | QpState::Sqe => {
                 let c = cqe(
@@ -58,8 +60,8 @@ impl Engine {
                     q.qpn,
                 );
                 q.sq_retired = q.sq_retired.wrapping_add(1);
-                touch(&mut self.touched, qp, q);
-                self.completions.push_back((q.send_cq, c, false));
+                touch(&mut self.sched.touched, qp, q);
+                self.out.completions.push_back((q.send_cq, c, false));
             }
             QpState::Rts | QpState::Sqd
                 if (q.sq.len() as u32) < q.sq_depth
@@ -83,19 +85,19 @@ impl Engine {
     /// `LOC_QP_OP_ERR`, last. In ERR it is flushed; in RESET it is dropped silently.
     pub fn handle_recv_wqe(&mut self, now: Instant, qp: QpId, wqe: Result<RecvWqe, ParseError>) {
         let _ = now;
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if matches!(q.ty, QpType::XrcSend | QpType::XrcRecv) {
             // Neither half of XRC has a receive queue (the driver refuses such posts first).
             q.rq_retired = q.rq_retired.wrapping_add(1);
-            touch(&mut self.touched, qp, q);
+            touch(&mut self.sched.touched, qp, q);
             return;
         }
         match (q.attr.qp_state, wqe) {
             (QpState::Reset, _) => {
                 q.rq_retired = q.rq_retired.wrapping_add(1);
-                touch(&mut self.touched, qp, q);
+                touch(&mut self.sched.touched, qp, q);
             }
             (QpState::Err, w) => {
                 let c = cqe(
@@ -105,8 +107,8 @@ impl Engine {
                     q.qpn,
                 );
                 q.rq_retired = q.rq_retired.wrapping_add(1);
-                touch(&mut self.touched, qp, q);
-                self.completions.push_back((q.recv_cq, c, false));
+                touch(&mut self.sched.touched, qp, q);
+                self.out.completions.push_back((q.recv_cq, c, false));
             }
             (_, Ok(w)) if (q.rq.len() as u32) < q.rq_depth => {
                 q.rq.push_back(w);
@@ -140,7 +142,7 @@ impl Engine {
         sq_last: Option<WcStatus>,
         rq_last: Option<WcStatus>,
     ) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if q.attr.qp_state == QpState::Err {
@@ -157,15 +159,17 @@ impl Engine {
                 q.qpn,
             );
             q.sq_retired = q.sq_retired.wrapping_add(1);
-            touch(&mut self.touched, qp, q);
-            self.completions.push_back((q.send_cq, c, false));
+            touch(&mut self.sched.touched, qp, q);
+            self.out.completions.push_back((q.send_cq, c, false));
         }
         q.attr.qp_state = QpState::Err;
         let (ctx, srq) = (q.ctx, q.srq);
         self.flush_with(qp, sq_last, rq_last);
-        self.events.push_back((ctx, Event::QpFatal { qp }));
+        self.out.events.push_back((ctx, Event::QpFatal { qp }));
         if srq.is_some() {
-            self.events.push_back((ctx, Event::LastWqeReached { qp }));
+            self.out
+                .events
+                .push_back((ctx, Event::LastWqeReached { qp }));
         }
     }
 
@@ -181,7 +185,7 @@ impl Engine {
         sq_last: Option<WcStatus>,
         rq_last: Option<WcStatus>,
     ) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         q.wait = Wait::None;
@@ -190,7 +194,7 @@ impl Engine {
         if let Some(rx) = q.resp.rx.take() {
             // The receive a message was landing in: taken from the queue already.
             let c = cqe(rx.wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
-            self.completions.push_back((rx.cq, c, false));
+            self.out.completions.push_back((rx.cq, c, false));
         }
         while let Some(w) = q.sq.pop_front() {
             let status = match sq_last {
@@ -204,8 +208,8 @@ impl Engine {
                 q.qpn,
             );
             q.sq_retired = q.sq_retired.wrapping_add(1);
-            touch(&mut self.touched, qp, q);
-            self.completions.push_back((q.send_cq, c, false));
+            touch(&mut self.sched.touched, qp, q);
+            self.out.completions.push_back((q.send_cq, c, false));
         }
         while let Some(w) = q.rq.pop_front() {
             let status = match rq_last {
@@ -214,8 +218,8 @@ impl Engine {
             };
             let c = cqe(w.wr_id, status, WcOpcode::Recv, q.qpn);
             q.rq_retired = q.rq_retired.wrapping_add(1);
-            touch(&mut self.touched, qp, q);
-            self.completions.push_back((q.recv_cq, c, false));
+            touch(&mut self.sched.touched, qp, q);
+            self.out.completions.push_back((q.recv_cq, c, false));
         }
     }
 }

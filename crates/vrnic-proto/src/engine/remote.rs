@@ -227,8 +227,8 @@ impl Engine {
     /// Forgets a remote vRNIC (its daemon said it is gone). QPs already routed to it keep
     /// their route and learn from silence.
     pub fn remove_remote_vnic(&mut self, lid: u16, gid: [u8; 16]) {
-        self.remote_lids.remove(&lid);
-        self.remote_gids.remove(&gid);
+        self.routes.remote_lids.remove(&lid);
+        self.routes.remote_gids.remove(&gid);
     }
 
     /// The peer link to `host` broke (a malformed frame: the peer is broken or hostile): every
@@ -236,6 +236,7 @@ impl Engine {
     pub fn fail_host(&mut self, now: Instant, host: HostId) {
         let _ = now;
         let qps: Vec<QpId> = self
+            .objs
             .qps
             .iter()
             .filter(|(_, q)| {
@@ -253,11 +254,11 @@ impl Engine {
     /// coalesced ACK per responder QP that owes one.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        if let Some(t) = self.outbox.pop_front() {
+        if let Some(t) = self.out.outbox.pop_front() {
             return Some(t);
         }
-        while let Some(qp) = self.acks_due.pop() {
-            let Some(q) = self.qps.get_mut(&qp) else {
+        while let Some(qp) = self.out.acks_due.pop() {
+            let Some(q) = self.objs.qps.get_mut(&qp) else {
                 continue;
             };
             let (Some(psn), Route::Remote(host)) = (q.link.ack_due.take(), q.route) else {
@@ -284,6 +285,7 @@ impl Engine {
     /// unanswered segment.
     pub fn handle_link_up(&mut self, host: HostId) {
         let qps: Vec<QpId> = self
+            .objs
             .qps
             .iter()
             .filter(|(_, q)| q.route == Route::Remote(host) && !q.link.flights.is_empty())
@@ -295,7 +297,9 @@ impl Engine {
             "link up: sending again what is unanswered"
         );
         for qp in qps {
-            let Some(q) = self.qps.get(&qp) else { continue };
+            let Some(q) = self.objs.qps.get(&qp) else {
+                continue;
+            };
             if let Some(f) = q.link.flights.iter().find(|f| !f.done) {
                 let psn = f.first_psn;
                 self.rewind(qp, psn);
@@ -306,7 +310,7 @@ impl Engine {
     /// The next segment of the WQE after those sent, over a peer link. RC WQEs stay queued
     /// until answered; UC ones complete when sent.
     pub(super) fn step_remote(&mut self, now: Instant, qp: QpId, host: HostId) -> Step {
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Step::Blocked;
         };
         let idx = q.link.sq_sent;
@@ -352,7 +356,7 @@ impl Engine {
                 return Step::Done(0);
             }
         }
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Step::Blocked;
         };
         let (psn, addr) = (q.attr.sq_psn, q.addr);
@@ -469,14 +473,14 @@ impl Engine {
         } else {
             TxPayload::Empty
         };
-        self.outbox.push_back(Transmit {
+        self.out.outbox.push_back(Transmit {
             host,
             addr,
             grh: None,
             segment: seg,
             payload,
         });
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
         q.attr.sq_psn = psn_next(psn);
@@ -521,7 +525,7 @@ impl Engine {
             let until = now + ack_budget(q);
             self.arm(qp, until);
         }
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
         if last {
@@ -540,7 +544,9 @@ impl Engine {
         qkey: u32,
         attr: &AhAttr,
     ) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         let (vnic, qpn) = (q.vnic, q.qpn);
         let imm = wqe.opcode == SendOpcode::SendWithImm;
         let op = if imm {
@@ -561,7 +567,12 @@ impl Engine {
             traffic_class: attr.grh.traffic_class,
             flow_label: attr.grh.flow_label & 0xf_ffff,
             hop_limit: attr.grh.hop_limit,
-            sgid: self.vnics.get(&vnic).map(|v| v.gid).unwrap_or_default(),
+            sgid: self
+                .objs
+                .vnics
+                .get(&vnic)
+                .map(|v| v.gid)
+                .unwrap_or_default(),
             dgid: attr.grh.dgid,
         });
         let payload = match &wqe.payload {
@@ -573,7 +584,7 @@ impl Engine {
             }
         };
         let addr = self.addr_to(vnic, qpn, Route::Remote(host), attr);
-        self.outbox.push_back(Transmit {
+        self.out.outbox.push_back(Transmit {
             host,
             addr,
             grh,
@@ -631,18 +642,18 @@ impl Engine {
     /// dropped, as a port drops a packet that is not for it, and counted
     /// ([`Engine::segments_refused`]).
     fn admitted(&mut self, host: HostId, addr: &AddrRepr, seg: &SegmentRepr) -> Option<QpId> {
-        let qp = self.by_qpn.get(&seg.dest_qpn).copied();
+        let qp = self.objs.by_qpn.get(&seg.dest_qpn).copied();
         let ok = qp.is_some_and(|qp| self.admits(host, addr, seg, qp));
         if !ok {
-            self.refused_segments += 1;
-            let q = qp.and_then(|qp| self.qps.get(&qp));
+            self.routes.refused_segments += 1;
+            let q = qp.and_then(|qp| self.objs.qps.get(&qp));
             tracing::trace!(
                 ?host,
                 qpn = seg.dest_qpn,
                 ?addr,
                 vnic = ?q.map(|q| q.vnic),
-                dlid_is = ?self.by_lid.get(&addr.dlid),
-                slid_is = ?self.remote_lids.get(&addr.slid),
+                dlid_is = ?self.routes.by_lid.get(&addr.dlid),
+                slid_is = ?self.routes.remote_lids.get(&addr.slid),
                 route = ?q.map(|q| q.route),
                 peer = ?q.map(|q| (q.addr, q.attr.dest_qp_num)),
                 "segment refused"
@@ -653,22 +664,23 @@ impl Engine {
     }
 
     fn admits(&mut self, host: HostId, addr: &AddrRepr, seg: &SegmentRepr, qp: QpId) -> bool {
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return false;
         };
         let vnic = q.vnic;
-        if self.by_lid.get(&addr.dlid) != Some(&vnic) {
+        if self.routes.by_lid.get(&addr.dlid) != Some(&vnic) {
             return false;
         }
-        let Some(group) = self.vnics.get(&vnic).map(|v| v.group) else {
+        let Some(group) = self.objs.vnics.get(&vnic).map(|v| v.group) else {
             return false;
         };
-        let from_group = match self.remote_lids.get(&addr.slid) {
+        let from_group = match self.routes.remote_lids.get(&addr.slid) {
             Some(&(h, g)) if h == host => Some(g),
             _ if self.is_sibling(host) => self
+                .routes
                 .by_lid
                 .get(&addr.slid)
-                .and_then(|v| self.vnics.get(v))
+                .and_then(|v| self.objs.vnics.get(v))
                 .map(|v| v.group),
             _ => None,
         };
@@ -680,7 +692,7 @@ impl Engine {
         }
         // A connected QP whose peer was unknown at RTR looks it up again first.
         let route = self.reroute(qp);
-        self.qps.get(&qp).is_some_and(|q| {
+        self.objs.qps.get(&qp).is_some_and(|q| {
             route == Route::Remote(host)
                 && q.addr.dlid == addr.slid
                 && q.attr.dest_qp_num == addr.src_qpn
@@ -692,7 +704,7 @@ impl Engine {
     /// the destination's peer.
     #[must_use]
     pub fn segments_refused(&self) -> u64 {
-        self.refused_segments
+        self.routes.refused_segments
     }
 
     /// Where the payload of `seg`, arriving on `host`'s link, lands if the segment is handled
@@ -712,12 +724,12 @@ impl Engine {
         runs: &mut Vec<(Loc, u64)>,
     ) -> Option<Placement> {
         let start = runs.len();
-        let &qp = self.by_qpn.get(&seg.dest_qpn)?;
+        let &qp = self.objs.by_qpn.get(&seg.dest_qpn)?;
         let n = seg.payload_len as u64;
         if n == 0 || !self.admits(host, addr, seg, qp) {
             return None;
         }
-        let q = self.qps.get(&qp)?;
+        let q = self.objs.qps.get(&qp)?;
         use WireOp::*;
         let ok = match seg.opcode.op() {
             RdmaWriteFirst | RdmaWriteMiddle | RdmaWriteLast | RdmaWriteOnly => {
@@ -813,7 +825,7 @@ impl Engine {
             psn = seg.psn,
             "segment read into place lost"
         );
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if q.route != Route::Remote(host) || !q.ty.is_reliable() {
@@ -838,7 +850,9 @@ impl Engine {
         payload: Incoming,
         mem: &mut dyn Memory,
     ) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         let transport = match seg.opcode.transport() {
             Transport::Rc => QpType::Rc,
             Transport::Uc => QpType::Uc,
@@ -950,14 +964,14 @@ impl Engine {
                 Incoming::Placed(n) => Payload::Placed(n as u64),
             },
         };
-        let mut back = std::mem::take(&mut self.scratch_dst);
+        let mut back = std::mem::take(&mut self.scratch.scratch_dst);
         back.clear();
         let r = self.handle_request(qp, &req, mem, &mut back);
         tracing::trace!(?r, "answer");
         // The cursor moves past a segment the responder took (the PSN expected moved past
         // it), never for a duplicate, one NAKed out of sequence, or one turned back for RNR.
         if op == Op::Write
-            && let Some(q) = self.qps.get_mut(&qp)
+            && let Some(q) = self.objs.qps.get_mut(&qp)
             && q.attr.rq_psn != epsn
             && q.attr.rq_psn == psn_next(seg.psn)
         {
@@ -965,9 +979,9 @@ impl Engine {
         }
         match r {
             Some(Response::Ack) => {
-                if let Some(q) = self.qps.get_mut(&qp) {
+                if let Some(q) = self.objs.qps.get_mut(&qp) {
                     if q.link.ack_due.is_none() {
-                        self.acks_due.push(qp);
+                        self.out.acks_due.push(qp);
                     }
                     q.link.ack_due = Some(req.psn);
                 }
@@ -977,7 +991,7 @@ impl Engine {
             }
             Some(Response::Nak(Nak::Sequence)) => {
                 // A sequence NAK names the PSN expected: everything before it arrived.
-                let epsn = self.qps.get(&qp).map_or(req.psn, |q| q.attr.rq_psn);
+                let epsn = self.objs.qps.get(&qp).map_or(req.psn, |q| q.attr.rq_psn);
                 self.answer_now(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
             }
             Some(Response::Nak(nak)) => {
@@ -990,7 +1004,7 @@ impl Engine {
                 self.answer_now(qp, req.psn, Syndrome::Nak(code));
             }
             Some(Response::ReadData) => {
-                if let Some(q) = self.qps.get_mut(&qp)
+                if let Some(q) = self.objs.qps.get_mut(&qp)
                     && let Route::Remote(host) = q.route
                     && let Some(opcode) =
                         Opcode::new(answer_transport(q), WireOp::RdmaReadResponseOnly)
@@ -1002,7 +1016,7 @@ impl Engine {
                         msn: 0,
                     });
                     s.payload_len = len as usize;
-                    self.outbox.push_back(Transmit {
+                    self.out.outbox.push_back(Transmit {
                         host,
                         addr: q.addr,
                         grh: None,
@@ -1012,7 +1026,7 @@ impl Engine {
                 }
             }
             Some(Response::AtomicAck(orig)) => {
-                if let Some(q) = self.qps.get_mut(&qp)
+                if let Some(q) = self.objs.qps.get_mut(&qp)
                     && let Route::Remote(host) = q.route
                     && let Some(opcode) =
                         Opcode::new(answer_transport(q), WireOp::AtomicAcknowledge)
@@ -1024,7 +1038,7 @@ impl Engine {
                         msn: 0,
                     });
                     s.atomic_ack = Some(AtomicAckEth { orig });
-                    self.outbox.push_back(Transmit {
+                    self.out.outbox.push_back(Transmit {
                         host,
                         addr: q.addr,
                         grh: None,
@@ -1035,13 +1049,13 @@ impl Engine {
             }
             Some(Response::Unacknowledged) | None => {}
         }
-        self.scratch_dst = back;
+        self.scratch.scratch_dst = back;
     }
 
     /// Sends an ACK-opcode answer for `psn` at once (NAKs, RNR NAKs): it supersedes a
     /// coalesced ACK still owed.
     fn answer_now(&mut self, qp: QpId, psn: u32, syndrome: Syndrome) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         let Route::Remote(host) = q.route else { return };
@@ -1049,7 +1063,7 @@ impl Engine {
             return;
         }
         q.link.ack_due = None;
-        self.outbox.push_back(Transmit {
+        self.out.outbox.push_back(Transmit {
             host,
             addr: q.addr,
             grh: None,
@@ -1068,7 +1082,9 @@ impl Engine {
         payload: Incoming,
         mem: &mut dyn Memory,
     ) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         if q.route != Route::Remote(host)
             || !q.ty.is_reliable()
             || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd)
@@ -1107,7 +1123,7 @@ impl Engine {
             (WireOp::Acknowledge, Some(Syndrome::RnrNak { timer })) => {
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 self.rewind(qp, psn);
-                if let Some(q) = self.qps.get_mut(&qp) {
+                if let Some(q) = self.objs.qps.get_mut(&qp) {
                     q.link.rnr_psn = Some(psn);
                     // An answer: nothing is in flight past the PSN it names (a message sent
                     // in part keeps its flight), so the local ACK timer waits for the segment
@@ -1137,7 +1153,11 @@ impl Engine {
             }
             (WireOp::RdmaReadResponseOnly, _) => {
                 // Before it, the WQE itself (counted from the head, which may move).
-                let first = self.qps.get(&qp).map_or(0, |q| q.link.flights[i].first_psn);
+                let first = self
+                    .objs
+                    .qps
+                    .get(&qp)
+                    .map_or(0, |q| q.link.flights[i].first_psn);
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 if let Some(i) = self.flight_of(qp, first) {
                     self.place_read_response(qp, i, psn, payload, mem);
@@ -1145,7 +1165,11 @@ impl Engine {
                 self.retire_answered(now, qp);
             }
             (WireOp::AtomicAcknowledge, _) => {
-                let first = self.qps.get(&qp).map_or(0, |q| q.link.flights[i].first_psn);
+                let first = self
+                    .objs
+                    .qps
+                    .get(&qp)
+                    .map_or(0, |q| q.link.flights[i].first_psn);
                 self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
                 if let (Some(orig), Some(i)) =
                     (seg.atomic_ack.map(|a| a.orig), self.flight_of(qp, first))
@@ -1168,7 +1192,9 @@ impl Engine {
         payload: Incoming,
         mem: &mut dyn Memory,
     ) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         let (Some(f), Some(Ok(w))) = (q.link.flights.get(i).copied(), q.sq.get(i)) else {
             return;
         };
@@ -1180,11 +1206,11 @@ impl Engine {
             return;
         }
         if let (SendPayload::Sges(sges), Incoming::Bytes(b)) = (&w.payload, payload) {
-            let mut local = std::mem::take(&mut self.scratch_local);
+            let mut local = std::mem::take(&mut self.scratch.scratch_local);
             local.clear();
             let _ = self.sge_runs(q.vnic, sges, off, want, &mut local);
             let written = scatter_bytes(mem, b, &local);
-            self.scratch_local = local;
+            self.scratch.scratch_local = local;
             if written.is_err() {
                 // A copy the daemon could not make: the QP fails, never a READ done.
                 self.fail_qp(qp, Some(WcStatus::GeneralErr));
@@ -1192,6 +1218,7 @@ impl Engine {
             }
         }
         if let Some(f) = self
+            .objs
             .qps
             .get_mut(&qp)
             .and_then(|q| q.link.flights.get_mut(i))
@@ -1203,20 +1230,23 @@ impl Engine {
 
     /// The atomic at flight `i` answered `orig`.
     fn place_atomic_answer(&mut self, qp: QpId, i: usize, orig: u64, mem: &mut dyn Memory) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         let Some(Ok(w)) = q.sq.get(i) else { return };
         if let SendPayload::Sges(sges) = &w.payload {
-            let mut local = std::mem::take(&mut self.scratch_local);
+            let mut local = std::mem::take(&mut self.scratch.scratch_local);
             local.clear();
             let _ = self.sge_runs(q.vnic, sges, 0, 8, &mut local);
             let written = scatter_bytes(mem, &orig.to_le_bytes(), &local);
-            self.scratch_local = local;
+            self.scratch.scratch_local = local;
             if written.is_err() {
                 self.fail_qp(qp, Some(WcStatus::GeneralErr));
                 return;
             }
         }
         if let Some(f) = self
+            .objs
             .qps
             .get_mut(&qp)
             .and_then(|q| q.link.flights.get_mut(i))
@@ -1227,7 +1257,7 @@ impl Engine {
 
     /// Everything up to `psn` is acknowledged: SENDs and WRITEs sent wholly by then are done.
     fn acked_through(&mut self, now: Instant, qp: QpId, psn: u32) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if q.link.rnr_psn.is_some_and(|w| psn_cmp(psn, w) >= 0) {
@@ -1256,11 +1286,11 @@ impl Engine {
     /// Completes answered WQEs from the head, in order; the ACK timer restarts while some
     /// remain unanswered.
     fn retire_answered(&mut self, now: Instant, qp: QpId) {
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.link.stalled = false;
         }
         loop {
-            let Some(q) = self.qps.get_mut(&qp) else {
+            let Some(q) = self.objs.qps.get_mut(&qp) else {
                 return;
             };
             match q.link.flights.front() {
@@ -1276,11 +1306,11 @@ impl Engine {
             // A WQE behind it may wait (RNR): retiring this one does not end that.
             let wait = q.wait;
             self.complete_head(qp, len as u32);
-            if let Some(q) = self.qps.get_mut(&qp) {
+            if let Some(q) = self.objs.qps.get_mut(&qp) {
                 q.wait = wait;
             }
         }
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if q.link.flights.is_empty() {
@@ -1299,7 +1329,7 @@ impl Engine {
     /// yet at RTR, dropped it, as a fabric loses a packet), or, after `retry_cnt` such tries,
     /// fails with `RETRY_EXC_ERR`. Returns whether the QP is still up.
     pub(super) fn ack_timeout(&mut self, now: Instant, qp: QpId) -> bool {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return false;
         };
         // Every timeout that expired by now counts (a driver late to call counts them all),
@@ -1331,7 +1361,7 @@ impl Engine {
     /// Goes back to `psn`: the WQE it belongs to sends again from that segment on, and those
     /// after it from their start.
     fn rewind(&mut self, qp: QpId, psn: u32) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         let Some(i) = q
@@ -1356,7 +1386,7 @@ impl Engine {
         q.link.sq_sent = i;
         let again = u64::from(q.attr.sq_psn.wrapping_sub(psn) & 0xff_ffff);
         if let Route::Remote(h) = q.route {
-            *self.resent.entry(h).or_default() += again;
+            *self.out.resent.entry(h).or_default() += again;
         }
         q.attr.sq_psn = psn;
         self.wake(qp);
@@ -1364,7 +1394,8 @@ impl Engine {
 
     /// The index of the flight whose first PSN is `first`.
     fn flight_of(&self, qp: QpId, first: u32) -> Option<usize> {
-        self.qps
+        self.objs
+            .qps
             .get(&qp)?
             .link
             .flights
@@ -1375,26 +1406,26 @@ impl Engine {
     /// The next WQE cannot go before those in flight are answered: off the ready lists until
     /// an answer comes (or the ACK timer fails the QP).
     fn stall(&mut self, qp: QpId) {
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.link.stalled = true;
         }
     }
 
     /// The LID of a remote vRNIC with this GID, if known.
     pub(super) fn lid_of_remote_gid(&self, gid: &[u8; 16]) -> Option<u16> {
-        self.remote_gids.get(gid).map(|&(_, _, lid)| lid)
+        self.routes.remote_gids.get(gid).map(|&(_, _, lid)| lid)
     }
 
     /// Segments sent again over the link to `host` so far.
     #[must_use]
     pub fn retransmits(&self, host: HostId) -> u64 {
-        self.resent.get(&host).copied().unwrap_or(0)
+        self.out.resent.get(&host).copied().unwrap_or(0)
     }
 
     /// Work to send over a peer link is pending (frames or ACKs).
     #[must_use]
     pub fn has_transmit(&self) -> bool {
-        !self.outbox.is_empty() || !self.acks_due.is_empty()
+        !self.out.outbox.is_empty() || !self.out.acks_due.is_empty()
     }
 }
 

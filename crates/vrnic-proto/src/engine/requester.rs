@@ -24,13 +24,16 @@ impl Engine {
     pub(super) fn resolve(&self, ah: &AhAttr) -> Route {
         let (local, remote) = if ah.is_global {
             (
-                self.by_gid.get(&ah.grh.dgid),
-                self.remote_gids.get(&ah.grh.dgid).map(|&(h, _, _)| h),
+                self.routes.by_gid.get(&ah.grh.dgid),
+                self.routes
+                    .remote_gids
+                    .get(&ah.grh.dgid)
+                    .map(|&(h, _, _)| h),
             )
         } else {
             (
-                self.by_lid.get(&ah.dlid),
-                self.remote_lids.get(&ah.dlid).map(|&(h, _)| h),
+                self.routes.by_lid.get(&ah.dlid),
+                self.routes.remote_lids.get(&ah.dlid).map(|&(h, _)| h),
             )
         };
         match (local, remote) {
@@ -48,16 +51,17 @@ impl Engine {
             Route::Nowhere => 0,
             _ if !ah.is_global => ah.dlid,
             _ => self
+                .routes
                 .by_gid
                 .get(&ah.grh.dgid)
-                .and_then(|v| self.vnics.get(v))
+                .and_then(|v| self.objs.vnics.get(v))
                 .map(|v| v.lid)
                 .or_else(|| self.lid_of_remote_gid(&ah.grh.dgid))
                 .unwrap_or(0),
         };
         AddrRepr {
             dlid,
-            slid: self.vnics.get(&from).map_or(0, |v| v.lid),
+            slid: self.objs.vnics.get(&from).map_or(0, |v| v.lid),
             src_qpn: qpn,
         }
     }
@@ -74,7 +78,7 @@ impl Engine {
 
     /// Retires the head send WQE, with a completion if it is signaled.
     pub(super) fn complete_head(&mut self, qp: QpId, byte_len: u32) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         q.wait = Wait::None;
@@ -83,11 +87,11 @@ impl Engine {
             return;
         };
         q.sq_retired = q.sq_retired.wrapping_add(1);
-        touch(&mut self.touched, qp, q);
+        touch(&mut self.sched.touched, qp, q);
         if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
             let mut c = cqe(w.wr_id, WcStatus::Success, w.opcode.wc_opcode(), q.qpn);
             c.byte_len = byte_len;
-            self.completions.push_back((q.send_cq, c, false));
+            self.out.completions.push_back((q.send_cq, c, false));
         }
     }
 
@@ -96,7 +100,7 @@ impl Engine {
     /// learnt its address), its address looked up again and the route kept, as a fabric
     /// delivers once the port is up. Costs nothing for a QP with a route.
     pub(super) fn reroute(&mut self, qp: QpId) -> Route {
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Route::Nowhere;
         };
         if q.route != Route::Nowhere
@@ -109,7 +113,7 @@ impl Engine {
         let route = self.route_from(vnic, &ah, false);
         let route = self.classed(route, dqpn);
         let addr = self.addr_to(vnic, qpn, route, &ah);
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.route = route;
             q.addr = addr;
         }
@@ -118,10 +122,15 @@ impl Engine {
 
     /// Tries the head send WQE of an RTS QP: one segment.
     pub(super) fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
-        if self.qps.get(&qp).is_some_and(|q| q.route == Route::Nowhere) {
+        if self
+            .objs
+            .qps
+            .get(&qp)
+            .is_some_and(|q| q.route == Route::Nowhere)
+        {
             self.reroute(qp);
         }
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
         if let (Route::Remote(host), QpType::Rc | QpType::Uc | QpType::XrcSend) = (q.route, q.ty) {
@@ -152,7 +161,7 @@ impl Engine {
         };
         let outcome = self.step_wqe(now, qp, &wqe, mem);
         // The WQE goes back to the head: completing or failing takes it from there.
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sq.push_front(Ok(wqe));
         }
         match outcome {
@@ -171,7 +180,7 @@ impl Engine {
 
     /// Local checks, then the next segment of `wqe` (taken off the head of `qp`'s queue).
     fn step_wqe(&mut self, now: Instant, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Outcome {
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
         let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
@@ -212,7 +221,10 @@ impl Engine {
         }
         if wqe.opcode == SendOpcode::SendWithInv
             && ty == QpType::Uc
-            && matches!(self.qps.get(&qp).map(|q| q.route), Some(Route::Remote(_)))
+            && matches!(
+                self.objs.qps.get(&qp).map(|q| q.route),
+                Some(Route::Remote(_))
+            )
         {
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
@@ -229,7 +241,7 @@ impl Engine {
         let result = match wqe.opcode {
             SendOpcode::BindMw => self.bind_mw(qp, wqe),
             _ => {
-                let Some(q) = self.qps.get(&qp) else {
+                let Some(q) = self.objs.qps.get(&qp) else {
                     return Outcome::Blocked;
                 };
                 let (vnic, pd) = (q.vnic, q.pd);
@@ -254,7 +266,7 @@ impl Engine {
         wqe: &SendWqe,
         mem: &mut dyn Memory,
     ) -> Outcome {
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
         let (vnic, uc, xrc, route) = (q.vnic, q.ty == QpType::Uc, q.ty == QpType::XrcSend, q.route);
@@ -268,7 +280,7 @@ impl Engine {
         let n = if atomic {
             0
         } else {
-            len.saturating_sub(done).min(self.turn_bytes)
+            len.saturating_sub(done).min(self.sched.turn_bytes)
         };
         let op = match wqe.opcode {
             SendOpcode::Send | SendOpcode::SendWithImm => Op::Send,
@@ -286,7 +298,7 @@ impl Engine {
             },
         };
         // This segment's payload: the requester's bytes [done, done + n).
-        let mut src = std::mem::take(&mut self.scratch_src);
+        let mut src = std::mem::take(&mut self.scratch.scratch_src);
         src.clear();
         let payload = match (&wqe.payload, op) {
             (SendPayload::Inline(data), Op::Send | Op::SendInv | Op::Write) => {
@@ -313,7 +325,7 @@ impl Engine {
             last,
             src: Src::Local { vnic, qpn },
             src_qpn: qpn,
-            slid: self.vnics.get(&vnic).map_or(0, |v| v.lid),
+            slid: self.objs.vnics.get(&vnic).map_or(0, |v| v.lid),
             dst_qpn,
             psn,
             solicited: wqe.flags.contains(SendFlags::SOLICITED),
@@ -335,12 +347,12 @@ impl Engine {
             grh: None,
             payload,
         };
-        let mut back = std::mem::take(&mut self.scratch_dst);
+        let mut back = std::mem::take(&mut self.scratch.scratch_dst);
         back.clear();
         let answer = self.deliver(route, &req, mem, &mut back);
         let outcome = self.answered(now, qp, wqe, answer, done, n, &back, mem);
-        self.scratch_src = src;
-        self.scratch_dst = back;
+        self.scratch.scratch_src = src;
+        self.scratch.scratch_dst = back;
         outcome
     }
 
@@ -358,12 +370,12 @@ impl Engine {
         mem: &mut dyn Memory,
     ) -> Outcome {
         let len = wqe.payload.len();
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
         let (vnic, uc) = (q.vnic, q.ty == QpType::Uc);
         let accepted = |e: &mut Engine| {
-            if let Some(q) = e.qps.get_mut(&qp) {
+            if let Some(q) = e.objs.qps.get_mut(&qp) {
                 q.attr.sq_psn = psn_next(q.attr.sq_psn);
                 q.wait = Wait::None;
             }
@@ -394,12 +406,12 @@ impl Engine {
             Response::ReadData => {
                 accepted(self);
                 if let SendPayload::Sges(sges) = &wqe.payload {
-                    let mut local = std::mem::take(&mut self.scratch_local);
+                    let mut local = std::mem::take(&mut self.scratch.scratch_local);
                     local.clear();
                     // Checked by `check_sges` at this generation, so it cannot fail.
                     let _ = self.local_runs(qp, sges, len, done, n, &mut local);
                     let copied = copy_runs(mem, back, &local, n);
-                    self.scratch_local = local;
+                    self.scratch.scratch_local = local;
                     if copied.is_err() {
                         return Outcome::Fail(WcStatus::GeneralErr);
                     }
@@ -416,11 +428,11 @@ impl Engine {
             Response::AtomicAck(old) => {
                 accepted(self);
                 if let SendPayload::Sges(sges) = &wqe.payload {
-                    let mut local = std::mem::take(&mut self.scratch_local);
+                    let mut local = std::mem::take(&mut self.scratch.scratch_local);
                     local.clear();
                     let _ = self.sge_runs(vnic, sges, 0, 8, &mut local);
                     let written = scatter_bytes(mem, &old.to_le_bytes(), &local);
-                    self.scratch_local = local;
+                    self.scratch.scratch_local = local;
                     if written.is_err() {
                         return Outcome::Fail(WcStatus::GeneralErr);
                     }
@@ -431,7 +443,7 @@ impl Engine {
                 }
             }
             Response::RnrNak { timer } => {
-                let on = match self.qps.get(&peer).and_then(|p| p.srq.or(p.xrc_srq)) {
+                let on = match self.objs.qps.get(&peer).and_then(|p| p.srq.or(p.xrc_srq)) {
                     Some(s) => RecvQueue::Srq(s),
                     None => RecvQueue::Qp(peer),
                 };
@@ -439,7 +451,7 @@ impl Engine {
             }
             Response::Nak(Nak::Sequence) => {
                 // Go back to the message's first PSN and try again, as after a lost packet.
-                if let Some(q) = self.qps.get_mut(&qp)
+                if let Some(q) = self.objs.qps.get_mut(&qp)
                     && let Some(p) = q.progress.take()
                 {
                     q.attr.sq_psn = p.psn;
@@ -454,7 +466,7 @@ impl Engine {
 
     /// Records that the head WQE moved its first `done` bytes and continues later.
     fn continue_at(&mut self, qp: QpId, done: u64) {
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             let psn = match q.progress {
                 Some(p) => p.psn,
                 // The PSN of the first segment, taken by the segment just accepted.
@@ -467,7 +479,7 @@ impl Engine {
     /// No answer (no responder, or it dropped the segment): wait for the transport timer,
     /// then fail with `RETRY_EXC_ERR`. A QP that can answer (one reaching RTR) wakes it.
     fn lost(&mut self, now: Instant, qp: QpId) -> Outcome {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Outcome::Blocked;
         };
         match q.wait {
@@ -493,7 +505,7 @@ impl Engine {
         timer: u8,
         on: Option<RecvQueue>,
     ) -> Outcome {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Outcome::Blocked;
         };
         let limit = q.attr.rnr_retry;
@@ -538,8 +550,8 @@ impl Engine {
         let Route::Local(vid) = route else {
             return None;
         };
-        let &peer = self.by_qpn.get(&req.dst_qpn)?;
-        if self.qps.get(&peer)?.vnic != vid {
+        let &peer = self.objs.by_qpn.get(&req.dst_qpn)?;
+        if self.objs.qps.get(&peer)?.vnic != vid {
             return None;
         }
         let r = self.handle_request(peer, req, mem, back)?;
@@ -550,14 +562,14 @@ impl Engine {
     /// answers, so it completes once handed on (a datagram nobody takes is dropped).
     fn step_ud(&mut self, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Outcome {
         let len = wqe.payload.len();
-        let Some(q) = self.qps.get(&qp) else {
+        let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
         let (pd, qpn, own_qkey, vnic) = (q.pd, q.qpn, q.attr.qkey, q.vnic);
         if !matches!(wqe.opcode, SendOpcode::Send | SendOpcode::SendWithImm) {
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
-        let (attr, mut route) = match self.ahs.get(&AhId(wqe.ud.ah)) {
+        let (attr, mut route) = match self.objs.ahs.get(&AhId(wqe.ud.ah)) {
             Some(a) if a.pd == pd => (a.attr, a.route),
             _ => return Outcome::Fail(WcStatus::LocQpOpErr),
         };
@@ -566,7 +578,7 @@ impl Engine {
             // after the app learnt its address): a fabric delivers once the port is up, so
             // the address is looked up again, and kept once it answers.
             route = self.route_from(vnic, &attr, false);
-            if let Some(a) = self.ahs.get_mut(&AhId(wqe.ud.ah)) {
+            if let Some(a) = self.objs.ahs.get_mut(&AhId(wqe.ud.ah)) {
                 a.route = route;
             }
         }
@@ -581,10 +593,15 @@ impl Engine {
             wqe.ud.remote_qkey
         };
         let grh = attr.is_global.then(|| {
-            let sgid = self.vnics.get(&vnic).map(|v| v.gid).unwrap_or_default();
+            let sgid = self
+                .objs
+                .vnics
+                .get(&vnic)
+                .map(|v| v.gid)
+                .unwrap_or_default();
             grh(&attr, sgid, len)
         });
-        let mut src = std::mem::take(&mut self.scratch_src);
+        let mut src = std::mem::take(&mut self.scratch.scratch_src);
         src.clear();
         let payload = match &wqe.payload {
             SendPayload::Inline(data) => Payload::Bytes(data),
@@ -601,7 +618,7 @@ impl Engine {
             last: true,
             src: Src::Local { vnic, qpn },
             src_qpn: qpn,
-            slid: self.vnics.get(&vnic).map_or(0, |v| v.lid),
+            slid: self.objs.vnics.get(&vnic).map_or(0, |v| v.lid),
             dst_qpn: wqe.ud.remote_qpn,
             psn: 0,
             solicited: wqe.flags.contains(SendFlags::SOLICITED),
@@ -615,19 +632,19 @@ impl Engine {
             payload,
         };
         if let Route::Remote(host) = route {
-            self.scratch_src = src;
+            self.scratch.scratch_src = src;
             self.transmit_datagram(host, qp, wqe, qkey, &attr);
             return Outcome::Complete {
                 byte_len: len as u32,
                 moved: len,
             };
         }
-        let mut back = std::mem::take(&mut self.scratch_dst);
+        let mut back = std::mem::take(&mut self.scratch.scratch_dst);
         if self.deliver(route, &req, mem, &mut back).is_none() {
             tracing::trace!(qpn, dqpn = req.dst_qpn, "UD datagram dropped: no such QP");
         }
-        self.scratch_src = src;
-        self.scratch_dst = back;
+        self.scratch.scratch_src = src;
+        self.scratch.scratch_dst = back;
         Outcome::Complete {
             byte_len: len as u32,
             moved: len,

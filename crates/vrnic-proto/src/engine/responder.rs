@@ -27,7 +27,7 @@ impl Engine {
         mem: &mut dyn Memory,
         back: &mut Vec<(Loc, u64)>,
     ) -> Option<Response> {
-        let p = self.qps.get(&peer)?;
+        let p = self.objs.qps.get(&peer)?;
         // An XRC request lands on an XRC receive QP, and nothing else does.
         let lands = match p.ty {
             QpType::XrcRecv => req.transport == QpType::XrcSend,
@@ -41,7 +41,7 @@ impl Engine {
         }
         let p = if p.route == Route::Nowhere {
             self.reroute(peer);
-            self.qps.get(&peer)?
+            self.objs.qps.get(&peer)?
         } else {
             p
         };
@@ -55,14 +55,14 @@ impl Engine {
         let uc = req.transport == QpType::Uc;
         match psn_cmp(req.psn, p.attr.rq_psn) {
             0 => {
-                if let Some(q) = self.qps.get_mut(&peer) {
+                if let Some(q) = self.objs.qps.get_mut(&peer) {
                     q.resp.nak_sent = false;
                 }
             }
             _ if uc => {
                 // UC: a gap loses the message in progress; a first segment starts anew.
                 if !req.first {
-                    if let Some(q) = self.qps.get_mut(&peer) {
+                    if let Some(q) = self.objs.qps.get_mut(&peer) {
                         q.attr.rq_psn = psn_next(req.psn);
                         q.resp.rx_lost = true;
                     }
@@ -72,7 +72,7 @@ impl Engine {
             // Ahead: NAKed once (with the PSN expected), then dropped until that PSN comes
             // (IB spec 9.7.5.1.1), so a burst in flight behind a NAK costs one answer.
             d if d > 0 => {
-                let q = self.qps.get_mut(&peer)?;
+                let q = self.objs.qps.get_mut(&peer)?;
                 if q.resp.nak_sent {
                     return None;
                 }
@@ -96,11 +96,11 @@ impl Engine {
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
         };
-        if let (Some(q), Response::RnrNak { .. }) = (self.qps.get_mut(&peer), r) {
+        if let (Some(q), Response::RnrNak { .. }) = (self.objs.qps.get_mut(&peer), r) {
             // What follows it in flight is out of sequence until it comes again.
             q.resp.nak_sent = true;
         }
-        if let Some(q) = self.qps.get_mut(&peer)
+        if let Some(q) = self.objs.qps.get_mut(&peer)
             && (uc
                 || matches!(
                     r,
@@ -123,7 +123,7 @@ impl Engine {
             Op::Send | Op::SendInv | Op::Write => Response::Ack,
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => {
-                match self.qps.get(&peer).and_then(|p| p.resp.last_atomic) {
+                match self.objs.qps.get(&peer).and_then(|p| p.resp.last_atomic) {
                     Some((psn, old)) if psn == req.psn => Response::AtomicAck(old),
                     _ => Response::Nak(Nak::InvalidRequest),
                 }
@@ -141,21 +141,26 @@ impl Engine {
     /// SEND: the payload into the receive of the message in progress, or, at its first
     /// segment, the receive at the head of the QP's (or its SRQ's) queue.
     fn place_send(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
-        let Some(p) = self.qps.get(&peer) else {
+        let Some(p) = self.objs.qps.get(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
         let (pvnic, ppd, timer) = (p.vnic, self.responder_pd(p), p.attr.min_rnr_timer);
         let cq = self.responder_cq(p);
         let uc = p.ty == QpType::Uc;
         if req.first {
-            if let Some(q) = self.qps.get_mut(&peer) {
+            if let Some(q) = self.objs.qps.get_mut(&peer) {
                 q.resp.rx_lost = false;
                 if let Some(rx) = q.resp.rx.as_mut() {
                     // The message starts over (a retransmission): same receive, from byte 0.
                     rx.off = 0;
                 }
             }
-            if self.qps.get(&peer).is_some_and(|q| q.resp.rx.is_none()) {
+            if self
+                .objs
+                .qps
+                .get(&peer)
+                .is_some_and(|q| q.resp.rx.is_none())
+            {
                 let Some(head) = self.recv_head(peer) else {
                     // UC: the message is dropped; RC: try again later.
                     return if uc {
@@ -174,12 +179,12 @@ impl Engine {
                     self.finish_recv(peer, wqe, WcStatus::LocProtErr, None, req);
                     return self.refuse(peer, Nak::RemoteOperational);
                 }
-                if let Some(q) = self.qps.get_mut(&peer) {
+                if let Some(q) = self.objs.qps.get_mut(&peer) {
                     q.resp.rx = Some(Rx { wqe, off: 0, cq });
                 }
             }
         }
-        let Some(q) = self.qps.get_mut(&peer) else {
+        let Some(q) = self.objs.qps.get_mut(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
         if q.resp.rx_lost {
@@ -195,12 +200,12 @@ impl Engine {
             self.finish_recv(peer, rx.wqe, WcStatus::LocLenErr, None, req);
             return self.refuse(peer, Nak::InvalidRequest);
         }
-        let mut dst = std::mem::take(&mut self.scratch_place);
+        let mut dst = std::mem::take(&mut self.scratch.scratch_place);
         dst.clear();
         // Checked when the receive was taken, so it cannot fail.
         let _ = self.sge_runs(pvnic, &rx.wqe.sges, rx.off, n, &mut dst);
         let placed = place(mem, req.payload, &dst);
-        self.scratch_place = dst;
+        self.scratch.scratch_place = dst;
         if placed.is_err() {
             // A copy the daemon could not make: the receive fails, and the requester learns a
             // remote operational error (UC: nothing is answered, the receive still fails).
@@ -221,7 +226,7 @@ impl Engine {
         }
         if req.last {
             self.finish_recv(peer, rx.wqe, WcStatus::Success, Some(off), req);
-        } else if let Some(q) = self.qps.get_mut(&peer) {
+        } else if let Some(q) = self.objs.qps.get_mut(&peer) {
             q.resp.rx = Some(Rx {
                 wqe: rx.wqe,
                 off,
@@ -234,7 +239,7 @@ impl Engine {
     /// RDMA WRITE: the payload at `va` under `rkey`; WITH_IMM's last segment also takes a
     /// receive (no receive: RNR).
     fn place_write(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
-        let Some(p) = self.qps.get(&peer) else {
+        let Some(p) = self.objs.qps.get(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
         let timer = p.attr.min_rnr_timer;
@@ -247,18 +252,18 @@ impl Engine {
             };
         }
         if req.first
-            && let Some(q) = self.qps.get_mut(&peer)
+            && let Some(q) = self.objs.qps.get_mut(&peer)
         {
             // The RETH's DMA length, which a receive it consumes reports.
             q.resp.write_len = req.len;
             q.resp.rx_lost = false;
         }
-        if uc && self.qps.get(&peer).is_some_and(|q| q.resp.rx_lost) {
+        if uc && self.objs.qps.get(&peer).is_some_and(|q| q.resp.rx_lost) {
             // UC: the rest of a WRITE that lost a segment is dropped.
             return Response::Unacknowledged;
         }
         let n = req.payload.len();
-        let mut dst = std::mem::take(&mut self.scratch_place);
+        let mut dst = std::mem::take(&mut self.scratch.scratch_place);
         dst.clear();
         // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
         let ok = req.len == 0
@@ -277,7 +282,7 @@ impl Engine {
         } else {
             Ok(())
         };
-        self.scratch_place = dst;
+        self.scratch.scratch_place = dst;
         if placed.is_err() {
             // A copy the daemon could not make.
             return if uc {
@@ -298,7 +303,7 @@ impl Engine {
             && req.imm.is_some()
             && let Some(wqe) = self.pop_recv(peer)
         {
-            let total = self.qps.get(&peer).map_or(0, |q| q.resp.write_len);
+            let total = self.objs.qps.get(&peer).map_or(0, |q| q.resp.write_len);
             self.finish_recv(peer, wqe, WcStatus::Success, Some(total), req);
         }
         Response::Ack
@@ -332,14 +337,14 @@ impl Engine {
         if !req.va.is_multiple_of(8) {
             return self.refuse(peer, Nak::InvalidRequest);
         }
-        let mut dst = std::mem::take(&mut self.scratch_place);
+        let mut dst = std::mem::take(&mut self.scratch.scratch_place);
         dst.clear();
         let found = self
             .remote_mr(peer, req.va, 8, req.rkey, access::REMOTE_ATOMIC)
             .and_then(|m| translate(m, req.va, 8, &mut dst));
         // An aligned 8-byte word never crosses a page, so it is one run.
         let at = found.and_then(|()| dst.first().map(|&(at, _)| at));
-        self.scratch_place = dst;
+        self.scratch.scratch_place = dst;
         let Some(at) = at else {
             return self.refuse(peer, Nak::RemoteAccess);
         };
@@ -365,7 +370,7 @@ impl Engine {
     /// receive posted) it is dropped. The receive gets the GRH (if any) in its first
     /// [`GRH_LEN`] bytes and the payload after it.
     fn handle_datagram(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
-        let Some(p) = self.qps.get(&peer) else {
+        let Some(p) = self.objs.qps.get(&peer) else {
             return Response::Unacknowledged;
         };
         let (pvnic, ppd) = (p.vnic, p.pd);
@@ -390,7 +395,7 @@ impl Engine {
             self.finish_recv(peer, wqe, WcStatus::LocLenErr, None, req);
             return Response::Unacknowledged;
         }
-        let mut dst = std::mem::take(&mut self.scratch_place);
+        let mut dst = std::mem::take(&mut self.scratch.scratch_place);
         dst.clear();
         // Checked just above, so neither can fail.
         let mut placed = Ok(());
@@ -401,7 +406,7 @@ impl Engine {
         }
         let _ = self.sge_runs(pvnic, &wqe.sges, GRH_LEN, len, &mut dst);
         let placed = placed.and_then(|()| place(mem, req.payload, &dst));
-        self.scratch_place = dst;
+        self.scratch.scratch_place = dst;
         if placed.is_err() {
             // A copy the daemon could not make: the receive fails (a datagram is not answered).
             self.finish_recv(peer, wqe, WcStatus::GeneralErr, None, req);
@@ -422,7 +427,7 @@ impl Engine {
         byte_len: Option<u64>,
         req: &Request,
     ) {
-        let Some(p) = self.qps.get(&peer) else {
+        let Some(p) = self.objs.qps.get(&peer) else {
             return;
         };
         let cq = self.responder_cq(p);
@@ -451,15 +456,15 @@ impl Engine {
             }
             solicited = req.solicited;
         }
-        self.completions.push_back((cq, c, solicited));
+        self.out.completions.push_back((cq, c, solicited));
     }
 
     /// The receive a message to `qp` would land in: the head of its SRQ (for an XRC receive
     /// QP, the SRQ it serves) or of its own queue.
     pub(super) fn recv_head(&self, qp: QpId) -> Option<&RecvWqe> {
-        let q = self.qps.get(&qp)?;
+        let q = self.objs.qps.get(&qp)?;
         match q.srq.or(q.xrc_srq) {
-            Some(s) => self.srqs.get(&s)?.rq.front(),
+            Some(s) => self.objs.srqs.get(&s)?.rq.front(),
             None => q.rq.front(),
         }
     }
@@ -471,21 +476,23 @@ impl Engine {
     /// Takes the receive a message to `qp` lands in. Taking from an SRQ below its armed limit
     /// raises `SRQ_LIMIT_REACHED` (once; the limit disarms).
     pub(super) fn pop_recv(&mut self, qp: QpId) -> Option<RecvWqe> {
-        let q = self.qps.get_mut(&qp)?;
+        let q = self.objs.qps.get_mut(&qp)?;
         let Some(sid) = q.srq.or(q.xrc_srq) else {
             let r = q.rq.pop_front()?;
             q.rq_retired = q.rq_retired.wrapping_add(1);
-            touch(&mut self.touched, qp, q);
+            touch(&mut self.sched.touched, qp, q);
             return Some(r);
         };
-        let s = self.srqs.get_mut(&sid)?;
+        let s = self.objs.srqs.get_mut(&sid)?;
         let r = s.rq.pop_front()?;
         s.retired = s.retired.wrapping_add(1);
-        touch_srq(&mut self.touched_srqs, sid, s);
+        touch_srq(&mut self.sched.touched_srqs, sid, s);
         if s.limit > 0 && (s.rq.len() as u32) < s.limit {
             s.limit = 0;
             let ctx = s.ctx;
-            self.events.push_back((ctx, Event::SrqLimit { srq: sid }));
+            self.out
+                .events
+                .push_back((ctx, Event::SrqLimit { srq: sid }));
         }
         Some(r)
     }

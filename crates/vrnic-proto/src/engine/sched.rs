@@ -23,12 +23,12 @@ impl Engine {
     /// `RNR_RETRY_EXC_ERR` once they are used up). [`Engine::process`] fires them too, so a
     /// driver may call either or both. Costs the due timers only.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(&Reverse((t, qp))) = self.timers.peek() {
+        while let Some(&Reverse((t, qp))) = self.sched.timers.peek() {
             if t > now {
                 break;
             }
-            self.timers.pop();
-            let Some(q) = self.qps.get_mut(&qp) else {
+            self.sched.timers.pop();
+            let Some(q) = self.objs.qps.get_mut(&qp) else {
                 continue;
             };
             if q.sched.armed != Some(t) {
@@ -85,19 +85,19 @@ impl Engine {
     /// it early is harmless).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.peek().map(|&Reverse((t, _))| t)
+        self.sched.timers.peek().map(|&Reverse((t, _))| t)
     }
 
     /// The next completion: `(cq, cqe, solicited)`.
     #[must_use]
     pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
-        self.completions.pop_front()
+        self.out.completions.pop_front()
     }
 
     /// The next async event for a context.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<(CtxId, Event)> {
-        self.events.pop_front()
+        self.out.events.pop_front()
     }
 
     /// Executes queued work requests, a bounded amount: at most [`PASS_WRS`] work requests and
@@ -110,7 +110,7 @@ impl Engine {
         self.handle_timeout(now);
         let mut did = false;
         let (mut wrs, mut bytes) = (0usize, 0u64);
-        for _ in 0..self.runq.len() {
+        for _ in 0..self.sched.runq.len() {
             if wrs >= PASS_WRS || bytes >= PASS_BYTES {
                 break;
             }
@@ -132,15 +132,15 @@ impl Engine {
     /// chunks over several turns. `None` when no vRNIC has work. Fires no timers
     /// ([`Engine::handle_timeout`] does).
     pub fn turn(&mut self, now: Instant, mem: &mut dyn Memory) -> Option<Turn> {
-        let vid = self.runq.pop_front()?;
-        self.turns += 1;
-        let others_wait = !self.runq.is_empty();
-        self.turn_bytes = if self.light_tenant_competes() {
+        let vid = self.sched.runq.pop_front()?;
+        self.sched.turns += 1;
+        let others_wait = !self.sched.runq.is_empty();
+        self.sched.turn_bytes = if self.light_tenant_competes() {
             CHUNK
         } else {
             CHUNK_ALONE
         };
-        let turns = self.vnics.get(&vid).map_or(0, |v| v.ready.len());
+        let turns = self.objs.vnics.get(&vid).map_or(0, |v| v.ready.len());
         let mut t = Turn {
             vnic: vid,
             did: false,
@@ -148,13 +148,18 @@ impl Engine {
             bytes: 0,
         };
         for _ in 0..turns {
-            if t.wrs >= VNIC_WRS || t.bytes >= self.turn_bytes {
+            if t.wrs >= VNIC_WRS || t.bytes >= self.sched.turn_bytes {
                 break;
             }
-            let Some(qp) = self.vnics.get_mut(&vid).and_then(|v| v.ready.pop_front()) else {
+            let Some(qp) = self
+                .objs
+                .vnics
+                .get_mut(&vid)
+                .and_then(|v| v.ready.pop_front())
+            else {
                 break;
             };
-            let Some(q) = self.qps.get_mut(&qp) else {
+            let Some(q) = self.objs.qps.get_mut(&qp) else {
                 continue;
             };
             q.sched.queued = false;
@@ -163,8 +168,10 @@ impl Engine {
                 continue;
             }
             let (mut wrs, mut blocked) = (0usize, false);
-            while wrs < QP_WRS && t.wrs < VNIC_WRS && t.bytes < self.turn_bytes {
-                let Some(q) = self.qps.get(&qp) else { break };
+            while wrs < QP_WRS && t.wrs < VNIC_WRS && t.bytes < self.sched.turn_bytes {
+                let Some(q) = self.objs.qps.get(&qp) else {
+                    break;
+                };
                 if !q.has_unsent() || q.attr.qp_state != QpState::Rts {
                     break;
                 }
@@ -189,13 +196,13 @@ impl Engine {
                 self.wake(qp);
             }
         }
-        if let Some(v) = self.vnics.get_mut(&vid) {
+        if let Some(v) = self.objs.vnics.get_mut(&vid) {
             v.queued = !v.ready.is_empty();
             if v.queued {
-                self.runq.push_back(vid);
+                self.sched.runq.push_back(vid);
             } else if others_wait {
                 // A light tenant (its work done in one turn) beside busy ones: theirs stay short.
-                self.light_at = self.turns;
+                self.sched.light_at = self.sched.turns;
             }
         }
         Some(t)
@@ -206,7 +213,7 @@ impl Engine {
     /// driver should look for new work between them as often as it can afford.
     #[must_use]
     pub fn light_tenant_competes(&self) -> bool {
-        self.turns - self.light_at <= SOLO_TURNS
+        self.sched.turns - self.sched.light_at <= SOLO_TURNS
     }
 
     /// Whether `vnic` has work waiting for a turn (it is in the run queue). A driver that
@@ -214,13 +221,13 @@ impl Engine {
     /// work can wait for their next turn.
     #[must_use]
     pub fn has_turn_waiting(&self, vnic: VnicId) -> bool {
-        self.vnics.get(&vnic).is_some_and(|v| v.queued)
+        self.objs.vnics.get(&vnic).is_some_and(|v| v.queued)
     }
 
     /// Puts a QP that may have work in its vRNIC's ready list (once), and the vRNIC in the run
     /// queue: at the front if it was idle.
     pub(super) fn wake(&mut self, qp: QpId) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if q.sched.queued || q.sched.parked || !q.has_unsent() || q.attr.qp_state != QpState::Rts {
@@ -228,37 +235,39 @@ impl Engine {
         }
         q.sched.queued = true;
         let vid = q.vnic;
-        let Some(v) = self.vnics.get_mut(&vid) else {
+        let Some(v) = self.objs.vnics.get_mut(&vid) else {
             return;
         };
         v.ready.push_back(qp);
         if !v.queued {
             v.queued = true;
-            self.runq.push_front(vid);
+            self.sched.runq.push_front(vid);
         }
     }
 
     /// Takes a blocked QP off the ready lists: what it waits for wakes it (a receive at its
     /// responder, a responder appearing), and its timer in any case.
     pub(super) fn park(&mut self, qp: QpId) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         let wait = q.wait;
         match wait {
             Wait::Rnr { on, .. } => {
                 if let Some(key) = on
-                    && let Some(q) = self.qps.get_mut(&qp)
+                    && let Some(q) = self.objs.qps.get_mut(&qp)
                     && !q.sched.listed
                 {
                     q.sched.listed = true;
-                    self.rnr_waiters.entry(key).or_default().push(qp);
+                    self.sched.rnr_waiters.entry(key).or_default().push(qp);
                 }
             }
             Wait::Retry { .. } => {
-                if let Some(q) = self.qps.get_mut(&qp)
+                if let Some(q) = self.objs.qps.get_mut(&qp)
                     && !q.sched.listed
                 {
                     q.sched.listed = true;
-                    self.retry_waiters.push(qp);
+                    self.sched.retry_waiters.push(qp);
                 }
             }
             // Nothing to wait for: try again next call.
@@ -267,25 +276,25 @@ impl Engine {
                 return;
             }
         }
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sched.parked = true;
         }
     }
 
     /// Keeps one timer entry for `qp` at or before `until`.
     pub(super) fn arm(&mut self, qp: QpId, until: Instant) {
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
         if q.sched.armed.is_none_or(|a| until < a) {
             q.sched.armed = Some(until);
-            self.timers.push(Reverse((until, qp)));
+            self.sched.timers.push(Reverse((until, qp)));
         }
     }
 
     /// Takes a QP off the waiter list it was in, and wakes it.
     pub(super) fn unlist(&mut self, qp: QpId) {
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sched.listed = false;
         }
         self.unpark(qp);
@@ -293,7 +302,7 @@ impl Engine {
 
     /// Wakes a parked QP (its wait may be over).
     pub(super) fn unpark(&mut self, qp: QpId) {
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sched.parked = false;
         }
         self.wake(qp);
@@ -301,7 +310,7 @@ impl Engine {
 
     /// A receive was posted to `rq`: the QPs waiting on RNR for it try again.
     pub(super) fn wake_rnr(&mut self, rq: RecvQueue) {
-        if let Some(list) = self.rnr_waiters.remove(&rq) {
+        if let Some(list) = self.sched.rnr_waiters.remove(&rq) {
             for qp in list {
                 self.unlist(qp);
             }
@@ -317,21 +326,21 @@ impl Engine {
         mut srq: impl FnMut(SrqId, u32),
     ) {
         // Taken and put back, so that their room is kept (no allocation per call).
-        let mut touched = std::mem::take(&mut self.touched);
+        let mut touched = std::mem::take(&mut self.sched.touched);
         for id in touched.drain(..) {
-            if let Some(q) = self.qps.get_mut(&id) {
+            if let Some(q) = self.objs.qps.get_mut(&id) {
                 q.sched.touched = false;
                 qp(id, q.sq_retired, q.rq_retired);
             }
         }
-        self.touched = touched;
-        let mut touched = std::mem::take(&mut self.touched_srqs);
+        self.sched.touched = touched;
+        let mut touched = std::mem::take(&mut self.sched.touched_srqs);
         for id in touched.drain(..) {
-            if let Some(s) = self.srqs.get_mut(&id) {
+            if let Some(s) = self.objs.srqs.get_mut(&id) {
                 s.touched = false;
                 srq(id, s.retired);
             }
         }
-        self.touched_srqs = touched;
+        self.sched.touched_srqs = touched;
     }
 }

@@ -9,9 +9,9 @@ impl Engine {
 
     /// Registers a vRNIC with its address.
     pub fn add_vnic(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16]) {
-        self.by_lid.insert(lid, vnic);
-        self.by_gid.insert(gid, vnic);
-        self.vnics.insert(
+        self.routes.by_lid.insert(lid, vnic);
+        self.routes.by_gid.insert(gid, vnic);
+        self.objs.vnics.insert(
             vnic,
             Vnic {
                 lid,
@@ -28,16 +28,36 @@ impl Engine {
     /// Destroys every object of `vnic` and forgets it.
     pub fn remove_vnic(&mut self, now: Instant, vnic: VnicId) {
         let mut ctxs: Vec<CtxId> = self
+            .objs
             .pds
             .values()
             .filter(|p| p.vnic == vnic)
             .map(|p| p.ctx)
             .collect();
-        ctxs.extend(self.qps.values().filter(|q| q.vnic == vnic).map(|q| q.ctx));
-        ctxs.extend(self.cqs.values().filter(|c| c.vnic == vnic).map(|c| c.ctx));
-        ctxs.extend(self.srqs.values().filter(|s| s.vnic == vnic).map(|s| s.ctx));
         ctxs.extend(
-            self.xrcds
+            self.objs
+                .qps
+                .values()
+                .filter(|q| q.vnic == vnic)
+                .map(|q| q.ctx),
+        );
+        ctxs.extend(
+            self.objs
+                .cqs
+                .values()
+                .filter(|c| c.vnic == vnic)
+                .map(|c| c.ctx),
+        );
+        ctxs.extend(
+            self.objs
+                .srqs
+                .values()
+                .filter(|s| s.vnic == vnic)
+                .map(|s| s.ctx),
+        );
+        ctxs.extend(
+            self.objs
+                .xrcds
                 .values()
                 .filter(|x| x.vnic == vnic)
                 .map(|x| x.ctx),
@@ -47,12 +67,12 @@ impl Engine {
         for c in ctxs {
             self.destroy_context(now, c);
         }
-        if let Some(v) = self.vnics.remove(&vnic) {
-            if self.by_lid.get(&v.lid) == Some(&vnic) {
-                self.by_lid.remove(&v.lid);
+        if let Some(v) = self.objs.vnics.remove(&vnic) {
+            if self.routes.by_lid.get(&v.lid) == Some(&vnic) {
+                self.routes.by_lid.remove(&v.lid);
             }
-            if self.by_gid.get(&v.gid) == Some(&vnic) {
-                self.by_gid.remove(&v.gid);
+            if self.routes.by_gid.get(&v.gid) == Some(&vnic) {
+                self.routes.by_gid.remove(&v.gid);
             }
         }
     }
@@ -61,6 +81,7 @@ impl Engine {
     /// and PDs.
     pub fn destroy_context(&mut self, now: Instant, ctx: CtxId) {
         let qps: Vec<QpId> = self
+            .objs
             .qps
             .iter()
             .filter(|(_, q)| q.ctx == ctx)
@@ -72,6 +93,7 @@ impl Engine {
         }
         self.dealloc_ctx_windows(ctx);
         let mrs: Vec<MrId> = self
+            .objs
             .mrs
             .iter()
             .filter(|(_, m)| m.ctx == ctx)
@@ -81,6 +103,7 @@ impl Engine {
             let _ = self.dereg_mr(ctx, mr);
         }
         let srqs: Vec<SrqId> = self
+            .objs
             .srqs
             .iter()
             .filter(|(_, s)| s.ctx == ctx)
@@ -89,29 +112,32 @@ impl Engine {
         for srq in srqs {
             let _ = self.destroy_srq(ctx, srq);
         }
-        self.srqs.retain(|_, s| s.ctx != ctx);
-        self.by_srqn.retain(|_, s| self.srqs.contains_key(s));
+        self.objs.srqs.retain(|_, s| s.ctx != ctx);
+        self.objs
+            .by_srqn
+            .retain(|_, s| self.objs.srqs.contains_key(s));
         self.close_ctx_xrcds(ctx);
-        self.ahs.retain(|_, a| a.ctx != ctx);
-        self.cqs.retain(|_, c| c.ctx != ctx);
-        self.pds.retain(|_, p| p.ctx != ctx);
-        self.completions
-            .retain(|(cq, _, _)| self.cqs.contains_key(cq));
-        self.events.retain(|(c, _)| *c != ctx);
+        self.objs.ahs.retain(|_, a| a.ctx != ctx);
+        self.objs.cqs.retain(|_, c| c.ctx != ctx);
+        self.objs.pds.retain(|_, p| p.ctx != ctx);
+        self.out
+            .completions
+            .retain(|(cq, _, _)| self.objs.cqs.contains_key(cq));
+        self.out.events.retain(|(c, _)| *c != ctx);
     }
 
     // ---- PDs and MRs -----------------------------------------------------------------------
 
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&mut self, vnic: VnicId, ctx: CtxId) -> Result<PdId, Errno> {
-        if !self.vnics.contains_key(&vnic) {
+        if !self.objs.vnics.contains_key(&vnic) {
             return Err(ENOENT);
         }
-        if self.pds.values().filter(|p| p.vnic == vnic).count() >= MAX_PD {
+        if self.objs.pds.values().filter(|p| p.vnic == vnic).count() >= MAX_PD {
             return Err(ENOMEM);
         }
         let pd = PdId(self.id());
-        self.pds.insert(
+        self.objs.pds.insert(
             pd,
             Pd {
                 vnic,
@@ -124,12 +150,12 @@ impl Engine {
 
     /// `ibv_dealloc_pd`: `EBUSY` while MRs or QPs use it.
     pub fn dealloc_pd(&mut self, ctx: CtxId, pd: PdId) -> Result<(), Errno> {
-        match self.pds.get(&pd) {
+        match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => {
                 if p.users > 0 {
                     return Err(EBUSY);
                 }
-                self.pds.remove(&pd);
+                self.objs.pds.remove(&pd);
                 Ok(())
             }
             _ => Err(EINVAL),
@@ -139,14 +165,16 @@ impl Engine {
     /// Whether PD `pd` of `ctx` is used here (by MRs, QPs, SRQs, address handles): of a vRNIC
     /// with slices on several engines, each slice counts its own users.
     pub fn pd_busy(&self, ctx: CtxId, pd: PdId) -> bool {
-        self.pds
+        self.objs
+            .pds
             .get(&pd)
             .is_some_and(|p| p.ctx == ctx && p.users > 0)
     }
 
     /// Whether CQ `cq` of `ctx` is used here by a QP or SRQ (see [`Engine::pd_busy`]).
     pub fn cq_busy(&self, ctx: CtxId, cq: CqId) -> bool {
-        self.cqs
+        self.objs
+            .cqs
             .get(&cq)
             .is_some_and(|c| c.ctx == ctx && c.users > 0)
     }
@@ -163,7 +191,7 @@ impl Engine {
         iova: u64,
         access: u32,
     ) -> Result<VnicId, Errno> {
-        let vnic = match self.pds.get(&pd) {
+        let vnic = match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
         };
@@ -179,7 +207,7 @@ impl Engine {
         }
         addr.checked_add(len).ok_or(EINVAL)?;
         iova.checked_add(len).ok_or(EINVAL)?;
-        if self.vnics.get(&vnic).ok_or(ENOENT)?.keys.len() >= MAX_MR {
+        if self.objs.vnics.get(&vnic).ok_or(ENOENT)?.keys.len() >= MAX_MR {
             return Err(ENOMEM);
         }
         Ok(vnic)
@@ -203,7 +231,8 @@ impl Engine {
         // Unique among the MR keys and outside every memory window's key range.
         let taken = |e: &Engine, key: u32| {
             key == 0
-                || e.vnics
+                || e.objs
+                    .vnics
                     .get(&vnic)
                     .is_some_and(|v| v.keys.contains_key(&key) || v.mws.contains_key(&(key >> 8)))
         };
@@ -219,12 +248,13 @@ impl Engine {
             },
         };
         let mr = MrId(self.id());
-        self.vnics
+        self.objs
+            .vnics
             .get_mut(&vnic)
             .ok_or(ENOENT)?
             .keys
             .insert(key, mr);
-        self.mrs.insert(
+        self.objs.mrs.insert(
             mr,
             Mr {
                 vnic,
@@ -239,7 +269,7 @@ impl Engine {
                 windows: 0,
             },
         );
-        if let Some(p) = self.pds.get_mut(&pd) {
+        if let Some(p) = self.objs.pds.get_mut(&pd) {
             p.users += 1;
         }
         Ok(MrKeys {
@@ -252,16 +282,16 @@ impl Engine {
     /// `ibv_dereg_mr`: from now on no work request can reach its memory. `EINVAL` while
     /// memory windows are bound to it (IB spec 10.6.7.2.6, as rxe).
     pub fn dereg_mr(&mut self, ctx: CtxId, mr: MrId) -> Result<(), Errno> {
-        match self.mrs.get(&mr) {
+        match self.objs.mrs.get(&mr) {
             Some(m) if m.ctx == ctx && m.windows == 0 => {}
             _ => return Err(EINVAL),
         }
-        let m = self.mrs.remove(&mr).ok_or(EINVAL)?;
+        let m = self.objs.mrs.remove(&mr).ok_or(EINVAL)?;
         self.memory_changed();
-        if let Some(v) = self.vnics.get_mut(&m.vnic) {
+        if let Some(v) = self.objs.vnics.get_mut(&m.vnic) {
             v.keys.remove(&m.key);
         }
-        if let Some(p) = self.pds.get_mut(&m.pd) {
+        if let Some(p) = self.objs.pds.get_mut(&m.pd) {
             p.users = p.users.saturating_sub(1);
         }
         Ok(())
@@ -271,17 +301,17 @@ impl Engine {
 
     /// `ibv_create_cq`.
     pub fn create_cq(&mut self, vnic: VnicId, ctx: CtxId, depth: u32) -> Result<CqId, Errno> {
-        if !self.vnics.contains_key(&vnic) {
+        if !self.objs.vnics.contains_key(&vnic) {
             return Err(ENOENT);
         }
         if depth == 0 || depth > MAX_CQE {
             return Err(EINVAL);
         }
-        if self.cqs.values().filter(|c| c.vnic == vnic).count() >= MAX_CQ {
+        if self.objs.cqs.values().filter(|c| c.vnic == vnic).count() >= MAX_CQ {
             return Err(ENOMEM);
         }
         let cq = CqId(self.id());
-        self.cqs.insert(
+        self.objs.cqs.insert(
             cq,
             Cq {
                 vnic,
@@ -294,13 +324,13 @@ impl Engine {
 
     /// `ibv_destroy_cq`: `EBUSY` while a QP uses it.
     pub fn destroy_cq(&mut self, ctx: CtxId, cq: CqId) -> Result<(), Errno> {
-        match self.cqs.get(&cq) {
+        match self.objs.cqs.get(&cq) {
             Some(c) if c.ctx == ctx => {
                 if c.users > 0 {
                     return Err(EBUSY);
                 }
-                self.cqs.remove(&cq);
-                self.completions.retain(|(c, _, _)| *c != cq);
+                self.objs.cqs.remove(&cq);
+                self.out.completions.retain(|(c, _, _)| *c != cq);
                 Ok(())
             }
             _ => Err(EINVAL),
@@ -336,18 +366,18 @@ impl Engine {
         mut cap: QpCap,
         sq_sig_all: bool,
     ) -> Result<(QpId, u32), Errno> {
-        let vnic = match self.pds.get(&pd) {
+        let vnic = match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
         };
         for cq in [send_cq, recv_cq] {
-            match self.cqs.get(&cq) {
+            match self.objs.cqs.get(&cq) {
                 Some(c) if c.ctx == ctx && c.vnic == vnic => {}
                 _ => return Err(EINVAL),
             }
         }
         if let Some(s) = srq {
-            match self.srqs.get(&s) {
+            match self.objs.srqs.get(&s) {
                 // An XRC SRQ serves XRC receive QPs only.
                 Some(s) if s.ctx == ctx && s.vnic == vnic && s.xrc.is_none() => {}
                 _ => return Err(EINVAL),
@@ -389,7 +419,7 @@ impl Engine {
         // Numbers of this engine's class (see `Engine::set_qpn_space`), at most 3/4 of them in
         // use, so the search below ends.
         let class = (QPN_MASK + 1) / self.qpn_stride;
-        if self.qp_count(vnic) >= MAX_QP || self.by_qpn.len() as u32 >= class / 4 * 3 {
+        if self.qp_count(vnic) >= MAX_QP || self.objs.by_qpn.len() as u32 >= class / 4 * 3 {
             return Err(ENOMEM);
         }
         let mut qpn = self.next_qpn;
@@ -397,15 +427,15 @@ impl Engine {
             if qpn > QPN_MASK {
                 qpn = self.qpn_offset;
             }
-            if qpn >= 2 && !self.by_qpn.contains_key(&qpn) {
+            if qpn >= 2 && !self.objs.by_qpn.contains_key(&qpn) {
                 break;
             }
             qpn += self.qpn_stride;
         }
         self.next_qpn = qpn + self.qpn_stride;
         let id = QpId(self.id());
-        self.by_qpn.insert(qpn, id);
-        self.qps.insert(
+        self.objs.by_qpn.insert(qpn, id);
+        self.objs.qps.insert(
             id,
             Qp {
                 ty: qp_type,
@@ -440,22 +470,22 @@ impl Engine {
                 tr: Tr::default(),
             },
         );
-        if let Some(p) = self.pds.get_mut(&pd) {
+        if let Some(p) = self.objs.pds.get_mut(&pd) {
             p.users += 1;
         }
         for cq in [send_cq, recv_cq] {
-            if let Some(c) = self.cqs.get_mut(&cq) {
+            if let Some(c) = self.objs.cqs.get_mut(&cq) {
                 c.users += 1;
             }
         }
-        if let Some(s) = srq.and_then(|s| self.srqs.get_mut(&s)) {
+        if let Some(s) = srq.and_then(|s| self.objs.srqs.get_mut(&s)) {
             s.users += 1;
         }
         Ok((id, qpn))
     }
 
     pub(super) fn own_qp(&self, ctx: CtxId, qp: QpId) -> Result<&Qp, Errno> {
-        match self.qps.get(&qp) {
+        match self.objs.qps.get(&qp) {
             Some(q) if q.ctx == ctx => Ok(q),
             _ => Err(EINVAL),
         }
@@ -527,7 +557,7 @@ impl Engine {
         };
         let route = self.classed(route, dqpn);
         let addr = self.addr_to(vnic, qpn, route, &ah);
-        let Some(q) = self.qps.get_mut(&qp) else {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Err(EINVAL);
         };
         q.route = route;
@@ -561,9 +591,9 @@ impl Engine {
             QpState::Reset => {
                 // Forget the queues silently: their slots are free again.
                 q.sq_retired = q.sq_retired.wrapping_add(q.sq.len() as u32);
-                touch(&mut self.touched, qp, q);
+                touch(&mut self.sched.touched, qp, q);
                 q.rq_retired = q.rq_retired.wrapping_add(q.rq.len() as u32);
-                touch(&mut self.touched, qp, q);
+                touch(&mut self.sched.touched, qp, q);
                 q.sq.clear();
                 q.rq.clear();
                 q.wait = Wait::None;
@@ -582,12 +612,14 @@ impl Engine {
                 let (ctx, srq) = (q.ctx, q.srq);
                 self.flush(qp);
                 if srq.is_some() && cur != QpState::Err {
-                    self.events.push_back((ctx, Event::LastWqeReached { qp }));
+                    self.out
+                        .events
+                        .push_back((ctx, Event::LastWqeReached { qp }));
                 }
             }
             QpState::Rtr | QpState::Rts => {
                 // This QP may be the responder someone waits for; and it may have work.
-                for w in std::mem::take(&mut self.retry_waiters) {
+                for w in std::mem::take(&mut self.sched.retry_waiters) {
                     self.unlist(w);
                 }
                 self.wake(qp);
@@ -611,19 +643,19 @@ impl Engine {
     /// (`RETRY_EXC_ERR` after its transport timeout).
     pub fn destroy_qp(&mut self, now: Instant, ctx: CtxId, qp: QpId) -> Result<(), Errno> {
         self.own_qp(ctx, qp)?;
-        let Some(q) = self.qps.remove(&qp) else {
+        let Some(q) = self.objs.qps.remove(&qp) else {
             return Err(EINVAL);
         };
-        self.by_qpn.remove(&q.qpn);
+        self.objs.by_qpn.remove(&q.qpn);
         self.unbind_qp_windows(qp);
-        if let Some(p) = self.pds.get_mut(&q.pd) {
+        if let Some(p) = self.objs.pds.get_mut(&q.pd) {
             p.users = p.users.saturating_sub(1);
         }
-        if let Some(s) = q.srq.and_then(|s| self.srqs.get_mut(&s)) {
+        if let Some(s) = q.srq.and_then(|s| self.objs.srqs.get_mut(&s)) {
             s.users = s.users.saturating_sub(1);
         }
         for cq in [q.send_cq, q.recv_cq] {
-            if let Some(c) = self.cqs.get_mut(&cq) {
+            if let Some(c) = self.objs.cqs.get_mut(&cq) {
                 c.users = c.users.saturating_sub(1);
             }
         }
@@ -636,12 +668,14 @@ impl Engine {
     /// send fails with `RETRY_EXC_ERR`, everything else flushes), so a peer that only waits for
     /// receives does not hang.
     pub(super) fn fail_peers(&mut self, qp: QpId) {
-        let Some(q) = self.qps.get(&qp) else { return };
+        let Some(q) = self.objs.qps.get(&qp) else {
+            return;
+        };
         let (qpn, vnic) = (q.qpn, q.vnic);
         // Whatever its own state (a QP its ring check failed is in ERR already): the peer
         // still waits on it.
         if let Route::Remote(host) = q.route {
-            self.died_remote.push((host, qpn));
+            self.out.died_remote.push((host, qpn));
         }
         self.fail_connected(Route::Local(vnic), qpn);
     }
@@ -650,6 +684,7 @@ impl Engine {
     /// completing with `RETRY_EXC_ERR`.
     fn fail_connected(&mut self, route: Route, qpn: u32) {
         let peers: Vec<QpId> = self
+            .objs
             .qps
             .iter()
             .filter(|(_, p)| {
@@ -670,7 +705,7 @@ impl Engine {
     /// the engine at the other end (another engine of the same daemon), tells it
     /// ([`Engine::peer_died`]); another host's QPs find out by their retry timers.
     pub fn take_died_remote(&mut self) -> Vec<(HostId, u32)> {
-        std::mem::take(&mut self.died_remote)
+        std::mem::take(&mut self.out.died_remote)
     }
 
     /// QP `qpn` behind `host` died with its context: the QPs connected to it over that link
@@ -682,17 +717,17 @@ impl Engine {
 
     /// The QP's current state.
     pub fn qp_state(&self, qp: QpId) -> Option<QpState> {
-        self.qps.get(&qp).map(|q| q.attr.qp_state)
+        self.objs.qps.get(&qp).map(|q| q.attr.qp_state)
     }
 
     /// All QPs (for the daemon's ring scan).
     pub fn qps(&self) -> impl Iterator<Item = QpId> + '_ {
-        self.qps.keys().copied()
+        self.objs.qps.keys().copied()
     }
 
     /// Number of QPs of a vRNIC.
     pub fn qp_count(&self, vnic: VnicId) -> usize {
-        self.qps.values().filter(|q| q.vnic == vnic).count()
+        self.objs.qps.values().filter(|q| q.vnic == vnic).count()
     }
 
     // ---- SRQs and address handles ----------------------------------------------------------
@@ -707,27 +742,27 @@ impl Engine {
         max_sge: u32,
         limit: u32,
     ) -> Result<(SrqId, u32), Errno> {
-        let vnic = match self.pds.get(&pd) {
+        let vnic = match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
         };
         if max_wr == 0 || max_wr > MAX_QP_WR || max_sge as usize > MAX_SGE || limit >= max_wr {
             return Err(EINVAL);
         }
-        if self.srqs.values().filter(|s| s.vnic == vnic).count() >= MAX_SRQ
-            || self.by_srqn.len() >= 0xff_0000
+        if self.objs.srqs.values().filter(|s| s.vnic == vnic).count() >= MAX_SRQ
+            || self.objs.by_srqn.len() >= 0xff_0000
         {
             return Err(ENOMEM);
         }
         let id = SrqId(self.id());
         let depth = max_wr.next_power_of_two();
-        let mut srqn = self.next_srqn;
-        while self.by_srqn.contains_key(&srqn) || srqn == 0 {
+        let mut srqn = self.objs.next_srqn;
+        while self.objs.by_srqn.contains_key(&srqn) || srqn == 0 {
             srqn = (srqn + 1) & 0xff_ffff;
         }
-        self.next_srqn = (srqn + 1) & 0xff_ffff;
-        self.by_srqn.insert(srqn, id);
-        self.srqs.insert(
+        self.objs.next_srqn = (srqn + 1) & 0xff_ffff;
+        self.objs.by_srqn.insert(srqn, id);
+        self.objs.srqs.insert(
             id,
             Srq {
                 vnic,
@@ -746,7 +781,7 @@ impl Engine {
                 xrc: None,
             },
         );
-        if let Some(p) = self.pds.get_mut(&pd) {
+        if let Some(p) = self.objs.pds.get_mut(&pd) {
             p.users += 1;
         }
         Ok((id, depth))
@@ -769,7 +804,7 @@ impl Engine {
         max_wr: Option<u32>,
         limit: Option<u32>,
     ) -> Result<u32, Errno> {
-        let s = match self.srqs.get_mut(&srq) {
+        let s = match self.objs.srqs.get_mut(&srq) {
             Some(s) if s.ctx == ctx => s,
             _ => return Err(EINVAL),
         };
@@ -796,7 +831,7 @@ impl Engine {
             if l > 0 && (s.rq.len() as u32) < l {
                 // Already below: the event fires at once, as a device raises it on arming.
                 s.limit = 0;
-                self.events.push_back((ctx, Event::SrqLimit { srq }));
+                self.out.events.push_back((ctx, Event::SrqLimit { srq }));
             }
         }
         Ok(s.depth)
@@ -804,7 +839,7 @@ impl Engine {
 
     /// `ibv_query_srq`: `(max_wr, max_sge, srq_limit)`.
     pub fn query_srq(&self, ctx: CtxId, srq: SrqId) -> Result<(u32, u32, u32), Errno> {
-        match self.srqs.get(&srq) {
+        match self.objs.srqs.get(&srq) {
             Some(s) if s.ctx == ctx => Ok((s.max_wr, s.max_sge, s.limit)),
             _ => Err(EINVAL),
         }
@@ -812,21 +847,21 @@ impl Engine {
 
     /// `ibv_destroy_srq`: `EBUSY` while a QP uses it.
     pub fn destroy_srq(&mut self, ctx: CtxId, srq: SrqId) -> Result<(), Errno> {
-        match self.srqs.get(&srq) {
+        match self.objs.srqs.get(&srq) {
             Some(s) if s.ctx == ctx => {
                 if s.users > 0 {
                     return Err(EBUSY);
                 }
                 let (pd, srqn, xrc) = (s.pd, s.srqn, s.xrc);
-                self.srqs.remove(&srq);
-                self.by_srqn.remove(&srqn);
-                if let Some(p) = self.pds.get_mut(&pd) {
+                self.objs.srqs.remove(&srq);
+                self.objs.by_srqn.remove(&srqn);
+                if let Some(p) = self.objs.pds.get_mut(&pd) {
                     p.users = p.users.saturating_sub(1);
                 }
                 if let Some(x) = xrc {
                     self.release_xrc_srq(x);
                 }
-                self.events
+                self.out.events
                     .retain(|(_, e)| !matches!(e, Event::SrqLimit { srq: x } | Event::SrqError { srq: x } if *x == srq));
                 Ok(())
             }
@@ -836,7 +871,8 @@ impl Engine {
 
     /// Receive WQEs the SRQ can take now.
     pub fn srq_room(&self, srq: SrqId) -> u32 {
-        self.srqs
+        self.objs
+            .srqs
             .get(&srq)
             .filter(|s| !s.broken)
             .map(|s| s.depth.saturating_sub(s.rq.len() as u32))
@@ -845,19 +881,19 @@ impl Engine {
 
     /// SRQ receive WQEs retired so far (free running).
     pub fn srq_retired(&self, srq: SrqId) -> u32 {
-        self.srqs.get(&srq).map(|s| s.retired).unwrap_or(0)
+        self.objs.srqs.get(&srq).map(|s| s.retired).unwrap_or(0)
     }
 
     /// All SRQs (for the daemon's ring scan).
     pub fn srq_ids(&self) -> impl Iterator<Item = SrqId> + '_ {
-        self.srqs.keys().copied()
+        self.objs.srqs.keys().copied()
     }
 
     /// A receive WQE from an SRQ's ring. One that does not parse, has more SGEs than the SRQ
     /// allows, or exceeds the depth breaks the SRQ: it takes no more receives and its owner
     /// gets `IBV_EVENT_SRQ_ERR` (the QPs on it see RNR, as with an empty queue).
     pub fn handle_srq_wqe(&mut self, srq: SrqId, wqe: Result<RecvWqe, ParseError>) {
-        let Some(s) = self.srqs.get_mut(&srq) else {
+        let Some(s) = self.objs.srqs.get_mut(&srq) else {
             return;
         };
         if s.broken {
@@ -876,9 +912,9 @@ impl Engine {
                 );
                 s.broken = true;
                 s.retired = s.retired.wrapping_add(1);
-                touch_srq(&mut self.touched_srqs, srq, s);
+                touch_srq(&mut self.sched.touched_srqs, srq, s);
                 let ctx = s.ctx;
-                self.events.push_back((ctx, Event::SrqError { srq }));
+                self.out.events.push_back((ctx, Event::SrqError { srq }));
             }
         }
     }
@@ -887,7 +923,7 @@ impl Engine {
     /// exist; the address need not name a vRNIC that exists now (datagrams to nowhere are
     /// dropped).
     pub fn create_ah(&mut self, ctx: CtxId, pd: PdId, attr: AhAttr) -> Result<AhId, Errno> {
-        let vnic = match self.pds.get(&pd) {
+        let vnic = match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => p.vnic,
             _ => return Err(EINVAL),
         };
@@ -895,16 +931,17 @@ impl Engine {
             return Err(EINVAL);
         }
         let mine = self
+            .objs
             .ahs
             .values()
-            .filter(|a| self.pds.get(&a.pd).is_some_and(|p| p.vnic == vnic))
+            .filter(|a| self.objs.pds.get(&a.pd).is_some_and(|p| p.vnic == vnic))
             .count();
         if mine >= MAX_AH {
             return Err(ENOMEM);
         }
         let id = AhId(self.id());
         let route = self.route_from(vnic, &attr, true);
-        self.ahs.insert(
+        self.objs.ahs.insert(
             id,
             Ah {
                 ctx,
@@ -913,7 +950,7 @@ impl Engine {
                 route,
             },
         );
-        if let Some(p) = self.pds.get_mut(&pd) {
+        if let Some(p) = self.objs.pds.get_mut(&pd) {
             p.users += 1;
         }
         Ok(id)
@@ -921,11 +958,11 @@ impl Engine {
 
     /// `ibv_destroy_ah`.
     pub fn destroy_ah(&mut self, ctx: CtxId, ah: AhId) -> Result<(), Errno> {
-        match self.ahs.get(&ah) {
+        match self.objs.ahs.get(&ah) {
             Some(a) if a.ctx == ctx => {
                 let pd = a.pd;
-                self.ahs.remove(&ah);
-                if let Some(p) = self.pds.get_mut(&pd) {
+                self.objs.ahs.remove(&ah);
+                if let Some(p) = self.objs.pds.get_mut(&pd) {
                     p.users = p.users.saturating_sub(1);
                 }
                 Ok(())
@@ -945,12 +982,12 @@ impl Engine {
         pd: Option<PdId>,
         acc: Option<u32>,
     ) -> Result<(), Errno> {
-        let (old_pd, vnic) = match self.mrs.get(&mr) {
+        let (old_pd, vnic) = match self.objs.mrs.get(&mr) {
             Some(m) if m.ctx == ctx && m.windows == 0 => (m.pd, m.vnic),
             _ => return Err(EINVAL),
         };
         if let Some(p) = pd {
-            match self.pds.get(&p) {
+            match self.objs.pds.get(&p) {
                 Some(x) if x.ctx == ctx && x.vnic == vnic => {}
                 _ => return Err(EINVAL),
             }
@@ -966,7 +1003,7 @@ impl Engine {
             }
         }
         self.memory_changed();
-        let Some(m) = self.mrs.get_mut(&mr) else {
+        let Some(m) = self.objs.mrs.get_mut(&mr) else {
             return Err(EINVAL);
         };
         if let Some(a) = acc {
@@ -974,10 +1011,10 @@ impl Engine {
         }
         if let Some(p) = pd {
             m.pd = p;
-            if let Some(x) = self.pds.get_mut(&old_pd) {
+            if let Some(x) = self.objs.pds.get_mut(&old_pd) {
                 x.users = x.users.saturating_sub(1);
             }
-            if let Some(x) = self.pds.get_mut(&p) {
+            if let Some(x) = self.objs.pds.get_mut(&p) {
                 x.users += 1;
             }
         }

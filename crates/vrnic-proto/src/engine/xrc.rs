@@ -46,14 +46,15 @@ impl Engine {
         create: bool,
         excl: bool,
     ) -> Result<XrcdId, Errno> {
-        if !self.vnics.contains_key(&vnic) {
+        if !self.objs.vnics.contains_key(&vnic) {
             return Err(ENOENT);
         }
-        if self.xrcds.values().filter(|x| x.vnic == vnic).count() >= MAX_XRCD {
+        if self.objs.xrcds.values().filter(|x| x.vnic == vnic).count() >= MAX_XRCD {
             return Err(ENOMEM);
         }
         let existing = key.and_then(|k| {
-            self.xrcds
+            self.objs
+                .xrcds
                 .values()
                 .find(|x| x.vnic == vnic && x.key == Some(k))
                 .map(|x| x.domain)
@@ -65,7 +66,7 @@ impl Engine {
             None => self.id(),
         };
         let id = XrcdId(self.id());
-        self.xrcds.insert(
+        self.objs.xrcds.insert(
             id,
             Xrcd {
                 vnic,
@@ -81,12 +82,12 @@ impl Engine {
     /// `ibv_close_xrcd`: `EBUSY` while XRC SRQs or receive QPs created through this handle
     /// exist. The domain lives on while another handle holds it.
     pub fn close_xrcd(&mut self, ctx: CtxId, xrcd: XrcdId) -> Result<(), Errno> {
-        match self.xrcds.get(&xrcd) {
+        match self.objs.xrcds.get(&xrcd) {
             Some(x) if x.ctx == ctx => {
                 if x.users > 0 {
                     return Err(EBUSY);
                 }
-                self.xrcds.remove(&xrcd);
+                self.objs.xrcds.remove(&xrcd);
                 Ok(())
             }
             _ => Err(EINVAL),
@@ -95,7 +96,7 @@ impl Engine {
 
     /// The handle `ctx` holds, with its vRNIC and domain.
     fn own_xrcd(&self, ctx: CtxId, xrcd: XrcdId) -> Result<(VnicId, u32), Errno> {
-        match self.xrcds.get(&xrcd) {
+        match self.objs.xrcds.get(&xrcd) {
             Some(x) if x.ctx == ctx => Ok((x.vnic, x.domain)),
             _ => Err(EINVAL),
         }
@@ -116,24 +117,24 @@ impl Engine {
         limit: u32,
     ) -> Result<(SrqId, u32, u32), Errno> {
         let (vnic, domain) = self.own_xrcd(ctx, xrcd)?;
-        match self.cqs.get(&cq) {
+        match self.objs.cqs.get(&cq) {
             Some(c) if c.ctx == ctx && c.vnic == vnic => {}
             _ => return Err(EINVAL),
         }
-        match self.pds.get(&pd) {
+        match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx && p.vnic == vnic => {}
             _ => return Err(EINVAL),
         }
         let (srq, depth) = self.create_srq(ctx, pd, max_wr, max_sge, limit)?;
         let mut srqn = 0;
-        if let Some(s) = self.srqs.get_mut(&srq) {
+        if let Some(s) = self.objs.srqs.get_mut(&srq) {
             s.xrc = Some(XrcSrq { xrcd, domain, cq });
             srqn = s.srqn;
         }
-        if let Some(x) = self.xrcds.get_mut(&xrcd) {
+        if let Some(x) = self.objs.xrcds.get_mut(&xrcd) {
             x.users += 1;
         }
-        if let Some(c) = self.cqs.get_mut(&cq) {
+        if let Some(c) = self.objs.cqs.get_mut(&cq) {
             c.users += 1;
         }
         Ok((srq, depth, srqn))
@@ -141,7 +142,7 @@ impl Engine {
 
     /// `ibv_get_srq_num`.
     pub fn srq_num(&self, ctx: CtxId, srq: SrqId) -> Result<u32, Errno> {
-        match self.srqs.get(&srq) {
+        match self.objs.srqs.get(&srq) {
             Some(s) if s.ctx == ctx => Ok(s.srqn),
             _ => Err(EINVAL),
         }
@@ -149,10 +150,10 @@ impl Engine {
 
     /// An XRC SRQ goes away: its domain handle and CQ have one user less.
     pub(super) fn release_xrc_srq(&mut self, x: XrcSrq) {
-        if let Some(h) = self.xrcds.get_mut(&x.xrcd) {
+        if let Some(h) = self.objs.xrcds.get_mut(&x.xrcd) {
             h.users = h.users.saturating_sub(1);
         }
-        if let Some(c) = self.cqs.get_mut(&x.cq) {
+        if let Some(c) = self.objs.cqs.get_mut(&x.cq) {
             c.users = c.users.saturating_sub(1);
         }
     }
@@ -196,10 +197,10 @@ impl Engine {
             QpCap::default(),
             false,
         )?;
-        if let Some(q) = self.qps.get_mut(&qp) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.xrcd = Some((xrcd, domain));
         }
-        if let Some(x) = self.xrcds.get_mut(&xrcd) {
+        if let Some(x) = self.objs.xrcds.get_mut(&xrcd) {
             x.users += 1;
         }
         Ok((qp, qpn))
@@ -208,7 +209,7 @@ impl Engine {
     /// An XRC receive QP goes away: its domain handle has one user less.
     pub(super) fn release_xrc_qp(&mut self, xrcd: Option<(XrcdId, u32)>) {
         if let Some((h, _)) = xrcd
-            && let Some(x) = self.xrcds.get_mut(&h)
+            && let Some(x) = self.objs.xrcds.get_mut(&h)
         {
             x.users = x.users.saturating_sub(1);
         }
@@ -216,7 +217,7 @@ impl Engine {
 
     /// Drops the domain handles `ctx` holds (its objects are gone already).
     pub(super) fn close_ctx_xrcds(&mut self, ctx: CtxId) {
-        self.xrcds.retain(|_, x| x.ctx != ctx);
+        self.objs.xrcds.retain(|_, x| x.ctx != ctx);
     }
 
     // ---- the responder's side ----------------------------------------------------------------
@@ -226,24 +227,25 @@ impl Engine {
     /// Otherwise the request is invalid (an SRQ of another domain, of another vRNIC, a basic
     /// SRQ, or none).
     pub(super) fn xrc_target(&mut self, peer: QpId, srqn: u32) -> Result<(), Nak> {
-        let Some(q) = self.qps.get(&peer) else {
+        let Some(q) = self.objs.qps.get(&peer) else {
             return Err(Nak::InvalidRequest);
         };
         let (vnic, domain) = match q.xrcd {
             Some((_, d)) => (q.vnic, d),
             None => return Err(Nak::InvalidRequest),
         };
-        let srq = self
-            .by_srqn
-            .get(&srqn)
-            .copied()
-            .filter(|s| {
-                self.srqs
-                    .get(s)
-                    .is_some_and(|s| s.vnic == vnic && s.xrc.is_some_and(|x| x.domain == domain))
-            })
-            .ok_or(Nak::InvalidRequest)?;
-        if let Some(q) = self.qps.get_mut(&peer)
+        let srq =
+            self.objs
+                .by_srqn
+                .get(&srqn)
+                .copied()
+                .filter(|s| {
+                    self.objs.srqs.get(s).is_some_and(|s| {
+                        s.vnic == vnic && s.xrc.is_some_and(|x| x.domain == domain)
+                    })
+                })
+                .ok_or(Nak::InvalidRequest)?;
+        if let Some(q) = self.objs.qps.get_mut(&peer)
             && q.xrc_srq != Some(srq)
         {
             // Another SRQ, perhaps another PD: what was translated under the last is stale.
@@ -257,7 +259,7 @@ impl Engine {
     /// an XRC receive QP the PD of the XRC SRQ it serves.
     pub(super) fn responder_pd(&self, q: &Qp) -> PdId {
         match (q.ty, q.xrc_srq) {
-            (QpType::XrcRecv, Some(s)) => self.srqs.get(&s).map_or(NO_PD, |s| s.pd),
+            (QpType::XrcRecv, Some(s)) => self.objs.srqs.get(&s).map_or(NO_PD, |s| s.pd),
             (QpType::XrcRecv, None) => NO_PD,
             _ => q.pd,
         }
@@ -269,7 +271,7 @@ impl Engine {
         match q.ty {
             QpType::XrcRecv => q
                 .xrc_srq
-                .and_then(|s| self.srqs.get(&s))
+                .and_then(|s| self.objs.srqs.get(&s))
                 .and_then(|s| s.xrc)
                 .map_or(NO_CQ, |x| x.cq),
             _ => q.recv_cq,
