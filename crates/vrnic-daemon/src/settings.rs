@@ -19,6 +19,15 @@
 //! etcd_user = "vrnic"
 //! etcd_password_file = "/etc/vrnic/etcd-password"
 //! ```
+//!
+//! With TLS to etcd (`https://` URLs), and a client certificate where etcd asks for one:
+//!
+//! ```toml
+//! etcd = ["https://10.0.0.100:2379"]
+//! etcd_ca = "/etc/vrnic/etcd-ca.pem"
+//! etcd_cert = "/etc/vrnic/etcd-client.pem"
+//! etcd_key = "/etc/vrnic/etcd-client-key.pem"
+//! ```
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -43,6 +52,12 @@ pub struct Settings {
     pub etcd_user: Option<String>,
     /// The file holding its password (`--etcd-password-file`).
     pub etcd_password_file: Option<std::path::PathBuf>,
+    /// TLS to etcd: the CA certificates (`--etcd-ca`).
+    pub etcd_ca: Option<std::path::PathBuf>,
+    /// TLS to etcd: a client certificate (`--etcd-cert`).
+    pub etcd_cert: Option<std::path::PathBuf>,
+    /// TLS to etcd: the client certificate's key (`--etcd-key`).
+    pub etcd_key: Option<std::path::PathBuf>,
     /// Region size in GiB (`--region-gib`).
     pub region_gib: Option<u64>,
     /// Most vRNICs (`--max-vrnics`).

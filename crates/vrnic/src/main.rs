@@ -92,7 +92,8 @@ enum Cmd {
         /// Another host's daemon (its --listen address); repeat for each host.
         #[arg(long = "peer")]
         peers: Vec<std::net::SocketAddr>,
-        /// Cluster mode: etcd's client URLs (http://HOST:PORT, comma-separated). Hosts and
+        /// Cluster mode: etcd's client URLs (http://HOST:PORT, or https:// with --etcd-ca;
+        /// comma-separated). Hosts and
         /// vRNICs are registered there (LIDs, GIDs and IPs claimed by transactions) and peers
         /// are found there instead of --peer; needs --listen.
         #[arg(long, value_delimiter = ',', value_name = "URL[,URL...]")]
@@ -109,6 +110,17 @@ enum Cmd {
         /// by its owner only (mode 600); the password is never given on the command line.
         #[arg(long, value_name = "PATH")]
         etcd_password_file: Option<std::path::PathBuf>,
+        /// Cluster mode: TLS to etcd (https:// URLs): the CA certificates (PEM) etcd's server
+        /// certificate must chain to.
+        #[arg(long, value_name = "PATH")]
+        etcd_ca: Option<std::path::PathBuf>,
+        /// Cluster mode: a client certificate (PEM) for an etcd that authenticates clients by
+        /// certificate (etcd --client-cert-auth); needs --etcd-key and --etcd-ca.
+        #[arg(long, value_name = "PATH")]
+        etcd_cert: Option<std::path::PathBuf>,
+        /// Cluster mode: the client certificate's key (PEM), readable by its owner only.
+        #[arg(long, value_name = "PATH")]
+        etcd_key: Option<std::path::PathBuf>,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -250,6 +262,9 @@ fn real_main() -> Result<()> {
             etcd_ttl,
             etcd_user,
             etcd_password_file,
+            etcd_ca,
+            etcd_cert,
+            etcd_key,
         } => {
             let file = match &config {
                 Some(path) => vrnic_daemon::settings::Settings::load(path)?,
@@ -282,6 +297,9 @@ fn real_main() -> Result<()> {
                             .unwrap_or(vrnic_daemon::DEFAULT_TTL_S),
                         user: etcd_user.or(file.etcd_user),
                         password_file: etcd_password_file.or(file.etcd_password_file),
+                        ca: etcd_ca.or(file.etcd_ca),
+                        cert: etcd_cert.or(file.etcd_cert),
+                        key: etcd_key.or(file.etcd_key),
                     })
                 },
             })

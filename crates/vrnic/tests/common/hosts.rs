@@ -34,12 +34,46 @@ const ETCD_START: Duration = Duration::from_secs(20);
 /// the hosts' bridge, its data in a temp dir; killed and its data removed on drop. Stop and
 /// start it again to simulate an outage (its data stays).
 pub struct Etcd {
-    /// Its client URL (`http://ADDR:2379`).
+    /// Its client URL (`http://ADDR:2379`, or `https://` with TLS).
     pub url: String,
     addr: String,
     netns: String,
     data: PathBuf,
     proc: Option<Proc>,
+    /// With TLS: the dir of its certificates ([`Hosts::etcd_tls`]).
+    pub tls: Option<PathBuf>,
+}
+
+/// Makes, with the `openssl` command, in `dir`: a CA (`ca.pem`), etcd's server certificate
+/// for `addr` (`server.pem`, `server-key.pem`; also for client use, which etcd's own gateway
+/// needs to reach its gRPC server when clients must present certificates) and a client certificate (`client.pem`,
+/// `client-key.pem`, mode 600), each signed by the CA; and `other-ca.pem`, a CA that signed
+/// nothing here.
+pub fn make_certs(dir: &std::path::Path, addr: &str) {
+    std::fs::create_dir_all(dir).expect("the certificates' dir");
+    let script = format!(
+        "set -e; cd '{}'; k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'
+         openssl req -x509 $k -keyout ca-key.pem -out ca.pem -days 2 -subj /CN=vrnic-test-ca
+         openssl req -x509 $k -keyout other-ca-key.pem -out other-ca.pem -days 2 -subj /CN=other
+         openssl req $k -keyout server-key.pem -out server.csr -subj /CN=etcd
+         printf 'subjectAltName=IP:{addr}\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
+         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
+             -out server.pem -days 2 -extfile server.ext
+         openssl req $k -keyout client-key.pem -out client.csr -subj /CN=vrnic
+         printf 'extendedKeyUsage=clientAuth\n' > client.ext
+         openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
+             -out client.pem -days 2 -extfile client.ext
+         chmod 600 *-key.pem",
+        dir.display()
+    );
+    let mut c = Command::new("bash");
+    c.args(["-c", &script]);
+    let out = Proc::spawn(c, "openssl").wait(CLI);
+    assert!(
+        out.ok(),
+        "making the test's certificates failed\n{}",
+        out.text()
+    );
 }
 
 /// Runs `ip args...`, panicking with its output if it fails.
@@ -116,7 +150,18 @@ impl Hosts {
 
     /// An etcd on the hosts' bridge at 10.77.0.200, started and listening.
     pub fn etcd(&self) -> Etcd {
+        self.etcd_with(false)
+    }
+
+    /// [`Hosts::etcd`] over TLS only (`https://`), authenticating its clients by certificate
+    /// (`--client-cert-auth`): its certificates made by [`make_certs`] in [`Etcd::tls`].
+    pub fn etcd_tls(&self) -> Etcd {
+        self.etcd_with(true)
+    }
+
+    fn etcd_with(&self, tls: bool) -> Etcd {
         super::require("etcd");
+        super::require("openssl");
         let netns = format!("{}etcd", self.switch.trim_end_matches("sw"));
         ip(&["netns", "add", &netns]);
         self.extra.borrow_mut().push(netns.clone());
@@ -150,12 +195,20 @@ impl Hosts {
         let addr = "10.77.0.200".to_string();
         let data = std::env::temp_dir().join(format!("{netns}-data"));
         let _ = std::fs::remove_dir_all(&data);
+        let certs = tls.then(|| {
+            let dir = std::env::temp_dir().join(format!("{netns}-certs"));
+            let _ = std::fs::remove_dir_all(&dir);
+            make_certs(&dir, &addr);
+            dir
+        });
+        let scheme = if tls { "https" } else { "http" };
         let mut e = Etcd {
-            url: format!("http://{addr}:{ETCD_PORT}"),
+            url: format!("{scheme}://{addr}:{ETCD_PORT}"),
             addr,
             netns,
             data,
             proc: None,
+            tls: certs,
         };
         e.start();
         e
@@ -295,6 +348,15 @@ impl Etcd {
             .args(["--initial-advertise-peer-urls", peer])
             .args(["--initial-cluster", &format!("vrnic-test={peer}")])
             .args(["--log-level", "warn"]);
+        if let Some(dir) = &self.tls {
+            c.arg("--cert-file")
+                .arg(dir.join("server.pem"))
+                .arg("--key-file")
+                .arg(dir.join("server-key.pem"))
+                .arg("--trusted-ca-file")
+                .arg(dir.join("ca.pem"))
+                .arg("--client-cert-auth");
+        }
         self.proc = Some(Proc::spawn(c, "etcd"));
         let start = Instant::now();
         while !self.listening() {
@@ -490,6 +552,37 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.data);
+        if let Some(dir) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Etcd {
+    /// Its network namespace's name.
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    /// `curl` of `POST path` with JSON `body` to this TLS etcd's gateway from its own
+    /// namespace, trusting the test's CA, with the client certificate when `cert`; returns
+    /// whether curl got a 200, and its output (curl's error when TLS refused it).
+    pub fn curl_post(&self, path: &str, body: &str, cert: bool) -> (bool, String) {
+        let dir = self.tls.as_ref().expect("a TLS etcd");
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns))
+            .args(["curl", "-sS", "--fail", "--max-time", "10", "--cacert"])
+            .arg(dir.join("ca.pem"));
+        if cert {
+            c.arg("--cert")
+                .arg(dir.join("client.pem"))
+                .arg("--key")
+                .arg(dir.join("client-key.pem"));
+        }
+        c.args(["-X", "POST", "-d", body])
+            .arg(format!("{}{path}", self.url));
+        let out = Proc::spawn(c, "curl").wait(super::CLI);
+        (out.ok(), out.text())
     }
 }
 

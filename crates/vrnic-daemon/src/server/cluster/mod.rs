@@ -43,10 +43,10 @@ use records::{HostRecord, VnicRecord};
 use session::{Command, Event};
 
 /// Cluster mode's options (`vrnic serve --etcd`, `--etcd-ttl`, `--etcd-user`,
-/// `--etcd-password-file`).
+/// `--etcd-password-file`, `--etcd-ca`, `--etcd-cert`, `--etcd-key`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterOptions {
-    /// etcd's client URLs (`http://HOST:PORT`).
+    /// etcd's client URLs (`http://HOST:PORT`, or `https://HOST:PORT` with `ca`).
     pub endpoints: Vec<String>,
     /// The lease's time to live in seconds: how long a dead daemon's vRNICs stay listed.
     pub ttl_s: u64,
@@ -55,6 +55,64 @@ pub struct ClusterOptions {
     pub user: Option<String>,
     /// The file holding `user`'s password (its first line), readable by its owner only.
     pub password_file: Option<PathBuf>,
+    /// TLS to etcd (`https://` URLs): the CA certificates (PEM) that etcd's server
+    /// certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// A client certificate (PEM) for an etcd that authenticates its clients by certificate
+    /// (`--client-cert-auth`).
+    pub cert: Option<PathBuf>,
+    /// The client certificate's key (PEM), readable by its owner only.
+    pub key: Option<PathBuf>,
+}
+
+/// What TLS to etcd needs, read from the files.
+#[derive(Clone)]
+pub(super) struct TlsFiles {
+    pub(super) ca: Vec<u8>,
+    pub(super) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TlsFiles {{ client certificate: {} }}",
+            self.identity.is_some()
+        )
+    }
+}
+
+/// Reads a PEM file that must hold a block of `kind` (`CERTIFICATE`, `PRIVATE KEY`).
+fn read_pem(what: &str, file: &std::path::Path, kind: &str) -> Result<Vec<u8>> {
+    let shown = file.display();
+    let bytes = std::fs::read(file).with_context(|| format!("{what} {shown}"))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let has = text
+        .lines()
+        .any(|l| l.starts_with("-----BEGIN ") && l.trim_end().ends_with(&format!("{kind}-----")));
+    if !has {
+        bail!("{what} {shown}: no PEM block of a {}", kind.to_lowercase());
+    }
+    Ok(bytes)
+}
+
+/// Checks that a secret's file is a regular file that neither its group nor others can read
+/// or write.
+fn owner_only(what: &str, file: &std::path::Path) -> Result<()> {
+    let shown = file.display();
+    let meta = std::fs::metadata(file).with_context(|| format!("{what} {shown}"))?;
+    if !meta.is_file() {
+        bail!("{what} {shown}: not a regular file");
+    }
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+    if mode & 0o077 != 0 {
+        bail!(
+            "{what} {shown} has mode {:03o}: it must not be readable or writable by group or \
+             others (chmod 600 {shown})",
+            mode & 0o777
+        );
+    }
+    Ok(())
 }
 
 /// Why etcd is not usable before the first registration.
@@ -69,13 +127,30 @@ impl ClusterOptions {
         if self.endpoints.is_empty() {
             bail!("--etcd needs at least one URL");
         }
+        let tls = self.ca.is_some();
         for u in &self.endpoints {
-            let Some(rest) = u.strip_prefix("http://") else {
-                bail!("etcd URL {u:?}: use http://HOST:PORT (TLS is not supported)");
+            let scheme = if tls { "https://" } else { "http://" };
+            let Some(rest) = u.strip_prefix(scheme) else {
+                if tls {
+                    bail!("etcd URL {u:?}: with --etcd-ca, use https://HOST:PORT");
+                }
+                if u.starts_with("https://") {
+                    bail!(
+                        "etcd URL {u:?}: TLS needs --etcd-ca (the CA certificate etcd's server \
+                         certificate is signed by)"
+                    );
+                }
+                bail!("etcd URL {u:?}: use http://HOST:PORT (or https:// with --etcd-ca)");
             };
             if rest.is_empty() || rest.contains(['/', ' ']) {
-                bail!("etcd URL {u:?}: use http://HOST:PORT");
+                bail!("etcd URL {u:?}: use {scheme}HOST:PORT");
             }
+        }
+        match (&self.cert, &self.key) {
+            (Some(c), None) => bail!("--etcd-cert {}: needs --etcd-key", c.display()),
+            (None, Some(k)) => bail!("--etcd-key {}: needs --etcd-cert", k.display()),
+            (Some(_), Some(_)) if !tls => bail!("--etcd-cert and --etcd-key need --etcd-ca"),
+            _ => {}
         }
         if !(2..=3600).contains(&self.ttl_s) {
             bail!("--etcd-ttl {}: use 2 to 3600 seconds", self.ttl_s);
@@ -101,19 +176,9 @@ impl ClusterOptions {
             return Ok(None);
         };
         let shown = file.display();
-        let meta = std::fs::metadata(file)
+        std::fs::metadata(file)
             .with_context(|| format!("etcd password file {shown} (for user {user})"))?;
-        if !meta.is_file() {
-            bail!("etcd password file {shown}: not a regular file");
-        }
-        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
-        if mode & 0o077 != 0 {
-            bail!(
-                "etcd password file {shown} has mode {:03o}: it must not be readable or writable \
-                 by group or others (chmod 600 {shown})",
-                mode & 0o777
-            );
-        }
+        owner_only("etcd password file", file)?;
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("etcd password file {shown} (for user {user})"))?;
         let password = text.lines().next().unwrap_or_default();
@@ -121,6 +186,25 @@ impl ClusterOptions {
             bail!("etcd password file {shown}: its first line is empty");
         }
         Ok(Some((user.clone(), password.to_string())))
+    }
+
+    /// What TLS to etcd needs, read from its files (`None`: plain `http://`). The key file,
+    /// like the password file, must be readable by its owner only.
+    pub(super) fn tls(&self) -> Result<Option<TlsFiles>> {
+        let Some(ca) = &self.ca else {
+            return Ok(None);
+        };
+        let ca = read_pem("etcd CA certificate", ca, "CERTIFICATE")?;
+        let identity = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => {
+                let cert = read_pem("etcd client certificate", c, "CERTIFICATE")?;
+                owner_only("etcd client key", k)?;
+                let key = read_pem("etcd client key", k, "PRIVATE KEY")?;
+                Some((cert, key))
+            }
+            _ => None,
+        };
+        Ok(Some(TlsFiles { ca, identity }))
     }
 }
 
@@ -175,9 +259,11 @@ impl Cluster {
         let credentials = opts
             .credentials()?
             .map(|(user, password)| session::Credentials { user, password });
+        let tls = opts.tls()?;
         let cfg = session::Config {
             endpoints: opts.endpoints.clone(),
             credentials,
+            tls,
             ttl_s: opts.ttl_s as i64,
             me: HostRecord {
                 addr: listen,
@@ -568,11 +654,14 @@ mod tests {
             ttl_s,
             user: None,
             password_file: None,
+            ca: None,
+            cert: None,
+            key: None,
         }
     }
 
     #[test]
-    fn etcd_urls_are_plain_http_host_and_port_and_the_ttl_is_bounded() {
+    fn etcd_urls_are_http_host_and_port_https_with_a_ca_and_the_ttl_is_bounded() {
         assert!(
             opts(&["http://10.0.0.1:2379", "http://e2:2379"], 5)
                 .check()
@@ -593,7 +682,56 @@ mod tests {
             .check()
             .unwrap_err()
             .to_string();
-        assert!(e.contains("TLS"), "{e}");
+        assert!(e.contains("TLS") && e.contains("--etcd-ca"), "{e}");
+        let tls = |urls: &[&str]| ClusterOptions {
+            ca: Some("/ca.pem".into()),
+            ..opts(urls, 5)
+        };
+        assert!(tls(&["https://10.0.0.1:2379"]).check().is_ok());
+        let e = tls(&["http://10.0.0.1:2379"])
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("https://"), "{e}");
+        let mut o = tls(&["https://e:2379"]);
+        o.cert = Some("/c.pem".into());
+        assert!(o.check().is_err(), "a certificate without its key");
+        o.key = Some("/k.pem".into());
+        assert!(o.check().is_ok());
+        o.ca = None;
+        o.endpoints = vec!["http://e:2379".into()];
+        assert!(o.check().is_err(), "a client certificate without TLS");
+    }
+
+    #[test]
+    fn tls_files_are_read_as_pem_and_the_key_is_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("vrnic-etcd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = |kind: &str| format!("-----BEGIN {kind}-----\nMIIB\n-----END {kind}-----\n");
+        let (ca, cert, key) = (dir.join("ca.pem"), dir.join("c.pem"), dir.join("k.pem"));
+        std::fs::write(&ca, pem("CERTIFICATE")).unwrap();
+        std::fs::write(&cert, pem("CERTIFICATE")).unwrap();
+        std::fs::write(&key, pem("PRIVATE KEY")).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut o = opts(&["https://e:2379"], 5);
+        assert!(o.tls().unwrap().is_none(), "no CA: no TLS");
+        o.ca = Some(ca.clone());
+        let t = o.tls().unwrap().expect("TLS");
+        assert!(t.identity.is_none());
+        (o.cert, o.key) = (Some(cert.clone()), Some(key.clone()));
+        let e = o.tls().unwrap_err().to_string();
+        assert!(e.contains("group or others") && e.contains("key"), "{e}");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(o.tls().unwrap().expect("TLS").identity.is_some());
+        // A key where the certificate should be.
+        o.cert = Some(key.clone());
+        let e = o.tls().unwrap_err().to_string();
+        assert!(e.contains("no PEM block of a certificate"), "{e}");
+        std::fs::write(&ca, "not PEM").unwrap();
+        o.cert = Some(cert);
+        assert!(o.tls().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

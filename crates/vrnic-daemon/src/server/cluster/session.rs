@@ -25,8 +25,8 @@ use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
@@ -98,6 +98,8 @@ pub(super) struct Config {
     pub(super) endpoints: Vec<String>,
     /// etcd's user and password (`None`: no authentication).
     pub(super) credentials: Option<Credentials>,
+    /// TLS to etcd (`None`: plain `http://`).
+    pub(super) tls: Option<super::TlsFiles>,
     pub(super) ttl_s: i64,
     pub(super) me: HostRecord,
     pub(super) seed: u64,
@@ -218,6 +220,12 @@ enum Refusal {
     Required,
     /// A user was given but etcd has authentication disabled.
     NotEnabled,
+    /// etcd's TLS refused this daemon's client certificate (none given, or one its CA did not
+    /// sign).
+    ClientCertificate,
+    /// etcd's server certificate does not chain to `--etcd-ca` (or does not name its address):
+    /// not the etcd this daemon was told to trust.
+    ServerCertificate,
 }
 
 impl From<String> for Error {
@@ -235,6 +243,22 @@ impl From<&str> for Error {
 impl Refusal {
     /// How etcd refused, if this error is a refusal of the credentials.
     fn of(e: &etcd_client::Error) -> Option<Refusal> {
+        // rustls's alerts and verdicts, as the transport error's causes word them.
+        let all = format!("{} {e:?}", chain(e));
+        if [
+            "BadCertificate",
+            "CertificateRequired",
+            "UnknownCA",
+            "bad certificate",
+        ]
+        .iter()
+        .any(|a| all.contains(a))
+        {
+            return Some(Refusal::ClientCertificate);
+        }
+        if all.contains("invalid peer certificate") {
+            return Some(Refusal::ServerCertificate);
+        }
         let etcd_client::Error::GRpcStatus(s) = e else {
             return None;
         };
@@ -256,8 +280,33 @@ impl Refusal {
 fn err(what: &str) -> impl Fn(etcd_client::Error) -> Error + '_ {
     move |e| Error {
         refused: Refusal::of(&e),
-        why: format!("{what}: {e}"),
+        why: format!("{what}: {}", chain(&e)),
     }
+}
+
+/// rustls's verdict on a server certificate (`UnknownIssuer`, `NotValidForName`, ...), from
+/// an error's text.
+fn tls_verdict(why: &str) -> &str {
+    why.split("invalid peer certificate: ")
+        .nth(1)
+        .and_then(|r| r.split(['"', ')', ',', ';']).next())
+        .unwrap_or("its chain or name did not verify")
+}
+
+/// An error with its causes (a transport error says no more than "transport error"; its
+/// causes say which: a refused connection, an unknown certificate authority, ...).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cause = c.source();
+    }
+    s
 }
 
 /// One line that says what happened, naming etcd and, for a refusal, the user.
@@ -278,6 +327,15 @@ fn describe(cfg: &Config, e: &Error) -> String {
         ),
         Some(Refusal::Required) => format!(
             "etcd at {etcd} requires authentication: give --etcd-user and --etcd-password-file"
+        ),
+        Some(Refusal::ClientCertificate) => format!(
+            "etcd at {etcd} refused this daemon's TLS client certificate (none given, or not \
+             signed by a CA etcd trusts): give --etcd-cert and --etcd-key"
+        ),
+        Some(Refusal::ServerCertificate) => format!(
+            "etcd at {etcd} presented a TLS certificate that --etcd-ca does not vouch for \
+             ({}): not the etcd this daemon trusts",
+            tls_verdict(&e.why)
         ),
         Some(Refusal::NotEnabled) => format!(
             "etcd at {etcd} has authentication disabled but --etcd-user {user:?} was given: \
@@ -382,6 +440,13 @@ async fn establish(cfg: &Config, reg: &mut Registration, out: &Out) -> Result<Li
         opts = opts
             .with_user(c.user.clone(), c.password.clone())
             .with_auto_token_refresh(true);
+    }
+    if let Some(t) = &cfg.tls {
+        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&t.ca));
+        if let Some((cert, key)) = &t.identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        opts = opts.with_tls(tls);
     }
     let mut client = Client::connect(&cfg.endpoints, Some(opts))
         .await
