@@ -6,10 +6,13 @@
  *       round trip of a cache-line ping-pong between two processes through shared memory
  *       (the floor for any shared-memory message latency), in ns: the median of 7 runs of
  *       ITERS round trips (default 200000)
- *   limits memcpy [-b BYTES] SIZE...
+ *   limits memcpy [-b BYTES] [-t THREADS] SIZE...
  *       single-thread memcpy bandwidth for SIZE-byte copies between two page-aligned buffers,
  *       hot, in MB/s (1e6): "SIZE MBPS" per line, the median of 5 trials of about BYTES
- *       bytes each (default 2e9; at most 1e7 copies a trial)
+ *       bytes each (default 2e9; at most 1e7 copies a trial). With THREADS > 1, a working set
+ *       of SIZE bytes copied by THREADS processes at once, each its SIZE/THREADS share (at
+ *       least a page), started together: the sum of their speeds (the limit of as many engine
+ *       threads moving that working set)
  *   limits ring [-n SLOTS] SLOT
  *       slots per second through a single-producer single-consumer ring of SLOT-byte slots
  *       between two processes, in millions: the producer writes each slot and publishes every
@@ -97,6 +100,47 @@ static double memcpy_mbs(size_t n, double budget)
 	return n * (double)reps / t / 1e6;
 }
 
+/* memcpy_mbs by `threads` processes at once over `n` bytes in all, each its share: the sum. */
+static double memcpy_mbs_par(size_t n, double budget, int threads)
+{
+	if (threads <= 1)
+		return memcpy_mbs(n, budget);
+	size_t share = (n / (size_t)threads + 4095) & ~(size_t)4095;
+	if (share == 0)
+		share = 4096;
+	size_t len = 4096 + (size_t)threads * sizeof(double);
+	char *shm = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (shm == MAP_FAILED) {
+		perror("mmap");
+		exit(1);
+	}
+	volatile int *go = (volatile int *)shm;
+	volatile double *res = (volatile double *)(shm + 4096);
+	*go = 0;
+	for (int t = 0; t < threads; t++) {
+		pid_t p = fork();
+		if (p < 0) {
+			perror("fork");
+			exit(1);
+		}
+		if (p == 0) {
+			while (!*go)
+				;
+			res[t] = memcpy_mbs(share, budget);
+			_exit(0);
+		}
+	}
+	usleep(20000);
+	*go = 1;
+	for (int t = 0; t < threads; t++)
+		wait(NULL);
+	double sum = 0;
+	for (int t = 0; t < threads; t++)
+		sum += res[t];
+	munmap(shm, len);
+	return sum;
+}
+
 #define RING 256 /* slots */
 #define BATCH 8 /* slots published at once */
 
@@ -160,7 +204,7 @@ static double ring_mslots(size_t slot, long slots)
 
 static int usage(void)
 {
-	fprintf(stderr, "usage: limits rtt [ITERS] | limits memcpy [-b BYTES] SIZE... | limits ring [-n SLOTS] SLOT\n");
+	fprintf(stderr, "usage: limits rtt [ITERS] | limits memcpy [-b BYTES] [-t THREADS] SIZE... | limits ring [-n SLOTS] SLOT\n");
 	return 2;
 }
 
@@ -179,18 +223,23 @@ int main(int argc, char **argv)
 	if (argc >= 3 && !strcmp(argv[1], "memcpy")) {
 		int a = 2;
 		double budget = 2e9;
-		if (!strcmp(argv[a], "-b") && a + 1 < argc) {
+		int threads = 1;
+		if (a + 1 < argc && !strcmp(argv[a], "-b")) {
 			budget = atof(argv[a + 1]);
 			a += 2;
 		}
-		if (a >= argc || budget <= 0)
+		if (a + 1 < argc && !strcmp(argv[a], "-t")) {
+			threads = atoi(argv[a + 1]);
+			a += 2;
+		}
+		if (a >= argc || budget <= 0 || threads < 1 || threads > 256)
 			return usage();
 		for (; a < argc; a++) {
 			size_t n = strtoul(argv[a], NULL, 0);
 			if (!n)
 				return usage();
 			for (int i = 0; i < 5; i++)
-				v[i] = memcpy_mbs(n, budget);
+				v[i] = memcpy_mbs_par(n, budget, threads);
 			printf("%zu %.0f\n", n, median(v, 5));
 			fflush(stdout);
 		}

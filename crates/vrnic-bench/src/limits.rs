@@ -123,11 +123,33 @@ pub fn tcp(ctx: &Ctx, net: &Net, section: &'static str, where_: &str, report: &m
 
 /// memcpy speed (MB/s) at each of `sizes`, on the engine's cores.
 pub fn memcpy(ctx: &Ctx, sizes: &[u64]) -> Result<Vec<(u64, f64)>> {
+    memcpy_by(ctx, sizes, 1)
+}
+
+/// memcpy speed (MB/s) of a working set of each of `sizes` bytes copied by `threads`
+/// processes at once, each its share (`limits memcpy -t`): the limit of that many engine
+/// threads. One thread runs on the first engine core; several on all the engine cores.
+pub fn memcpy_by(ctx: &Ctx, sizes: &[u64], threads: u32) -> Result<Vec<(u64, f64)>> {
     let budget = if ctx.quick { "1e8" } else { "1e9" };
     let mut args = vec!["memcpy".to_string(), "-b".into(), budget.into()];
+    if threads > 1 {
+        args.extend(["-t".to_string(), threads.to_string()]);
+    }
     args.extend(sizes.iter().map(u64::to_string));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_limits(ctx, ctx.engine(0), &args)?;
+    let cpus = if threads > 1 {
+        (!ctx.pin.engine.is_empty()).then(|| {
+            ctx.pin
+                .engine
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    } else {
+        ctx.engine(0)
+    };
+    let out = run_limits(ctx, cpus, &args)?;
     let list: Vec<(u64, f64)> = out
         .lines()
         .filter_map(|l| {

@@ -9,8 +9,10 @@
 //! overstates it: the clients start one after another, so the first ones run alone for a while
 //! (that sum is kept in the JSON, not shown). Messages a client sent between its header and its
 //! stop count as if sent after the barrier (a few of `-n ITERS`).
-//! The limit is single-thread memcpy of the pairs' working set (N x 128 KiB, read and written
-//! by the engine), measured in the same run; past the caches it is memory bandwidth.
+//! The limit is memcpy of the pairs' working set (N x 128 KiB, read and written by the
+//! engine) by as many threads as the daemon has engine threads, each its share, at once, on the
+//! engine cores (one thread for the daemon's default), measured in the same run; past the
+//! caches it is memory bandwidth.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +34,15 @@ fn threads_part(threads: Option<u32>) -> String {
     })
 }
 
+/// The limit's name for `n` pairs and `t` engine threads.
+fn limit_name(n: u32, t: u32) -> String {
+    if t == 1 {
+        format!("memcpy of {n} x 128 KiB")
+    } else {
+        format!("memcpy of {n} x 128 KiB by {t} threads")
+    }
+}
+
 /// The aggregate figure's name for `n` pairs.
 fn name(n: u32, threads: Option<u32>) -> String {
     format!(
@@ -50,10 +61,11 @@ fn sum_name(n: u32, threads: Option<u32>) -> String {
 /// One run of every pair count into `report`, on daemon `d` with `threads` engine threads.
 pub fn measure(ctx: &Ctx, d: &Daemon, counts: &[u32], threads: Option<u32>, report: &mut Report) {
     let sizes: Vec<u64> = counts.iter().map(|&n| u64::from(n) * SIZE).collect();
-    match limits::memcpy(ctx, &sizes) {
+    let t = threads.unwrap_or(1);
+    match limits::memcpy_by(ctx, &sizes, t) {
         Ok(list) => {
             for (&n, (_, mbps)) in counts.iter().zip(list) {
-                let what = format!("memcpy of {n} x 128 KiB");
+                let what = limit_name(n, t);
                 report
                     .sample("limits", &what, None, "MB/s", Better::Higher, mbps)
                     .pairs = Some(n);
@@ -170,7 +182,7 @@ fn barrier(clients: &mut [Proc], limit: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Sets each count's limit (one engine thread's: single-thread memcpy of the working set),
+/// Sets each count's limit (memcpy of the working set by as many threads as engine threads),
 /// notes, for each daemon, the largest count against its best count's aggregate, and, with
 /// several engine-thread counts, each one's best aggregate against the first's.
 pub fn set_limits(report: &mut Report, counts: &[u32], threads: &[Option<u32>]) {
@@ -178,7 +190,7 @@ pub fn set_limits(report: &mut Report, counts: &[u32], threads: &[Option<u32>]) 
     for &t in threads {
         let mut best: Option<(u32, f64)> = None;
         for &n in counts {
-            let what = format!("memcpy of {n} x 128 KiB");
+            let what = limit_name(n, t.unwrap_or(1));
             if let Some(mc) = report.median("limits", &what, None) {
                 let l = Limit {
                     what,
