@@ -228,12 +228,30 @@ fn say(line: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Whether the log may be coloured: only on a terminal, and not when `NO_COLOR` is set to
+/// anything but the empty string (no-color.org).
+fn log_in_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// What `$(vrnic docker-args NAME)` and `$(vrnic vm-args NAME)` leave on stdout when they fail,
+/// so that the command they stand in fails too (`docker run: unknown flag`, `qemu: invalid
+/// option`) instead of starting without the vRNIC; the reason goes to stderr.
+const DOCKER_ARGS_FAILED: &str = "--vrnic-docker-args-failed";
+const VM_ARGS_FAILED: &str = "-vrnic-vm-args-failed";
+
 fn main() {
+    use std::io::IsTerminal as _;
+    let colour = log_in_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
     if let Err(e) = real_main() {
         eprintln!("vrnic: {e:#}");
@@ -244,7 +262,20 @@ fn main() {
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
     let state_dir = cli.state_dir.unwrap_or_else(config::default_state_dir);
-    match cli.cmd {
+    let failed = match &cli.cmd {
+        Cmd::DockerArgs { .. } => Some(DOCKER_ARGS_FAILED),
+        Cmd::VmArgs { .. } => Some(VM_ARGS_FAILED),
+        _ => None,
+    };
+    let r = command(cli.cmd, state_dir);
+    if let (Err(_), Some(token)) = (&r, failed) {
+        say!("{token}");
+    }
+    r
+}
+
+fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
+    match cmd {
         Cmd::Serve {
             config,
             region_gib,
@@ -617,4 +648,18 @@ fn run(
         .env(STATE_DIR_ENV, state_dir)
         .exec();
     bail!("cannot run {}: {err}", cmd[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_is_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_in_colour(true, None));
+        assert!(log_in_colour(true, Some(OsStr::new(""))));
+        assert!(!log_in_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_in_colour(false, None));
+    }
 }

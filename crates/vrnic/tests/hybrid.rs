@@ -6,7 +6,9 @@
 //!   to socket contexts, and a killed one is reclaimed when its heartbeat stops.
 //! - `vrnic run --container` (mount, PID, UTS and network namespaces without an engine):
 //!   `rping` and `ibv_rc_pingpong` against a host process, and only its own vRNIC visible.
-//! - `vrnic docker-args` / `vrnic vm-args`: the options they print.
+//! - `vrnic docker-args` / `vrnic vm-args`: the options they print, and, for a vRNIC that is
+//!   not there, a failure that reaches the command they stand in (unmodified `docker run` and
+//!   `qemu-system-x86_64` refuse to start).
 //!
 //! Docker containers and QEMU guests have their own binaries (`docker.rs`, `vm.rs`).
 
@@ -295,4 +297,94 @@ fn docker_args_and_vm_args_print_the_options() {
         "{}",
         out.text()
     );
+    // What it leaves on stdout makes the outer command fail, not start without the vRNIC.
+    assert_eq!(
+        out.stdout.trim(),
+        "--vrnic-docker-args-failed",
+        "{}",
+        out.text()
+    );
+    let out = d.cli_output(&["vm-args", "nope"]);
+    assert!(
+        !out.ok() && out.stdout.trim() == "-vrnic-vm-args-failed",
+        "{}",
+        out.text()
+    );
+}
+
+/// `$(vrnic vm-args NAME)` and `$(vrnic docker-args NAME)` for a vRNIC that does not exist:
+/// unmodified QEMU and `docker run` stop at once with an error naming the option, instead of
+/// starting a guest or a container without the device (they used to: an empty substitution).
+/// And the daemon's log, written to a pipe, carries no terminal colour codes.
+#[test]
+fn a_wrong_name_in_vm_args_or_docker_args_fails_the_outer_command() {
+    let qemu = require("qemu-system-x86_64");
+    let mut d = Daemon::start();
+    let sub = |what: &str| {
+        format!(
+            "$({} --state-dir {} {what} nope)",
+            common::vrnic_bin().display(),
+            d.dir.display()
+        )
+    };
+    let mut c = std::process::Command::new("bash");
+    c.args([
+        "-c",
+        &format!(
+            "exec timeout 20 {} {} -machine none -nodefaults -display none -serial none",
+            qemu.display(),
+            sub("vm-args")
+        ),
+    ]);
+    let out = output(c, "qemu with vm-args of a missing vRNIC", LIMIT);
+    assert!(
+        !out.ok() && out.status.code() != Some(124),
+        "QEMU ran\n{}",
+        out.text()
+    );
+    assert!(
+        out.stderr.contains("-vrnic-vm-args-failed: invalid option")
+            && out.stderr.contains("no vRNIC nope"),
+        "{}",
+        out.text()
+    );
+    println!("QEMU: {}", out.stderr.trim());
+    if let Ok(docker) = which("docker") {
+        let mut c = std::process::Command::new("bash");
+        c.args([
+            "-c",
+            &format!(
+                "exec timeout 30 {} run --rm {} vrnic-no-such-image true",
+                docker.display(),
+                sub("docker-args")
+            ),
+        ]);
+        let out = output(c, "docker run with docker-args of a missing vRNIC", LIMIT);
+        assert!(
+            !out.ok()
+                && out
+                    .stderr
+                    .contains("unknown flag: --vrnic-docker-args-failed"),
+            "{}",
+            out.text()
+        );
+        println!("docker: {}", out.stderr.trim());
+    }
+    let log = d.stop().text();
+    assert!(log.contains("vrnic daemon serving"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal\n{log}"
+    );
+}
+
+/// `tool` on `PATH`.
+fn which(tool: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(tool))
+                .find(|f| f.is_file())
+        })
+        .ok_or(())
 }
