@@ -535,6 +535,57 @@ pub enum AdminRequest {
     Peers,
     /// List the whole directory: this host's vRNICs and those other hosts announced.
     ListAll,
+    /// The counters of one vRNIC (`Some(name)`) or of every vRNIC of this host.
+    Stats {
+        /// Its name (`None`: all).
+        #[serde(default)]
+        name: Option<String>,
+    },
+}
+
+/// Work requests (or messages) and their bytes, one opcode class's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowStats {
+    /// Work requests (as requester) or messages (as responder).
+    pub wrs: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Traffic of one direction by opcode class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassStats {
+    /// SEND (with or without immediate or invalidate).
+    pub send: FlowStats,
+    /// RDMA WRITE (with or without immediate).
+    pub write: FlowStats,
+    /// RDMA READ.
+    pub read: FlowStats,
+    /// Atomics (8 bytes each).
+    pub atomic: FlowStats,
+}
+
+/// One vRNIC's counters since it was made (`vrnic stats`), exact, kept by the daemon's engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VnicStats {
+    /// Its name.
+    pub name: String,
+    /// Its tenants' group.
+    pub group: String,
+    /// As requester: work requests completed successfully, by class.
+    pub sent: ClassStats,
+    /// As responder: messages received into receives, WRITEs placed, READs served, atomics
+    /// executed, by class.
+    pub received: ClassStats,
+    /// Completions posted to its CQs, by status name (`ibv_wc_status_str`'s words in snake
+    /// case: `success`, `rem_access_err`, ...); statuses never seen are left out.
+    pub completions: std::collections::BTreeMap<String, u64>,
+    /// RNR NAKs it sent as responder.
+    pub rnr_naks: u64,
+    /// Requests it refused as responder with a NAK.
+    pub naks: u64,
+    /// UD datagrams dropped at its QPs (wrong Q_Key, no receive).
+    pub ud_dropped: u64,
 }
 
 /// One peer link in a listing.
@@ -625,6 +676,8 @@ pub enum AdminReply {
     Peers(Vec<PeerSummary>),
     /// The whole directory.
     Directory(Vec<DirectoryEntry>),
+    /// Counters.
+    Stats(Vec<VnicStats>),
 }
 
 /// Formats a GID the way `ibv_devinfo` does (`fe80:0000:...`).

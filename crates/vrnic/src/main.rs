@@ -160,6 +160,16 @@ enum Cmd {
         #[arg(long)]
         all: bool,
     },
+    /// Counters of this host's vRNICs since each was made, exact: work requests and bytes sent
+    /// and received by opcode class (SEND, WRITE, READ, atomic), completions by status, RNR
+    /// NAKs and NAKs sent, UD datagrams dropped.
+    Stats {
+        /// One vRNIC (default: every vRNIC of this host).
+        name: Option<String>,
+        /// As JSON (one object per vRNIC, in an array).
+        #[arg(long)]
+        json: bool,
+    },
     /// List the peer links to other hosts' daemons (state, keepalive round trip, bytes,
     /// segments sent again, times down).
     Peers,
@@ -468,6 +478,55 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                     v.ip,
                     v.group,
                     v.qps.map_or("-".to_string(), |q| q.to_string())
+                );
+            }
+            Ok(())
+        }
+        Cmd::Stats { name, json } => {
+            let mut c = AdminClient::connect(&state_dir)?;
+            let list = match c.call(&AdminRequest::Stats { name })? {
+                AdminReply::Stats(list) => list,
+                AdminReply::Err(e) => bail!("{e}"),
+                _ => bail!("unexpected reply"),
+            };
+            if json {
+                say!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            for s in &list {
+                say!("{} (group {})", s.name, s.group);
+                for (dir, c) in [("sent", &s.sent), ("received", &s.received)] {
+                    say!(
+                        "  {dir:<9} send {} / {} B   write {} / {} B   read {} / {} B   \
+                         atomic {} / {} B",
+                        c.send.wrs,
+                        c.send.bytes,
+                        c.write.wrs,
+                        c.write.bytes,
+                        c.read.wrs,
+                        c.read.bytes,
+                        c.atomic.wrs,
+                        c.atomic.bytes
+                    );
+                }
+                let done: Vec<String> = s
+                    .completions
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                say!(
+                    "  completions {}",
+                    if done.is_empty() {
+                        "none".to_string()
+                    } else {
+                        done.join(", ")
+                    }
+                );
+                say!(
+                    "  rnr_naks {}  naks {}  ud_dropped {}",
+                    s.rnr_naks,
+                    s.naks,
+                    s.ud_dropped
                 );
             }
             Ok(())

@@ -163,6 +163,18 @@ impl Server {
                     .unwrap_or_default(),
             ),
             AdminRequest::ListAll => AdminReply::Directory(self.directory_listing()),
+            AdminRequest::Stats { name } => {
+                let ids: Vec<VnicId> = self
+                    .vnics
+                    .iter()
+                    .filter(|(_, v)| name.as_ref().is_none_or(|n| *n == v.name))
+                    .map(|(&id, _)| id)
+                    .collect();
+                match (&name, ids.is_empty()) {
+                    (Some(n), true) => AdminReply::Err(format!("no vRNIC {n}")),
+                    _ => AdminReply::Stats(ids.into_iter().filter_map(|v| self.stats(v)).collect()),
+                }
+            }
             AdminRequest::Create { name, group, ip } if self.cluster.is_some() => {
                 return self.cluster_create(conn, &name, true, group.as_deref(), ip);
             }

@@ -251,6 +251,50 @@ impl Server {
         }
     }
 
+    /// vRNIC `id`'s counters: the sum of its slices' meters (one engine's without
+    /// `--spread-qps`).
+    pub(super) fn stats(&self, id: VnicId) -> Option<vrnic_api::VnicStats> {
+        let v = self.vnics.get(&id)?;
+        let mut m = vrnic_proto::Meter::default();
+        for cell in self.slices_of(id) {
+            if let Some(s) = cell.lock().engine.meter(id) {
+                m.add(&s);
+            }
+        }
+        let classes = |f: &[vrnic_proto::Flow; 4]| {
+            let c = |i: usize| vrnic_api::FlowStats {
+                wrs: f[i].wrs,
+                bytes: f[i].bytes,
+            };
+            vrnic_api::ClassStats {
+                send: c(0),
+                write: c(1),
+                read: c(2),
+                atomic: c(3),
+            }
+        };
+        let completions = m
+            .completions
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .filter_map(|(i, &n)| {
+                let s = vrnic_wire::WcStatus::from_u8(u8::try_from(i).ok()?)?;
+                Some((snake(&format!("{s:?}")), n))
+            })
+            .collect();
+        Some(vrnic_api::VnicStats {
+            name: v.name.clone(),
+            group: self.directory.group_name(v.group).to_string(),
+            sent: classes(&m.sent),
+            received: classes(&m.received),
+            completions,
+            rnr_naks: m.rnr_naks,
+            naks: m.naks,
+            ud_dropped: m.ud_dropped,
+        })
+    }
+
     pub(super) fn summary(&self, id: VnicId) -> Option<VnicSummary> {
         let v = self.vnics.get(&id)?;
         Some(VnicSummary {
@@ -269,5 +313,30 @@ impl Server {
             ip: v.vip.to_string(),
             engine: v.shard,
         })
+    }
+}
+
+/// `RemAccessErr` as `rem_access_err`.
+fn snake(camel: &str) -> String {
+    let mut s = String::with_capacity(camel.len() + 4);
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                s.push('_');
+            }
+            s.push(c.to_ascii_lowercase());
+        } else {
+            s.push(c);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod stats_tests {
+    #[test]
+    fn status_names_are_snake_case() {
+        assert_eq!(super::snake("RemAccessErr"), "rem_access_err");
+        assert_eq!(super::snake("Success"), "success");
     }
 }

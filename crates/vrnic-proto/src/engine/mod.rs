@@ -5,6 +5,7 @@
 
 mod groups;
 mod memory;
+mod meter;
 mod mw;
 mod queues;
 mod remote;
@@ -17,6 +18,7 @@ mod xrc;
 
 pub use groups::{Refusal, Refused};
 use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
+pub use meter::{CLASSES, Flow, Meter};
 use mw::Mw;
 pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
 use remote::Flights;
@@ -116,6 +118,8 @@ struct Vnic {
     ready: VecDeque<QpId>,
     /// In the engine's run queue.
     queued: bool,
+    /// What it moved and how its work requests ended.
+    meter: Meter,
 }
 
 #[derive(Debug)]

@@ -100,6 +100,7 @@ impl Engine {
             // What follows it in flight is out of sequence until it comes again.
             q.resp.nak_sent = true;
         }
+        self.meter_request(peer, req, r);
         if let Some(q) = self.objs.qps.get_mut(&peer)
             && (uc
                 || matches!(
@@ -375,9 +376,11 @@ impl Engine {
         };
         let (pvnic, ppd) = (p.vnic, p.pd);
         if p.attr.qkey != req.qkey {
+            self.meter_ud_drop(pvnic);
             return Response::Unacknowledged;
         }
         let Some(head) = self.recv_head(peer) else {
+            self.meter_ud_drop(pvnic);
             return Response::Unacknowledged;
         };
         let capacity: u64 = head.sges.iter().map(|s| u64::from(s.length)).sum();
@@ -416,6 +419,37 @@ impl Engine {
         Response::Unacknowledged
     }
 
+    /// Counts what request `req` did at responder `peer` (its answer `r`): a WRITE segment
+    /// placed, a READ served, an atomic executed, an RNR NAK or a NAK sent. (A SEND counts when
+    /// its receive completes, in [`Engine::finish_recv`].)
+    fn meter_request(&mut self, peer: QpId, req: &Request, r: Response) {
+        let Some(vnic) = self.objs.qps.get(&peer).map(|q| q.vnic) else {
+            return;
+        };
+        let Some(v) = self.objs.vnics.get_mut(&vnic) else {
+            return;
+        };
+        match (req.op, r) {
+            (Op::Write, Response::Ack) => v.meter.received(req.op, req.last, req.chunk),
+            (Op::Read, Response::ReadData) => {
+                v.meter.received(req.op, req.chunk >= req.len, req.chunk)
+            }
+            (Op::CmpSwap { .. } | Op::FetchAdd { .. }, Response::AtomicAck(_)) => {
+                v.meter.received(req.op, true, 8)
+            }
+            (_, Response::RnrNak { .. }) => v.meter.rnr_naks = v.meter.rnr_naks.wrapping_add(1),
+            (_, Response::Nak(_)) => v.meter.naks = v.meter.naks.wrapping_add(1),
+            _ => {}
+        }
+    }
+
+    /// A UD datagram dropped at `vnic` (wrong Q_Key, no receive).
+    fn meter_ud_drop(&mut self, vnic: VnicId) {
+        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
+            v.meter.ud_dropped = v.meter.ud_dropped.wrapping_add(1);
+        }
+    }
+
     /// Completes a receive taken by a message from `req`'s requester: `byte_len` bytes on
     /// success, with the immediate,
     /// source and solicited flag of the message; an error completion otherwise.
@@ -438,6 +472,18 @@ impl Engine {
         };
         let mut c = cqe(wqe.wr_id, status, opcode, p.qpn);
         let mut solicited = false;
+        if status == WcStatus::Success
+            && matches!(req.op, Op::Send | Op::SendInv)
+            && let Some(v) = self.objs.vnics.get_mut(&p.vnic)
+        {
+            let grh = if req.transport == QpType::Ud {
+                GRH_LEN
+            } else {
+                0
+            };
+            v.meter
+                .received(req.op, true, byte_len.unwrap_or(0).saturating_sub(grh));
+        }
         if let Some(n) = byte_len {
             c.byte_len = n as u32;
             c.src_qp = req.src_qpn;

@@ -91,7 +91,21 @@ impl Engine {
     /// The next completion: `(cq, cqe, solicited)`.
     #[must_use]
     pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
-        self.out.completions.pop_front()
+        let c = self.out.completions.pop_front()?;
+        if let Some(v) = self
+            .objs
+            .cqs
+            .get(&c.0)
+            .and_then(|cq| self.objs.vnics.get_mut(&cq.vnic))
+        {
+            v.meter.completed(c.1.status);
+        }
+        Some(c)
+    }
+
+    /// What vRNIC `vnic` moved and how its work requests ended, counted by this engine.
+    pub fn meter(&self, vnic: VnicId) -> Option<Meter> {
+        self.objs.vnics.get(&vnic).map(|v| v.meter)
     }
 
     /// The next async event for a context.

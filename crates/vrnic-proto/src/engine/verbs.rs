@@ -21,6 +21,7 @@ impl Engine {
                 mws: FxHashMap::default(),
                 ready: VecDeque::new(),
                 queued: false,
+                meter: Meter::default(),
             },
         );
     }
