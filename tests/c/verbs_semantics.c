@@ -2003,6 +2003,14 @@ static void case_dm(void)
 	if (ibv_reg_dm_mr(pd, dm, 4096, DM, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE) || errno != EINVAL)
 		fail("reg_dm_mr past the end");
 	ok("reg_dm_mr without IBV_ACCESS_ZERO_BASED or past the DM's end: EINVAL");
+	/* rdma-core's tests/test_mr.py registers DM MRs with IBV_ACCESS_ZERO_BASED alone, up to the
+	 * DM's last byte; a copy may end exactly there too. */
+	struct ibv_mr *zb = ibv_reg_dm_mr(pd, dm, DM - 1000, 1000, IBV_ACCESS_ZERO_BASED);
+	if (!zb || (uintptr_t)zb->addr != DM - 1000 || ibv_dereg_mr(zb))
+		fail("reg_dm_mr with IBV_ACCESS_ZERO_BASED alone up to the DM's end");
+	if (ibv_memcpy_to_dm(dm, DM - 4, host + DM - 4, 4))
+		fail("memcpy_to_dm ending at the DM's last byte");
+	ok("reg_dm_mr with IBV_ACCESS_ZERO_BASED alone up to the DM's end, and a copy ending there: accepted");
 	int acc = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 	struct ibv_mr *dmr = ibv_reg_dm_mr(pd, dm, 100, 8000, acc);
 	if (!dmr)

@@ -367,6 +367,7 @@ fn device_memory_copies_registers_zero_based_and_carries_rdma() {
             "memcpy_to_dm / memcpy_from_dm: exact bytes, odd offsets",
             "copies past the end of the DM: EFAULT",
             "reg_dm_mr without IBV_ACCESS_ZERO_BASED or past the DM's end: EINVAL",
+            "reg_dm_mr with IBV_ACCESS_ZERO_BASED alone up to the DM's end",
             "reg_dm_mr: addr = the DM offset; free_dm while it exists: EBUSY",
             "RDMA WRITE at zero-based address 1000 lands at DM offset 1100",
             "RDMA READ from the DM MR: exact; past its end: REM_ACCESS_ERR",
