@@ -1640,8 +1640,8 @@ pub extern "C" fn vrnic_rdma_init_qp_attr(
 // ---- rdma_getaddrinfo ------------------------------------------------------------------------
 
 /// `getaddrinfo` hints for an `rdma_addrinfo`'s, as librdmacm's `ucma_convert_to_ai`: the
-/// passive and numeric-host flags, the family, the socket type of the QP type and the protocol
-/// of the port space.
+/// passive and numeric-host flags, the family (but `AF_IB`), the socket type of the QP type and
+/// the protocol of the port space.
 fn gai_hints(h: &rdma_addrinfo) -> libc::addrinfo {
     // SAFETY: plain C data; zero is valid.
     let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
@@ -1651,7 +1651,10 @@ fn gai_hints(h: &rdma_addrinfo) -> libc::addrinfo {
     if h.ai_flags & RAI_NUMERICHOST != 0 {
         gh.ai_flags |= libc::AI_NUMERICHOST;
     }
-    gh.ai_family = h.ai_family;
+    // AF_IB names no family the resolver knows: it looks up any, as librdmacm has it.
+    if h.ai_family != libc::AF_IB {
+        gh.ai_family = h.ai_family;
+    }
     gh.ai_socktype = match h.ai_qp_type as u32 {
         IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => libc::SOCK_STREAM,
         IBV_QPT_UD => libc::SOCK_DGRAM,
