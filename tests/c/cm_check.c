@@ -178,6 +178,14 @@ static void solo_getaddrinfo(int port)
 		fail("looked-up QP type %d", res->ai_qp_type);
 	rdma_freeaddrinfo(res);
 	ok("rdma_getaddrinfo(node, service, hints with ai_src_addr): the node's address, the hints' source kept");
+	/* AF_IB in the hints (without RAI_FAMILY) leaves the family to the resolver (librdmacm's
+	 * ucma_convert_to_ai). */
+	struct rdma_addrinfo hib = { .ai_family = AF_IB, .ai_port_space = RDMA_PS_TCP };
+	if (rdma_getaddrinfo("127.0.0.1", service, &hib, &res))
+		fail("rdma_getaddrinfo(127.0.0.1, %s, hints of family AF_IB)", service);
+	same_addr(res->ai_dst_addr, res->ai_dst_len, &dst, "destination looked up with AF_IB hints");
+	rdma_freeaddrinfo(res);
+	ok("rdma_getaddrinfo with AF_IB in the hints: the resolver's family");
 }
 
 static void on_alarm(int sig)

@@ -218,6 +218,7 @@ fn getaddrinfo_takes_the_address_from_the_hints() {
         "RAI_PASSIVE hints with ai_src_addr): the hints' source; an endpoint on it listens",
     );
     has(&out, "the node's address, the hints' source kept");
+    has(&out, "AF_IB in the hints: the resolver's family");
 }
 
 /// `rdma_migrate_id` as librdmacm's: a synchronous id moved onto a channel is asynchronous
