@@ -1502,9 +1502,9 @@ pub extern "C" fn vrnic_rdma_set_option(
 /// `rdma_migrate_id` as librdmacm's: the id's events go to `chan` from now on, with those
 /// announced on its old channel and not yet taken. Given a channel, a synchronous id (made
 /// without one) becomes asynchronous: its calls no longer wait for their own events, which
-/// the app takes from `chan` (libfabric's verbs provider makes its endpoints with
-/// `rdma_create_ep`, synchronous, then moves them onto its event queue's channel), and its
-/// private channel goes with the event it held. Given none, an asynchronous id becomes
+/// the app takes from `chan` (libfabric's verbs provider resolves an endpoint's address on an
+/// id made without a channel, then moves it onto its event queue's channel and resolves the
+/// route by events), and its private channel goes with the event it held. Given none, an asynchronous id becomes
 /// synchronous on a new private channel; a synchronous one: `EINVAL`.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_migrate_id(
