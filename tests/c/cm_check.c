@@ -3,7 +3,7 @@
  * `vrnic run`. Each wait is bounded (the channel fd is polled), so a missing event fails
  * instead of hanging.
  *
- *   cm_check solo (noport PORT | addrinuse | port0)
+ *   cm_check solo (noport PORT | addrinuse | port0 | getaddrinfo PORT | migrate PORT)
  *   cm_check server PORT (reject | disc_server | disc_client | killed)
  *   cm_check client PORT (reject | disc_server | disc_client | killed)
  *
@@ -27,20 +27,27 @@
 
 static struct rdma_event_channel *ch;
 
-/* The next event within ms, which must be `want`; the caller acks it. */
-static struct rdma_cm_event *expect(enum rdma_cm_event_type want, int ms, const char *what)
+/* The next event on `c` within ms, which must be `want`; the caller acks it. */
+static struct rdma_cm_event *expect_on(struct rdma_event_channel *c, enum rdma_cm_event_type want, int ms,
+				       const char *what)
 {
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	struct pollfd p = { .fd = c->fd, .events = POLLIN };
 	if (poll(&p, 1, ms) != 1)
 		fail("%s: no event within %d ms (wanted %s)", what, ms, rdma_event_str(want));
 	struct rdma_cm_event *ev;
-	if (rdma_get_cm_event(ch, &ev))
+	if (rdma_get_cm_event(c, &ev))
 		fail("%s: rdma_get_cm_event", what);
 	if (ev->event != want)
 		fail("%s: got %s status %d, wanted %s", what, rdma_event_str(ev->event), ev->status,
 		     rdma_event_str(want));
 	ok("%s: %s", what, rdma_event_str(want));
 	return ev;
+}
+
+/* The next event on the main channel. */
+static struct rdma_cm_event *expect(enum rdma_cm_event_type want, int ms, const char *what)
+{
+	return expect_on(ch, want, ms, what);
 }
 
 static struct sockaddr_in addr4(int port)
@@ -117,9 +124,151 @@ static struct rdma_cm_id *connect_to(int port, const char *data, struct rdma_cm_
 	return id;
 }
 
+static void same_addr(const struct sockaddr *got, socklen_t len, const struct sockaddr_in *want, const char *what)
+{
+	if (!got || len != sizeof *want || memcmp(got, want, sizeof *want))
+		fail("%s: not the hints' address (len %u)", what, (unsigned)len);
+}
+
+/* rdma_getaddrinfo with librdmacm's semantics (librdmacm/addrinfo.c): no node and no service,
+ * the address in the hints (libfabric's verbs provider asks so). */
+static void solo_getaddrinfo(int port)
+{
+	struct rdma_addrinfo *res;
+	errno = 0;
+	if (rdma_getaddrinfo(NULL, NULL, NULL, &res) != -1 || errno != EINVAL)
+		fail("rdma_getaddrinfo(NULL, NULL, NULL): not -1/EINVAL");
+	ok("rdma_getaddrinfo with no node, service or hints: EINVAL");
+	struct sockaddr_in dst = addr4(port), src = addr4(0);
+	src.sin_addr.s_addr = htonl(INADDR_ANY);
+	struct rdma_addrinfo h = { .ai_port_space = RDMA_PS_TCP, .ai_qp_type = IBV_QPT_RC,
+				   .ai_dst_addr = (struct sockaddr *)&dst, .ai_dst_len = sizeof dst };
+	if (rdma_getaddrinfo(NULL, NULL, &h, &res))
+		fail("rdma_getaddrinfo(NULL, NULL, hints with ai_dst_addr): errno %d", errno);
+	same_addr(res->ai_dst_addr, res->ai_dst_len, &dst, "destination from the hints");
+	if (res->ai_src_len || res->ai_flags || res->ai_qp_type != IBV_QPT_RC || res->ai_port_space != RDMA_PS_TCP)
+		fail("hints-only result: src_len %u flags %d qp_type %d port space %d", (unsigned)res->ai_src_len,
+		     res->ai_flags, res->ai_qp_type, res->ai_port_space);
+	rdma_freeaddrinfo(res);
+	ok("rdma_getaddrinfo(NULL, NULL, hints with ai_dst_addr): the hints' destination, QP type, port space");
+	struct rdma_addrinfo hp = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP, .ai_qp_type = IBV_QPT_RC,
+				    .ai_src_addr = (struct sockaddr *)&src, .ai_src_len = sizeof src };
+	if (rdma_getaddrinfo(NULL, NULL, &hp, &res))
+		fail("rdma_getaddrinfo(NULL, NULL, passive hints with ai_src_addr): errno %d", errno);
+	same_addr(res->ai_src_addr, res->ai_src_len, &src, "source from the passive hints");
+	if (!(res->ai_flags & RAI_PASSIVE) || res->ai_dst_len)
+		fail("passive hints-only result: flags %d dst_len %u", res->ai_flags, (unsigned)res->ai_dst_len);
+	/* A passive endpoint made from it listens. */
+	struct rdma_cm_id *l;
+	if (rdma_create_ep(&l, res, NULL, NULL) || rdma_listen(l, 4))
+		fail("rdma_create_ep + listen on the passive hints-only result");
+	rdma_freeaddrinfo(res);
+	rdma_destroy_ep(l);
+	ok("rdma_getaddrinfo(NULL, NULL, RAI_PASSIVE hints with ai_src_addr): the hints' source; an endpoint on it listens");
+	char service[16];
+	snprintf(service, sizeof service, "%d", port);
+	struct sockaddr_in mine = addr4(0);
+	struct rdma_addrinfo hs = { .ai_port_space = RDMA_PS_TCP, .ai_src_addr = (struct sockaddr *)&mine,
+				    .ai_src_len = sizeof mine };
+	if (rdma_getaddrinfo("127.0.0.1", service, &hs, &res))
+		fail("rdma_getaddrinfo(127.0.0.1, %s, hints with ai_src_addr)", service);
+	same_addr(res->ai_dst_addr, res->ai_dst_len, &dst, "destination looked up");
+	same_addr(res->ai_src_addr, res->ai_src_len, &mine, "source kept from the hints");
+	if (res->ai_qp_type != IBV_QPT_RC)
+		fail("looked-up QP type %d", res->ai_qp_type);
+	rdma_freeaddrinfo(res);
+	ok("rdma_getaddrinfo(node, service, hints with ai_src_addr): the node's address, the hints' source kept");
+	/* AF_IB in the hints (without RAI_FAMILY) leaves the family to the resolver (librdmacm's
+	 * ucma_convert_to_ai). */
+	struct rdma_addrinfo hib = { .ai_family = AF_IB, .ai_port_space = RDMA_PS_TCP };
+	if (rdma_getaddrinfo("127.0.0.1", service, &hib, &res))
+		fail("rdma_getaddrinfo(127.0.0.1, %s, hints of family AF_IB)", service);
+	same_addr(res->ai_dst_addr, res->ai_dst_len, &dst, "destination looked up with AF_IB hints");
+	rdma_freeaddrinfo(res);
+	ok("rdma_getaddrinfo with AF_IB in the hints: the resolver's family");
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+	static const char m[] = "FAIL a call blocked for 20 s (the id still synchronous?)\n";
+	if (write(1, m, sizeof m - 1) < 0)
+		_exit(2);
+	_exit(1);
+}
+
+/* rdma_migrate_id as librdmacm's: an id made without a channel (synchronous) moved onto a
+ * channel is asynchronous from then on, as libfabric's verbs provider relies on:
+ * rdma_resolve_route returns at once and ROUTE_RESOLVED comes on the new channel; connecting
+ * then works by events. Migrating a synchronous id to no channel: EINVAL; an asynchronous one
+ * to no channel makes it synchronous again. */
+static void solo_migrate(int port)
+{
+	signal(SIGALRM, on_alarm);
+	alarm(20);
+	struct rdma_cm_id *l;
+	struct sockaddr_in a = addr4(port);
+	if (rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) || rdma_bind_addr(l, (struct sockaddr *)&a) ||
+	    rdma_listen(l, 4))
+		fail("listen");
+	/* As libfabric's verbs provider: a synchronous id resolves the address, then moves onto
+	 * the provider's channel and resolves the route by events. */
+	struct rdma_cm_id *id;
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) || rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
+		fail("synchronous rdma_resolve_addr to port %d", port);
+	struct rdma_event_channel *ch2 = rdma_create_event_channel();
+	if (!ch2 || rdma_migrate_id(id, ch2) || id->channel != ch2)
+		fail("rdma_migrate_id onto a channel");
+	if (rdma_resolve_route(id, 2000))
+		fail("rdma_resolve_route after migrating");
+	rdma_ack_cm_event(expect_on(ch2, RDMA_CM_EVENT_ROUTE_RESOLVED, WAIT_MS, "route resolved on the new channel"));
+	ok("a synchronous id migrated onto a channel is asynchronous: rdma_resolve_route returns, its event comes there");
+	qp_on(id, 1);
+	struct rdma_conn_param p = { .responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
+				     .rnr_retry_count = 7 };
+	if (rdma_connect(id, &p))
+		fail("rdma_connect");
+	struct rdma_cm_event *ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, WAIT_MS, "listener's request");
+	struct rdma_cm_id *srv = ev->id;
+	rdma_ack_cm_event(ev);
+	qp_on(srv, 1);
+	if (rdma_accept(srv, &p))
+		fail("rdma_accept");
+	rdma_ack_cm_event(expect_on(ch2, RDMA_CM_EVENT_ESTABLISHED, WAIT_MS, "migrated id established"));
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ESTABLISHED, WAIT_MS, "listener side established"));
+	ok("the migrated id connects by events on its new channel");
+	if (rdma_migrate_id(id, NULL) || id->channel == ch2 || !id->channel)
+		fail("rdma_migrate_id of an asynchronous id to no channel");
+	ok("rdma_migrate_id of an asynchronous id to no channel: 0, a channel of its own");
+	struct rdma_cm_id *sync_id;
+	if (rdma_create_id(NULL, &sync_id, NULL, RDMA_PS_TCP))
+		fail("rdma_create_id without a channel");
+	errno = 0;
+	if (rdma_migrate_id(sync_id, NULL) != -1 || errno != EINVAL)
+		fail("rdma_migrate_id of a synchronous id to no channel: not EINVAL");
+	rdma_destroy_id(sync_id);
+	ok("rdma_migrate_id of a synchronous id to no channel: EINVAL");
+	alarm(0);
+	rdma_disconnect(srv);
+	rdma_destroy_qp(srv);
+	rdma_destroy_id(srv);
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+	rdma_destroy_id(l);
+	rdma_destroy_event_channel(ch2);
+}
+
 static void solo(const char *mode, int port)
 {
 	struct rdma_cm_id *a, *b;
+	if (!strcmp(mode, "getaddrinfo")) {
+		solo_getaddrinfo(port);
+		return;
+	}
+	if (!strcmp(mode, "migrate")) {
+		solo_migrate(port);
+		return;
+	}
 	if (!strcmp(mode, "noport")) {
 		struct rdma_cm_id *id = connect_to(port, NULL, NULL);
 		struct rdma_cm_event *ev = expect(RDMA_CM_EVENT_REJECTED, WAIT_MS, "connect to a port nobody listens on");
@@ -156,6 +305,18 @@ static void solo(const char *mode, int port)
 		fail("port %u not free after destroy", p);
 	ok("the port is free again once its listener is destroyed");
 	rdma_destroy_id(b);
+	/* A loopback address is no device's: bound there, an id has no verbs until it listens
+	 * (libfabric's verbs provider then takes the device's interface address instead). */
+	struct rdma_cm_id *c;
+	struct sockaddr_in lo = addr4(0);
+	if (rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) || rdma_bind_addr(c, (struct sockaddr *)&lo))
+		fail("bind to 127.0.0.1");
+	if (c->verbs)
+		fail("an id bound to 127.0.0.1 has a device");
+	if (rdma_listen(c, 4) || !c->verbs)
+		fail("listen on 127.0.0.1: no device");
+	ok("an id bound to a loopback address has no device (verbs NULL) until it listens");
+	rdma_destroy_id(c);
 }
 
 static void server(const char *mode, int port)

@@ -9,7 +9,11 @@
  *
  * MODE: type1 (ibv_bind_mw, rebinding, a read-only window, LOCAL_INV refused, the verbs.h
  *       checks, an MR pinned while bound) | type2 (IBV_WR_BIND_MW and ibv_wr_bind_mw, bounds,
- *       LOCAL_INV, SEND_WITH_INV through ibv_wr_send_inv, MW_BIND_ERR on misuse).
+ *       LOCAL_INV, SEND_WITH_INV through ibv_wr_send_inv, MW_BIND_ERR on misuse) | rights
+ *       (what a window needs of its MR: MW_BIND, and local write for remote write or
+ *       atomics, no remote right; LOCAL_WRITE in a window's flags, as rdma-core's tests bind
+ *       them, granting nothing remote; type 1 and both type 2 binds; invalidation by
+ *       LOCAL_INV and by ibv_dealloc_mw of a bound window).
  *
  * Every check asserts bytes (landed exactly, or not at all) and completion statuses on the side
  * that sees them. After an error both sides move their QPs to RESET and up again. Prints "OK
@@ -508,6 +512,177 @@ static void client_type1(struct side *s)
 	restate(s);
 }
 
+/* ---- rights ------------------------------------------------------------------------------ */
+
+/* IB spec C10-73/C10-74: a window needs of its MR only MW_BIND and, to grant remote write or
+ * atomics, local write; it may grant remote rights its MR lacks. The server's MR here is
+ * LOCAL_WRITE | MW_BIND with no remote right, and the windows' flags hold LOCAL_WRITE beside
+ * the remote ones, as rdma-core's tests/test_mr.py binds them (rxe and mlx5 take it; a
+ * window grants only the remote rights). */
+
+static void bind1(struct side *s, struct ibv_mw *mw, uint64_t id, struct ibv_mr *mr, uint64_t addr, uint64_t len,
+		  unsigned acc)
+{
+	struct ibv_mw_bind b = { .wr_id = id, .send_flags = IBV_SEND_SIGNALED,
+				 .bind_info = { .mr = mr, .addr = addr, .length = len, .mw_access_flags = acc } };
+	if (ibv_bind_mw(s->qp, mw, &b))
+		fail("ibv_bind_mw");
+}
+
+static void server_rights(struct side *s)
+{
+	uint64_t base = (uintptr_t)s->buf;
+	/* 1. Type 1 (ibv_bind_mw), LOCAL_WRITE | REMOTE_WRITE over [0, 4096). */
+	struct ibv_mw *mw1 = ibv_alloc_mw(s->pd, IBV_MW_TYPE_1);
+	if (!mw1)
+		fail("alloc_mw type 1");
+	bind1(s, mw1, 1, s->mr, base, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	expect(s, 1, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "type 1 bind granting REMOTE_WRITE");
+	ok("type 1 window of LOCAL_WRITE | REMOTE_WRITE over an MR of LOCAL_WRITE | MW_BIND: IBV_WC_BIND_MW success");
+	send_win(s, mw1->rkey, base, 4096);
+	hear(s);
+	check_bytes(s, 0, 4096, 0x11, "write through the type 1 window");
+	check_untouched(s, 4096, LEN, "after the type 1 window");
+	ok("the write through the type 1 window landed exactly in it");
+	say(s, 1);
+	restate(s);
+	/* 2. Type 2 (IBV_WR_BIND_MW), LOCAL_WRITE | REMOTE_WRITE over [8192, 12288); then
+	 *    IBV_WR_LOCAL_INV. */
+	struct ibv_mw *mw2 = ibv_alloc_mw(s->pd, IBV_MW_TYPE_2);
+	if (!mw2)
+		fail("alloc_mw type 2");
+	uint32_t k2 = ibv_inc_rkey(mw2->rkey);
+	post_bind(s, 2, mw2, k2, s->mr, base + 8192, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	expect(s, 2, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "type 2 bind granting REMOTE_WRITE");
+	ok("type 2 window (IBV_WR_BIND_MW) of LOCAL_WRITE | REMOTE_WRITE over the same MR: IBV_WC_BIND_MW success");
+	send_win(s, k2, base + 8192, 4096);
+	hear(s);
+	check_bytes(s, 8192, 4096, 0x22, "write through the type 2 window");
+	check_untouched(s, 4096, 8192, "before the type 2 window");
+	check_untouched(s, 12288, LEN, "after the type 2 window");
+	post_local_inv(s, 3, k2);
+	expect(s, 3, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV, "local invalidate");
+	say(s, 1);
+	restate(s);
+	check_bytes(s, 8192, 4096, 0x22, "the type 2 window after its invalidated key was used");
+	/* 3. The same window again (ibv_wr_bind_mw), LOCAL_WRITE | REMOTE_READ over [16384,
+	 *    20480): read only; then deallocated while bound. */
+	fill(s, 16384, 4096, 0x33);
+	uint32_t k3 = ibv_inc_rkey(k2);
+	struct ibv_mw_bind_info bi = { .mr = s->mr, .addr = base + 16384, .length = 4096,
+				       .mw_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ };
+	ibv_wr_start(s->qpx);
+	s->qpx->wr_id = 4;
+	s->qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_bind_mw(s->qpx, mw2, k3, &bi);
+	if (ibv_wr_complete(s->qpx))
+		fail("wr_complete of wr_bind_mw");
+	expect(s, 4, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "ibv_wr_bind_mw granting REMOTE_READ");
+	ok("type 2 window (ibv_wr_bind_mw) of LOCAL_WRITE | REMOTE_READ: IBV_WC_BIND_MW success");
+	send_win(s, k3, base + 16384, 4096);
+	restate(s);
+	check_bytes(s, 16384, 4096, 0x33, "the read-only window after a write through it");
+	ok("LOCAL_WRITE in a window's flags granted no remote write: its bytes unchanged");
+	hear(s);
+	if (ibv_dealloc_mw(mw2))
+		fail("dealloc_mw of a bound type 2 window");
+	say(s, 1);
+	restate(s);
+	ok("ibv_dealloc_mw of a bound type 2 window: 0, and its key reads nothing after");
+	/* 4. An MR with MW_BIND alone (no local write): a window granting read binds; one
+	 *    granting write or atomics does not (C10-74). */
+	uint8_t *bare_buf = aligned_alloc(4096, 4096);
+	for (int i = 0; i < 4096; i++)
+		bare_buf[i] = (uint8_t)(0x44 + i * 7);
+	struct ibv_mr *bare = ibv_reg_mr(s->pd, bare_buf, 4096, IBV_ACCESS_MW_BIND);
+	if (!bare)
+		fail("reg_mr with MW_BIND alone");
+	bind1(s, mw1, 5, bare, (uintptr_t)bare_buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	expect(s, 5, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "readable window over an MR of MW_BIND alone");
+	send_win(s, mw1->rkey, (uintptr_t)bare_buf, 4096);
+	hear(s);
+	ok("a readable window over an MR of MW_BIND alone binds");
+	uint32_t kept = mw1->rkey;
+	bind1(s, mw1, 6, bare, (uintptr_t)bare_buf, 4096, IBV_ACCESS_REMOTE_WRITE);
+	expect(s, 6, IBV_WC_MW_BIND_ERR, 0, "writable window over an MR without local write");
+	mw1->rkey = kept; /* the bind failed: the window keeps its key (rxe's rule for the app) */
+	restate(s);
+	bind1(s, mw1, 7, bare, (uintptr_t)bare_buf, 4096, IBV_ACCESS_REMOTE_ATOMIC);
+	expect(s, 7, IBV_WC_MW_BIND_ERR, 0, "atomic window over an MR without local write");
+	mw1->rkey = kept;
+	restate(s);
+	ok("a window granting REMOTE_WRITE or REMOTE_ATOMIC over an MR without LOCAL_WRITE: IBV_WC_MW_BIND_ERR");
+	bind1(s, mw1, 8, NULL, 0, 0, 0);
+	expect(s, 8, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "unbind");
+	if (ibv_dealloc_mw(mw1) || ibv_dereg_mr(bare))
+		fail("dealloc_mw/dereg_mr");
+}
+
+static void client_rights(struct side *s)
+{
+	/* 1. */
+	struct win w = recv_win(s);
+	fill(s, 0, 4096, 0x11);
+	if (rdma(s, 1, IBV_WR_RDMA_WRITE, 0, 4096, w.addr, w.rkey) != IBV_WC_SUCCESS)
+		fail("write through a type 1 window granting REMOTE_WRITE over an MR without it");
+	ok("write through the type 1 window (its MR has no remote access): success");
+	say(s, 1);
+	hear(s);
+	enum ibv_wc_status st = rdma(s, 2, IBV_WR_RDMA_READ, 0, 16, w.addr, w.rkey);
+	if (st != IBV_WC_REM_ACCESS_ERR)
+		fail("read through a window of LOCAL_WRITE | REMOTE_WRITE: %s", ibv_wc_status_str(st));
+	ok("read through a window of LOCAL_WRITE | REMOTE_WRITE: IBV_WC_REM_ACCESS_ERR");
+	restate(s);
+	/* 2. */
+	w = recv_win(s);
+	fill(s, 0, 4096, 0x22);
+	if (rdma(s, 3, IBV_WR_RDMA_WRITE, 0, 4096, w.addr, w.rkey) != IBV_WC_SUCCESS)
+		fail("write through the type 2 window");
+	ok("write through the type 2 window: success");
+	say(s, 1);
+	hear(s);
+	fill(s, 0, 16, 0x99);
+	st = rdma(s, 4, IBV_WR_RDMA_WRITE, 0, 16, w.addr, w.rkey);
+	if (st != IBV_WC_REM_ACCESS_ERR)
+		fail("write through the locally invalidated key: %s", ibv_wc_status_str(st));
+	ok("write through the locally invalidated key: IBV_WC_REM_ACCESS_ERR");
+	restate(s);
+	/* 3. */
+	w = recv_win(s);
+	memset(s->buf + 8192, 0, 4096);
+	if (rdma(s, 5, IBV_WR_RDMA_READ, 8192, 4096, w.addr, w.rkey) != IBV_WC_SUCCESS)
+		fail("read through the read-only type 2 window");
+	for (uint32_t i = 0; i < 4096; i++)
+		if (s->buf[8192 + i] != (uint8_t)(0x33 + i * 7))
+			fail("read through the read-only window: byte %u is %#x", i, s->buf[8192 + i]);
+	ok("read through the type 2 window of LOCAL_WRITE | REMOTE_READ: bytes exact");
+	fill(s, 0, 16, 0x99);
+	st = rdma(s, 6, IBV_WR_RDMA_WRITE, 0, 16, w.addr, w.rkey);
+	if (st != IBV_WC_REM_ACCESS_ERR)
+		fail("write through a window of LOCAL_WRITE | REMOTE_READ: %s", ibv_wc_status_str(st));
+	ok("write through a window of LOCAL_WRITE | REMOTE_READ: IBV_WC_REM_ACCESS_ERR");
+	restate(s);
+	say(s, 1);
+	hear(s);
+	st = rdma(s, 7, IBV_WR_RDMA_READ, 8192, 16, w.addr, w.rkey);
+	if (st != IBV_WC_REM_ACCESS_ERR)
+		fail("read through a deallocated window's key: %s", ibv_wc_status_str(st));
+	ok("read through a deallocated bound window's key: IBV_WC_REM_ACCESS_ERR");
+	restate(s);
+	/* 4. */
+	w = recv_win(s);
+	memset(s->buf, 0, 4096);
+	if (rdma(s, 8, IBV_WR_RDMA_READ, 0, 4096, w.addr, w.rkey) != IBV_WC_SUCCESS)
+		fail("read through a window over an MR of MW_BIND alone");
+	for (uint32_t i = 0; i < 4096; i++)
+		if (s->buf[i] != (uint8_t)(0x44 + i * 7))
+			fail("read through the window over an MR of MW_BIND alone: byte %u", i);
+	ok("read through a window over an MR of MW_BIND alone: bytes exact");
+	say(s, 1);
+	restate(s);
+	restate(s);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -524,6 +699,8 @@ int main(int argc, char **argv)
 		server ? server_type2(&s) : client_type2(&s);
 	else if (!strcmp(mode, "type1"))
 		server ? server_type1(&s) : client_type1(&s);
+	else if (!strcmp(mode, "rights"))
+		server ? server_rights(&s) : client_rights(&s);
 	else
 		fail("unknown mode %s", mode);
 	/* The client leaves only after the server is done (its context's death would fail the

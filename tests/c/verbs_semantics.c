@@ -7,7 +7,7 @@
  *
  * CASE: read_atomics | hammer | validate | rnr | retry | srq | ud | cq_overflow | rereg |
  *       unsignaled | arm_once | ex | reg_contents | isolation | dev_limits | queue_full | fork | event_stress |
- *       resize | gid | dm |
+ *       resize | gid | dm | big_cq |
  *       limits | reg_limit (these two on a
  *       daemon with small limits)
  *
@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -2002,6 +2003,14 @@ static void case_dm(void)
 	if (ibv_reg_dm_mr(pd, dm, 4096, DM, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE) || errno != EINVAL)
 		fail("reg_dm_mr past the end");
 	ok("reg_dm_mr without IBV_ACCESS_ZERO_BASED or past the DM's end: EINVAL");
+	/* rdma-core's tests/test_mr.py registers DM MRs with IBV_ACCESS_ZERO_BASED alone, up to the
+	 * DM's last byte; a copy may end exactly there too. */
+	struct ibv_mr *zb = ibv_reg_dm_mr(pd, dm, DM - 1000, 1000, IBV_ACCESS_ZERO_BASED);
+	if (!zb || (uintptr_t)zb->addr != DM - 1000 || ibv_dereg_mr(zb))
+		fail("reg_dm_mr with IBV_ACCESS_ZERO_BASED alone up to the DM's end");
+	if (ibv_memcpy_to_dm(dm, DM - 4, host + DM - 4, 4))
+		fail("memcpy_to_dm ending at the DM's last byte");
+	ok("reg_dm_mr with IBV_ACCESS_ZERO_BASED alone up to the DM's end, and a copy ending there: accepted");
 	int acc = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 	struct ibv_mr *dmr = ibv_reg_dm_mr(pd, dm, 100, 8000, acc);
 	if (!dmr)
@@ -2072,6 +2081,82 @@ static void case_dm(void)
 	ok("after dereg_mr, free_dm: 0");
 }
 
+/* KiB of the vRNIC's region file ($VRNIC_DEVICE/region, sparse) that hold memory. */
+static long long region_kib(void)
+{
+	const char *dev = getenv("VRNIC_DEVICE");
+	char path[4096];
+	struct stat st;
+	if (!dev)
+		fail("VRNIC_DEVICE not set (run under vrnic run)");
+	snprintf(path, sizeof path, "%s/region", dev);
+	if (stat(path, &st))
+		fail("stat %s", path);
+	return (long long)st.st_blocks / 2;
+}
+
+/* An RNIC-deep CQ: max_cqe is what an RNIC offers (mlx5 4 Mi - 1; libfabric's ofi_rxm asks for
+ * 256 Ki), and such a CQ costs the vRNIC memory only for the completions written to it: the
+ * region file (sparse) grows by under 1 MiB when a CQ of max_cqe entries is made, by about 64
+ * bytes per completion while 20000 go through it, and gives it back when it is destroyed. */
+static void case_big_cq(void)
+{
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da))
+		fail("query_device");
+	if (da.max_cqe < (1 << 22) - 1)
+		fail("max_cqe %d, below an RNIC's 4 Mi - 1", da.max_cqe);
+	ok("max_cqe %d, an RNIC's depth", da.max_cqe);
+	struct ibv_cq *rxm = ibv_create_cq(ctx, 262144, NULL, NULL, 0);
+	if (!rxm || rxm->cqe < 262144)
+		fail("create_cq of 262144 entries (ofi_rxm's)");
+	if (ibv_destroy_cq(rxm))
+		fail("destroy_cq");
+	ok("create_cq of 262144 entries, as libfabric's ofi_rxm asks: accepted");
+	static uint8_t buf[4096];
+	struct ibv_mr *mr = reg(buf, sizeof buf, ALL_ACCESS);
+	long long before = region_kib();
+	struct ibv_cq *cq = ibv_create_cq(ctx, da.max_cqe, NULL, NULL, 0);
+	if (!cq || cq->cqe < da.max_cqe)
+		fail("create_cq of max_cqe entries");
+	long long made = region_kib();
+	if (made - before > 1024)
+		fail("a CQ of %d entries took %lld KiB at creation", da.max_cqe, made - before);
+	ok("a CQ of %d entries (%lld MiB of ring) takes %lld KiB of memory at creation", cq->cqe,
+	   (long long)cq->cqe * 64 >> 20, made - before);
+	struct ibv_qp *a = qp_new(cq, IBV_QPT_RC, NULL, 0), *b = qp_new(cq, IBV_QPT_RC, NULL, 0);
+	rc_connect(a, b->qp_num, 12, 7, 14, 7);
+	rc_connect(b, a->qp_num, 12, 7, 14, 7);
+	long long ready = region_kib();
+	enum { N = 20000, BATCH = 32 };
+	for (int done = 0; done < N;) {
+		for (int k = 0; k < BATCH; k++)
+			if (post(a, done + k, IBV_WR_RDMA_WRITE, buf, 8, mr->lkey, (uintptr_t)(buf + 64), mr->rkey, 0, 0,
+				 IBV_SEND_SIGNALED))
+				fail("post WRITE %d", done + k);
+		for (int k = 0; k < BATCH; k++) {
+			struct ibv_wc wc = poll1(cq);
+			if (wc.status != IBV_WC_SUCCESS || wc.wr_id != (uint64_t)(done + k))
+				fail("WRITE %d: wr %lu %s", done + k, (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status));
+		}
+		done += BATCH;
+	}
+	long long used = region_kib();
+	/* N completions of 64 bytes, the page the next one goes to, the queues' own pages. */
+	long long bound = (long long)N * 64 / 1024 + 256;
+	if (used - ready > bound)
+		fail("%d completions through the CQ took %lld KiB (bound %lld)", N, used - ready, bound);
+	ok("%d completions through it took %lld KiB (64 bytes each: %lld KiB)", N, used - ready,
+	   (long long)N * 64 / 1024);
+	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_cq(cq))
+		fail("destroy");
+	long long after = region_kib();
+	if (after > before + 64)
+		fail("after destroy the region holds %lld KiB, %lld before the CQ", after, before);
+	ok("destroyed, its memory is given back (%lld KiB, %lld before)", after, before);
+	ibv_dereg_mr(mr);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -2119,6 +2204,8 @@ int main(int argc, char **argv)
 		case_event_stress();
 	else if (!strcmp(c, "dm"))
 		case_dm();
+	else if (!strcmp(c, "big_cq"))
+		case_big_cq();
 	else if (!strcmp(c, "gid"))
 		case_gid();
 	else if (!strcmp(c, "resize"))

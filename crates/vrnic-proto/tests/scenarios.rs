@@ -2441,6 +2441,95 @@ fn a_window_grants_only_the_access_it_was_bound_with() {
     assert_eq!(w.get(&src, 0x10_0000, 16), pattern(16, 9));
 }
 
+/// IB spec C10-73/C10-74: what a window needs of its MR is MW_BIND and, to grant remote write
+/// or atomics, local write; no remote right of the MR's own. A window whose flags hold
+/// LOCAL_WRITE beside REMOTE_WRITE (as rdma-core's `tests/test_mr.py` binds them) over an MR
+/// of LOCAL_WRITE | MW_BIND binds, takes a write, and grants no read: LOCAL_WRITE gives a
+/// window nothing remote. Over an MR with MW_BIND alone, a window granting read (LOCAL_WRITE
+/// in its flags too) binds; one granting write does not.
+#[test]
+fn a_window_grants_remote_rights_its_mr_lacks_and_local_write_in_its_flags_grants_none() {
+    for ty in [vrnic_proto::MW_TYPE_1, vrnic_proto::MW_TYPE_2] {
+        let (mut w, mr, src, mw, rkey) = window_world(ty);
+        let key = inc(rkey);
+        let acc = access::LOCAL_WRITE | access::REMOTE_WRITE;
+        w.send(false, bind(1, mw, key, mr.keys.lkey, 0x40_0000, 4096, acc));
+        w.run();
+        let b = w.b.cq;
+        assert_eq!(
+            statuses(&mut w, b),
+            vec![(1, WcStatus::Success, WcOpcode::BindMw)],
+            "type {ty}"
+        );
+        write_via(&mut w, &src, 2, 0x40_0100, 300, key);
+        let a = w.a.cq;
+        assert_eq!(
+            statuses(&mut w, a),
+            vec![(2, WcStatus::Success, WcOpcode::RdmaWrite)],
+            "type {ty}"
+        );
+        assert_eq!(w.get(&mr, 0x40_0100, 300), pattern(300, 9), "type {ty}");
+        let s = vec![Sge {
+            addr: 0x10_0000,
+            length: 16,
+            lkey: src.keys.lkey,
+        }];
+        w.send(true, wqe(3, SendOpcode::RdmaRead, s, 0x40_0100, key));
+        w.run();
+        assert_eq!(
+            statuses(&mut w, a),
+            vec![(3, WcStatus::RemAccessErr, WcOpcode::RdmaRead)],
+            "type {ty}: a read through a write-only window"
+        );
+    }
+    // MW_BIND alone: a readable window binds, a writable one does not (C10-74).
+    let (mut w, _, src, mw, rkey) = window_world(vrnic_proto::MW_TYPE_1);
+    let bare = w.map(false, 0x60_0000, 4096, access::MW_BIND);
+    w.set(&bare, 0x60_0000, &pattern(4096, 3));
+    let key = inc(rkey);
+    let acc = access::LOCAL_WRITE | access::REMOTE_READ;
+    w.send(
+        false,
+        bind(1, mw, key, bare.keys.lkey, 0x60_0000, 4096, acc),
+    );
+    w.run();
+    let b = w.b.cq;
+    assert_eq!(
+        statuses(&mut w, b),
+        vec![(1, WcStatus::Success, WcOpcode::BindMw)]
+    );
+    let s = vec![Sge {
+        addr: 0x10_0000,
+        length: 64,
+        lkey: src.keys.lkey,
+    }];
+    w.send(true, wqe(2, SendOpcode::RdmaRead, s, 0x60_0010, key));
+    w.run();
+    let a = w.a.cq;
+    assert_eq!(
+        statuses(&mut w, a),
+        vec![(2, WcStatus::Success, WcOpcode::RdmaRead)]
+    );
+    assert_eq!(
+        w.get(&src, 0x10_0000, 64),
+        pattern(4096, 3)[0x10..0x50].to_vec()
+    );
+    w.send(
+        false,
+        bind(
+            3,
+            mw,
+            inc(key),
+            bare.keys.lkey,
+            0x60_0000,
+            64,
+            access::REMOTE_WRITE,
+        ),
+    );
+    w.run();
+    assert_eq!(statuses(&mut w, b)[0].1, WcStatus::MwBindErr);
+}
+
 /// The bind checks of rxe's `rxe_check_bind_mw`, each failing with MW_BIND_ERR and the QP
 /// in error: an MR without MW_BIND, a range past the MR, a writable window on an MR without
 /// local write, a key whose index is not the window's, a type 2 window already bound, an

@@ -524,6 +524,15 @@ pub extern "C" fn vrnic_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::soc
         }) {
             Ok(Reply::CmAddr(b)) => {
                 set_local(v, &b);
+                // A loopback address is no device's: the id stays without one (`verbs` NULL)
+                // until it listens, resolves or connects, as an id bound where no RDMA device
+                // is. libfabric's verbs provider binds its default source, "localhost", and
+                // takes a device's own interface address instead only when the bind gives no
+                // device; with one, a server listened on 127.0.0.1 and told its clients on
+                // other hosts to connect there.
+                if a.ip().is_loopback() {
+                    return 0;
+                }
                 match attach(v) {
                     Ok(()) => 0,
                     Err(e) => minus_one(e),
@@ -1490,6 +1499,13 @@ pub extern "C" fn vrnic_rdma_set_option(
     }
 }
 
+/// `rdma_migrate_id` as librdmacm's: the id's events go to `chan` from now on, with those
+/// announced on its old channel and not yet taken. Given a channel, a synchronous id (made
+/// without one) becomes asynchronous: its calls no longer wait for their own events, which
+/// the app takes from `chan` (libfabric's verbs provider resolves an endpoint's address on an
+/// id made without a channel, then moves it onto its event queue's channel and resolves the
+/// route by events), and its private channel goes with the event it held. Given none, an asynchronous id becomes
+/// synchronous on a new private channel; a synchronous one: `EINVAL`.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_migrate_id(
     id: *mut rdma_cm_id,
@@ -1501,23 +1517,29 @@ pub extern "C" fn vrnic_rdma_migrate_id(
         }
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
-        let target = if chan.is_null() {
-            if v.own_chan == 0 {
-                match new_channel() {
-                    Ok(c) => v.own_chan = c as usize,
-                    Err(e) => return minus_one(e),
-                }
+        let sync = chan.is_null();
+        if sync && v.own_chan != 0 {
+            return minus_one(libc::EINVAL);
+        }
+        let target = if sync {
+            match new_channel() {
+                Ok(c) => c,
+                Err(e) => return minus_one(e),
             }
-            v.own_chan as *mut VChannel
         } else {
             chan.cast::<VChannel>()
         };
-        let old = v.chan.swap(target as usize, Ordering::AcqRel) as *const VChannel;
+        // Swapped under the id table's lock: a `deliver` that read the old channel has
+        // finished with it once the lock is ours, and every later one reads the new channel.
+        let ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+        let old = v.chan.swap(target as usize, Ordering::AcqRel) as *mut VChannel;
+        drop(ids);
         // SAFETY: target is live.
         v.id.channel = unsafe { &raw mut (*target).ch };
         // Events already announced on the old channel move with the id.
         if !old.is_null() && old != target {
-            // SAFETY: the old channel is still live (the app destroys it after migrating).
+            // SAFETY: the old channel is still live (the app destroys it after migrating; a
+            // private one is freed below).
             let moved = unsafe { &*old }
                 .queue
                 .lock()
@@ -1531,6 +1553,21 @@ pub extern "C" fn vrnic_rdma_migrate_id(
                 deliver(v.handle);
             }
         }
+        if !sync && v.own_chan != 0 {
+            // Asynchronous from now on: the event its last call kept is acked and its private
+            // channel freed, as librdmacm destroys it.
+            if !v.id.event.is_null() {
+                vrnic_rdma_ack_cm_event(v.id.event);
+                v.id.event = null_mut();
+            }
+            // SAFETY: our private channel, made with the id; no `deliver` reaches it any more
+            // (see above) and the id's calls no longer wait on it.
+            drop(unsafe { Box::from_raw(v.own_chan as *mut VChannel) });
+            v.own_chan = 0;
+        } else if sync {
+            v.own_chan = target as usize;
+        }
+        v.shadow.sync = c_int::from(v.own_chan != 0);
         0
     })
 }
@@ -1602,6 +1639,61 @@ pub extern "C" fn vrnic_rdma_init_qp_attr(
 
 // ---- rdma_getaddrinfo ------------------------------------------------------------------------
 
+/// `getaddrinfo` hints for an `rdma_addrinfo`'s, as librdmacm's `ucma_convert_to_ai`: the
+/// passive and numeric-host flags, the family (but `AF_IB`), the socket type of the QP type and
+/// the protocol of the port space.
+fn gai_hints(h: &rdma_addrinfo) -> libc::addrinfo {
+    // SAFETY: plain C data; zero is valid.
+    let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
+    if h.ai_flags & RAI_PASSIVE != 0 {
+        gh.ai_flags |= libc::AI_PASSIVE;
+    }
+    if h.ai_flags & RAI_NUMERICHOST != 0 {
+        gh.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    // AF_IB names no family the resolver knows: it looks up any, as librdmacm has it.
+    if h.ai_family != libc::AF_IB {
+        gh.ai_family = h.ai_family;
+    }
+    gh.ai_socktype = match h.ai_qp_type as u32 {
+        IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => libc::SOCK_STREAM,
+        IBV_QPT_UD => libc::SOCK_DGRAM,
+        _ => 0,
+    };
+    gh.ai_protocol = match h.ai_port_space as u32 {
+        RDMA_PS_TCP => libc::IPPROTO_TCP,
+        RDMA_PS_UDP | RDMA_PS_IPOIB => libc::IPPROTO_UDP,
+        RDMA_PS_IB if gh.ai_socktype == libc::SOCK_STREAM => libc::IPPROTO_TCP,
+        RDMA_PS_IB if gh.ai_socktype == libc::SOCK_DGRAM => libc::IPPROTO_UDP,
+        _ => 0,
+    };
+    gh
+}
+
+/// A `malloc`ed copy of the `n`-byte address `a` (freed by `rdma_freeaddrinfo`); NULL if out of
+/// memory.
+///
+/// # Safety
+/// `a` must hold `n` readable bytes.
+unsafe fn copy_addr(a: *const libc::sockaddr, n: libc::socklen_t) -> *mut libc::sockaddr {
+    // SAFETY: malloc has no preconditions.
+    let p = unsafe { libc::malloc(n as usize) }.cast::<libc::sockaddr>();
+    if !p.is_null() {
+        // SAFETY: p holds n bytes; the caller vouches for n bytes at a.
+        unsafe { std::ptr::copy_nonoverlapping(a.cast::<u8>(), p.cast::<u8>(), n as usize) };
+    }
+    p
+}
+
+/// `rdma_getaddrinfo` with librdmacm's semantics (`librdmacm/addrinfo.c`): with a node or a
+/// service, the first address `getaddrinfo` finds under the hints (the source address of a
+/// passive lookup, else the destination), the QP type and port space from the hints or else
+/// from the socket type and protocol found; with neither, the hints themselves (flags, family,
+/// QP type, port space and their destination address) — libfabric's verbs provider asks this
+/// way with the address already in `ai_dst_addr`, or in `ai_src_addr` with `RAI_PASSIVE`.
+/// Either way a source address in the hints is kept when the lookup gave none. No node,
+/// service or hints: `EINVAL`. A failed lookup returns its `getaddrinfo` code (negative)
+/// with errno `ENODEV`.
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_getaddrinfo(
     node: *const c_char,
@@ -1610,79 +1702,93 @@ pub extern "C" fn vrnic_rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     guard(-1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
             return minus_one(libc::EINVAL);
         }
-        // SAFETY: hints is NULL or the app's.
-        let h = (!hints.is_null()).then(|| unsafe { &*hints });
-        let flags = h.map(|h| h.ai_flags).unwrap_or(0);
-        let passive = flags & RAI_PASSIVE != 0;
-        // SAFETY: plain C data; zero is valid.
-        let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
-        gh.ai_family = h.map(|h| h.ai_family).unwrap_or(0);
-        gh.ai_socktype = libc::SOCK_STREAM;
-        if passive {
-            gh.ai_flags |= libc::AI_PASSIVE;
-        }
-        if flags & RAI_NUMERICHOST != 0 {
-            gh.ai_flags |= libc::AI_NUMERICHOST;
-        }
-        let mut gai: *mut libc::addrinfo = null_mut();
-        // SAFETY: node/service are NULL or C strings; gai is our out-pointer.
-        let rc = unsafe { libc::getaddrinfo(node, service, &gh, &mut gai) };
-        if rc != 0 || gai.is_null() {
-            set_errno(libc::ENODEV);
-            return rc.min(-1);
-        }
-        // SAFETY: gai is getaddrinfo's list; its first entry has an address.
-        let g = unsafe { &*gai };
-        let (addr, len, family) = (g.ai_addr, g.ai_addrlen, g.ai_family);
-        let copy = |a: *const libc::sockaddr, n: libc::socklen_t| -> *mut libc::sockaddr {
-            // SAFETY: malloc has no preconditions; freed by rdma_freeaddrinfo.
-            let p = unsafe { libc::malloc(n as usize) }.cast::<libc::sockaddr>();
-            if !p.is_null() {
-                // SAFETY: p holds n bytes; a is a sockaddr of n bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(a.cast::<u8>(), p.cast::<u8>(), n as usize)
-                };
-            }
-            p
+        // SAFETY: plain C data; zero is valid (librdmacm's `nohints`).
+        let none: rdma_addrinfo = unsafe { std::mem::zeroed() };
+        let h = if hints.is_null() {
+            &none
+        } else {
+            // SAFETY: hints is the app's, readable for this call.
+            unsafe { &*hints }
         };
         // SAFETY: calloc of one zeroed rdma_addrinfo; freed by rdma_freeaddrinfo.
         let r = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
             .cast::<rdma_addrinfo>();
         if r.is_null() {
-            // SAFETY: gai came from getaddrinfo.
-            unsafe { libc::freeaddrinfo(gai) };
             return minus_one(libc::ENOMEM);
         }
-        // SAFETY: r is a zeroed rdma_addrinfo.
+        // SAFETY: r is a zeroed rdma_addrinfo of ours.
         let o = unsafe { &mut *r };
-        o.ai_flags = flags;
-        o.ai_family = family;
-        o.ai_qp_type = h
-            .map(|h| h.ai_qp_type)
-            .filter(|&t| t != 0)
-            .unwrap_or(IBV_QPT_RC as c_int);
-        o.ai_port_space = h
-            .map(|h| h.ai_port_space)
-            .filter(|&p| p != 0)
-            .unwrap_or(RDMA_PS_TCP as c_int);
-        if passive {
-            o.ai_src_addr = copy(addr, len);
-            o.ai_src_len = len;
+        let mut oom = false;
+        if !node.is_null() || !service.is_null() {
+            let gh = gai_hints(h);
+            let mut gai: *mut libc::addrinfo = null_mut();
+            let gh_ptr: *const libc::addrinfo = if hints.is_null() { null_mut() } else { &gh };
+            // SAFETY: node/service are NULL or C strings; gai is our out-pointer.
+            let rc = unsafe { libc::getaddrinfo(node, service, gh_ptr, &mut gai) };
+            if rc != 0 || gai.is_null() {
+                vrnic_rdma_freeaddrinfo(r);
+                set_errno(libc::ENODEV);
+                return rc.min(-1);
+            }
+            // SAFETY: gai is getaddrinfo's list; its first entry has an address.
+            let g = unsafe { &*gai };
+            o.ai_qp_type = if h.ai_qp_type != 0 {
+                h.ai_qp_type
+            } else {
+                match g.ai_socktype {
+                    libc::SOCK_STREAM => IBV_QPT_RC as c_int,
+                    libc::SOCK_DGRAM => IBV_QPT_UD as c_int,
+                    _ => 0,
+                }
+            };
+            o.ai_port_space = if h.ai_port_space != 0 {
+                h.ai_port_space
+            } else {
+                match g.ai_protocol {
+                    libc::IPPROTO_TCP => RDMA_PS_TCP as c_int,
+                    libc::IPPROTO_UDP => RDMA_PS_UDP as c_int,
+                    _ => 0,
+                }
+            };
+            o.ai_family = g.ai_family;
+            // SAFETY: the entry's address holds ai_addrlen bytes.
+            let a = unsafe { copy_addr(g.ai_addr, g.ai_addrlen) };
+            oom |= a.is_null();
+            if g.ai_flags & libc::AI_PASSIVE != 0 {
+                o.ai_flags = RAI_PASSIVE;
+                o.ai_src_addr = a;
+                o.ai_src_len = if a.is_null() { 0 } else { g.ai_addrlen };
+            } else {
+                o.ai_dst_addr = a;
+                o.ai_dst_len = if a.is_null() { 0 } else { g.ai_addrlen };
+            }
+            // SAFETY: gai came from getaddrinfo.
+            unsafe { libc::freeaddrinfo(gai) };
         } else {
-            o.ai_dst_addr = copy(addr, len);
-            o.ai_dst_len = len;
-            if let Some(h) = h
-                && !h.ai_src_addr.is_null()
-            {
-                o.ai_src_addr = copy(h.ai_src_addr, h.ai_src_len);
-                o.ai_src_len = h.ai_src_len;
+            o.ai_flags = h.ai_flags;
+            o.ai_family = h.ai_family;
+            o.ai_qp_type = h.ai_qp_type;
+            o.ai_port_space = h.ai_port_space;
+            if h.ai_dst_len != 0 && !h.ai_dst_addr.is_null() {
+                // SAFETY: the hints' destination holds ai_dst_len bytes.
+                o.ai_dst_addr = unsafe { copy_addr(h.ai_dst_addr, h.ai_dst_len) };
+                o.ai_dst_len = h.ai_dst_len;
+                oom |= o.ai_dst_addr.is_null();
             }
         }
-        // SAFETY: gai came from getaddrinfo.
-        unsafe { libc::freeaddrinfo(gai) };
+        if !oom && o.ai_src_len == 0 && h.ai_src_len != 0 && !h.ai_src_addr.is_null() {
+            // SAFETY: the hints' source holds ai_src_len bytes.
+            o.ai_src_addr = unsafe { copy_addr(h.ai_src_addr, h.ai_src_len) };
+            o.ai_src_len = h.ai_src_len;
+            oom |= o.ai_src_addr.is_null();
+        }
+        if oom {
+            vrnic_rdma_freeaddrinfo(r);
+            return minus_one(libc::ENOMEM);
+        }
         // SAFETY: res is the app's out-pointer.
         unsafe { *res = r };
         0
@@ -1696,9 +1802,16 @@ pub extern "C" fn vrnic_rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
         // SAFETY: made by rdma_getaddrinfo with calloc.
         let r = unsafe { &*p };
         let next = r.ai_next;
-        for a in [r.ai_src_addr, r.ai_dst_addr] {
+        for a in [
+            r.ai_src_addr.cast::<c_void>(),
+            r.ai_dst_addr.cast(),
+            r.ai_src_canonname.cast(),
+            r.ai_dst_canonname.cast(),
+            r.ai_route,
+            r.ai_connect,
+        ] {
             // SAFETY: NULL or malloc'ed by rdma_getaddrinfo.
-            unsafe { libc::free(a.cast()) };
+            unsafe { libc::free(a) };
         }
         // SAFETY: calloc'ed by rdma_getaddrinfo; not used after this.
         unsafe { libc::free(p.cast()) };

@@ -814,8 +814,12 @@ pub mod access {
         | MW_BIND
         | HUGETLB
         | RELAXED_ORDERING;
-    /// Flags a memory window may be bound with (`ZERO_BASED` windows are refused).
-    pub const MW_SUPPORTED: u32 = REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
+    /// Flags a memory window may be bound with: those a registration takes (a window grants
+    /// only the remote ones; rdma-core's own tests bind windows with `LOCAL_WRITE` among
+    /// them, which rxe and mlx5 take). `ZERO_BASED` windows are refused.
+    pub const MW_SUPPORTED: u32 = SUPPORTED;
+    /// The rights a memory window grants.
+    pub const MW_RIGHTS: u32 = REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
 }
 
 /// `ibv_qp_attr_mask` bits.

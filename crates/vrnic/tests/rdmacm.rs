@@ -3,7 +3,8 @@
 //! data verified), perftest with `-R`, `rdma_server`/`rdma_client` (the synchronous endpoint
 //! API), `ucmatose` and `udaddy` (Debian `rdmacm-utils`); and our own `tests/c/cm_check.c` for
 //! what a real stack shows: a port nobody listens on, `EADDRINUSE`, reject with private data,
-//! disconnect from either side (receives flushed), a peer killed mid-connection.
+//! disconnect from either side (receives flushed), a peer killed mid-connection,
+//! `rdma_getaddrinfo` with the address in the hints, `rdma_migrate_id` of a synchronous id.
 
 mod common;
 
@@ -202,6 +203,36 @@ fn ports_bind_like_tcp() {
     has(&out, "bind to port 0 picks port");
     has(&out, "EADDRINUSE");
     has(&out, "the port is free again");
+    has(&out, "bound to a loopback address has no device");
+}
+
+/// `rdma_getaddrinfo` as librdmacm's `addrinfo.c`: with no node and no service the hints'
+/// addresses (libfabric's verbs provider asks so), a source in the hints kept.
+#[test]
+fn getaddrinfo_takes_the_address_from_the_hints() {
+    let out = solo(&["solo", "getaddrinfo", &port().to_string()]);
+    has(&out, "no node, service or hints: EINVAL");
+    has(&out, "hints with ai_dst_addr): the hints' destination");
+    has(
+        &out,
+        "RAI_PASSIVE hints with ai_src_addr): the hints' source; an endpoint on it listens",
+    );
+    has(&out, "the node's address, the hints' source kept");
+    has(&out, "AF_IB in the hints: the resolver's family");
+}
+
+/// `rdma_migrate_id` as librdmacm's: a synchronous id moved onto a channel is asynchronous
+/// (libfabric's verbs provider resolves the route and connects so).
+#[test]
+fn migrate_id_onto_a_channel_makes_a_synchronous_id_asynchronous() {
+    let out = solo(&["solo", "migrate", &port().to_string()]);
+    has(&out, "synchronous id to no channel: EINVAL");
+    has(&out, "rdma_resolve_route returns, its event comes there");
+    has(
+        &out,
+        "the migrated id connects by events on its new channel",
+    );
+    has(&out, "asynchronous id to no channel: 0");
 }
 
 #[test]

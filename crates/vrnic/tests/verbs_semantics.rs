@@ -367,11 +367,26 @@ fn device_memory_copies_registers_zero_based_and_carries_rdma() {
             "memcpy_to_dm / memcpy_from_dm: exact bytes, odd offsets",
             "copies past the end of the DM: EFAULT",
             "reg_dm_mr without IBV_ACCESS_ZERO_BASED or past the DM's end: EINVAL",
+            "reg_dm_mr with IBV_ACCESS_ZERO_BASED alone up to the DM's end",
             "reg_dm_mr: addr = the DM offset; free_dm while it exists: EBUSY",
             "RDMA WRITE at zero-based address 1000 lands at DM offset 1100",
             "RDMA READ from the DM MR: exact; past its end: REM_ACCESS_ERR",
             "SEND from the DM MR's lkey at zero-based 2000",
             "after dereg_mr, free_dm: 0",
+        ],
+    );
+}
+
+#[test]
+fn an_rnic_deep_cq_costs_memory_only_for_the_completions_written_to_it() {
+    case(
+        "big_cq",
+        &[
+            "an RNIC's depth",
+            "create_cq of 262144 entries, as libfabric's ofi_rxm asks: accepted",
+            "of memory at creation",
+            "20000 completions through it took",
+            "destroyed, its memory is given back",
         ],
     );
 }

@@ -21,10 +21,8 @@ pub(super) fn err(errno: i32, msg: impl Into<String>) -> Reply {
 /// Control requests served per wake of a context.
 pub(super) const CTRL_BUDGET: usize = 8;
 
-/// Most QPs / CQs / MRs / PDs per vRNIC.
-pub(super) const MAX_QP_WR: u32 = 16384;
-
-pub(super) const MAX_CQE: u32 = 65536;
+/// The deepest work queue and completion queue: the engine's limits, which it checks again.
+pub(super) use vrnic_proto::{MAX_CQE, MAX_QP_WR};
 
 /// The address vectors of a `ModifyQp` against the port (the engine checks the rest of the
 /// attributes against the device's limits): one port, one GID, one P_Key.

@@ -50,8 +50,12 @@ use crate::{
 
 /// Deepest work queue.
 pub const MAX_QP_WR: u32 = 16384;
-/// Deepest completion queue.
-pub const MAX_CQE: u32 = 65536;
+/// Deepest completion queue: 4 Mi entries, an RNIC's depth (mlx5 offers 4 Mi - 1; libfabric's
+/// `ofi_rxm` asks for 256 Ki). A CQ's ring is carved from the region's sparse heap, so its
+/// pages cost memory only once a completion is written there (a 4 Mi-entry ring spans
+/// 256 MiB of the region's address space, a sixty-fourth of a default region); a ring that
+/// has wrapped holds them all, as a device's CQ buffer does, within the region's quota.
+pub const MAX_CQE: u32 = 1 << 22;
 /// Most QPs per vRNIC.
 pub const MAX_QP: usize = 16384;
 /// Most MRs per vRNIC.

@@ -163,7 +163,12 @@ impl Engine {
     }
 
     /// A bind work request at the head of `qp` (`IBV_WR_BIND_MW`): the window named by the
-    /// WQE, checked as rxe's `rxe_check_bind_mw` does; `MW_BIND_ERR` if any check fails.
+    /// WQE, checked as rxe's `rxe_bind_mw` and `rxe_check_bind_mw` do (IB spec 10.6.7.2);
+    /// `MW_BIND_ERR` if any check fails. What the MR must allow is `MW_BIND` (C10-73) and, for
+    /// a window granting remote write or atomics, local write (C10-74), nothing more: a window
+    /// grants remote rights its MR lacks. Its access flags may hold any a registration takes
+    /// (`LOCAL_WRITE` among them, as rdma-core's tests bind windows); it grants the remote ones
+    /// only.
     pub(super) fn bind_mw(&mut self, qp: QpId, wqe: &SendWqe) -> Result<(), WcStatus> {
         const BAD: WcStatus = WcStatus::MwBindErr;
         // A window's range and rights may change: translations through it are stale.
@@ -208,7 +213,7 @@ impl Engine {
             mr,
             addr,
             len,
-            access: acc,
+            access: acc & access::MW_RIGHTS,
             qp: (ty == MW_TYPE_2).then_some(qp),
         });
         if let Some(b) = binding
