@@ -16,13 +16,10 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::hosts::{Etcd, Hosts, PEER_PORT};
-use common::{
-    Daemon, Proc, create_in as create, pair_on as pair, port, remove_state_dir, require, vrnic_bin,
-};
+use common::hosts::{Etcd, Hosts};
+use common::{Daemon, create_in as create, pair_on as pair, port, require};
 
 const LINKS_UP: Duration = Duration::from_secs(30);
 const PAIR: Duration = Duration::from_secs(60);
@@ -233,28 +230,6 @@ fn a_write_with_stolen_credentials_is_undone_by_the_owner() {
     let _ = std::fs::remove_file(pw);
 }
 
-/// `vrnic serve` on host 0 of `hosts` with `args` after the cluster options; waits for it to
-/// exit (it must) and returns its exit status and stderr.
-fn serve_fails(hosts: &Hosts, etcd: &Etcd, args: &[&str]) -> (bool, String) {
-    let dir = std::env::temp_dir().join(format!("vrnic-etcd-fail-{}", std::process::id()));
-    remove_state_dir(&dir);
-    std::fs::create_dir_all(&dir).expect("a state dir");
-    let listen = format!("{}:{PEER_PORT}", hosts.addr(0));
-    let mut c = Command::new("nsenter");
-    c.arg(format!("--net=/run/netns/{}", hosts.netns(0)))
-        .arg(vrnic_bin())
-        .arg("serve")
-        .arg("--state-dir")
-        .arg(&dir)
-        .args(["--listen", &listen, "--etcd", &etcd.url])
-        .args(args)
-        .env("RUST_LOG", "info");
-    let out = Proc::spawn(c, "vrnic serve").wait_bounded(Duration::from_secs(20));
-    remove_state_dir(&dir);
-    assert!(!out.timed_out, "the daemon kept running\n{}", out.text());
-    (out.ok(), out.stderr)
-}
-
 /// A daemon with a wrong password, one without credentials, and one whose password file its
 /// group can read each stop at start (exit status 1) with one line naming etcd and the user.
 #[test]
@@ -291,7 +266,7 @@ fn a_daemon_with_a_wrong_password_fails_to_start_with_a_clear_error() {
         ),
     ];
     for (args, line) in cases {
-        let (ok, stderr) = serve_fails(&hosts, &etcd, args);
+        let (ok, stderr) = hosts.serve_fails(&etcd, args);
         assert!(!ok, "the daemon succeeded with {args:?}\n{stderr}");
         let last = stderr.lines().last().unwrap_or_default();
         assert_eq!(last, line, "with {args:?}\n{stderr}");

@@ -16,10 +16,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::hosts::{Etcd, Hosts, PEER_PORT};
-use common::{
-    Daemon, Proc, create_in as create, pair_on as pair, port, remove_state_dir, require, vrnic_bin,
-};
+use common::hosts::{Etcd, Hosts};
+use common::{Daemon, Proc, create_in as create, pair_on as pair, port, require};
 
 const LINKS_UP: Duration = Duration::from_secs(30);
 const PAIR: Duration = Duration::from_secs(60);
@@ -102,28 +100,6 @@ fn a_cluster_over_tls_with_client_certificates_serves_pairs_and_refuses_the_rest
     assert!(ls.ok() && !ls.stdout.contains("4242"), "{}", ls.text());
 }
 
-/// `vrnic serve` on host 0 in cluster mode on `etcd` with `args`; waits for it to exit (it
-/// must, within 20 s) and returns its exit status and stderr.
-fn serve_fails(hosts: &Hosts, etcd: &Etcd, args: &[String]) -> (bool, String) {
-    let dir = std::env::temp_dir().join(format!("vrnic-etcd-tls-{}", std::process::id()));
-    remove_state_dir(&dir);
-    std::fs::create_dir_all(&dir).expect("a state dir");
-    let listen = format!("{}:{PEER_PORT}", hosts.addr(0));
-    let mut c = Command::new("nsenter");
-    c.arg(format!("--net=/run/netns/{}", hosts.netns(0)))
-        .arg(vrnic_bin())
-        .arg("serve")
-        .arg("--state-dir")
-        .arg(&dir)
-        .args(["--listen", &listen, "--etcd", &etcd.url])
-        .args(args)
-        .env("RUST_LOG", "info");
-    let out = Proc::spawn(c, "vrnic serve").wait_bounded(Duration::from_secs(20));
-    remove_state_dir(&dir);
-    assert!(!out.timed_out, "the daemon kept running\n{}", out.text());
-    (out.ok(), out.stderr)
-}
-
 /// A daemon without a client certificate, one that trusts another CA (etcd as an impostor
 /// would present itself), and one given an https:// URL without a CA each stop at start
 /// (exit status 1) with one line saying what is wrong; none registers.
@@ -165,7 +141,8 @@ fn a_daemon_without_a_client_certificate_or_trusting_another_ca_stops_with_a_cle
         ),
     ];
     for (args, line) in cases {
-        let (ok, stderr) = serve_fails(&hosts, &etcd, &args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, stderr) = hosts.serve_fails(&etcd, &args);
         assert!(!ok, "{args:?}: exit status 0\n{stderr}");
         assert!(
             stderr.lines().any(|l| l == line),

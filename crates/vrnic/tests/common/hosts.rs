@@ -241,6 +241,29 @@ impl Hosts {
         Daemon::start_in(Some(&self.names[i]), &args)
     }
 
+    /// `vrnic serve` on host 0 in cluster mode on `etcd` with `args` after the cluster
+    /// options; waits for it to exit (it must, within 20 s) and returns whether it exited 0,
+    /// and its stderr.
+    pub fn serve_fails(&self, etcd: &Etcd, args: &[&str]) -> (bool, String) {
+        let dir = std::env::temp_dir().join(format!("vrnic-etcd-fail-{}", std::process::id()));
+        super::remove_state_dir(&dir);
+        std::fs::create_dir_all(&dir).expect("a state dir");
+        let listen = format!("{}:{PEER_PORT}", self.addr(0));
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.netns(0)))
+            .arg(super::vrnic_bin())
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&dir)
+            .args(["--listen", &listen, "--etcd", &etcd.url])
+            .args(args)
+            .env("RUST_LOG", "info");
+        let out = Proc::spawn(c, "vrnic serve").wait_bounded(Duration::from_secs(20));
+        super::remove_state_dir(&dir);
+        assert!(!out.timed_out, "the daemon kept running\n{}", out.text());
+        (out.ok(), out.stderr)
+    }
+
     /// Host `i`'s address.
     pub fn addr(&self, i: usize) -> String {
         format!("10.77.0.{}", i + 1)
