@@ -191,10 +191,28 @@ fn two(mode: &str) -> common::Pair {
     )
 }
 
+/// The app gets `REJECTED` (status 8, invalid service ID), and the daemon's log says why
+/// (as it does for a refusal across groups), naming the destination.
 #[test]
 fn connecting_to_a_port_nobody_listens_on_is_rejected() {
-    let out = solo(&["solo", "noport", &port().to_string()]);
+    let bin = cm_check().to_str().expect("utf-8 path").to_string();
+    let mut d = Daemon::start();
+    let p = port().to_string();
+    let out = output(
+        d.run(&[&bin, "solo", "noport", &p]),
+        "cm_check",
+        Duration::from_secs(60),
+    );
+    assert!(out.ok(), "cm_check noport failed\n{}", out.text());
     has(&out, "reject status 8");
+    let log = d.stop().text();
+    assert!(
+        log.lines().any(
+            |l| l.contains("rdma_cm connect refused: nothing listens there")
+                && l.contains(&format!(":{p}"))
+        ),
+        "no log line for the refusal\n{log}"
+    );
 }
 
 #[test]

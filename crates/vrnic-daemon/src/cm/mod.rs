@@ -549,9 +549,16 @@ impl Cm {
         for (p, _) in due {
             match p {
                 Parked::Local(id) => {
-                    tracing::debug!(id, "CM connect: no listener; rejected");
                     if let Some(i) = self.ids.get_mut(&id) {
                         i.state = State::Disconnected;
+                        // As a refusal across groups is: the app sees only REJECTED.
+                        tracing::info!(
+                            id,
+                            from = %i.local.map_or("?".to_string(), |a| a.to_string()),
+                            to = %i.remote.map_or("?".to_string(), |a| a.to_string()),
+                            "rdma_cm connect refused: nothing listens there (REJECTED, invalid \
+                             service ID)"
+                        );
                     }
                     let ev = self.event(
                         cm_event::REJECTED,

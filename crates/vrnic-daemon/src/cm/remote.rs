@@ -145,6 +145,11 @@ impl Cm {
     /// A request from another host that no listener here took in time.
     pub(super) fn refuse_offer(&mut self, o: &Offer) {
         if let Peer::Remote { host, id } = o.from {
+            tracing::info!(
+                host = host.0,
+                "rdma_cm connect from another host refused: nothing listens there (REJECTED, \
+                 invalid service ID)"
+            );
             self.send_reject(host, 0, id, REJ_INVALID_SERVICE_ID, &CmParam::default());
         }
     }
