@@ -247,6 +247,7 @@ fn serve_fails(hosts: &Hosts, etcd: &Etcd, args: &[&str]) -> (bool, String) {
         .arg("--state-dir")
         .arg(&dir)
         .args(["--listen", &listen, "--etcd", &etcd.url])
+        .args(["--key", &hosts.key_file(0)])
         .args(args)
         .env("RUST_LOG", "info");
     let out = Proc::spawn(c, "vrnic serve").wait_bounded(Duration::from_secs(20));
