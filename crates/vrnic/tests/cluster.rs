@@ -463,9 +463,10 @@ fn malformed_records_in_etcd_are_ignored_and_logged() {
 }
 
 /// A third namespace with no daemon connects to both daemons' peer ports and sends a
-/// well-formed cluster hello claiming host index 0 from its own address: neither takes it
-/// (the index is registered with another address, or is not lower than its own), both log
-/// it, and their link stays up and serves.
+/// well-formed cluster hello claiming host index 0 from its own address: neither takes it (a
+/// hello without the handshake that proves host 0's key; the index is also registered with
+/// another address, or not lower than its own), both log the refusal with the intruder's
+/// address, and their link stays up and serves.
 #[test]
 fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
     require("ibv_rc_pingpong");

@@ -6,9 +6,12 @@
 //! daemon of a correctly configured set sees the same list, and a host's place in it is its
 //! [`HostId`], which also gives it a LID range and GUIDs of its own (so LIDs and GIDs are
 //! unique across the hosts with no numbering by the user). The daemon earlier in the list
-//! dials the later one; each side sends a hello (protocol version, its index, the number of
-//! hosts) and, once it has the other's, the list of its vRNICs (LID, GID), then every vRNIC
-//! created or removed. Keepalives every [`KEEPALIVE`]; a link silent for [`DEAD_AFTER`] is
+//! dials the later one. With keys (`--key`, `--peer-key`) the connection first carries a Noise
+//! handshake in which each end proves the key configured for the host it claims, its hello
+//! (protocol version, its index, the number of hosts, whether it wants encryption) as the
+//! handshake's payload (`secure.rs`); without keys (loopback, `--insecure-links`) each side
+//! just sends its hello (`hello.rs`). Once it has the other's, each sends the list of its
+//! vRNICs (LID, GID), then every vRNIC created or removed. Keepalives every [`KEEPALIVE`]; a link silent for [`DEAD_AFTER`] is
 //! closed and dialed again, and the QPs over it send again from their oldest unanswered
 //! segment when it is back (the engine's retry budget decides how long they wait).
 //!
@@ -34,9 +37,12 @@
 //!   threads), and one that keeps writing is never cut, however much it holds; only a queue
 //!   that does not move is the peer's doing.
 //! - **Input.** What is read and not yet a whole frame is at most one frame plus a pass's
-//!   [`READ_BUDGET`]; connections not yet past their hello are at most [`MAX_PENDING`] (more
-//!   are closed as they come), each holding at most a hello's worth of bytes, and go after
-//!   [`DEAD_AFTER`].
+//!   [`READ_BUDGET`] (on an encrypted link, plus one record); connections not yet past their
+//!   hello or handshake are at most [`MAX_PENDING`] (more are closed as they come), each
+//!   holding at most [`PENDING_INPUT`] bytes, and go after the handshake's deadline (2 s);
+//!   the public-key work a stranger can ask for is rate-limited (`secure.rs`), and none of it
+//!   touches a live link, which only a finished handshake replaces. Refused connections are
+//!   logged at most once a second.
 //! - **Announcements** (`share.rs`): a host announces only its own share of LIDs and GIDs,
 //!   one vRNIC per LID, at most [`share::MAX_ANNOUNCED_VNICS`], and at most
 //!   [`share::MAX_ANNOUNCED_ADDRS`] addresses, none of another host's; all of it is forgotten
@@ -242,6 +248,15 @@ struct Refusals {
 }
 
 impl Refusals {
+    /// None yet: the first is logged at once.
+    fn new(now: Instant) -> Refusals {
+        Refusals {
+            count: 0,
+            last: None,
+            logged: now.checked_sub(Duration::from_secs(1)).unwrap_or(now),
+        }
+    }
+
     fn note(&mut self, now: Instant, from: SocketAddr, why: String) {
         self.count += 1;
         self.last = Some((from, why));
@@ -356,11 +371,7 @@ impl Peers {
             failed: Vec::new(),
             security,
             bucket: HandshakeBucket::new(now),
-            refusals: Refusals {
-                count: 0,
-                last: None,
-                logged: now,
-            },
+            refusals: Refusals::new(now),
         }))
     }
 
@@ -393,11 +404,7 @@ impl Peers {
             failed: Vec::new(),
             security,
             bucket: HandshakeBucket::new(now),
-            refusals: Refusals {
-                count: 0,
-                last: None,
-                logged: now,
-            },
+            refusals: Refusals::new(now),
         })
     }
 
