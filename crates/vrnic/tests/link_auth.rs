@@ -341,6 +341,44 @@ fn a_live_link_survives_floods_of_hellos_and_failed_handshakes() {
     }
 }
 
+/// The control for the flood above: with `--insecure-links` (no keys), one plain hello from
+/// host 2's namespace naming host 0 takes host 1's link to host 0 over (its drop counter moves,
+/// and the forged connection is the link until it goes silent): what authentication stops.
+#[test]
+fn without_keys_one_forged_hello_takes_a_link_over() {
+    let hosts = Hosts::new(3);
+    let ds: Vec<Daemon> = (0..2)
+        .map(|i| hosts.daemon_keyed(i, false, &["--insecure-links"]))
+        .collect();
+    wait_host_up(&ds[0], &hosts.addr(1), LINKS_UP);
+    wait_host_up(&ds[1], &hosts.addr(0), LINKS_UP);
+    let before = drops(&ds[1]);
+    let target: SocketAddr = format!("{}:{PEER_PORT}", hosts.addr(1))
+        .parse()
+        .expect("an address");
+    let forged = in_netns(hosts.netns(2), move || {
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(5)).expect("connect");
+        let h = HelloRepr {
+            index: 0,
+            hosts: 3,
+            encrypt: false,
+        };
+        s.write_all(&control(ControlKind::Hello, &h.emit()))
+            .expect("send the hello");
+        // Host 1 answers with its own hello: it took the connection for host 0's link.
+        read_frame(&mut s).is_some_and(|f| f[3] == ControlKind::Hello as u8)
+    });
+    assert!(forged.join().expect("the forger"), "no hello back");
+    let start = Instant::now();
+    while drops(&ds[1]) == before {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the forged hello did not replace the link"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until `d`'s link to the host at `addr` is up.
 fn wait_host_up(d: &Daemon, addr: &str, limit: Duration) {
     let start = Instant::now();
