@@ -7,8 +7,9 @@
 use vrnic_shm::Mailbox;
 use vrnic_shm::Region;
 use vrnic_wire::frame::{
-    CmMessage, ControlKind, Frame, FrameError, FrameRepr, MAX_PAYLOAD, MIN_PMTU, pad_bytes_ok,
-    peek_len,
+    AnnounceEntry, CmMessage, ControlKind, Frame, FrameError, FrameRepr, HandshakeRepr, HelloRepr,
+    KeepaliveRepr, MAX_PAYLOAD, MIN_PMTU, RECORD_HEADER_LEN, TAG_LEN, pad_bytes_ok, peek_len,
+    peek_record,
 };
 use vrnic_wire::{CQ_SLOT, Cqe, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe};
 
@@ -98,6 +99,81 @@ pub fn frame(data: &[u8]) {
             pmtu *= 2;
         }
         let _ = segment.check_pmtu(data.len());
+    }
+}
+
+/// Link-control frames (hello, keepalive, handshake, announce) as a daemon reads them from a
+/// peer link: any bytes are an error or a frame, and a body its kind's decoder takes emits back
+/// to exactly its bytes; an announce body that checks whole iterates to as many entries, which
+/// emit back to it. The same bytes read as an encrypted link's record length: a record is at
+/// least a tag, and its length is its field's.
+pub fn link_control(data: &[u8]) {
+    if let Ok(Some(len)) = peek_record(data) {
+        assert!(len >= RECORD_HEADER_LEN + TAG_LEN);
+        assert_eq!(
+            len,
+            RECORD_HEADER_LEN + usize::from(u16::from_be_bytes([data[0], data[1]]))
+        );
+    }
+    let Ok(frame) = Frame::new_checked(data) else {
+        return;
+    };
+    let Ok(FrameRepr::Control(c)) = FrameRepr::parse(&frame) else {
+        return;
+    };
+    let body = &data[8..];
+    match c.kind {
+        ControlKind::Hello => {
+            if let Ok(h) = HelloRepr::parse(body) {
+                assert_eq!(
+                    h.emit().as_slice(),
+                    body,
+                    "{h:?} re-emits to the same bytes"
+                );
+            }
+        }
+        ControlKind::Keepalive => {
+            if let Ok(k) = KeepaliveRepr::parse(body) {
+                assert_eq!(
+                    k.emit().as_slice(),
+                    body,
+                    "{k:?} re-emits to the same bytes"
+                );
+            }
+        }
+        ControlKind::Handshake => {
+            if let Ok(h) = HandshakeRepr::parse(body) {
+                assert_eq!(HandshakeRepr::message_len(h.step), Some(h.message.len()));
+                let mut again = vec![0u8; h.buffer_len()];
+                h.emit(&mut again);
+                assert_eq!(again, body, "{h:?} re-emits to the same bytes");
+            }
+        }
+        ControlKind::Announce => {
+            let checked = AnnounceEntry::check_body(body);
+            let mut again = Vec::new();
+            let mut n = 0;
+            let mut failed = false;
+            for e in AnnounceEntry::iter(body) {
+                match e {
+                    Ok(e) => {
+                        assert_eq!(e.check(), Ok(()), "{e:?} decodes, so it checks");
+                        e.emit(&mut again);
+                        n += 1;
+                    }
+                    Err(_) => failed = true,
+                }
+            }
+            match checked {
+                Ok(count) => {
+                    assert!(!failed);
+                    assert_eq!(count, n);
+                    assert_eq!(again, body, "the entries re-emit to the same bytes");
+                }
+                Err(_) => assert!(failed || body.is_empty()),
+            }
+        }
+        ControlKind::Cm => {}
     }
 }
 

@@ -607,6 +607,10 @@ pub struct PeerSummary {
     pub retransmits: u64,
     /// Times the link went down.
     pub drops: u64,
+    /// How the link is protected: `none`, `authenticated` (its peer proved its key) or
+    /// `encrypted` (and its frames are encrypted).
+    #[serde(default)]
+    pub security: String,
 }
 
 /// One vRNIC in a listing.

@@ -87,6 +87,11 @@ fn frame() {
     replay("frame", 50_000, checks::frame);
 }
 
+#[test]
+fn link_control() {
+    replay("link_control", 50_000, checks::link_control);
+}
+
 /// The frame corpus reaches the connection manager's codec: each of its five messages is
 /// there and decodes (so the mutated inputs above exercise it).
 #[test]

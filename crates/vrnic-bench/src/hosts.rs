@@ -1,6 +1,8 @@
 //! Across hosts (root): two network namespaces the bench makes (`vrbench<PID>a`, `...b`)
 //! joined by one veth pair, 10.78.0.1 and 10.78.0.2, a daemon in each joined by `--listen` /
-//! `--peer`; perftest with its server on host a and its client on host b, against limits
+//! `--peer`, each with a key of its own (`vrnic keygen`) and the other's public key, and
+//! `--encrypt-links` or neither key with `--links`; perftest with its server on host a and its
+//! client on host b, against limits
 //! measured on the same veth in the same run: one TCP stream (the faster of `tcp_stream` and
 //! `iperf3`) for bandwidth, half a TCP ping-pong's round trip for latency. The namespaces,
 //! and every address in them, are removed when the bench ends; no other address is used.
@@ -9,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::Ctx;
 use super::limits::{self, IPERF3, Net, TCP_HALF_RTT, TCP_STREAM};
 use super::perftest::{MIB_PER_MB, Side, pair, rows};
 use super::procs::{self, Daemon, Launch, NETNS_PREFIX, Netns, ip};
 use super::report::{Better, Limit, Report};
+use super::{Ctx, Links};
 
 /// The two hosts' addresses, and the daemons' peer port.
 const ADDRS: [&str; 2] = ["10.78.0.1", "10.78.0.2"];
@@ -32,7 +34,7 @@ const VETH: &str = "veth";
 
 impl Hosts {
     /// Makes the namespaces, the veth and the daemons, and waits until their link is up.
-    pub fn new(ctx: &Ctx) -> Result<Hosts> {
+    pub fn new(ctx: &Ctx, links: Links) -> Result<Hosts> {
         procs::remove_stale_netns();
         let tag = format!("{NETNS_PREFIX}{}", std::process::id());
         let names = [format!("{tag}a"), format!("{tag}b")];
@@ -48,18 +50,43 @@ impl Hosts {
             ip(&["-n", n, "addr", "add", &format!("{a}/24"), "dev", "eth0"])?;
             ip(&["-n", n, "link", "set", "eth0", "up"])?;
         }
+        // Each host's key, and its public key for the other.
+        let mut keys = Vec::new();
+        for i in 0..2 {
+            let file = ctx.scratch.path(&format!("host{i}.key"));
+            let mut c = std::process::Command::new(&ctx.vrnic);
+            c.arg("keygen").arg(&file);
+            let public = ctx
+                .scratch
+                .output(c, "vrnic keygen", Duration::from_secs(10))?
+                .trim()
+                .to_string();
+            keys.push((file, public));
+        }
         let mut daemons = Vec::new();
         for i in 0..2 {
             let launch = Launch {
                 netns: Some(names[i].clone()),
                 cpus: ctx.engine(i),
             };
-            let extra = [
+            let mut extra = vec![
                 "--listen".to_string(),
                 format!("{}:{PEER_PORT}", ADDRS[i]),
                 "--peer".into(),
                 format!("{}:{PEER_PORT}", ADDRS[1 - i]),
             ];
+            match links {
+                Links::Insecure => extra.push("--insecure-links".into()),
+                Links::Authenticated | Links::Encrypted => {
+                    extra.push("--key".into());
+                    extra.push(keys[i].0.display().to_string());
+                    extra.push("--peer-key".into());
+                    extra.push(format!("{}:{PEER_PORT}={}", ADDRS[1 - i], keys[1 - i].1));
+                    if links == Links::Encrypted {
+                        extra.push("--encrypt-links".into());
+                    }
+                }
+            }
             daemons.push(Daemon::start(&ctx.scratch, &ctx.vrnic, launch, &extra)?);
         }
         let h = Hosts {

@@ -73,6 +73,19 @@ pub enum Section {
     Ucx,
 }
 
+/// How the across-host runs' daemons protect their peer link (`--links`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Links {
+    /// No keys (`--insecure-links`): frames in clear, payloads sent from and read into place.
+    Insecure,
+    /// Keys (`--key`, `--peer-key`): the link is authenticated by a Noise handshake, its
+    /// frames then travel as on an insecure one (the daemon's default with keys).
+    Authenticated,
+    /// Keys and `--encrypt-links`: every frame in Noise transport records.
+    Encrypted,
+}
+
 /// `vrnic bench`'s options.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -122,6 +135,9 @@ pub struct BenchArgs {
     /// Show every size of the sweeps in the table (the JSON always has them).
     #[arg(long)]
     all_sizes: bool,
+    /// The across-host runs' peer link: keys and a handshake only, encrypted too, or neither.
+    #[arg(long, value_enum, default_value_t = Links::Authenticated)]
+    links: Links,
 }
 
 /// Cores for the engine and for the apps (`--pin engine=LIST,apps=LIST`).
@@ -500,8 +516,14 @@ pub fn main(args: BenchArgs) -> Result<()> {
         }
     }
     if has(Section::Hosts) {
-        progress(t0, "across hosts: namespaces, veth, two daemons");
-        match hosts::Hosts::new(&ctx) {
+        progress(
+            t0,
+            &format!(
+                "across hosts: namespaces, veth, two daemons (links {:?})",
+                args.links
+            ),
+        );
+        match hosts::Hosts::new(&ctx, args.links) {
             Ok(h) => {
                 for r in 0..runs {
                     progress(t0, &format!("run {}/{runs}: across hosts", r + 1));

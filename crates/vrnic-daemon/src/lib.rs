@@ -18,6 +18,7 @@ pub mod admin;
 mod cm;
 pub mod config;
 pub mod heap;
+pub mod keys;
 pub mod server;
 pub mod settings;
 mod sys;

@@ -10,6 +10,17 @@
 //! max_vrnics = 4096
 //! ```
 //!
+//! Peer links are authenticated by key (`vrnic keygen`): this host's key file, and each other
+//! host's public key by its peer-link address; `encrypt_links = true` also encrypts them.
+//!
+//! ```toml
+//! key_file = "/etc/vrnic/link.key"
+//! encrypt_links = false
+//! [peer_keys]
+//! "10.0.0.2:7700" = "5f0c...64 hex digits"
+//! "10.0.0.3:7700" = "a1b2...64 hex digits"
+//! ```
+//!
 //! A cluster host names etcd instead of its peers:
 //!
 //! ```toml
@@ -29,6 +40,7 @@
 //! etcd_key = "/etc/vrnic/etcd-client-key.pem"
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -76,6 +88,15 @@ pub struct Settings {
     pub engine_threads: Option<usize>,
     /// `--spread-qps`.
     pub spread_qps: Option<bool>,
+    /// This host's peer-link key file (`--key`).
+    pub key_file: Option<std::path::PathBuf>,
+    /// Other hosts' public keys by peer-link address (`--peer-key`).
+    #[serde(default)]
+    pub peer_keys: BTreeMap<SocketAddr, String>,
+    /// `--encrypt-links`.
+    pub encrypt_links: Option<bool>,
+    /// `--insecure-links`.
+    pub insecure_links: Option<bool>,
 }
 
 /// A config file that could not be used.
@@ -113,7 +134,21 @@ impl Settings {
 
     /// Parses a config file's text; the error names the key.
     pub fn parse(text: &str) -> Result<Settings, String> {
-        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+        let s: Settings = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        s.peer_key_list()?;
+        Ok(s)
+    }
+
+    /// `peer_keys` decoded; the error names the address whose key is not one.
+    pub fn peer_key_list(&self) -> Result<Vec<(SocketAddr, crate::keys::PublicKey)>, String> {
+        self.peer_keys
+            .iter()
+            .map(|(a, k)| {
+                k.parse()
+                    .map(|k| (*a, k))
+                    .map_err(|e| format!("peer_keys.\"{a}\": {e}"))
+            })
+            .collect()
     }
 }
 
@@ -138,6 +173,24 @@ mod tests {
             Settings::parse("etcd_user = \"vrnic\"\netcd_password_file = \"/etc/p\"\n").unwrap();
         assert_eq!(s.etcd_user.as_deref(), Some("vrnic"));
         assert_eq!(s.etcd_password_file, Some("/etc/p".into()));
+    }
+
+    #[test]
+    fn link_keys_parse_and_a_bad_one_names_its_host() {
+        let k = "ab".repeat(32);
+        let s = Settings::parse(&format!(
+            "key_file = \"/etc/k\"\nencrypt_links = true\n[peer_keys]\n\"10.0.0.2:7700\" = \"{k}\"\n"
+        ))
+        .unwrap();
+        assert_eq!(s.key_file, Some("/etc/k".into()));
+        assert_eq!(s.encrypt_links, Some(true));
+        let list = s.peer_key_list().unwrap();
+        assert_eq!(list[0].0, "10.0.0.2:7700".parse().unwrap());
+        assert_eq!(list[0].1.to_string(), k);
+        let e = Settings::parse("[peer_keys]\n\"10.0.0.2:7700\" = \"nope\"\n").unwrap_err();
+        assert!(e.contains("10.0.0.2:7700"), "{e}");
+        let e = Settings::parse("[peer_keys]\n\"host\" = \"nope\"\n").unwrap_err();
+        assert!(e.contains("\"host\""), "{e}");
     }
 
     #[test]

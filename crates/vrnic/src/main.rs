@@ -92,6 +92,22 @@ enum Cmd {
         /// Another host's daemon (its --listen address); repeat for each host.
         #[arg(long = "peer")]
         peers: Vec<std::net::SocketAddr>,
+        /// This host's peer-link key file (`vrnic keygen FILE`): every link then proves both
+        /// ends' keys (Noise XX) before it carries anything.
+        #[arg(long, value_name = "FILE")]
+        key: Option<PathBuf>,
+        /// Another host's public key (what `vrnic keygen --public` prints there), by its
+        /// --listen address; one for each --peer (in a cluster, for each host accepted).
+        #[arg(long = "peer-key", value_name = "ADDR:PORT=PUBLIC", value_parser = parse_peer_key)]
+        peer_keys: Vec<(std::net::SocketAddr, vrnic_daemon::keys::PublicKey)>,
+        /// Encrypt the frames of every link too (a link is encrypted if either end asks);
+        /// needs --key. Payloads are then copied rather than sent from and read into place.
+        #[arg(long)]
+        encrypt_links: bool,
+        /// Accept links that are not authenticated on an address other than loopback (anyone
+        /// who reaches --listen can then pose as a host): refused without it.
+        #[arg(long)]
+        insecure_links: bool,
         /// Cluster mode: etcd's client URLs (http://HOST:PORT, or https:// with --etcd-ca;
         /// comma-separated). Hosts and
         /// vRNICs are registered there (LIDs, GIDs and IPs claimed by transactions) and peers
@@ -169,6 +185,15 @@ enum Cmd {
         /// As JSON (one object per vRNIC, in an array).
         #[arg(long)]
         json: bool,
+    },
+    /// Make this host's peer-link key: a new key file (mode 600; an existing one is kept), and
+    /// its public key printed, to give the other hosts as --peer-key ADDR:PORT=PUBLIC.
+    Keygen {
+        /// The key file.
+        file: PathBuf,
+        /// Print the public key of an existing key file instead.
+        #[arg(long)]
+        public: bool,
     },
     /// List the peer links to other hosts' daemons (state, keepalive round trip, bytes,
     /// segments sent again, times down).
@@ -299,6 +324,10 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             spread_qps,
             listen,
             peers,
+            key,
+            peer_keys,
+            encrypt_links,
+            insecure_links,
             etcd,
             etcd_ttl,
             etcd_user,
@@ -327,7 +356,22 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 spread_qps: spread_qps || file.spread_qps.unwrap_or(false),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
-                    peers: if peers.is_empty() { file.peers } else { peers },
+                    peers: if peers.is_empty() {
+                        file.peers.clone()
+                    } else {
+                        peers
+                    },
+                    key: key
+                        .or(file.key_file.clone())
+                        .map(|k| vrnic_daemon::keys::KeyPair::load(&k))
+                        .transpose()?,
+                    peer_keys: if peer_keys.is_empty() {
+                        file.peer_key_list().map_err(anyhow::Error::msg)?
+                    } else {
+                        peer_keys
+                    },
+                    encrypt: encrypt_links || file.encrypt_links.unwrap_or(false),
+                    insecure: insecure_links || file.insecure_links.unwrap_or(false),
                 },
                 cluster: {
                     let endpoints = if etcd.is_empty() { file.etcd } else { etcd };
@@ -531,13 +575,24 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Keygen { file, public } => {
+            let kp = if public {
+                vrnic_daemon::keys::KeyPair::load(&file)?
+            } else {
+                let kp = vrnic_daemon::keys::KeyPair::generate()?;
+                kp.write_new(&file)?;
+                kp
+            };
+            say!("{}", kp.public);
+            Ok(())
+        }
         Cmd::Peers => {
             let mut c = AdminClient::connect(&state_dir)?;
             let AdminReply::Peers(list) = c.call(&AdminRequest::Peers)? else {
                 bail!("unexpected reply")
             };
             say!(
-                "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5}",
+                "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5} {:<13}",
                 "PEER",
                 "STATE",
                 "RTT_US",
@@ -545,11 +600,12 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 "PLACED_IN",
                 "BYTES_OUT",
                 "RESENT",
-                "DROPS"
+                "DROPS",
+                "SECURITY"
             );
             for p in list {
                 say!(
-                    "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5}",
+                    "{:<22} {:<10} {:>9} {:>14} {:>14} {:>14} {:>8} {:>5} {:<13}",
                     p.addr,
                     p.state,
                     p.rtt_us.map_or("-".to_string(), |r| r.to_string()),
@@ -557,7 +613,8 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                     p.placed_in,
                     p.bytes_out,
                     p.retransmits,
-                    p.drops
+                    p.drops,
+                    p.security
                 );
             }
             Ok(())
@@ -585,6 +642,18 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
 }
 
 /// The driver library: next to this binary (a build tree), or in `../lib/vrnic/` (installed).
+/// `ADDR:PORT=PUBLIC` (a `--peer-key`).
+fn parse_peer_key(
+    s: &str,
+) -> Result<(std::net::SocketAddr, vrnic_daemon::keys::PublicKey), String> {
+    let (addr, key) = s
+        .split_once('=')
+        .ok_or("expected ADDR:PORT=PUBLIC (the host's --listen address, its public key)")?;
+    let addr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let key = key.parse().map_err(|e| format!("{e}"))?;
+    Ok((addr, key))
+}
+
 fn driver_path() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locate the vrnic binary")?;
     let dir = exe.parent().context("binary has no directory")?;

@@ -463,9 +463,10 @@ fn malformed_records_in_etcd_are_ignored_and_logged() {
 }
 
 /// A third namespace with no daemon connects to both daemons' peer ports and sends a
-/// well-formed cluster hello claiming host index 0 from its own address: neither takes it
-/// (the index is registered with another address, or is not lower than its own), both log
-/// it, and their link stays up and serves.
+/// well-formed cluster hello claiming host index 0 from its own address: neither takes it (a
+/// hello without the handshake that proves host 0's key; the index is also registered with
+/// another address, or not lower than its own), both log the refusal with the intruder's
+/// address, and their link stays up and serves.
 #[test]
 fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
     require("ibv_rc_pingpong");
@@ -477,9 +478,9 @@ fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
     for d in &ds {
         d.wait_links(1, LINKS_UP);
     }
-    // Magic "vR", version 2, kind 2 (hello), length 13; protocol 2, index 0, 0 hosts (a
-    // cluster host).
-    let hello = r"vR\x02\x02\x00\x00\x00\x0d\x02\x00\x00\x00\x00";
+    // Magic "vR", version 2, kind 2 (hello), length 14; protocol 3, no flags, index 0, 0
+    // hosts (a cluster host): a hello without the handshake that proves a host's key.
+    let hello = r"vR\x02\x02\x00\x00\x00\x0e\x03\x00\x00\x00\x00\x00";
     for i in 0..2 {
         let script = format!(
             "exec 3<>/dev/tcp/{}/{PEER_PORT} && printf '{hello}' >&3 && sleep 0.3",
@@ -500,7 +501,7 @@ fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
         let log = d.stop().text();
         assert!(
             log.lines().any(
-                |l| l.contains("a peer's hello does not match this host list")
+                |l| l.contains("peer connections refused: an unauthenticated hello")
                     && l.contains(&intruder)
             ),
             "the log lacks the refused hello from {intruder}\n{log}"

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{CLI, Daemon, output, pair_of, port, require, run_pair_on};
-use vrnic_wire::frame::{ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN};
+use vrnic_wire::frame::{ControlKind, ControlRepr, Frame, FrameRepr, HelloRepr, LINK_HEADER_LEN};
 
 /// The most a daemon's resident memory may grow under any of these attacks.
 const RSS_GROWTH_MAX: u64 = 64 << 20;
@@ -45,12 +45,15 @@ fn control(kind: ControlKind, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A hello from host `index` of `hosts` (link-control protocol 2).
+/// A hello from host `index` of `hosts` (these daemons listen on loopback addresses without
+/// keys: their links are not authenticated).
 fn hello(index: u16, hosts: u16) -> Vec<u8> {
-    let mut b = vec![2u8];
-    b.extend(index.to_be_bytes());
-    b.extend(hosts.to_be_bytes());
-    control(ControlKind::Hello, &b)
+    let h = HelloRepr {
+        index,
+        hosts,
+        encrypt: false,
+    };
+    control(ControlKind::Hello, &h.emit())
 }
 
 /// The GID host `host` gives its vRNIC number `serial`.

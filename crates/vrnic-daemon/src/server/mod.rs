@@ -347,7 +347,7 @@ impl Server {
                     .peer
                     .listen
                     .context("--etcd needs --listen (this host's address for peer links)")?;
-                let p = peers::Peers::cluster(listen, &poll, &mut token)?;
+                let p = peers::Peers::cluster(&opts.peer, listen, &poll, &mut token)?;
                 let waker = mio::Waker::new(poll.registry(), token(Tok::Cluster))?;
                 (
                     Some(p),

@@ -188,6 +188,43 @@ impl OutQueue {
         }
     }
 
+    /// Copies the first queued bytes into `dst` and drops them from the queue (an encrypted
+    /// link seals them): region ranges are read through the region (a truncated one trips the
+    /// `SIGBUS` guard and reads as zeros). Returns how many bytes it copied.
+    pub(super) fn take_into(&mut self, dst: &mut [u8]) -> usize {
+        let mut at = 0usize;
+        let mut from_bytes = 0usize;
+        for p in &self.pieces {
+            if at == dst.len() {
+                break;
+            }
+            let room = dst.len() - at;
+            match p {
+                Piece::Bytes(n) => {
+                    let k = (*n).min(room);
+                    let data = self.bytes.data();
+                    dst[at..at + k].copy_from_slice(&data[from_bytes..from_bytes + k]);
+                    from_bytes += k;
+                    at += k;
+                }
+                Piece::Region { region, off, len } => {
+                    let k = (*len).min(room);
+                    if region.read_bytes(*off, &mut dst[at..at + k]).is_err() {
+                        dst[at..at + k].fill(0);
+                    }
+                    at += k;
+                }
+                Piece::Zeros(n) => {
+                    let k = (*n).min(room);
+                    dst[at..at + k].fill(0);
+                    at += k;
+                }
+            }
+        }
+        self.consume(at);
+        at
+    }
+
     /// One `writev` of the first pieces to `fd`: bytes written (0 with nothing queued), or
     /// the socket's error (`WouldBlock` when it is full).
     pub(super) fn write_to(

@@ -5,9 +5,10 @@
 //! InfiniBand transport packet (IB spec vol 1, ch. 9): the BTH, the extension headers its
 //! opcode names, the payload and its pad, with the spec's layouts and big-endian byte order,
 //! so that a RoCEv2 transport can reuse everything here but the link header. The body of a
-//! *control* frame belongs to the link-control protocol (hello, keepalive, vRNIC
-//! announcements) and is opaque to this module, but for the connection manager's messages,
-//! whose strict codec is [`CmMessage`] (`cm.rs`).
+//! *control* frame belongs to the link-control protocol: the handshake and hello, keepalives and
+//! vRNIC announcements, whose strict codecs are in `link.rs` ([`HelloRepr`], [`HandshakeRepr`],
+//! [`KeepaliveRepr`], [`AnnounceEntry`], with the record layer of an encrypted link), and the
+//! connection manager's messages, whose strict codec is [`CmMessage`] (`cm.rs`).
 //!
 //! # Link header
 //!
@@ -19,8 +20,8 @@
 //! ```
 //!
 //! - magic: `"vR"` ([`MAGIC`]); version: [`VERSION`] (1).
-//! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce, 5 cm (control). Every
-//!   other value is refused.
+//! - kind ([`FrameKind`]): 1 segment; 2 hello, 3 keepalive, 4 announce, 5 cm, 6 handshake
+//!   (control). Every other value is refused.
 //! - flags: bit 0 ([`FLAG_GRH`]): a 40-byte GRH follows the address word (segments of UD
 //!   opcodes only). The other bits are reserved and must be zero.
 //! - length: bytes in the whole frame, these 8 included, from the smallest body the kind
@@ -106,6 +107,7 @@ use std::ops::Range;
 
 mod cm;
 mod header;
+mod link;
 mod opcode;
 mod segment;
 
@@ -113,6 +115,11 @@ pub use cm::{CmMessage, CmParams, MAX_NAME, MAX_PRIVATE_DATA, valid_name};
 pub use header::{
     Aeth, AtomicAckEth, AtomicEth, Deth, FLOW_LABEL_MASK, GRH_IPVER, GRH_NEXT_HEADER, GrhRepr,
     NakCode, Reth, Syndrome,
+};
+pub use link::{
+    AnnounceEntry, Entries, HANDSHAKE_LENS, HELLO_ENCRYPT, HELLO_LEN, HandshakeRepr, HelloRepr,
+    KEEPALIVE_LEN, KEY_LEN, KeepaliveRepr, LINK_PROTOCOL, LinkError, MAX_HANDSHAKE, MAX_RECORD,
+    MAX_RECORD_PLAIN, NOISE_PARAMS, RECORD_HEADER_LEN, TAG_LEN, peek_record,
 };
 pub use opcode::{ExtHeader, Op, Opcode, Position, Transport};
 pub use segment::{DEFAULT_PKEY, Packet, SegmentRepr, pad_bytes_ok};
@@ -304,6 +311,8 @@ pub enum ControlKind {
     Announce = 4,
     /// A connection-manager message between the hosts' brokers ([`CmMessage`]).
     Cm = 5,
+    /// A step of the Noise handshake that authenticates a link ([`HandshakeRepr`]).
+    Handshake = 6,
 }
 
 /// The link header's kind byte.
@@ -327,6 +336,7 @@ impl FrameKind {
             3 => FrameKind::Control(ControlKind::Keepalive),
             4 => FrameKind::Control(ControlKind::Announce),
             5 => FrameKind::Control(ControlKind::Cm),
+            6 => FrameKind::Control(ControlKind::Handshake),
             _ => return None,
         })
     }

@@ -118,6 +118,7 @@ fn control_frames_round_trip_with_opaque_bodies() {
         ControlKind::Keepalive,
         ControlKind::Announce,
         ControlKind::Cm,
+        ControlKind::Handshake,
     ] {
         for body_len in [0, 1, 7, 1000] {
             let repr = FrameRepr::Control(ControlRepr { kind, body_len });
@@ -245,7 +246,7 @@ fn bad_magic_version_kind_and_flags_are_refused() {
     assert_eq!(with(2, 0), Err(FrameError::Version(0)));
     assert_eq!(with(2, 1), Err(FrameError::Version(1)));
     assert_eq!(with(2, 3), Err(FrameError::Version(3)));
-    for kind in [0, 6, 0x80, 0xff] {
+    for kind in [0, 7, 0x80, 0xff] {
         assert_eq!(with(3, kind), Err(FrameError::Kind(kind)));
     }
     for flags in [0x02, 0x04, 0x80, 0xfc] {

@@ -1,7 +1,9 @@
 //! Hosts for across-host tests: network namespaces, each with one address on a bridge that
 //! lives in a namespace of its own (the "switch"), a daemon per host with peer links to the
 //! others (a static peer list, or, for cluster mode, an etcd of the test's own in a namespace
-//! of its own on the same bridge: [`Hosts::etcd`]). Everything is created by the test under
+//! of its own on the same bridge: [`Hosts::etcd`]). Each host has a peer-link key of its own
+//! (`vrnic keygen`), and its daemon is given the others' public keys, so links are
+//! authenticated as the README's recipe makes them. Everything is created by the test under
 //! unique names and removed on drop; no address outside these namespaces is used.
 
 use std::path::PathBuf;
@@ -9,7 +11,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{CLI, Daemon, Proc};
+use super::{CLI, Daemon, Proc, vrnic_bin};
 
 /// The port daemons listen on for peer links (inside their own namespaces).
 pub const PEER_PORT: u16 = 7700;
@@ -23,6 +25,21 @@ pub struct Hosts {
     switch: String,
     /// Namespaces of the test's infrastructure (etcd's).
     extra: std::cell::RefCell<Vec<String>>,
+    /// Where the hosts' key files are.
+    keys: PathBuf,
+    /// Each host's public key.
+    publics: Vec<String>,
+}
+
+/// Makes a key file at `path` with `vrnic keygen`; returns its public key.
+pub fn keygen(path: &std::path::Path) -> String {
+    let mut c = Command::new(vrnic_bin());
+    c.arg("keygen").arg(path);
+    let out = Proc::spawn(c, "vrnic keygen").wait(CLI);
+    assert!(out.ok(), "vrnic keygen failed\n{}", out.text());
+    let public = out.stdout.trim().to_string();
+    assert_eq!(public.len(), 64, "a public key: {public}");
+    public
 }
 
 /// The etcd client port.
@@ -122,10 +139,17 @@ impl Hosts {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let switch = format!("{tag}sw");
+        let keys = std::env::temp_dir().join(format!("{tag}-keys"));
+        let _ = std::fs::remove_dir_all(&keys);
+        std::fs::create_dir_all(&keys).expect("a directory for the keys");
         let mut h = Hosts {
             names: Vec::new(),
             switch: switch.clone(),
             extra: Default::default(),
+            publics: (0..n)
+                .map(|i| keygen(&keys.join(format!("h{i}.key"))))
+                .collect(),
+            keys,
         };
         ip(&["netns", "add", &switch]);
         ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"]);
@@ -227,8 +251,9 @@ impl Hosts {
         if i == 0 {
             let file = std::env::temp_dir().join(format!("{}.toml", self.names[i]));
             let text = format!(
-                "listen = \"{listen}\"\netcd = [\"{}\"]\netcd_ttl = {ttl}\n",
-                etcd.url
+                "listen = \"{listen}\"\netcd = [\"{}\"]\netcd_ttl = {ttl}\n{}",
+                etcd.url,
+                self.key_toml(i)
             );
             std::fs::write(&file, text).expect("write the config file");
             let file = file.display().to_string();
@@ -236,7 +261,11 @@ impl Hosts {
             args.extend_from_slice(extra);
             return Daemon::start_in(Some(&self.names[i]), &args);
         }
+        let key = self.key_file(i);
+        let peer_keys = self.peer_key_args(i);
         let mut args = vec!["--listen", &listen, "--etcd", &etcd.url, "--etcd-ttl", &ttl];
+        args.extend(["--key", key.as_str()]);
+        args.extend(peer_keys.iter().map(String::as_str));
         args.extend_from_slice(extra);
         Daemon::start_in(Some(&self.names[i]), &args)
     }
@@ -256,12 +285,36 @@ impl Hosts {
             .arg("--state-dir")
             .arg(&dir)
             .args(["--listen", &listen, "--etcd", &etcd.url])
+            .args(["--key", &self.key_file(0)])
             .args(args)
             .env("RUST_LOG", "info");
         let out = Proc::spawn(c, "vrnic serve").wait_bounded(Duration::from_secs(20));
         super::remove_state_dir(&dir);
         assert!(!out.timed_out, "the daemon kept running\n{}", out.text());
         (out.ok(), out.stderr)
+    }
+
+    /// Host `i`'s key file.
+    pub fn key_file(&self, i: usize) -> String {
+        self.keys.join(format!("h{i}.key")).display().to_string()
+    }
+
+    /// Host `i`'s public key.
+    pub fn public_key(&self, i: usize) -> &str {
+        &self.publics[i]
+    }
+
+    /// The `--peer-key` options that accept every host but `i` (by its peer-link address).
+    pub fn peer_key_args(&self, i: usize) -> Vec<String> {
+        (0..self.names.len())
+            .filter(|&j| j != i)
+            .flat_map(|j| {
+                [
+                    "--peer-key".to_string(),
+                    format!("{}:{PEER_PORT}={}", self.addr(j), self.publics[j]),
+                ]
+            })
+            .collect()
     }
 
     /// Host `i`'s address.
@@ -292,8 +345,27 @@ impl Hosts {
         self.daemon_with(i, &[])
     }
 
+    /// Host `i`'s key file and the others' public keys, as config file lines.
+    fn key_toml(&self, i: usize) -> String {
+        let mut t = format!("key_file = \"{}\"\n[peer_keys]\n", self.key_file(i));
+        for j in (0..self.names.len()).filter(|&j| j != i) {
+            t += &format!(
+                "\"{}:{PEER_PORT}\" = \"{}\"\n",
+                self.addr(j),
+                self.publics[j]
+            );
+        }
+        t
+    }
+
     /// [`Hosts::daemon`] with `extra` options for `vrnic serve`.
     pub fn daemon_with(&self, i: usize, extra: &[&str]) -> Daemon {
+        self.daemon_keyed(i, true, extra)
+    }
+
+    /// [`Hosts::daemon_with`], with this host's key and the others' public keys if `keys`
+    /// (without them, `extra` says how the links go: `--insecure-links`, or keys of its own).
+    pub fn daemon_keyed(&self, i: usize, keys: bool, extra: &[&str]) -> Daemon {
         let listen = format!("{}:{PEER_PORT}", self.addr(i));
         let peers: Vec<String> = (0..self.names.len())
             .filter(|&j| j != i)
@@ -303,7 +375,10 @@ impl Hosts {
         if i == 0 {
             let file = std::env::temp_dir().join(format!("{}.toml", self.names[i]));
             let quoted: Vec<String> = peers.iter().map(|p| format!("\"{p}\"")).collect();
-            let text = format!("listen = \"{listen}\"\npeers = [{}]\n", quoted.join(", "));
+            let mut text = format!("listen = \"{listen}\"\npeers = [{}]\n", quoted.join(", "));
+            if keys {
+                text += &self.key_toml(i);
+            }
             std::fs::write(&file, text).expect("write the config file");
             args.push("--config".to_string());
             args.push(file.display().to_string());
@@ -311,6 +386,10 @@ impl Hosts {
             args.extend(["--listen".to_string(), listen]);
             for p in peers {
                 args.extend(["--peer".to_string(), p]);
+            }
+            if keys {
+                args.extend(["--key".to_string(), self.key_file(i)]);
+                args.extend(self.peer_key_args(i));
             }
         }
         let mut refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -341,6 +420,7 @@ impl Drop for Hosts {
         if let Some(h0) = self.names.first() {
             let _ = std::fs::remove_file(std::env::temp_dir().join(format!("{h0}.toml")));
         }
+        let _ = std::fs::remove_dir_all(&self.keys);
         let extra = self.extra.borrow().clone();
         for n in self
             .names

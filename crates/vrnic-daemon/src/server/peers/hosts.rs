@@ -64,6 +64,15 @@ impl Server {
         }
         p.links[i] = Some(Link::new(host, addr, i > me, token, now));
         info!(peer = %addr, index = host.0, "cluster host joined");
+        if let Some(sec) = &p.security
+            && sec.key_of(addr).is_none()
+        {
+            warn!(
+                peer = %addr,
+                index = host.0,
+                "no --peer-key for this cluster host: no link to it until its key is given"
+            );
+        }
     }
 
     /// Host `host` left the cluster: its link goes, its QPs and connection-manager ids fail.

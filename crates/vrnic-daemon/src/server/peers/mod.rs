@@ -6,9 +6,12 @@
 //! daemon of a correctly configured set sees the same list, and a host's place in it is its
 //! [`HostId`], which also gives it a LID range and GUIDs of its own (so LIDs and GIDs are
 //! unique across the hosts with no numbering by the user). The daemon earlier in the list
-//! dials the later one; each side sends a hello (protocol version, its index, the number of
-//! hosts) and, once it has the other's, the list of its vRNICs (LID, GID), then every vRNIC
-//! created or removed. Keepalives every [`KEEPALIVE`]; a link silent for [`DEAD_AFTER`] is
+//! dials the later one. With keys (`--key`, `--peer-key`) the connection first carries a Noise
+//! handshake in which each end proves the key configured for the host it claims, its hello
+//! (protocol version, its index, the number of hosts, whether it wants encryption) as the
+//! handshake's payload (`secure.rs`); without keys (loopback, `--insecure-links`) each side
+//! just sends its hello (`hello.rs`). Once it has the other's, each sends the list of its
+//! vRNICs (LID, GID), then every vRNIC created or removed. Keepalives every [`KEEPALIVE`]; a link silent for [`DEAD_AFTER`] is
 //! closed and dialed again, and the QPs over it send again from their oldest unanswered
 //! segment when it is back (the engine's retry budget decides how long they wait).
 //!
@@ -34,9 +37,12 @@
 //!   threads), and one that keeps writing is never cut, however much it holds; only a queue
 //!   that does not move is the peer's doing.
 //! - **Input.** What is read and not yet a whole frame is at most one frame plus a pass's
-//!   [`READ_BUDGET`]; connections not yet past their hello are at most [`MAX_PENDING`] (more
-//!   are closed as they come), each holding at most a hello's worth of bytes, and go after
-//!   [`DEAD_AFTER`].
+//!   [`READ_BUDGET`] (on an encrypted link, plus one record); connections not yet past their
+//!   hello or handshake are at most [`MAX_PENDING`] (more are closed as they come), each
+//!   holding at most [`PENDING_INPUT`] bytes, and go after the handshake's deadline (2 s);
+//!   the public-key work a stranger can ask for is rate-limited (`secure.rs`), and none of it
+//!   touches a live link, which only a finished handshake replaces. Refused connections are
+//!   logged at most once a second.
 //! - **Announcements** (`share.rs`): a host announces only its own share of LIDs and GIDs,
 //!   one vRNIC per LID, at most [`share::MAX_ANNOUNCED_VNICS`], and at most
 //!   [`share::MAX_ANNOUNCED_ADDRS`] addresses, none of another host's; all of it is forgotten
@@ -58,18 +64,22 @@ use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
 use vrnic_proto::HostId;
 use vrnic_wire::frame::{
-    CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, LINK_HEADER_LEN, MAX_FRAME,
-    pad_bytes_ok, peek_len,
+    CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, KeepaliveRepr, LINK_HEADER_LEN,
+    MAX_FRAME, MAX_HANDSHAKE, pad_bytes_ok, peek_len,
 };
 
 mod hello;
 mod hosts;
+mod secure;
 mod share;
 
 pub(super) use hosts::MAX_HOSTS;
 pub(super) use share::{AddrFacts, AddrVerdict, addr_verdict, guid};
 
 use hello::parse_hello;
+use secure::{Cipher, HANDSHAKE_DEADLINE, Handshake, HandshakeBucket, Security};
+
+use crate::keys::{KeyPair, PublicKey};
 
 use super::announce::{Entry, announce};
 use super::datapath::{Frames, Mem};
@@ -85,11 +95,10 @@ const KEEPALIVE: Duration = Duration::from_millis(200);
 const DEAD_AFTER: Duration = Duration::from_secs(2);
 /// How soon a failed dial is tried again.
 const REDIAL: Duration = Duration::from_millis(100);
+/// How soon a dial whose handshake failed is tried again.
+const REFUSED_REDIAL: Duration = Duration::from_secs(1);
 /// Most bytes read from one link in one pass.
 const READ_BUDGET: usize = 4 << 20;
-/// The link-control protocol's version (in the hello): 2 announces vRNICs with their names,
-/// groups and virtual IPs (`announce.rs`).
-const PROTOCOL: u8 = 2;
 /// Payloads of at least this many bytes go from the region to the socket by `writev`; smaller
 /// ones are copied into the frame (an iovec costs more than a small copy).
 const ZERO_COPY_MIN: u64 = 16 << 10;
@@ -100,16 +109,28 @@ const PONG_ROOM: usize = 64 << 10;
 /// A link whose queue has not moved for this long is closed (its peer does not read). Longer
 /// than [`DEAD_AFTER`], so a peer that merely stalls is already closed as silent by then.
 const STALL_AFTER: Duration = Duration::from_secs(4);
-/// Most accepted connections waiting for their hello.
+/// Most accepted connections waiting for their hello (or handshake).
 const MAX_PENDING: usize = 64;
+/// Most bytes an accepted connection may send before its hello or handshake is done: two
+/// handshake frames and what an honest dialer sends right after its last one.
+const PENDING_INPUT: usize = 4 << 10;
 
-/// Where the daemon listens and which hosts it links to (`vrnic serve --listen/--peer`).
+/// Where the daemon listens, which hosts it links to, and with which keys (`vrnic serve
+/// --listen/--peer/--key/--peer-key/--encrypt-links/--insecure-links`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerOptions {
     /// This host's address for peer links.
     pub listen: Option<SocketAddr>,
     /// The other hosts' addresses.
     pub peers: Vec<SocketAddr>,
+    /// This host's key pair: every link is authenticated (both ends prove their keys).
+    pub key: Option<KeyPair>,
+    /// The public key each other host must prove, by its peer-link address.
+    pub peer_keys: Vec<(SocketAddr, PublicKey)>,
+    /// Ask for encrypted frames (a link is encrypted if either end asks).
+    pub encrypt: bool,
+    /// Allow unauthenticated links on an address other than loopback.
+    pub insecure: bool,
 }
 
 impl PeerOptions {
@@ -162,15 +183,23 @@ struct Link {
     rtt: Option<Duration>,
     /// Connection-manager messages (encoded frames) waiting for the link to come up.
     cm_backlog: VecDeque<Vec<u8>>,
+    /// The handshake of a connection we dialed, waiting for the listener's step.
+    handshake: Option<Handshake>,
+    /// The records of an encrypted link.
+    cipher: Option<Box<Cipher>>,
+    /// The key the peer proved, on an authenticated link.
+    proved: Option<PublicKey>,
 }
 
-/// A connection accepted before its hello said who it is.
+/// A connection accepted before its hello (or handshake) said who it is.
 struct Pending {
     stream: TcpStream,
     /// Where it came from.
     addr: SocketAddr,
     inbuf: Vec<u8>,
     since: Instant,
+    /// Its handshake, once step 1 was answered.
+    handshake: Option<Handshake>,
 }
 
 /// Where the host set comes from.
@@ -202,6 +231,51 @@ pub(super) struct Peers {
     runs: Vec<(vrnic_proto::Loc, u64)>,
     /// Links whose writes failed during an engine pass, to be closed after it.
     failed: Vec<(usize, String)>,
+    /// Keys: `None` for unauthenticated links.
+    security: Option<Security>,
+    /// The listener's answers to strangers' handshakes, rate-limited.
+    bucket: HandshakeBucket,
+    /// Refused connections, logged at most once a second.
+    refusals: Refusals,
+}
+
+/// Accepted connections refused (failed handshakes, wrong hellos, garbage): counted, and
+/// logged at most once a second with the last reason, so a flood costs no more than a line.
+struct Refusals {
+    count: u64,
+    last: Option<(SocketAddr, String)>,
+    logged: Instant,
+}
+
+impl Refusals {
+    /// None yet: the first is logged at once.
+    fn new(now: Instant) -> Refusals {
+        Refusals {
+            count: 0,
+            last: None,
+            logged: now.checked_sub(Duration::from_secs(1)).unwrap_or(now),
+        }
+    }
+
+    fn note(&mut self, now: Instant, from: SocketAddr, why: String) {
+        self.count += 1;
+        self.last = Some((from, why));
+        if now.duration_since(self.logged) >= Duration::from_secs(1) {
+            self.flush(now);
+        }
+    }
+
+    fn flush(&mut self, now: Instant) {
+        if let Some((from, why)) = self.last.take() {
+            warn!(
+                refused = self.count,
+                last_from = %from,
+                "peer connections refused: {why}"
+            );
+        }
+        self.count = 0;
+        self.logged = now;
+    }
 }
 
 impl Link {
@@ -227,13 +301,30 @@ impl Link {
             drops: 0,
             rtt: None,
             cm_backlog: VecDeque::new(),
+            handshake: None,
+            cipher: None,
+            proved: None,
         }
     }
 
-    /// Forgets everything read and not yet taken (a new or closed connection).
+    /// Whether nothing waits to be written (sealed records included).
+    fn out_empty(&self) -> bool {
+        self.out.is_empty() && self.cipher.as_ref().is_none_or(|c| c.held() == 0)
+    }
+
+    /// Bytes waiting to be written, in the daemon's own memory.
+    fn out_held(&self) -> usize {
+        self.out.held() + self.cipher.as_ref().map_or(0, |c| c.held())
+    }
+
+    /// Forgets everything read and not yet taken, and the connection's keys (a new or closed
+    /// connection).
     fn reset_input(&mut self) {
         self.inbuf.clear();
         self.placing = None;
+        self.handshake = None;
+        self.cipher = None;
+        self.proved = None;
     }
 }
 
@@ -251,6 +342,7 @@ impl Peers {
             return Ok(None);
         };
         let listen = hosts[me];
+        let security = link_security(opts, listen, &opts.peers)?;
         let mut listener = TcpListener::bind(listen)
             .map_err(|e| anyhow::anyhow!("listen for peers on {listen}: {e}"))?;
         let listener_token = token(Tok::PeerListener);
@@ -277,16 +369,22 @@ impl Peers {
             discard: vec![0; MAX_FRAME],
             runs: Vec::new(),
             failed: Vec::new(),
+            security,
+            bucket: HandshakeBucket::new(now),
+            refusals: Refusals::new(now),
         }))
     }
 
     /// Binds the listening socket of a cluster host; links are added as hosts register in
     /// etcd, once this host has its own index ([`Server::cluster_host_added`]).
     pub(super) fn cluster(
+        opts: &PeerOptions,
         listen: SocketAddr,
         poll: &mio::Poll,
         mut token: impl FnMut(Tok) -> Token,
     ) -> anyhow::Result<Peers> {
+        let security = link_security(opts, listen, &[])?;
+        let now = Instant::now();
         let mut listener = TcpListener::bind(listen)
             .map_err(|e| anyhow::anyhow!("listen for peers on {listen}: {e}"))?;
         poll.registry()
@@ -299,11 +397,14 @@ impl Peers {
             listener,
             links: Vec::new(),
             pending: HashMap::new(),
-            epoch: Instant::now(),
+            epoch: now,
             iov: Vec::with_capacity(crate::sys::WRITEV_MAX),
             discard: vec![0; MAX_FRAME],
             runs: Vec::new(),
             failed: Vec::new(),
+            security,
+            bucket: HandshakeBucket::new(now),
+            refusals: Refusals::new(now),
         })
     }
 
@@ -364,9 +465,55 @@ impl Peers {
                 bytes_out: l.bytes_out,
                 retransmits: retransmits(l.host),
                 drops: l.drops,
+                security: l.security().to_string(),
             })
             .collect()
     }
+}
+
+/// The links' keys from the options. Without a key, links are not authenticated: allowed on
+/// a loopback address (one machine: tests, demos), refused elsewhere unless
+/// `--insecure-links` asks for it, and then warned about.
+fn link_security(
+    opts: &PeerOptions,
+    listen: SocketAddr,
+    static_peers: &[SocketAddr],
+) -> anyhow::Result<Option<Security>> {
+    let security = Security::new(
+        opts.key.as_ref(),
+        &opts.peer_keys,
+        opts.encrypt,
+        static_peers,
+    )?;
+    match &security {
+        Some(s) => {
+            if opts.insecure {
+                anyhow::bail!("--insecure-links and --key exclude each other");
+            }
+            info!(
+                encrypt = s.encrypt(),
+                "peer links authenticated by key (Noise XX)"
+            );
+        }
+        None if listen.ip().is_loopback() => {
+            info!(%listen, "peer links on a loopback address, not authenticated (no --key)");
+        }
+        None if opts.insecure => {
+            warn!(
+                %listen,
+                "PEER LINKS ARE NOT AUTHENTICATED (--insecure-links): anyone who reaches this \
+                 address can pose as a configured host, read and forge its traffic. Give each \
+                 host a key (vrnic keygen, --key, --peer-key)"
+            );
+        }
+        None => anyhow::bail!(
+            "--listen {listen} is not a loopback address and no --key was given: peer links \
+             would not be authenticated. Make a key on each host (vrnic keygen FILE), start \
+             with --key FILE and a --peer-key ADDR:PORT=PUBLIC for each other host (README, \
+             \"Keys\"), or accept unauthenticated links with --insecure-links"
+        ),
+    }
+    Ok(security)
 }
 
 /// A control frame of `kind` with `body`, appended to `out`.
@@ -381,11 +528,68 @@ pub(super) fn control(out: &mut Vec<u8>, kind: ControlKind, body: &[u8]) {
     out[start + LINK_HEADER_LEN..].copy_from_slice(body);
 }
 
+/// What an accepted connection's hello or handshake came to.
+enum PendingStep {
+    /// Not all there yet.
+    Wait,
+    /// It is host `idx`: its link, with what it sent after its hello or handshake (from byte
+    /// `used`), the link's cipher and the key it proved.
+    Install {
+        idx: usize,
+        used: usize,
+        cipher: Option<Box<Cipher>>,
+        proved: Option<PublicKey>,
+    },
+    /// Closed: why (`None`: it closed before saying anything worth a log line).
+    Refuse(Option<String>),
+}
+
+impl Peers {
+    /// The host an accepted connection's hello names, if this host takes it from there: a host
+    /// earlier in the list (it dials us), of the same host count, and in a cluster from the
+    /// address its index is registered with.
+    fn accepts(&self, h: vrnic_wire::frame::HelloRepr, from: SocketAddr) -> Result<usize, String> {
+        let idx = usize::from(h.index);
+        let ok = usize::from(h.hosts) == self.hello_count()
+            && self.me.is_some_and(|me| idx < me)
+            && self.links.get(idx).is_some_and(|l| {
+                l.as_ref().is_some_and(|l| {
+                    // A cluster host must come from the address its index is registered with
+                    // in etcd.
+                    self.set != HostSet::Cluster || l.addr.ip() == from.ip()
+                })
+            });
+        if ok {
+            Ok(idx)
+        } else {
+            Err(format!(
+                "a hello (host {idx} of {}) that does not match this host list ({} hosts)",
+                h.hosts,
+                self.hello_count()
+            ))
+        }
+    }
+}
+
+impl Link {
+    /// How the link is protected, for logs and `vrnic peers`.
+    fn security(&self) -> &'static str {
+        match (&self.proved, &self.cipher) {
+            (Some(_), Some(_)) => "encrypted",
+            (Some(_), None) => "authenticated",
+            (None, _) => "none",
+        }
+    }
+}
+
 /// Why a link is closed.
 #[derive(Debug)]
 enum Close {
     /// The peer closed it, or the socket failed.
     Gone(String),
+    /// Its handshake failed (a peer without the right key, or one that does not speak it): the
+    /// connection is closed and dialed again; nothing else changes.
+    Refused(String),
     /// The peer broke the protocol (a malformed frame, a control frame out of place).
     Broken(String),
 }
@@ -481,6 +685,7 @@ impl Server {
                             addr,
                             inbuf: Vec::new(),
                             since: Instant::now(),
+                            handshake: None,
                         },
                     );
                 }
@@ -516,10 +721,12 @@ impl Server {
     }
 
     fn dial_due(&mut self, now: Instant) {
-        // Our hello goes first on every new connection.
+        // Our hello (or, with keys, the handshake's first step) goes first on every new
+        // connection.
         let mut hello = Vec::new();
         self.hello(&mut hello);
         let Some(p) = &mut self.peers else { return };
+        let security = p.security.as_ref();
         for l in p.links.iter_mut().flatten() {
             let State::Down { redial } = l.state else {
                 continue;
@@ -545,7 +752,17 @@ impl Server {
                     l.state = State::Hello;
                     l.reset_input();
                     l.out.clear();
-                    l.out.extend(&hello);
+                    match security {
+                        Some(sec) => {
+                            let mut first = Vec::new();
+                            match sec.dial(&mut first) {
+                                Ok(hs) => l.handshake = Some(hs),
+                                Err(e) => warn!("start a handshake: {e:#}"),
+                            }
+                            l.out.extend(&first);
+                        }
+                        None => l.out.extend(&hello),
+                    }
                     l.last_rx = now;
                     l.last_tx = now;
                     l.progress = now;
@@ -560,80 +777,214 @@ impl Server {
         }
     }
 
-    /// Reads hellos on accepted connections; a valid one makes the connection its host's link.
+    /// Reads hellos (or handshakes) on accepted connections; one that proves who it is makes
+    /// the connection its host's link. Anything else closes only that connection.
     fn serve_pending(&mut self, now: Instant) {
         let Some(p) = &mut self.peers else { return };
         let tokens: Vec<Token> = p.pending.keys().copied().collect();
         for t in tokens {
+            let step = self.pending_step(now, t);
             let Some(p) = &mut self.peers else { return };
-            let Some(pd) = p.pending.get_mut(&t) else {
-                continue;
-            };
-            let mut buf = [0u8; 64];
-            let mut gone = false;
-            loop {
-                match pd.stream.read(&mut buf) {
-                    Ok(0) => {
-                        gone = true;
-                        break;
-                    }
-                    Ok(n) => pd.inbuf.extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        gone = true;
-                        break;
-                    }
-                }
-                if pd.inbuf.len() > 64 {
-                    break;
-                }
-            }
-            let from = pd.addr;
-            let hello = parse_hello(&pd.inbuf);
-            let stale = now.duration_since(pd.since) > DEAD_AFTER;
-            match hello {
-                Ok(None) if !gone && !stale => continue,
-                Ok(Some((idx, count, used)))
-                    if count as usize == p.hello_count()
-                        && p.me.is_some_and(|me| (idx as usize) < me)
-                        && p.links.get(idx as usize).is_some_and(|l| {
-                            l.as_ref().is_some_and(|l| {
-                                // A cluster host must come from the address its index is
-                                // registered with in etcd.
-                                p.set != HostSet::Cluster || l.addr.ip() == from.ip()
-                            })
-                        }) =>
-                {
+            match step {
+                PendingStep::Wait => {}
+                PendingStep::Install {
+                    idx,
+                    used,
+                    cipher,
+                    proved,
+                } => {
                     let Some(mut pd) = p.pending.remove(&t) else {
                         continue;
                     };
                     self.tokens.remove(&t);
                     let _ = self.poll.registry().deregister(&mut pd.stream);
-                    self.install(now, idx as usize, pd.stream, pd.inbuf.split_off(used));
+                    let rest = pd.inbuf.split_off(used.min(pd.inbuf.len()));
+                    self.install(now, idx, pd.stream, rest, cipher, proved);
                 }
-                other => {
-                    if let Ok(Some((idx, count, _))) = other {
-                        warn!(
-                            idx,
-                            count,
-                            hosts = p.hello_count(),
-                            %from,
-                            "a peer's hello does not match this host list: closed"
-                        );
-                    }
+                PendingStep::Refuse(why) => {
                     if let Some(mut pd) = p.pending.remove(&t) {
                         let _ = self.poll.registry().deregister(&mut pd.stream);
+                        match why {
+                            Some(why) => p.refusals.note(now, pd.addr, why),
+                            None => {
+                                debug!(from = %pd.addr, "peer connection closed before its hello")
+                            }
+                        }
                     }
                     self.tokens.remove(&t);
+                }
+            }
+        }
+        if let Some(p) = &mut self.peers
+            && p.refusals.count > 0
+            && now.duration_since(p.refusals.logged) >= Duration::from_secs(1)
+        {
+            p.refusals.flush(now);
+        }
+    }
+
+    /// Reads what accepted connection `t` sent (bounded) and takes the next step of its hello
+    /// or handshake.
+    fn pending_step(&mut self, now: Instant, t: Token) -> PendingStep {
+        let ours = self.hello_repr();
+        let Some(p) = &mut self.peers else {
+            return PendingStep::Wait;
+        };
+        let Some(pd) = p.pending.get_mut(&t) else {
+            return PendingStep::Wait;
+        };
+        let mut buf = [0u8; 512];
+        let mut gone = false;
+        while pd.inbuf.len() < PENDING_INPUT {
+            let want = (PENDING_INPUT - pd.inbuf.len()).min(buf.len());
+            match pd.stream.read(&mut buf[..want]) {
+                Ok(0) => {
+                    gone = true;
+                    break;
+                }
+                Ok(n) => pd.inbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        let from = pd.addr;
+        let late = now.duration_since(pd.since) > HANDSHAKE_DEADLINE;
+        let Some(sec) = &p.security else {
+            // Unauthenticated links: a hello frame says who it is.
+            return match parse_hello(&pd.inbuf) {
+                Ok(None) if gone => PendingStep::Refuse(None),
+                Ok(None) if late => PendingStep::Refuse(Some("no hello in time".into())),
+                Ok(None) => PendingStep::Wait,
+                Ok(Some((h, used))) => match p.accepts(h, from) {
+                    Ok(idx) => PendingStep::Install {
+                        idx,
+                        used,
+                        cipher: None,
+                        proved: None,
+                    },
+                    Err(why) => PendingStep::Refuse(Some(why)),
+                },
+                Err(e) => PendingStep::Refuse(Some(format!("not a hello: {e}"))),
+            };
+        };
+        loop {
+            let len = match peek_len(&pd.inbuf) {
+                Ok(Some(len)) if len > LINK_HEADER_LEN + MAX_HANDSHAKE => {
+                    return PendingStep::Refuse(Some(format!(
+                        "a frame of {len} bytes where a handshake step was due"
+                    )));
+                }
+                Ok(Some(len)) if pd.inbuf.len() >= len => len,
+                Ok(_) if gone => {
+                    return PendingStep::Refuse(
+                        pd.handshake
+                            .is_some()
+                            .then(|| "closed mid-handshake".into()),
+                    );
+                }
+                Ok(_) if late => {
+                    return PendingStep::Refuse(Some("no handshake in time".into()));
+                }
+                Ok(_) => return PendingStep::Wait,
+                Err(e) => return PendingStep::Refuse(Some(format!("not a handshake: {e}"))),
+            };
+            let body = match Frame::new_checked(&pd.inbuf[..len]).and_then(|f| FrameRepr::parse(&f))
+            {
+                Ok(FrameRepr::Control(c)) if c.kind == ControlKind::Handshake => {
+                    &pd.inbuf[LINK_HEADER_LEN..len]
+                }
+                Ok(FrameRepr::Control(c)) if c.kind == ControlKind::Hello => {
+                    return PendingStep::Refuse(Some(
+                        "an unauthenticated hello (this host takes only authenticated links)"
+                            .into(),
+                    ));
+                }
+                Ok(_) => {
+                    return PendingStep::Refuse(Some("a frame other than a handshake step".into()));
+                }
+                Err(e) => return PendingStep::Refuse(Some(format!("not a handshake: {e}"))),
+            };
+            let Some(ours) = ours else {
+                return PendingStep::Refuse(Some("this host has no index yet".into()));
+            };
+            match pd.handshake.take() {
+                None => {
+                    // Step 1: the public-key work a stranger can ask for, rate-limited.
+                    if !p.bucket.take(now) {
+                        return if late {
+                            PendingStep::Refuse(Some("handshakes over their rate".into()))
+                        } else {
+                            PendingStep::Wait
+                        };
+                    }
+                    let mut out = Vec::new();
+                    let answered = sec
+                        .listen()
+                        .map_err(|e| secure::Refused(format!("{e:#}")))
+                        .and_then(|mut hs| hs.answer(body, ours, &mut out).map(|()| hs));
+                    let hs = match answered {
+                        Ok(hs) => hs,
+                        Err(e) => return PendingStep::Refuse(Some(format!("handshake: {}", e.0))),
+                    };
+                    // A fresh socket takes a few hundred bytes at once; one that does not is
+                    // not worth waiting for.
+                    match std::io::Write::write(&mut pd.stream, &out) {
+                        Ok(n) if n == out.len() => {}
+                        _ => {
+                            return PendingStep::Refuse(Some(
+                                "could not answer its handshake".into(),
+                            ));
+                        }
+                    }
+                    pd.handshake = Some(hs);
+                    pd.inbuf.drain(..len);
+                }
+                Some(hs) => {
+                    let done = match hs.finish_listen(body, sec.encrypt()) {
+                        Ok(d) => d,
+                        Err(e) => return PendingStep::Refuse(Some(format!("handshake: {}", e.0))),
+                    };
+                    let idx = match p.accepts(done.hello, from) {
+                        Ok(idx) => idx,
+                        Err(why) => return PendingStep::Refuse(Some(why)),
+                    };
+                    let addr = p.links.get(idx).and_then(|l| l.as_ref()).map(|l| l.addr);
+                    let expected = addr.and_then(|a| sec.key_of(a));
+                    if expected != Some(done.key) {
+                        return PendingStep::Refuse(Some(format!(
+                            "key {} is not the one of host {idx} ({})",
+                            done.key,
+                            addr.map_or("-".into(), |a| a.to_string())
+                        )));
+                    }
+                    return PendingStep::Install {
+                        idx,
+                        used: len,
+                        cipher: done.cipher,
+                        proved: Some(done.key),
+                    };
                 }
             }
         }
     }
 
     /// Makes an accepted connection the link to host `i` (replacing an older one), answers
-    /// its hello, and announces our vRNICs.
-    fn install(&mut self, now: Instant, i: usize, mut stream: TcpStream, rest: Vec<u8>) {
+    /// its hello (unless the handshake carried ours), and announces our vRNICs. `rest`: what
+    /// it sent after its hello or handshake (records, if the link is encrypted).
+    fn install(
+        &mut self,
+        now: Instant,
+        i: usize,
+        mut stream: TcpStream,
+        rest: Vec<u8>,
+        cipher: Option<Box<Cipher>>,
+        proved: Option<PublicKey>,
+    ) {
+        // Our hello first: on an authenticated link, our word that we took its handshake.
         let mut out = Vec::new();
         self.hello(&mut out);
         self.announce_all(&mut out);
@@ -660,14 +1011,23 @@ impl Server {
         l.stream = Some(stream);
         l.state = State::Up;
         l.reset_input();
-        l.inbuf.extend(&rest);
         l.out.clear();
+        l.proved = proved;
+        l.cipher = cipher;
+        match l.cipher.as_mut() {
+            Some(c) => {
+                c.wire_in.extend(&rest);
+                // A record that fails here fails again when the link reads: it closes then.
+                let _ = c.open(&mut l.inbuf);
+            }
+            None => l.inbuf.extend(&rest),
+        }
         l.out.extend(&out);
         l.last_rx = now;
         l.last_tx = now;
         l.progress = now;
         let host = l.host;
-        info!(peer = %l.addr, "peer link up");
+        info!(peer = %l.addr, security = l.security(), "peer link up");
         self.link_up(host);
     }
 
@@ -713,6 +1073,30 @@ impl Server {
             return Ok(None);
         };
         loop {
+            if let Some(c) = l.cipher.as_mut() {
+                // Records in, opened into the link's byte queue.
+                let room = c.wire_in.spare(MAX_FRAME);
+                let r = match stream.read(room) {
+                    Ok(n) => {
+                        c.wire_in.commit(n);
+                        c.open(&mut l.inbuf).map_err(Close::Broken)?;
+                        Ok(Some(n))
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                    Err(e) => Err(e),
+                };
+                return match r {
+                    Ok(Some(0)) => Err(Close::Gone("closed by the peer".into())),
+                    Ok(Some(n)) => {
+                        l.bytes_in += n as u64;
+                        l.last_rx = now;
+                        Ok(Some(n))
+                    }
+                    Ok(None) => Ok(None),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => Err(Close::Gone(e.to_string())),
+                };
+            }
             let r = match l.placing.as_mut() {
                 Some(pl) if !pl.payload_done() => pl.read(
                     stream.as_raw_fd(),
@@ -808,15 +1192,28 @@ impl Server {
                 Err(e) => break Err(Close::Broken(format!("malformed frame: {e}"))),
             };
             if buf.len() >= len {
+                let handshake = buf.get(3) == Some(&(ControlKind::Handshake as u8));
                 match self.handle_frame(now, host, state, &buf[..len]) {
                     Ok(s) => state = s,
                     Err(e) => break Err(e),
                 }
                 inbuf.consume(len);
                 moved = true;
+                if handshake
+                    && let Some(Some(l)) = self.peers.as_mut().and_then(|p| p.links.get_mut(i))
+                    && let Some(c) = l.cipher.as_mut()
+                {
+                    // What follows the handshake on an encrypted link is records.
+                    c.wire_in.extend(inbuf.data());
+                    inbuf.clear();
+                    if let Err(e) = c.open(&mut inbuf) {
+                        break Err(Close::Broken(e));
+                    }
+                }
                 continue;
             }
-            if state != State::Up || len < PLACE_MIN {
+            // An encrypted link's payloads come through its records, not in place.
+            if state != State::Up || len < PLACE_MIN || self.link_encrypted(i) {
                 break Ok(());
             }
             match self.start_placing(host, buf, len) {
@@ -893,30 +1290,48 @@ impl Server {
             FrameRepr::parse(&frame).map_err(|e| Close::Broken(format!("malformed frame: {e}")))?;
         let body = &bytes[repr.payload_range()];
         match (state, repr) {
+            (State::Hello, FrameRepr::Control(c)) if c.kind == ControlKind::Handshake => {
+                self.finish_dial(host, body)?;
+                Ok(State::Hello)
+            }
             (State::Hello, FrameRepr::Control(c)) if c.kind == ControlKind::Hello => {
-                match parse_hello(bytes) {
-                    Ok(Some((idx, count, _)))
-                        if idx == host.0 as u16
-                            && self
-                                .peers
-                                .as_ref()
-                                .is_some_and(|p| p.hello_count() == count as usize) =>
-                    {
-                        let mut out = Vec::new();
-                        self.announce_all(&mut out);
-                        if let Some(Some(l)) = self
-                            .peers
-                            .as_mut()
-                            .and_then(|p| p.links.get_mut(host.0 as usize))
-                        {
-                            l.out.extend(&out);
-                            info!(peer = %l.addr, "peer link up");
-                        }
-                        self.link_up(host);
-                        Ok(State::Up)
-                    }
-                    _ => Err(Close::Broken("a hello from the wrong host".into())),
+                // With keys, the listener's hello frame is its word that it took our last
+                // handshake step: only after one.
+                let p = self.peers.as_ref();
+                let secured = p.is_some_and(|p| p.security.is_some());
+                let proved = p
+                    .and_then(|p| p.links.get(host.0 as usize))
+                    .is_some_and(|l| l.as_ref().is_some_and(|l| l.proved.is_some()));
+                if secured && !proved {
+                    return Err(Close::Refused(
+                        "an unauthenticated hello (this host takes only authenticated links)"
+                            .into(),
+                    ));
                 }
+                let h = parse_hello(bytes)
+                    .ok()
+                    .flatten()
+                    .map(|(h, _)| h)
+                    .ok_or_else(|| Close::Broken("a malformed hello".into()))?;
+                let fits = self
+                    .peers
+                    .as_ref()
+                    .is_some_and(|p| usize::from(h.hosts) == p.hello_count());
+                if usize::from(h.index) != host.0 as usize || !fits {
+                    return Err(Close::Broken("a hello from the wrong host".into()));
+                }
+                let mut out = Vec::new();
+                self.announce_all(&mut out);
+                if let Some(Some(l)) = self
+                    .peers
+                    .as_mut()
+                    .and_then(|p| p.links.get_mut(host.0 as usize))
+                {
+                    l.out.extend(&out);
+                    info!(peer = %l.addr, security = l.security(), "peer link up");
+                }
+                self.link_up(host);
+                Ok(State::Up)
             }
             (State::Up, FrameRepr::Segment { segment, .. }) if self.threads.is_some() => {
                 // Into the inbox of the shard its destination QP number names.
@@ -947,34 +1362,88 @@ impl Server {
                 self.cm.handle_remote(host, m, now);
                 Ok(State::Up)
             }
-            (_, FrameRepr::Control(c)) if c.kind == ControlKind::Keepalive => {
-                // A ping (0) is answered with a pong (1) carrying its timestamp; a pong
-                // gives the round trip.
-                if body.len() != 9 || body[0] > 1 {
-                    return Err(Close::Broken("a malformed keepalive".into()));
-                }
+            (State::Up, FrameRepr::Control(c)) if c.kind == ControlKind::Keepalive => {
+                let k = KeepaliveRepr::parse(body)
+                    .map_err(|e| Close::Broken(format!("a malformed keepalive: {e}")))?;
                 if let Some(p) = &mut self.peers
                     && let Some(Some(l)) = p.links.get_mut(host.0 as usize)
                 {
-                    if body[0] == 0 && l.out.held() < PONG_ROOM {
-                        let mut pong = [0u8; 9];
-                        pong[0] = 1;
-                        pong[1..].copy_from_slice(&body[1..]);
-                        let mut f = Vec::new();
-                        control(&mut f, ControlKind::Keepalive, &pong);
-                        l.out.extend(&f);
-                    } else if body[0] == 1 {
-                        let mut t = [0u8; 8];
-                        t.copy_from_slice(&body[1..]);
-                        let sent = Duration::from_nanos(u64::from_be_bytes(t));
-                        let at = now.duration_since(p.epoch);
-                        l.rtt = at.checked_sub(sent);
+                    match k {
+                        // A pong carries the ping's timestamp back, while the link has room.
+                        KeepaliveRepr::Ping(t) if l.out_held() < PONG_ROOM => {
+                            let mut f = Vec::new();
+                            control(
+                                &mut f,
+                                ControlKind::Keepalive,
+                                &KeepaliveRepr::Pong(t).emit(),
+                            );
+                            l.out.extend(&f);
+                        }
+                        KeepaliveRepr::Ping(_) => {}
+                        KeepaliveRepr::Pong(t) => {
+                            let sent = Duration::from_nanos(t);
+                            let at = now.duration_since(p.epoch);
+                            l.rtt = at.checked_sub(sent);
+                        }
                     }
                 }
                 Ok(state)
             }
             _ => Err(Close::Broken("a frame out of place".into())),
         }
+    }
+
+    /// The listener's handshake step on a link we dialed: its key must be the one configured
+    /// for the address we dialed, its hello that host's; then our last step goes out (first,
+    /// and in clear, on an encrypted link). The link is up when the listener's hello frame
+    /// says it took that step.
+    fn finish_dial(&mut self, host: HostId, body: &[u8]) -> Result<(), Close> {
+        let ours = self.hello_repr();
+        let Some(p) = &mut self.peers else {
+            return Ok(());
+        };
+        let hello_count = p.hello_count();
+        let Some(sec) = &p.security else {
+            return Err(Close::Refused(
+                "a handshake, but this host has no key (links here are not authenticated)".into(),
+            ));
+        };
+        let Some(Some(l)) = p.links.get_mut(host.0 as usize) else {
+            return Ok(());
+        };
+        let (Some(hs), Some(ours)) = (l.handshake.take(), ours) else {
+            return Err(Close::Broken("a handshake step out of place".into()));
+        };
+        let expected = sec
+            .key_of(l.addr)
+            .ok_or_else(|| Close::Refused(format!("no key configured for {}", l.addr)))?;
+        let mut last = Vec::new();
+        let done = hs
+            .finish_dial(body, expected, ours, &mut last)
+            .map_err(|e| Close::Refused(format!("handshake: {}", e.0)))?;
+        if usize::from(done.hello.index) != host.0 as usize
+            || usize::from(done.hello.hosts) != hello_count
+        {
+            return Err(Close::Refused(format!(
+                "the listener's hello (host {} of {}) is not this link's host",
+                done.hello.index, done.hello.hosts
+            )));
+        }
+        l.proved = Some(done.key);
+        l.cipher = done.cipher;
+        match l.cipher.as_mut() {
+            Some(c) => c.wire_out.extend(&last),
+            None => l.out.extend(&last),
+        }
+        Ok(())
+    }
+
+    /// Whether link `i` is encrypted.
+    fn link_encrypted(&self, i: usize) -> bool {
+        self.peers
+            .as_ref()
+            .and_then(|p| p.links.get(i))
+            .is_some_and(|l| l.as_ref().is_some_and(|l| l.cipher.is_some()))
     }
 
     /// Sends a keepalive on a quiet link; closes one silent past [`DEAD_AFTER`], and one whose
@@ -991,22 +1460,24 @@ impl Server {
             self.close_link(now, i, Close::Gone("silent".into()));
             return;
         }
-        if l.out.is_empty() {
+        if l.out_empty() {
             l.progress = now;
         } else if now.duration_since(l.progress) > STALL_AFTER {
             let why = format!(
                 "the peer does not read ({} bytes queued, none written for {STALL_AFTER:?})",
-                l.out.held()
+                l.out_held()
             );
             self.close_link(now, i, Close::Gone(why));
             return;
         }
         if l.state == State::Up && now.duration_since(l.last_ping) > KEEPALIVE {
-            let mut ping = [0u8; 9];
             let t = now.duration_since(p.epoch).as_nanos() as u64;
-            ping[1..].copy_from_slice(&t.to_be_bytes());
             let mut f = Vec::new();
-            control(&mut f, ControlKind::Keepalive, &ping);
+            control(
+                &mut f,
+                ControlKind::Keepalive,
+                &KeepaliveRepr::Ping(t).emit(),
+            );
             l.out.extend(&f);
             l.last_ping = now;
         }
@@ -1022,15 +1493,20 @@ impl Server {
         if let Some(mut s) = l.stream.take() {
             let _ = self.poll.registry().deregister(&mut s);
         }
-        l.state = State::Down {
-            redial: now + REDIAL,
+        // A peer that failed its handshake is not tried again at once.
+        let wait = if matches!(why, Close::Refused(_)) {
+            REFUSED_REDIAL
+        } else {
+            REDIAL
         };
+        l.state = State::Down { redial: now + wait };
         l.reset_input();
         l.out.clear();
         l.drops += 1;
         let host = l.host;
         match why {
             Close::Gone(why) => info!(peer = %l.addr, "peer link down: {why}"),
+            Close::Refused(why) => warn!(peer = %l.addr, "peer link refused: {why}"),
             Close::Broken(why) => {
                 warn!(peer = %l.addr, "peer link closed: {why}; its QPs fail");
                 for cell in &self.shards {
@@ -1099,7 +1575,7 @@ impl Server {
     pub(super) fn peers_backlogged(&self) -> bool {
         self.peers
             .as_ref()
-            .is_some_and(|p| p.links.iter().flatten().any(|l| !l.out.is_empty()))
+            .is_some_and(|p| p.links.iter().flatten().any(|l| !l.out_empty()))
     }
 }
 
@@ -1146,6 +1622,37 @@ impl Peers {
                 continue;
             };
             if p.failed.iter().any(|&(f, _)| f == i) {
+                continue;
+            }
+            if let Some(c) = l.cipher.as_mut() {
+                // Sealed into records, then written.
+                loop {
+                    if c.wire_out.data().is_empty() {
+                        if l.out.is_empty() {
+                            break;
+                        }
+                        if let Err(e) = c.seal(&mut l.out) {
+                            p.failed.push((i, format!("seal a record: {e}")));
+                            break;
+                        }
+                    }
+                    match std::io::Write::write(s, c.wire_out.data()) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            c.wire_out.consume(n);
+                            l.bytes_out += n as u64;
+                            l.last_tx = now;
+                            l.progress = now;
+                            sent = true;
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            p.failed.push((i, e.to_string()));
+                            break;
+                        }
+                    }
+                }
                 continue;
             }
             let fd = s.as_raw_fd();

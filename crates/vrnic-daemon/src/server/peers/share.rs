@@ -119,9 +119,8 @@ impl Server {
     /// A malformed body, a vRNIC outside the host's share or past the bound, or too many
     /// addresses close the link; an address not the host's to claim is dropped.
     pub(super) fn take_announcement(&mut self, host: HostId, body: &[u8]) -> Result<(), Close> {
-        let Some(entries) = parse(body) else {
-            return Err(Close::Broken("a malformed announcement".into()));
-        };
+        let entries =
+            parse(body).map_err(|e| Close::Broken(format!("a malformed announcement: {e}")))?;
         let Some(p) = &self.peers else { return Ok(()) };
         let share = lid_share(host.0 as usize, p.hello_count());
         let owns =
