@@ -581,6 +581,9 @@ impl Server {
             sys::unmount(&dir);
         }
         let _ = std::fs::remove_file(dir.join(config::LOCK_FILE));
+        if let Some(p) = &mut self.peers {
+            p.flush_refusals();
+        }
         info!("vrnic daemon stopped");
     }
 }

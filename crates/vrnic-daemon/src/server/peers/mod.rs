@@ -408,6 +408,13 @@ impl Peers {
         })
     }
 
+    /// Logs the refused connections not logged yet (the daemon stops).
+    pub(super) fn flush_refusals(&mut self) {
+        if self.refusals.count > 0 {
+            self.refusals.flush(Instant::now());
+        }
+    }
+
     /// This host's index in the host list.
     pub(super) fn index(&self) -> usize {
         self.me.unwrap_or(0)
