@@ -1080,10 +1080,10 @@ impl Server {
             return Ok(None);
         };
         loop {
-            if let Some(c) = l.cipher.as_mut() {
+            let r = if let Some(c) = l.cipher.as_mut() {
                 // Records in, opened into the link's byte queue.
                 let room = c.wire_in.spare(MAX_FRAME);
-                let r = match stream.read(room) {
+                match stream.read(room) {
                     Ok(n) => {
                         c.wire_in.commit(n);
                         c.open(&mut l.inbuf).map_err(Close::Broken)?;
@@ -1091,44 +1091,34 @@ impl Server {
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
                     Err(e) => Err(e),
-                };
-                return match r {
-                    Ok(Some(0)) => Err(Close::Gone("closed by the peer".into())),
-                    Ok(Some(n)) => {
-                        l.bytes_in += n as u64;
-                        l.last_rx = now;
-                        Ok(Some(n))
-                    }
-                    Ok(None) => Ok(None),
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => Err(Close::Gone(e.to_string())),
-                };
-            }
-            let r = match l.placing.as_mut() {
-                Some(pl) if !pl.payload_done() => pl.read(
-                    stream.as_raw_fd(),
-                    vnics,
-                    &mut l.inbuf,
-                    &mut p.discard,
-                    &mut p.iov,
-                ),
-                _ => {
-                    // A payload waiting only for its pad: the bytes after it are the next
-                    // frame's, whose payload may be wanted in place (`HEADROOM`). Otherwise all
-                    // there is (a backlog is cheapest taken in one call and copied).
-                    let room = l.inbuf.spare(MAX_FRAME);
-                    let want = if l.placing.is_some() {
-                        HEADROOM
-                    } else {
-                        room.len()
-                    };
-                    match stream.read(&mut room[..want]) {
-                        Ok(n) => {
-                            l.inbuf.commit(n);
-                            Ok(Some(n))
+                }
+            } else {
+                match l.placing.as_mut() {
+                    Some(pl) if !pl.payload_done() => pl.read(
+                        stream.as_raw_fd(),
+                        vnics,
+                        &mut l.inbuf,
+                        &mut p.discard,
+                        &mut p.iov,
+                    ),
+                    _ => {
+                        // A payload waiting only for its pad: the bytes after it are the next
+                        // frame's, whose payload may be wanted in place (`HEADROOM`). Otherwise all
+                        // there is (a backlog is cheapest taken in one call and copied).
+                        let room = l.inbuf.spare(MAX_FRAME);
+                        let want = if l.placing.is_some() {
+                            HEADROOM
+                        } else {
+                            room.len()
+                        };
+                        match stream.read(&mut room[..want]) {
+                            Ok(n) => {
+                                l.inbuf.commit(n);
+                                Ok(Some(n))
+                            }
+                            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                            Err(e) => Err(e),
                         }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
-                        Err(e) => Err(e),
                     }
                 }
             };
