@@ -9,19 +9,14 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use vrnic_wire::frame::{
-    AnnounceEntry, ControlKind, ControlRepr, Frame, FrameRepr, HANDSHAKE_LENS, HandshakeRepr,
-    HelloRepr, KeepaliveRepr, LINK_HEADER_LEN,
+    AnnounceEntry, ControlKind, Frame, FrameRepr, HANDSHAKE_LENS, HandshakeRepr, HelloRepr,
+    KeepaliveRepr, LINK_HEADER_LEN,
 };
 
 /// A control frame of `kind` with `body`.
 fn control(kind: ControlKind, body: &[u8]) -> Vec<u8> {
-    let repr = FrameRepr::Control(ControlRepr {
-        kind,
-        body_len: body.len(),
-    });
-    let mut out = vec![0u8; repr.buffer_len()];
-    repr.emit(&mut Frame::new_unchecked(&mut out[..]));
-    out[LINK_HEADER_LEN..].copy_from_slice(body);
+    let mut out = Vec::new();
+    vrnic_wire::frame::emit_control(&mut out, kind, body);
     out
 }
 

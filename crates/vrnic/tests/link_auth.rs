@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 use common::hosts::{Hosts, PEER_PORT, keygen};
 use common::{CLI, Daemon, Proc, c_program, port, require, run_pair_on, vrnic_bin};
 use vrnic_wire::frame::{
-    ControlKind, ControlRepr, Frame, FrameRepr, HandshakeRepr, HelloRepr, LINK_HEADER_LEN,
-    NOISE_PARAMS, peek_len,
+    ControlKind, HandshakeRepr, HelloRepr, LINK_HEADER_LEN, NOISE_PARAMS, peek_len,
 };
 
 const LINKS_UP: Duration = Duration::from_secs(20);
@@ -36,13 +35,8 @@ const PROLOGUE: &[u8] = b"vrnic peer link 3";
 
 /// A control frame of `kind` with `body`.
 fn control(kind: ControlKind, body: &[u8]) -> Vec<u8> {
-    let repr = FrameRepr::Control(ControlRepr {
-        kind,
-        body_len: body.len(),
-    });
-    let mut out = vec![0u8; repr.buffer_len()];
-    repr.emit(&mut Frame::new_unchecked(&mut out[..]));
-    out[LINK_HEADER_LEN..].copy_from_slice(body);
+    let mut out = Vec::new();
+    vrnic_wire::frame::emit_control(&mut out, kind, body);
     out
 }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{CLI, Daemon, output, pair_of, port, require, run_pair_on};
-use vrnic_wire::frame::{ControlKind, ControlRepr, Frame, FrameRepr, HelloRepr, LINK_HEADER_LEN};
+use vrnic_wire::frame::{ControlKind, HelloRepr};
 
 /// The most a daemon's resident memory may grow under any of these attacks.
 const RSS_GROWTH_MAX: u64 = 64 << 20;
@@ -35,13 +35,8 @@ const MAX_ANNOUNCED_ADDRS: u32 = 64;
 
 /// A control frame of `kind` with `body`.
 fn control(kind: ControlKind, body: &[u8]) -> Vec<u8> {
-    let repr = FrameRepr::Control(ControlRepr {
-        kind,
-        body_len: body.len(),
-    });
-    let mut out = vec![0u8; repr.buffer_len()];
-    repr.emit(&mut Frame::new_unchecked(&mut out[..]));
-    out[LINK_HEADER_LEN..].copy_from_slice(body);
+    let mut out = Vec::new();
+    vrnic_wire::frame::emit_control(&mut out, kind, body);
     out
 }
 

@@ -350,6 +350,19 @@ impl FrameKind {
     }
 }
 
+/// Appends to `out` a control frame of `kind` with `body` (its header emitted, the body
+/// copied after it): what a daemon sends on a link, and what tests forge.
+pub fn emit_control(out: &mut Vec<u8>, kind: ControlKind, body: &[u8]) {
+    let repr = FrameRepr::Control(ControlRepr {
+        kind,
+        body_len: body.len(),
+    });
+    let start = out.len();
+    out.resize(start + repr.buffer_len(), 0);
+    repr.emit(&mut Frame::new_unchecked(&mut out[start..]));
+    out[start + LINK_HEADER_LEN..].copy_from_slice(body);
+}
+
 /// Validates a link header at the start of `buf` and returns the length of its frame:
 /// `Ok(None)` until [`LINK_HEADER_LEN`] bytes are there. A reader of the stream calls it on
 /// each new frame's first bytes; an error means the link is broken.

@@ -64,8 +64,8 @@ use tracing::{debug, info, warn};
 use vrnic_api::PeerSummary;
 use vrnic_proto::HostId;
 use vrnic_wire::frame::{
-    CmMessage, ControlKind, ControlRepr, Frame, FrameRepr, KeepaliveRepr, LINK_HEADER_LEN,
-    MAX_FRAME, MAX_HANDSHAKE, pad_bytes_ok, peek_len,
+    CmMessage, ControlKind, Frame, FrameRepr, KeepaliveRepr, LINK_HEADER_LEN, MAX_FRAME,
+    MAX_HANDSHAKE, pad_bytes_ok, peek_len,
 };
 
 mod hello;
@@ -525,14 +525,7 @@ fn link_security(
 
 /// A control frame of `kind` with `body`, appended to `out`.
 pub(super) fn control(out: &mut Vec<u8>, kind: ControlKind, body: &[u8]) {
-    let repr = FrameRepr::Control(ControlRepr {
-        kind,
-        body_len: body.len(),
-    });
-    let start = out.len();
-    out.resize(start + repr.buffer_len(), 0);
-    repr.emit(&mut Frame::new_unchecked(&mut out[start..]));
-    out[start + LINK_HEADER_LEN..].copy_from_slice(body);
+    vrnic_wire::frame::emit_control(out, kind, body);
 }
 
 /// What an accepted connection's hello or handshake came to.
