@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -200,6 +200,8 @@ pub struct Conn {
     pub info: DeviceInfo,
     dead: AtomicBool,
     stop: AtomicBool,
+    /// Set by the notifier thread once it runs.
+    started: AtomicBool,
     /// The armed CQs' watches: `[0]` the opener's, `[1]` a forked child's (a map of its own,
     /// since the parent's notifier may hold `[0]`'s lock at the instant of the fork, and the
     /// child's copy of a held lock would never be released).
@@ -259,6 +261,7 @@ impl Conn {
             },
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            started: AtomicBool::new(false),
             watches: [Mutex::new(HashMap::new()), Mutex::new(HashMap::new())],
             async_q: AsyncQueue {
                 efd,
@@ -276,10 +279,22 @@ impl Conn {
         }
         let conn = Arc::new(conn);
         let weak = Arc::downgrade(&conn);
+        let opener = std::thread::current();
         let handle = std::thread::Builder::new()
             .name("vrnic-notify".into())
-            .spawn(move || notifier(weak))
+            .spawn(move || {
+                if let Some(c) = weak.upgrade() {
+                    c.started.store(true, Ordering::Release);
+                }
+                opener.unpark();
+                notifier(weak)
+            })
             .map_err(|_| leave(libc::EAGAIN, &conn.region))?;
+        // The new thread frees what its start allocated (in this thread's heap pages) before it
+        // reaches us: not later, while the app registers memory ([`moving`]).
+        while !conn.started.load(Ordering::Acquire) {
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
         if let Ok(mut n) = conn.notifier.lock() {
             *n = Some(handle);
         }
@@ -468,8 +483,9 @@ impl Conn {
     }
 
     /// Forwards pending notifications: async events, connection-manager events and
-    /// armed-CQ events.
+    /// armed-CQ events; not while pages move ([`moving`]).
     fn forward(&self) {
+        let _m = moving();
         self.forward_events();
         self.forward_cqs();
     }
@@ -545,6 +561,41 @@ impl Conn {
             }
             self.async_q.efd.signal();
         }
+    }
+}
+
+/// The process that holds [`moving`], or 0.
+static MOVING: AtomicU32 = AtomicU32::new(0);
+
+/// Held while the driver moves an app's pages between private memory and the region (a
+/// registration, an eviction), and by the notifier threads while they work: those allocate
+/// and free, and the heap's bookkeeping may lie in a page being moved, where a write made
+/// between the copy and the remap would be lost (the kernel's write protection, where
+/// available, makes them wait anyway: `vrnic_shm::freeze`). A lock by process id rather than a
+/// mutex: a forked child inherits the word set by a thread of its parent that the child does
+/// not have, and takes it over.
+pub fn moving() -> Moving {
+    let me = std::process::id();
+    loop {
+        let cur = MOVING.load(Ordering::Acquire);
+        if cur != me
+            && MOVING
+                .compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            return Moving;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// [`moving`], held until dropped.
+#[derive(Debug)]
+pub struct Moving;
+
+impl Drop for Moving {
+    fn drop(&mut self) {
+        MOVING.store(0, Ordering::Release);
     }
 }
 
@@ -651,6 +702,7 @@ fn forked_notifier(conn: std::sync::Weak<Conn>) {
         }
         // The mailbox's event ring (async and CM events) stays the parent's to read: both
         // popping it would split its events between them.
+        let _m = moving();
         if !c.daemon_alive() {
             c.forward_cqs();
             c.daemon_died();

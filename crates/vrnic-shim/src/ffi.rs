@@ -778,45 +778,30 @@ fn reg_mr(
         };
         for r in runs.iter().filter(|r| r.fresh) {
             let bytes = u64::from(r.pages) * PAGE;
-            // The app's bytes go into the region pages, except pages it never touched: those
-            // read as zeros, as fresh region pages do (the daemon punches pages it frees), and
-            // copying them would only make the file system allocate them now.
-            let untouched = sys::untouched_pages(r.va as usize, bytes as usize);
-            let mut page = 0u64;
-            while page < u64::from(r.pages) {
-                let skip = |p: u64| untouched.as_ref().is_some_and(|u| u[p as usize]);
-                if skip(page) {
-                    page += 1;
-                    continue;
-                }
-                let mut n = 1;
-                while page + n < u64::from(r.pages) && !skip(page + n) {
-                    n += 1;
-                }
-                let (va, dst) = (r.va + page * PAGE, r.off + page * PAGE);
-                // SAFETY: these pages lie inside the range mincore just proved mapped (page
-                // rounded); they are the app's private memory, read once here, before the
-                // remap below.
-                let cur =
-                    unsafe { std::slice::from_raw_parts(va as *const u8, (n * PAGE) as usize) };
-                // A large run through the file: one copy into fresh pages, no zeroing first.
-                // Where the file takes no writes (a guest's BAR), through the mapping, its
-                // pages allocated in one call rather than a fault per page as the copy goes.
-                let large = n * PAGE >= PREPARE_MIN;
-                if !(large && conn.region.write_file(dst, cur).is_ok()) {
-                    if large {
-                        let _ = conn.region.prepare_write(dst, n * PAGE);
-                    }
-                    if conn.region.write_bytes(dst, cur).is_err() {
-                        return null_err(libc::EFAULT);
-                    }
-                }
-                page += n;
+            // The run's first and last pages may hold other data that other threads write: they
+            // are read first, so that a page never touched has an entry (the zero page) and is
+            // protected with the rest.
+            for p in [r.va, r.va + bytes - PAGE] {
+                // SAFETY: inside the app's buffer, which mincore proved mapped (page rounded).
+                unsafe { std::ptr::read_volatile(p as *const u8) };
             }
-            // SAFETY: the pages are the app's registered buffer; their bytes were copied into
-            // the region pages, so the app sees the same contents after the remap.
-            if let Err(e) = unsafe { conn.region.map_over(r.va as usize, r.off, bytes) } {
-                vlog!("remapping registered memory failed: {e}");
+            let mut untouched = sys::Untouched::open(r.va as usize, bytes as usize);
+            let moved = {
+                // The driver's own threads keep out of the pages while they move, and (where the
+                // kernel allows it) every other thread's writes to them wait (`Freeze`): a
+                // buffer's first and last pages hold other data too, which the app's threads
+                // may be writing, and a write between the copy and the remap would be lost.
+                let _ours = client::moving();
+                // SAFETY: until the guard drops this thread only reads the range and writes
+                // the region and the kernel, and allocates nothing (`move_run`).
+                let _still =
+                    unsafe { vrnic_shm::freeze::Freeze::new(r.va as usize, bytes as usize) };
+                // SAFETY: the run's pages are the app's buffer being registered, mapped (the
+                // daemon gave these pages for this range, which mincore proved mapped).
+                unsafe { move_run(conn, r, untouched.as_mut()) }
+            };
+            if let Err(e) = moved {
+                vlog!("moving registered memory onto the region failed: {e}");
                 let _ = conn.call(&Request::DeregMr { mr });
                 return null_err(libc::EFAULT);
             }
@@ -836,6 +821,53 @@ fn reg_mr(
         }
         p.cast()
     })
+}
+
+/// Puts the bytes of the app's pages of run `r` into its region pages and maps those over the
+/// app's, the pages the app never touched skipped (they read as zeros, as fresh region pages
+/// do: the daemon punches pages it frees; copying them would only make the file system
+/// allocate them now). Allocates nothing: it runs while the pages are frozen.
+///
+/// # Safety
+/// `r.va..` for `r.pages` pages is the app's mapped buffer being registered, whose pages the
+/// daemon gave this registration.
+unsafe fn move_run(
+    conn: &Conn,
+    r: &PageRun,
+    untouched: Option<&mut sys::Untouched>,
+) -> Result<(), vrnic_shm::RegionError> {
+    let bytes = u64::from(r.pages) * PAGE;
+    let mut untouched = untouched;
+    let mut skip = |p: u64| untouched.as_mut().is_some_and(|u| u.page(p as usize));
+    let mut page = 0u64;
+    while page < u64::from(r.pages) {
+        if skip(page) {
+            page += 1;
+            continue;
+        }
+        let mut n = 1;
+        while page + n < u64::from(r.pages) && !skip(page + n) {
+            n += 1;
+        }
+        let (va, dst) = (r.va + page * PAGE, r.off + page * PAGE);
+        // SAFETY: these pages lie inside the caller's mapped range; they are the app's private
+        // memory, read here before the remap below.
+        let cur = unsafe { std::slice::from_raw_parts(va as *const u8, (n * PAGE) as usize) };
+        // A large run through the file: one copy into fresh pages, no zeroing first. Where the
+        // file takes no writes (a guest's BAR), through the mapping, its pages allocated in one
+        // call rather than a fault per page as the copy goes.
+        let large = n * PAGE >= PREPARE_MIN;
+        if !(large && conn.region.write_file(dst, cur).is_ok()) {
+            if large {
+                let _ = conn.region.prepare_write(dst, n * PAGE);
+            }
+            conn.region.write_bytes(dst, cur)?;
+        }
+        page += n;
+    }
+    // SAFETY: the pages are the app's registered buffer; their bytes were copied into the
+    // region pages, so the app sees the same contents after the remap.
+    unsafe { conn.region.map_over(r.va as usize, r.off, bytes) }
 }
 
 /// Takes the parked runs with pages in `first..end` out of `parked` and returns the pages of
@@ -874,9 +906,14 @@ fn evict(conn: &Conn, runs: &[PageRun]) {
     let mut released = split.gone;
     for r in split.mapped {
         let bytes = u64::from(r.pages) * PAGE;
-        // SAFETY: /proc/self/maps just showed these addresses mapping the region pages the
-        // daemon gave a registration of this context: the app's buffer that we mapped over.
-        match unsafe { vrnic_shm::remap_private(r.va as usize, bytes as usize) } {
+        let moved = {
+            let _ours = client::moving();
+            // SAFETY: /proc/self/maps just showed these addresses mapping the region pages
+            // the daemon gave a registration of this context: the app's buffer that we
+            // mapped over. (`remap_private` freezes them while they move.)
+            unsafe { vrnic_shm::remap_private(r.va as usize, bytes as usize) }
+        };
+        match moved {
             Ok(()) => released.push(r),
             Err(e) => {
                 vlog!("detaching deregistered memory failed: {e}; its pages stay reserved")

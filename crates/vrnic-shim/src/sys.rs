@@ -165,59 +165,107 @@ pub fn poll_in(fd: RawFd, timeout_ms: i32) -> (bool, bool) {
     )
 }
 
-/// For each page of the page-aligned range `addr..addr+len`: whether it was never touched, so
-/// it reads as zeros and a registration need not copy it. Only private anonymous memory has
-/// such pages: the answer is `None` (copy everything) unless `/proc/self/maps` shows the whole
-/// range private, anonymous and not file backed. A page counts as untouched when
-/// `/proc/self/pagemap` says it is neither present nor swapped out.
-pub fn untouched_pages(addr: usize, len: usize) -> Option<Vec<bool>> {
-    let page = 4096usize;
-    let end = addr.checked_add(len)?;
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    // Private anonymous areas, merged where they touch, must cover the range.
-    let mut covered = addr;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let range = f.next()?;
-        let perms = f.next()?;
-        let (_offset, _dev, inode) = (f.next()?, f.next()?, f.next()?);
-        let path = f.next().unwrap_or("");
-        let (lo, hi) = range.split_once('-')?;
-        let (lo, hi) = (
-            usize::from_str_radix(lo, 16).ok()?,
-            usize::from_str_radix(hi, 16).ok()?,
-        );
-        if hi <= covered || lo > covered {
-            continue;
+/// For each page of a page-aligned range: whether it was never touched, so it reads as zeros
+/// and a registration need not copy it. Only private anonymous memory has such pages: there is
+/// no answer (copy everything) unless `/proc/self/maps` shows the whole range private,
+/// anonymous and not file backed. A page counts as untouched when `/proc/self/pagemap` says it
+/// is neither present nor swapped out.
+///
+/// Made in two steps: [`Untouched::open`] allocates what the answer needs, and
+/// [`Untouched::page`] reads the page map into the value itself (which lives on the caller's
+/// stack), so that it can run while the range is frozen (`vrnic_shm::freeze`): no allocation
+/// may happen then, nor any write into the heap, whose pages may be the frozen ones.
+#[derive(Debug)]
+pub struct Untouched {
+    addr: usize,
+    pages: usize,
+    pagemap: std::fs::File,
+    /// Page map entries of pages `first..first + UNTOUCHED_CHUNK`, when `valid`.
+    buf: [u64; UNTOUCHED_CHUNK],
+    first: usize,
+    valid: bool,
+}
+
+/// Page map entries read at a time.
+const UNTOUCHED_CHUNK: usize = 256;
+
+impl Untouched {
+    /// Ready to answer for `addr..addr+len`, or `None` where the range is not all private
+    /// anonymous memory (or `/proc` is unreadable).
+    pub fn open(addr: usize, len: usize) -> Option<Untouched> {
+        let page = 4096usize;
+        let end = addr.checked_add(len)?;
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        // Private anonymous areas, merged where they touch, must cover the range.
+        let mut covered = addr;
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let range = f.next()?;
+            let perms = f.next()?;
+            let (_offset, _dev, inode) = (f.next()?, f.next()?, f.next()?);
+            let path = f.next().unwrap_or("");
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (
+                usize::from_str_radix(lo, 16).ok()?,
+                usize::from_str_radix(hi, 16).ok()?,
+            );
+            if hi <= covered || lo > covered {
+                continue;
+            }
+            let anonymous = perms.ends_with('p')
+                && inode == "0"
+                && (path.is_empty() || path == "[heap]" || path == "[stack]");
+            if !anonymous {
+                return None;
+            }
+            covered = hi;
+            if covered >= end {
+                break;
+            }
         }
-        let anonymous = perms.ends_with('p')
-            && inode == "0"
-            && (path.is_empty() || path == "[heap]" || path == "[stack]");
-        if !anonymous {
+        if covered < end {
             return None;
         }
-        covered = hi;
-        if covered >= end {
-            break;
+        Some(Untouched {
+            addr,
+            pages: len / page,
+            pagemap: std::fs::File::open("/proc/self/pagemap").ok()?,
+            buf: [0; UNTOUCHED_CHUNK],
+            first: 0,
+            valid: false,
+        })
+    }
+
+    /// Whether page `i` of the range is untouched now (false where the page map cannot be
+    /// read). Reads the page map a chunk at a time into `self`; allocates nothing.
+    pub fn page(&mut self, i: usize) -> bool {
+        if i >= self.pages {
+            return false;
         }
+        if !self.valid || i < self.first || i >= self.first + UNTOUCHED_CHUNK {
+            use std::os::unix::fs::FileExt;
+            let n = (self.pages - i).min(UNTOUCHED_CHUNK);
+            let bytes: &mut [u8] = bytemuck_u64(&mut self.buf[..n]);
+            self.valid = self
+                .pagemap
+                .read_exact_at(bytes, ((self.addr / 4096 + i) * 8) as u64)
+                .is_ok();
+            self.first = i;
+            if !self.valid {
+                return false;
+            }
+        }
+        // Bit 63: present; bit 62: swapped.
+        self.buf[i - self.first] & (3 << 62) == 0
     }
-    if covered < end {
-        return None;
-    }
-    let pages = len / page;
-    let mut raw = vec![0u8; pages * 8];
-    let f = std::fs::File::open("/proc/self/pagemap").ok()?;
-    use std::os::unix::fs::FileExt;
-    f.read_exact_at(&mut raw, (addr / page * 8) as u64).ok()?;
-    Some(
-        raw.chunks_exact(8)
-            .map(|e| {
-                let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-                // Bit 63: present; bit 62: swapped.
-                v & (3 << 62) == 0
-            })
-            .collect(),
-    )
+}
+
+/// `words` as their bytes (native order: the page map is in the machine's order).
+fn bytemuck_u64(words: &mut [u64]) -> &mut [u8] {
+    let len = std::mem::size_of_val(words);
+    // SAFETY: u64 has no padding and every byte pattern is a valid u64; the slice covers
+    // exactly the words' memory and borrows them mutably for its life.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
 }
 
 /// Whether every page of `addr..addr+len` is mapped in this process (`mincore` fails with

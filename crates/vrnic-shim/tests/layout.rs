@@ -1,6 +1,6 @@
 //! The `#[repr(C)]` mirrors in `abi.rs` and `cm_abi.rs` against the installed rdma-core
 //! headers: a C probe compiled with the system's `cc` against `<infiniband/verbs.h>` and
-//! `<rdma/rdma_cma.h>` prints the size, alignment and field offsets of every mirrored type and
+//! `<rdma/rdma_cma.h>` (and `<linux/userfaultfd.h>`, for `vrnic_shm::freeze`) prints the size, alignment and field offsets of every mirrored type and
 //! the value of every constant, and each must equal
 //! Rust's. Also checks that the built driver library exports every symbol with rdma-core's
 //! version.
@@ -293,6 +293,38 @@ fn cm_layout_probes() -> Vec<Probe> {
     }
 }
 
+/// The userfaultfd structs `vrnic_shm::freeze` mirrors, against `<linux/userfaultfd.h>`.
+fn uffd_layout_probes() -> Vec<Probe> {
+    use vrnic_shm::freeze::uffd::*;
+    layout! {
+        struct uffdio_api { api, features, ioctls }
+        struct uffdio_range { start, len }
+        struct uffdio_register { range, mode, ioctls }
+        struct uffdio_writeprotect { range, mode }
+    }
+}
+
+/// The userfaultfd constants `vrnic_shm::freeze` mirrors.
+fn uffd_constants() -> Vec<(&'static str, i128)> {
+    use vrnic_shm::freeze::uffd::*;
+    vec![
+        ("UFFD_API", UFFD_API.into()),
+        ("UFFD_USER_MODE_ONLY", UFFD_USER_MODE_ONLY.into()),
+        (
+            "UFFD_FEATURE_WP_HUGETLBFS_SHMEM",
+            UFFD_FEATURE_WP_HUGETLBFS_SHMEM.into(),
+        ),
+        ("UFFDIO_REGISTER_MODE_WP", UFFDIO_REGISTER_MODE_WP.into()),
+        (
+            "UFFDIO_WRITEPROTECT_MODE_WP",
+            UFFDIO_WRITEPROTECT_MODE_WP.into(),
+        ),
+        ("UFFDIO_API", UFFDIO_API.into()),
+        ("UFFDIO_REGISTER", UFFDIO_REGISTER.into()),
+        ("UFFDIO_WRITEPROTECT", UFFDIO_WRITEPROTECT.into()),
+    ]
+}
+
 /// librdmacm constants `cm_abi.rs` mirrors.
 fn cm_constants() -> Vec<(&'static str, i128)> {
     use vrnic_shim::cm_abi::*;
@@ -425,7 +457,8 @@ fn unique_dir() -> PathBuf {
 fn run_probe(dir: &Path, lines: &[(String, String)]) -> HashMap<String, i128> {
     let mut c = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <pthread.h>\n\
-         #include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n\nint main(void)\n{\n",
+         #include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n\
+         #include <sys/ioctl.h>\n#include <linux/userfaultfd.h>\n\nint main(void)\n{\n",
     );
     for (key, expr) in lines {
         c.push_str(&format!(
@@ -478,6 +511,7 @@ fn run_probe(dir: &Path, lines: &[(String, String)]) -> HashMap<String, i128> {
 fn abi_matches_the_installed_verbs_header() {
     let mut layout = layout_probes();
     layout.extend(cm_layout_probes());
+    layout.extend(uffd_layout_probes());
     let consts: Vec<(String, i128)> = ABI_CONSTANTS
         .iter()
         .map(|&(n, v)| (format!("const {n}"), v))
@@ -490,6 +524,11 @@ fn abi_matches_the_installed_verbs_header() {
             cm_constants()
                 .into_iter()
                 .map(|(n, v)| (format!("librdmacm {n}"), v)),
+        )
+        .chain(
+            uffd_constants()
+                .into_iter()
+                .map(|(n, v)| (format!("userfaultfd {n}"), v)),
         )
         .collect();
     let mut lines: Vec<(String, String)> = layout

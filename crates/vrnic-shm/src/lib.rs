@@ -27,6 +27,7 @@
 pub mod bell;
 mod copy;
 pub mod fault;
+pub mod freeze;
 pub mod layout;
 mod mailbox;
 mod map;

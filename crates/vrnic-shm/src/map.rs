@@ -396,8 +396,10 @@ impl Region {
                 n if n > 0 => done += n as usize,
                 0 => {
                     return Err(RegionError::Io {
-                        op: "pwrite",
-                        path: "region".into(),
+                        // No allocation here: the driver writes while other threads' writes
+                        // to the source wait (`freeze`), some maybe holding the allocator.
+                        op: "pwrite into the region",
+                        path: String::new(),
                         source: std::io::Error::from(std::io::ErrorKind::WriteZero),
                     });
                 }
@@ -407,8 +409,10 @@ impl Region {
                         continue;
                     }
                     return Err(RegionError::Io {
-                        op: "pwrite",
-                        path: "region".into(),
+                        // No allocation here: the driver writes while other threads' writes
+                        // to the source wait (`freeze`), some maybe holding the allocator.
+                        op: "pwrite into the region",
+                        path: String::new(),
                         source: e,
                     });
                 }
@@ -506,8 +510,9 @@ impl Region {
         };
         if p == libc::MAP_FAILED {
             return Err(RegionError::Io {
-                op: "mmap fixed",
-                path: "region".into(),
+                // No allocation here either (see `write_file`).
+                op: "mmap of region pages over",
+                path: String::new(),
                 source: std::io::Error::last_os_error(),
             });
         }
@@ -543,6 +548,10 @@ impl Region {
 /// # Safety
 /// Same contract as [`Region::map_over`]: the range is application memory given to the driver.
 pub unsafe fn remap_private(addr: usize, len: usize) -> std::io::Result<()> {
+    // Other threads' writes to these pages wait until the private copy is in place (see
+    // `freeze`); nothing below allocates.
+    // SAFETY: this thread writes only the fresh `tmp` mapping until the guard drops.
+    let _still = unsafe { crate::freeze::Freeze::new(addr, len) };
     // SAFETY: a fresh anonymous mapping chosen by the kernel.
     let tmp = unsafe {
         raw_mmap(
