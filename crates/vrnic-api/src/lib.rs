@@ -512,6 +512,16 @@ pub enum AdminRequest {
         /// Its virtual IPv4 address in the group (`None`: one from the group's subnet).
         #[serde(default)]
         ip: Option<std::net::Ipv4Addr>,
+        /// Its QoS limits (`vrnic policy` changes them later).
+        #[serde(default)]
+        policy: PolicyChange,
+    },
+    /// Change a vRNIC's QoS limits, live.
+    Policy {
+        /// Name.
+        name: String,
+        /// The limits to change.
+        change: PolicyChange,
     },
     /// Remove a vRNIC (its users lose it).
     Remove {
@@ -541,6 +551,18 @@ pub enum AdminRequest {
         #[serde(default)]
         name: Option<String>,
     },
+}
+
+/// A change of a vRNIC's QoS limits: each `None` keeps what is in force, `Some(0)` lifts the
+/// limit, any other value sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyChange {
+    /// Payload bytes per second it may send.
+    #[serde(default)]
+    pub max_bw: Option<u64>,
+    /// Work requests per second it may have executed.
+    #[serde(default)]
+    pub max_rate: Option<u64>,
 }
 
 /// Work requests (or messages) and their bytes, one opcode class's.
@@ -586,6 +608,13 @@ pub struct VnicStats {
     pub naks: u64,
     /// UD datagrams dropped at its QPs (wrong Q_Key, no receive).
     pub ud_dropped: u64,
+    /// Times its QoS limit held it back (a turn refused until its debt was paid), and how
+    /// long, in microseconds, in all.
+    #[serde(default)]
+    pub qos_waits: u64,
+    #[serde(default)]
+    /// See `qos_waits`.
+    pub qos_waited_us: u64,
 }
 
 /// One peer link in a listing.
@@ -639,6 +668,12 @@ pub struct VnicSummary {
     /// The engine thread that serves it (its home shard, with `--spread-qps`), from 0.
     #[serde(default)]
     pub engine: usize,
+    /// Its bandwidth limit in payload bytes per second (`None`: none).
+    #[serde(default)]
+    pub max_bw: Option<u64>,
+    /// Its message-rate limit in work requests per second (`None`: none).
+    #[serde(default)]
+    pub max_rate: Option<u64>,
 }
 
 /// Most entries a `vrnic ls --all` reply holds (this host's vRNICs first, then other hosts'

@@ -209,6 +209,16 @@ enum Cmd {
         /// [default: one from the group's subnet, 100.64.0.0/10].
         #[arg(long)]
         ip: Option<std::net::Ipv4Addr>,
+        #[command(flatten)]
+        limits: Limits,
+    },
+    /// Change a vRNIC's QoS limits, live (no restart, no reconnection): its next turn in the
+    /// engine follows them. A limit not given stays as it is; `none` lifts it.
+    Policy {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        limits: Limits,
     },
     /// Remove a vRNIC.
     Rm {
@@ -467,18 +477,20 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 bail!("unexpected reply")
             };
             say!(
-                "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} GROUP",
+                "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {:<12} {:>7} MAX_RATE",
                 "NAME",
                 "LID",
                 "GID",
                 "QPS",
                 "USERS",
                 "ENGINE",
-                "IP"
+                "IP",
+                "GROUP",
+                "MAX_BW"
             );
             for v in list {
                 say!(
-                    "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {}",
+                    "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {:<12} {:>7} {}",
                     v.name,
                     v.lid,
                     gid_string(&v.gid),
@@ -486,7 +498,9 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                     v.users,
                     v.engine,
                     v.ip,
-                    v.group
+                    v.group,
+                    rate_string(v.max_bw),
+                    rate_string(v.max_rate)
                 );
             }
             Ok(())
@@ -567,10 +581,12 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                     }
                 );
                 say!(
-                    "  rnr_naks {}  naks {}  ud_dropped {}",
+                    "  rnr_naks {}  naks {}  ud_dropped {}  qos_waits {} ({} us)",
                     s.rnr_naks,
                     s.naks,
-                    s.ud_dropped
+                    s.ud_dropped,
+                    s.qos_waits,
+                    s.qos_waited_us
                 );
             }
             Ok(())
@@ -619,9 +635,39 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Create { name, group, ip } => {
+        Cmd::Policy { name, limits } => {
+            if limits.max_bw.is_none() && limits.max_rate.is_none() {
+                bail!("give --max-bw, --max-rate or both (`none` lifts a limit)");
+            }
             let mut c = AdminClient::connect(&state_dir)?;
-            if let AdminReply::Vnic(v) = c.call(&AdminRequest::Create { name, group, ip })? {
+            let reply = c.call(&AdminRequest::Policy {
+                name,
+                change: limits.change(),
+            })?;
+            if let AdminReply::Vnic(v) = reply {
+                say!(
+                    "{} max_bw {} max_rate {}",
+                    v.name,
+                    rate_string(v.max_bw),
+                    rate_string(v.max_rate)
+                );
+            }
+            Ok(())
+        }
+        Cmd::Create {
+            name,
+            group,
+            ip,
+            limits,
+        } => {
+            let mut c = AdminClient::connect(&state_dir)?;
+            let policy = limits.change();
+            if let AdminReply::Vnic(v) = c.call(&AdminRequest::Create {
+                name,
+                group,
+                ip,
+                policy,
+            })? {
                 say!(
                     "{} lid {} gid {} group {} ip {} dir {}",
                     v.name,
@@ -639,6 +685,80 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// A vRNIC's QoS limits on what it sends, applied by the engine to every engine thread serving
+/// it together, and to what leaves the host over peer links.
+#[derive(Debug, clap::Args)]
+struct Limits {
+    /// Most payload bytes per second it may send (SEND, WRITE, READ it asked for, atomics):
+    /// a number with an optional K, M, G or T (powers of 1000) or Ki, Mi, Gi (of 1024), e.g.
+    /// `10G`; `none` for no limit.
+    #[arg(long, value_parser = parse_rate)]
+    max_bw: Option<u64>,
+    /// Most work requests per second it may have executed, e.g. `2M`; `none` for no limit.
+    #[arg(long, value_parser = parse_rate)]
+    max_rate: Option<u64>,
+}
+
+impl Limits {
+    fn change(&self) -> vrnic_api::PolicyChange {
+        vrnic_api::PolicyChange {
+            max_bw: self.max_bw,
+            max_rate: self.max_rate,
+        }
+    }
+}
+
+/// `10G`, `100M`, `1.5Gi`, `2000`, or `none` (0: no limit).
+fn parse_rate(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(0);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit {
+        "" => 1.0,
+        "K" | "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1048576.0,
+        "Gi" => 1073741824.0,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?}: use K, M, G, T, Ki, Mi or Gi"
+            ));
+        }
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number with an optional unit, nor `none`"))?;
+    let v = (n * mult).round();
+    if !(1.0..1.8e19).contains(&v) {
+        return Err(format!("{s:?} is out of range (use `none` for no limit)"));
+    }
+    Ok(v as u64)
+}
+
+/// A limit as `vrnic ls` shows it: `-` for none, else with K, M, G or T.
+fn rate_string(v: Option<u64>) -> String {
+    let Some(v) = v else { return "-".into() };
+    for (m, u) in [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")] {
+        if v as f64 >= m {
+            let x = v as f64 / m;
+            return if x.fract() == 0.0 {
+                format!("{x}{u}")
+            } else {
+                format!("{x:.2}{u}")
+            };
+        }
+    }
+    v.to_string()
 }
 
 /// The driver library: next to this binary (a build tree), or in `../lib/vrnic/` (installed).

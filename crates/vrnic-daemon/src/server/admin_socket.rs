@@ -175,16 +175,37 @@ impl Server {
                     _ => AdminReply::Stats(ids.into_iter().filter_map(|v| self.stats(v)).collect()),
                 }
             }
-            AdminRequest::Create { name, group, ip } if self.cluster.is_some() => {
-                return self.cluster_create(conn, &name, true, group.as_deref(), ip);
+            AdminRequest::Create {
+                name,
+                group,
+                ip,
+                policy,
+            } if self.cluster.is_some() => {
+                return self.cluster_create(conn, &name, true, group.as_deref(), ip, policy);
             }
-            AdminRequest::Create { name, group, ip } => {
-                match self.create_vnic(&name, true, group.as_deref(), ip) {
-                    Ok(v) => self
-                        .summary(v)
+            AdminRequest::Create {
+                name,
+                group,
+                ip,
+                policy,
+            } => match self.create_vnic(&name, true, group.as_deref(), ip) {
+                Ok(v) => {
+                    self.set_policy(v, policy);
+                    self.summary(v)
                         .map(AdminReply::Vnic)
-                        .unwrap_or(AdminReply::Ok),
-                    Err(e) => AdminReply::Err(format!("{e:#}")),
+                        .unwrap_or(AdminReply::Ok)
+                }
+                Err(e) => AdminReply::Err(format!("{e:#}")),
+            },
+            AdminRequest::Policy { name, change } => {
+                match self.vnics.iter().find(|(_, v)| v.name == name) {
+                    Some((&id, _)) => {
+                        self.set_policy(id, change);
+                        self.summary(id)
+                            .map(AdminReply::Vnic)
+                            .unwrap_or(AdminReply::Ok)
+                    }
+                    None => AdminReply::Err(format!("no vRNIC named {name}")),
                 }
             }
             AdminRequest::Remove { name } => {
@@ -244,7 +265,14 @@ impl Server {
                                 .unwrap_or_default()
                         });
                         if self.cluster.is_some() {
-                            return self.cluster_create(conn, &name, false, group.as_deref(), ip);
+                            return self.cluster_create(
+                                conn,
+                                &name,
+                                false,
+                                group.as_deref(),
+                                ip,
+                                vrnic_api::PolicyChange::default(),
+                            );
                         }
                         match self.create_vnic(&name, false, group.as_deref(), ip) {
                             Ok(id) => id,

@@ -86,6 +86,7 @@ impl Server {
         region: &Arc<Region>,
         identity: (u16, [u8; 16]),
         group: GroupId,
+        limit: &Arc<vrnic_proto::Limit>,
     ) {
         let (lid, gid) = identity;
         let mut slices = Vec::new();
@@ -97,6 +98,7 @@ impl Server {
             if self.spread {
                 let inbox = BellInbox::new();
                 sh.engine.add_vnic_in_group(id, lid, gid, group);
+                sh.engine.set_vnic_limit(id, limit.clone());
                 sh.lanes
                     .insert(id, Lane::slice(region.clone(), inbox.clone()));
                 slices.push(Slice {
@@ -111,6 +113,7 @@ impl Server {
         }
         let mut sh = self.shards[shard].lock();
         sh.engine.add_vnic_in_group(id, lid, gid, group);
+        sh.engine.set_vnic_limit(id, limit.clone());
         let mut lane = Lane::new(region.clone());
         lane.slices = slices;
         sh.lanes.insert(id, lane);

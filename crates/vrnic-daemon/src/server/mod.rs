@@ -181,6 +181,9 @@ struct Vnic {
     claims_seen: u32,
     listener: UnixListener,
     token: Token,
+    /// Its QoS limits, shared with the engines that serve it (`vrnic policy` changes them in
+    /// place).
+    limit: std::sync::Arc<vrnic_proto::Limit>,
 }
 
 struct Ctx {

@@ -153,7 +153,8 @@ impl Server {
             .registry()
             .register(&mut listener, token, Interest::READABLE)?;
         let shard = self.pick_shard();
-        self.add_to_shard(shard, id, &region, (lid, gid), group);
+        let limit = std::sync::Arc::new(vrnic_proto::Limit::default());
+        self.add_to_shard(shard, id, &region, (lid, gid), group, &limit);
         self.cm.add_vip(group, vip, crate::cm::VipAt::Here(id));
         let group_name = self.directory.group_name(group).to_string();
         self.announce_vnic(super::announce::Entry::Added {
@@ -184,6 +185,7 @@ impl Server {
                 claims_seen: 0,
                 listener,
                 token,
+                limit,
             },
         );
         Ok(id)
@@ -292,7 +294,31 @@ impl Server {
             rnr_naks: m.rnr_naks,
             naks: m.naks,
             ud_dropped: m.ud_dropped,
+            qos_waits: v.limit.waited().0,
+            qos_waited_us: u64::try_from(v.limit.waited().1.as_micros()).unwrap_or(u64::MAX),
         })
+    }
+
+    /// Changes vRNIC `id`'s QoS limits as `change` says (see [`vrnic_api::PolicyChange`]),
+    /// live: its next turn on any engine follows them.
+    pub(super) fn set_policy(&mut self, id: VnicId, change: vrnic_api::PolicyChange) {
+        let Some(v) = self.vnics.get(&id) else { return };
+        let mut p = v.limit.policy();
+        if let Some(b) = change.max_bw {
+            p.max_bw = (b != 0).then_some(b);
+        }
+        if let Some(r) = change.max_rate {
+            p.max_rate = (r != 0).then_some(r);
+        }
+        if p != v.limit.policy() {
+            v.limit.set(p);
+            info!(
+                vnic = v.name,
+                max_bw = p.max_bw.map_or("none".into(), |b| b.to_string()),
+                max_rate = p.max_rate.map_or("none".into(), |r| r.to_string()),
+                "QoS policy set"
+            );
+        }
     }
 
     pub(super) fn summary(&self, id: VnicId) -> Option<VnicSummary> {
@@ -312,6 +338,8 @@ impl Server {
             group: self.directory.group_name(v.group).to_string(),
             ip: v.vip.to_string(),
             engine: v.shard,
+            max_bw: v.limit.policy().max_bw,
+            max_rate: v.limit.policy().max_rate,
         })
     }
 }

@@ -7,6 +7,7 @@ mod groups;
 mod memory;
 mod meter;
 mod mw;
+mod qos;
 mod queues;
 mod remote;
 mod requester;
@@ -21,6 +22,7 @@ use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
 pub use meter::{CLASSES, Flow, Meter};
 use mw::Mw;
 pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
+pub use qos::{BURST, Limit, Policy};
 use remote::Flights;
 pub use remote::{Placement, SEGMENT, Sender, Transmit, TxPayload, WINDOW};
 use responder::Rx;
@@ -124,6 +126,10 @@ struct Vnic {
     queued: bool,
     /// What it moved and how its work requests ended.
     meter: Meter,
+    /// Its QoS limits (shared with its other engines and the daemon), if it was given any.
+    limit: Option<std::sync::Arc<Limit>>,
+    /// Off the run queue until its limit's debt is paid (in `Scheduler::throttled`).
+    throttled: bool,
 }
 
 #[derive(Debug)]
@@ -480,6 +486,8 @@ struct Scheduler {
     /// Timers of waiting QPs (RNR and retry), earliest first; an entry whose QP no longer
     /// waits until then is stale and skipped.
     timers: BinaryHeap<Reverse<(Instant, QpId)>>,
+    /// vRNICs in debt to their QoS limit, by when it is paid, earliest first.
+    throttled: BinaryHeap<Reverse<(Instant, VnicId)>>,
     /// QPs blocked on RNR, by the receive queue they wait for: a receive posted there wakes
     /// them (before their timer).
     rnr_waiters: FxHashMap<RecvQueue, Vec<QpId>>,
@@ -619,6 +627,7 @@ impl Engine {
                 turns: 0,
                 light_at: 0,
                 timers: BinaryHeap::new(),
+                throttled: BinaryHeap::new(),
                 rnr_waiters: FxHashMap::default(),
                 retry_waiters: Vec::new(),
                 touched: Vec::new(),

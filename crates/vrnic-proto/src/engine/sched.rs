@@ -23,6 +23,7 @@ impl Engine {
     /// `RNR_RETRY_EXC_ERR` once they are used up). [`Engine::process`] fires them too, so a
     /// driver may call either or both. Costs the due timers only.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.unthrottle(now);
         while let Some(&Reverse((t, qp))) = self.sched.timers.peek() {
             if t > now {
                 break;
@@ -85,7 +86,47 @@ impl Engine {
     /// it early is harmless).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.sched.timers.peek().map(|&Reverse((t, _))| t)
+        let qps = self.sched.timers.peek().map(|&Reverse((t, _))| t);
+        let vnics = self.sched.throttled.peek().map(|&Reverse((t, _))| t);
+        qps.into_iter().chain(vnics).min()
+    }
+
+    /// Gives vRNIC `vnic` QoS limits: `limit` (shared with its other engines and changed by
+    /// the daemon in place: see `qos`), applied from its next turn.
+    pub fn set_vnic_limit(&mut self, vnic: VnicId, limit: std::sync::Arc<Limit>) {
+        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
+            v.limit = Some(limit);
+        }
+    }
+
+    /// The vRNICs whose QoS debt is paid by `now` go back to the run queue (those with work).
+    fn unthrottle(&mut self, now: Instant) {
+        while let Some(&Reverse((t, vid))) = self.sched.throttled.peek() {
+            if t > now {
+                break;
+            }
+            self.sched.throttled.pop();
+            if let Some(v) = self.objs.vnics.get_mut(&vid)
+                && v.throttled
+            {
+                v.throttled = false;
+                if !v.ready.is_empty() && !v.queued {
+                    v.queued = true;
+                    self.sched.runq.push_back(vid);
+                }
+            }
+        }
+    }
+
+    /// Takes `vid` off the run queue until `until` (its QoS debt is paid).
+    fn throttle(&mut self, vid: VnicId, until: Instant) {
+        if let Some(v) = self.objs.vnics.get_mut(&vid) {
+            v.queued = false;
+            if !v.throttled {
+                v.throttled = true;
+                self.sched.throttled.push(Reverse((until, vid)));
+            }
+        }
     }
 
     /// The next completion: `(cq, cqe, solicited)`.
@@ -143,10 +184,31 @@ impl Engine {
     /// of the queue if it has more. A vRNIC that was idle is put at the front when its work
     /// arrives, so a tenant with little traffic waits for at most the turn under way, however
     /// many QPs or bytes the others have; idle QPs cost nothing. A large message moves in
-    /// chunks over several turns. `None` when no vRNIC has work. Fires no timers
-    /// ([`Engine::handle_timeout`] does).
+    /// chunks over several turns. A vRNIC with QoS limits is charged what its turn moved; in
+    /// debt, it leaves the run queue until the debt is paid (`qos`), and a turn that finds it
+    /// in debt does nothing. `None` when no vRNIC has work. Fires no timers
+    /// ([`Engine::handle_timeout`] does; it also gives vRNICs whose debt is paid their turn
+    /// back).
     pub fn turn(&mut self, now: Instant, mem: &mut dyn Memory) -> Option<Turn> {
         let vid = self.sched.runq.pop_front()?;
+        // Cloned only when it limits: an unlimited vRNIC's turn costs one relaxed load.
+        let limit = self
+            .objs
+            .vnics
+            .get(&vid)
+            .and_then(|v| v.limit.as_ref())
+            .filter(|l| l.limits())
+            .cloned();
+        // A vRNIC in debt to its QoS limit waits off the run queue: no turn now.
+        if let Some(until) = limit.as_ref().and_then(|l| l.ready_at(now)) {
+            self.throttle(vid, until);
+            return Some(Turn {
+                vnic: vid,
+                did: false,
+                wrs: 0,
+                bytes: 0,
+            });
+        }
         self.sched.turns += 1;
         let others_wait = !self.sched.runq.is_empty();
         self.sched.turn_bytes = if self.light_tenant_competes() {
@@ -210,9 +272,16 @@ impl Engine {
                 self.wake(qp);
             }
         }
+        let debt = limit
+            .filter(|_| t.did)
+            .and_then(|l| l.charge(now, t.bytes, t.wrs));
         if let Some(v) = self.objs.vnics.get_mut(&vid) {
             v.queued = !v.ready.is_empty();
-            if v.queued {
+            if v.queued
+                && let Some(until) = debt
+            {
+                self.throttle(vid, until);
+            } else if v.queued {
                 self.sched.runq.push_back(vid);
             } else if others_wait {
                 // A light tenant (its work done in one turn) beside busy ones: theirs stay short.
@@ -230,12 +299,16 @@ impl Engine {
         self.sched.turns - self.sched.light_at <= SOLO_TURNS
     }
 
-    /// Whether `vnic` has work waiting for a turn (it is in the run queue). A driver that
+    /// Whether `vnic` has work waiting for a turn (it is in the run queue, or waits for its QoS
+    /// debt to be paid: see `qos`). A driver that
     /// looks for new work between turns need only look at vRNICs without: the others' new
     /// work can wait for their next turn.
     #[must_use]
     pub fn has_turn_waiting(&self, vnic: VnicId) -> bool {
-        self.objs.vnics.get(&vnic).is_some_and(|v| v.queued)
+        self.objs
+            .vnics
+            .get(&vnic)
+            .is_some_and(|v| v.queued || v.throttled)
     }
 
     /// Puts a QP that may have work in its vRNIC's ready list (once), and the vRNIC in the run
@@ -253,7 +326,7 @@ impl Engine {
             return;
         };
         v.ready.push_back(qp);
-        if !v.queued {
+        if !v.queued && !v.throttled {
             v.queued = true;
             self.sched.runq.push_front(vid);
         }

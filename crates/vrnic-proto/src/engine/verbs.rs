@@ -22,6 +22,8 @@ impl Engine {
                 ready: VecDeque::new(),
                 queued: false,
                 meter: Meter::default(),
+                limit: None,
+                throttled: false,
             },
         );
     }

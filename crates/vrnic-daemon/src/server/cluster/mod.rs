@@ -214,6 +214,8 @@ struct Pending {
     name: String,
     /// `vrnic create` (kept until removed) rather than `run`'s hold.
     persistent: bool,
+    /// Its QoS limits.
+    policy: vrnic_api::PolicyChange,
 }
 
 /// The loop's side of cluster mode.
@@ -339,6 +341,7 @@ impl Server {
         persistent: bool,
         group: Option<&str>,
         ip: Option<Ipv4Addr>,
+        policy: vrnic_api::PolicyChange,
     ) -> Option<AdminReply> {
         let group = group.unwrap_or(crate::cm::DEFAULT_GROUP);
         if let Err(e) = self.check_new_vnic(name, group) {
@@ -371,6 +374,7 @@ impl Server {
                 conn,
                 name: name.to_string(),
                 persistent,
+                policy,
             },
         );
         None
@@ -597,6 +601,7 @@ impl Server {
             }
             Ok(r) => match self.cluster_make(&p, &r) {
                 Ok(id) => {
+                    self.set_policy(id, p.policy);
                     if !p.persistent {
                         if let Some(v) = self.vnics.get_mut(&id) {
                             v.holders += 1;

@@ -1,0 +1,234 @@
+//! QoS limits of the virtual layer (`vrnic create NAME --max-bw B --max-rate R`, `vrnic policy`),
+//! measured with unmodified perftest: a vRNIC capped at 1 GB/s and one at 100 MB/s send
+//! `ib_write_bw -s 65536` within 10% of their caps, one host and across two namespace hosts
+//! (the limit holds for what leaves over the peer link); a message-rate cap on
+//! `ib_write_bw -s 2` likewise; a cap changed mid-run takes effect within a second; `vrnic ls`
+//! shows the limits and `vrnic stats` the time a vRNIC waited on them.
+//!
+//! perftest's "MB/sec" is MiB/s (2^20 bytes); the caps are in bytes per second.
+
+mod common;
+
+use std::io::BufRead;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::hosts::Hosts;
+use common::{Daemon, pair_on, port, require};
+
+const LIMIT: Duration = Duration::from_secs(90);
+const MIB: f64 = 1048576.0;
+
+/// (average MiB/s, Mpps) of a perftest bandwidth report.
+fn report(out: &str) -> (f64, f64) {
+    let mut lines = out.lines();
+    lines
+        .by_ref()
+        .find(|l| l.contains("BW average[MB/sec]"))
+        .unwrap_or_else(|| panic!("no report\n{out}"));
+    let row: Vec<f64> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    assert!(row.len() >= 5, "a report row\n{out}");
+    (row[3], row[4])
+}
+
+/// `ib_write_bw -s SIZE -D 3` from vRNIC `c` of `dc` to `s` of `ds`: the client's report.
+fn write_bw(ds: &Daemon, s: &str, dc: &Daemon, c: &str, addr: &str, size: &str) -> (f64, f64) {
+    let p = port().to_string();
+    let server = ["ib_write_bw", "-s", size, "-D", "3", "-p", &p];
+    let mut client = server.to_vec();
+    client.push(addr);
+    let pair = pair_on((ds, s), &server, (dc, c), &client, LIMIT);
+    pair.assert_ok();
+    report(&pair.client.stdout)
+}
+
+fn within(got: f64, want: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= 0.1 * want,
+        "{what}: {got:.2}, expected {want:.2} within 10%"
+    );
+}
+
+fn cli_ok(d: &Daemon, args: &[&str]) -> String {
+    let out = d.cli_output(args);
+    assert!(out.ok(), "vrnic {}\n{}", args.join(" "), out.text());
+    out.stdout
+}
+
+#[test]
+fn capped_vrnics_send_at_their_caps_and_an_uncapped_one_is_not_held() {
+    require("ib_write_bw");
+    let d = Daemon::start();
+    cli_ok(&d, &["create", "srv"]);
+    cli_ok(&d, &["create", "gig", "--max-bw", "1G"]);
+    cli_ok(&d, &["create", "hundred", "--max-bw", "100M"]);
+    cli_ok(&d, &["create", "rate", "--max-rate", "200K"]);
+    cli_ok(&d, &["create", "free"]);
+    let ls = cli_ok(&d, &["ls"]);
+    let row = |name: &str| -> Vec<String> {
+        ls.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} in\n{ls}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(row("gig")[8..], ["1G", "-"], "{ls}");
+    assert_eq!(row("hundred")[8..], ["100M", "-"], "{ls}");
+    assert_eq!(row("rate")[8..], ["-", "200K"], "{ls}");
+    assert_eq!(row("free")[8..], ["-", "-"], "{ls}");
+
+    let (bw, _) = write_bw(&d, "srv", &d, "gig", "127.0.0.1", "65536");
+    within(bw * MIB, 1e9, "1 GB/s cap, bytes/s");
+    let (bw, _) = write_bw(&d, "srv", &d, "hundred", "127.0.0.1", "65536");
+    within(bw * MIB, 1e8, "100 MB/s cap, bytes/s");
+    let (_, mpps) = write_bw(&d, "srv", &d, "rate", "127.0.0.1", "2");
+    within(mpps * 1e6, 2e5, "200 K/s message-rate cap, work requests/s");
+    // Uncapped: far above the largest cap (the machine's own rate is in `vrnic bench`).
+    let (bw, _) = write_bw(&d, "srv", &d, "free", "127.0.0.1", "65536");
+    assert!(bw * MIB > 3e9, "an uncapped vRNIC at {bw:.0} MiB/s");
+
+    // The capped vRNICs waited, and `vrnic stats` says so; the uncapped one never did.
+    let waits = |name: &str| -> u64 {
+        let s: serde_json::Value =
+            serde_json::from_str(&cli_ok(&d, &["stats", name, "--json"])).expect("JSON");
+        s[0]["qos_waits"].as_u64().expect("qos_waits")
+    };
+    assert!(waits("hundred") > 0);
+    assert_eq!(waits("free"), 0);
+
+    // Lifting a limit: `none`.
+    cli_ok(&d, &["policy", "hundred", "--max-bw", "none"]);
+    assert_eq!(
+        cli_ok(&d, &["ls"])
+            .lines()
+            .find(|l| l.starts_with("hundred"))
+            .map(|l| l.split_whitespace().skip(8).collect::<Vec<_>>()),
+        Some(vec!["-", "-"])
+    );
+    // Errors: no such vRNIC, a bad unit, nothing to change.
+    for args in [
+        &["policy", "nobody", "--max-bw", "1G"][..],
+        &["policy", "gig", "--max-bw", "1X"],
+        &["policy", "gig"],
+        &["create", "bad", "--max-rate", "-5"],
+    ] {
+        let out = d.cli_output(args);
+        assert!(
+            !out.ok(),
+            "vrnic {} should fail\n{}",
+            args.join(" "),
+            out.text()
+        );
+    }
+}
+
+#[test]
+fn a_cap_changed_mid_run_takes_effect_within_a_second() {
+    require("ib_write_bw");
+    require("stdbuf");
+    let d = Daemon::start();
+    cli_ok(&d, &["create", "srv"]);
+    cli_ok(&d, &["create", "cli", "--max-bw", "100M"]);
+    let p = port().to_string();
+    let args = [
+        "ib_write_bw",
+        "-s",
+        "65536",
+        "-D",
+        "1",
+        "--run_infinitely",
+        "-p",
+        &p,
+    ];
+    let mut server = common::Proc::spawn(d.run_on(Some("srv"), &args), "server");
+    // The client's reports, a line each second, stamped as they come (line-buffered by
+    // `stdbuf`: perftest's stdout is a pipe here).
+    let mut client_args = vec!["stdbuf", "-oL"];
+    client_args.extend(args);
+    client_args.push("127.0.0.1");
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, f64)>();
+    let mut child = loop {
+        let mut cmd = d.run_on(Some("cli"), &client_args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn the client");
+        let out = child.stdout.take().expect("stdout");
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let f: Vec<f64> = l
+                    .split_whitespace()
+                    .filter_map(|f| f.parse().ok())
+                    .collect();
+                if f.len() >= 5 && f[0] == 65536.0 {
+                    let _ = tx.send((Instant::now(), f[3]));
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        match child.try_wait() {
+            // Exited at once: the server did not listen yet.
+            Ok(Some(_)) if start.elapsed() < Duration::from_secs(30) => continue,
+            Ok(Some(s)) => panic!("the client exited: {s}"),
+            _ => break child,
+        }
+    };
+    let wait_line = |rx: &std::sync::mpsc::Receiver<(Instant, f64)>| {
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("a report each second")
+    };
+    // Two reports at the old cap, then the change.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(wait_line(&rx));
+    }
+    let changed = Instant::now();
+    cli_ok(&d, &["policy", "cli", "--max-bw", "1G"]);
+    // Every report that ends 2 s after the change or later covers a second that began at
+    // least a second after it: at the new cap.
+    let mut after = Vec::new();
+    while after.len() < 2 {
+        let (t, bw) = wait_line(&rx);
+        seen.push((t, bw));
+        if t >= changed + Duration::from_secs(2) {
+            after.push(bw);
+        }
+    }
+    common::kill_pid(child.id() as i32, libc::SIGTERM);
+    let _ = child.wait();
+    server.signal(libc::SIGTERM);
+    let _ = server.wait_bounded(Duration::from_secs(10));
+    let text: Vec<String> = seen
+        .iter()
+        .map(|(t, bw)| format!("{:.2}s {bw:.1}", t.duration_since(start).as_secs_f64()))
+        .collect();
+    within(
+        seen[1].1 * MIB,
+        1e8,
+        &format!("before the change ({text:?})"),
+    );
+    for bw in after {
+        within(bw * MIB, 1e9, &format!("after the change ({text:?})"));
+    }
+}
+
+#[test]
+fn a_cap_holds_for_what_leaves_over_a_peer_link() {
+    require("ib_write_bw");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(Duration::from_secs(20));
+    cli_ok(&ds[0], &["create", "srv"]);
+    cli_ok(&ds[1], &["create", "gig", "--max-bw", "1G"]);
+    cli_ok(&ds[1], &["create", "hundred", "--max-bw", "100M"]);
+    let addr = hosts.addr(0);
+    let (bw, _) = write_bw(&ds[0], "srv", &ds[1], "hundred", &addr, "65536");
+    within(bw * MIB, 1e8, "100 MB/s cap across hosts, bytes/s");
+    let (bw, _) = write_bw(&ds[0], "srv", &ds[1], "gig", &addr, "65536");
+    within(bw * MIB, 1e9, "1 GB/s cap across hosts, bytes/s");
+}
