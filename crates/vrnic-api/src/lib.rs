@@ -523,10 +523,21 @@ pub enum AdminRequest {
         /// The limits to change.
         change: PolicyChange,
     },
-    /// Remove a vRNIC (its users lose it).
+    /// Remove a vRNIC: refused while it has users, unless `force` (then each of its users gets
+    /// `IBV_EVENT_DEVICE_FATAL` and loses it).
     Remove {
         /// Name.
         name: String,
+        /// Detach its users.
+        #[serde(default)]
+        force: bool,
+    },
+    /// Move one QP of a vRNIC to the error state (`vrnic qp kill`).
+    KillQp {
+        /// The vRNIC's name.
+        name: String,
+        /// The QP's number.
+        qpn: u32,
     },
     /// Hold a vRNIC for a `vrnic run`: created if missing (then removed when its last user
     /// leaves), held while this admin connection stays open. `None` picks a fresh name.

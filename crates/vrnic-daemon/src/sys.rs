@@ -12,6 +12,31 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
+/// The process and user at the other end of a Unix socket (`SO_PEERCRED`), as `pid N uid N`:
+/// who asked, for the log of an operator's request.
+pub fn peer_cred(fd: RawFd) -> String {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into our `ucred`, and `len` back.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut c).cast(),
+            &raw mut len,
+        )
+    };
+    if r != 0 {
+        return "an unknown peer".into();
+    }
+    format!("pid {} uid {}", c.pid, c.uid)
+}
+
 /// Takes an exclusive, non-blocking `flock` on `path` (created if missing). The lock lives as
 /// long as the returned file, and the kernel drops it if the daemon dies.
 pub fn lock_exclusive(path: &Path) -> std::io::Result<File> {

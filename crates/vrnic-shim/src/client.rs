@@ -555,7 +555,18 @@ impl Conn {
 
     fn daemon_died(&self) {
         if !self.dead.swap(true, Ordering::AcqRel) {
-            vlog!("the vrnic daemon went away; the device is unusable");
+            let removed = self
+                .region
+                .atomic_u32(hdr::DAEMON_STATE)
+                .is_ok_and(|w| w.load(Ordering::Acquire) == hdr::STATE_REMOVED);
+            if removed {
+                vlog!(
+                    "vRNIC {} was removed by the operator (vrnic rm --force); the device is unusable",
+                    self.info.name
+                );
+            } else {
+                vlog!("the vrnic daemon went away; the device is unusable");
+            }
             if let Ok(mut q) = self.async_q.queue.lock() {
                 q.push_back((event::DEVICE_FATAL, 0));
             }

@@ -44,8 +44,11 @@ pub mod hdr {
     pub const DAEMON_PID: u64 = 152;
     /// `AtomicU32`, own cache line: nonzero while the engine sleeps and wants a doorbell.
     pub const ENGINE_SLEEPING: u64 = 256;
-    /// `AtomicU32`, own cache line: 1 while the daemon serves this region, 2 once it left.
+    /// `AtomicU32`, own cache line: 1 while the daemon serves this region, 2 once it left,
+    /// [`STATE_REMOVED`] once the operator removed the vRNIC (`vrnic rm --force`).
     pub const DAEMON_STATE: u64 = 320;
+    /// [`DAEMON_STATE`]: the vRNIC was removed by the operator while in use.
+    pub const STATE_REMOVED: u32 = 3;
     /// `AtomicU32`, own cache line: the daemon's heartbeat, advanced at least every 200 ms
     /// while it serves the region. A guest, which cannot see the daemon's socket close,
     /// learns from a stalled beat that the daemon is gone.

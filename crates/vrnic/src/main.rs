@@ -220,11 +220,18 @@ enum Cmd {
         #[command(flatten)]
         limits: Limits,
     },
-    /// Remove a vRNIC.
+    /// Remove a vRNIC; refused while apps use it, unless --force.
     Rm {
         /// Its name.
         name: String,
+        /// Remove it even while in use: each app using it gets IBV_EVENT_DEVICE_FATAL and
+        /// its calls fail from then on (as with a device that went away).
+        #[arg(long)]
+        force: bool,
     },
+    /// Act on one QP of a vRNIC.
+    #[command(subcommand)]
+    Qp(QpCmd),
     /// Print the `docker run` / `podman run` options that give a container this vRNIC (its
     /// directory bind-mounted at /run/vrnic-device, the driver library mounted and preloaded,
     /// and the device files): `docker run $(vrnic docker-args NAME) IMAGE CMD`.
@@ -680,11 +687,41 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Rm { name } => {
-            AdminClient::connect(&state_dir)?.call(&AdminRequest::Remove { name })?;
+        Cmd::Rm { name, force } => {
+            AdminClient::connect(&state_dir)?.call(&AdminRequest::Remove { name, force })?;
+            Ok(())
+        }
+        Cmd::Qp(QpCmd::Kill { name, qpn }) => {
+            AdminClient::connect(&state_dir)?.call(&AdminRequest::KillQp { name, qpn })?;
             Ok(())
         }
     }
+}
+
+/// `vrnic qp ...`.
+#[derive(Debug, Subcommand)]
+enum QpCmd {
+    /// Move a QP to the error state from outside: its outstanding work requests complete with
+    /// IBV_WC_WR_FLUSH_ERR, its app gets IBV_EVENT_QP_FATAL, its peer (here or on another host)
+    /// fails within its retry budget; nothing else of the vRNIC is touched. Logged with who
+    /// asked.
+    Kill {
+        /// The vRNIC.
+        name: String,
+        /// The QP's number (decimal, or hexadecimal with 0x, as perftest prints it).
+        #[arg(value_parser = parse_qpn)]
+        qpn: u32,
+    },
+}
+
+fn parse_qpn(s: &str) -> std::result::Result<u32, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.ok()
+        .filter(|&q| q < 1 << 24)
+        .ok_or_else(|| format!("{s:?} is not a QP number (24 bits, decimal or 0x hex)"))
 }
 
 /// A vRNIC's QoS limits on what it sends, applied by the engine to every engine thread serving

@@ -34,6 +34,7 @@ impl Server {
                 Ok((mut stream, _)) => {
                     let id = self.next_admin;
                     self.next_admin += 1;
+                    let who = crate::sys::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&stream));
                     let token = self.token(Tok::Admin(id));
                     if self
                         .poll
@@ -52,6 +53,7 @@ impl Server {
                                 eof: false,
                                 held: None,
                                 waiting: false,
+                                who,
                             },
                         );
                     }
@@ -208,12 +210,51 @@ impl Server {
                     None => AdminReply::Err(format!("no vRNIC named {name}")),
                 }
             }
-            AdminRequest::Remove { name } => {
+            AdminRequest::Remove { name, force } => {
+                let who = self.admins.get(&conn).map_or("?", |c| c.who.as_str());
                 match self.vnics.iter().find(|(_, v)| v.name == name) {
-                    Some((&id, _)) => {
-                        self.remove_vnic(id);
-                        AdminReply::Ok
+                    Some((&id, v)) => {
+                        let users = v.holders + v.contexts.len();
+                        if users > 0 && !force {
+                            AdminReply::Err(format!(
+                                "vRNIC {name} is in use ({} attached contexts, {} `vrnic run`s \
+                                 holding it); `vrnic rm --force {name}` detaches them \
+                                 (their apps get IBV_EVENT_DEVICE_FATAL)",
+                                v.contexts.len(),
+                                v.holders
+                            ))
+                        } else {
+                            if users > 0 {
+                                warn!(
+                                    vnic = name,
+                                    contexts = v.contexts.len(),
+                                    holders = v.holders,
+                                    by = who,
+                                    "vRNIC removed by force: its users lose it"
+                                );
+                            } else {
+                                info!(vnic = name, by = who, "vRNIC removal asked");
+                            }
+                            self.remove_vnic_by_operator(id);
+                            AdminReply::Ok
+                        }
                     }
+                    None => AdminReply::Err(format!("no vRNIC named {name}")),
+                }
+            }
+            AdminRequest::KillQp { name, qpn } => {
+                let who = self
+                    .admins
+                    .get(&conn)
+                    .map_or_else(|| "?".to_string(), |c| c.who.clone());
+                match self.vnics.iter().find(|(_, v)| v.name == name) {
+                    Some((&id, _)) => match self.kill_qp(id, qpn) {
+                        Ok(()) => {
+                            warn!(vnic = name, qpn, by = who, "QP moved to the error state");
+                            AdminReply::Ok
+                        }
+                        Err(e) => AdminReply::Err(e),
+                    },
                     None => AdminReply::Err(format!("no vRNIC named {name}")),
                 }
             }

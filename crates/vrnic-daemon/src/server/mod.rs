@@ -224,6 +224,8 @@ struct AdminConn {
     /// The client closed its side: serve what it sent, then drop it.
     eof: bool,
     held: Option<VnicId>,
+    /// Who connected (`pid N uid N`), for the log of what they asked.
+    who: String,
     /// A request whose reply waits for etcd: nothing more is read until it is answered.
     waiting: bool,
 }

@@ -191,6 +191,32 @@ impl Server {
         Ok(id)
     }
 
+    /// [`Server::remove_vnic`] asked by the operator (`vrnic rm`): its users' drivers are told
+    /// it was removed (the region's daemon-state word says so) rather than that the daemon
+    /// went away.
+    pub(super) fn remove_vnic_by_operator(&mut self, id: VnicId) {
+        if let Some(v) = self.vnics.get(&id)
+            && let Ok(w) = v.region.atomic_u32(hdr::DAEMON_STATE)
+        {
+            w.store(hdr::STATE_REMOVED, Ordering::Release);
+        }
+        self.remove_vnic(id);
+    }
+
+    /// Moves QP number `qpn` of vRNIC `id` to the error state (`vrnic qp kill`): the engine
+    /// that holds it flushes it and raises `QP_FATAL`, published at once.
+    pub(super) fn kill_qp(&mut self, id: VnicId, qpn: u32) -> std::result::Result<(), String> {
+        let now = std::time::Instant::now();
+        for cell in self.slices_of(id) {
+            let r = cell.lock().engine.kill_qp(id, qpn);
+            if r.is_ok() {
+                self.pass_now(&cell, now);
+                return Ok(());
+            }
+        }
+        Err(format!("vRNIC has no QP number {qpn:#x}"))
+    }
+
     pub(super) fn remove_vnic(&mut self, id: VnicId) {
         let ctxs: Vec<CtxId> = self
             .vnics
@@ -205,7 +231,8 @@ impl Server {
             let _ = self.poll.registry().deregister(&mut v.listener);
             self.tokens.remove(&v.token);
             if let Ok(w) = v.region.atomic_u32(hdr::DAEMON_STATE) {
-                w.store(2, Ordering::Release);
+                // Gone (removed by the operator, if that was said first).
+                let _ = w.compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire);
             }
             drop(v.region);
             remove_vnic_dir(&v.dir, v.quota_mount);

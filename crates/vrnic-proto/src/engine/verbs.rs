@@ -728,6 +728,21 @@ impl Engine {
         self.objs.qps.keys().copied()
     }
 
+    /// Moves QP number `qpn` of vRNIC `vnic` to the error state from outside (the operator's
+    /// `vrnic qp kill`), as a fatal error of the QP would: its outstanding work requests
+    /// complete with `WR_FLUSH_ERR`, its context gets `IBV_EVENT_QP_FATAL` (and, on an SRQ,
+    /// `LAST_WQE_REACHED`), and its peer, getting no more answers, fails within its retry
+    /// budget. Nothing else of the vRNIC changes. `ENOENT` when this engine has no QP of that
+    /// number in that vRNIC; a QP already in error stays as it is.
+    pub fn kill_qp(&mut self, vnic: VnicId, qpn: u32) -> Result<QpId, Errno> {
+        let qp = *self.objs.by_qpn.get(&qpn).ok_or(ENOENT)?;
+        if self.objs.qps.get(&qp).is_none_or(|q| q.vnic != vnic) {
+            return Err(ENOENT);
+        }
+        self.fail_qp(qp, None);
+        Ok(qp)
+    }
+
     /// Number of QPs of a vRNIC.
     pub fn qp_count(&self, vnic: VnicId) -> usize {
         self.objs.qps.values().filter(|q| q.vnic == vnic).count()
