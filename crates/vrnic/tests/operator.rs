@@ -1,6 +1,6 @@
 //! The operator's hand on a running tenant: `vrnic qp kill NAME QPN` moves one QP to the error
-//! state (its app's work requests flush, its peer fails within its retry budget, another QP of
-//! the same vRNIC carries on), and `vrnic rm` refuses a vRNIC in use unless `--force`, which
+//! state (its app's work requests flush, its peer, on this host or another, fails within its
+//! retry budget, another QP of the same vRNIC carries on), and `vrnic rm` refuses a vRNIC in use unless `--force`, which
 //! tells each app the truth (`IBV_EVENT_DEVICE_FATAL`, a driver log line naming the removal).
 //! Unmodified ibverbs-utils (`ibv_rc_pingpong`, `ibv_asyncwatch`) under the driver library.
 
@@ -192,4 +192,56 @@ fn rm_force_tells_each_app_its_device_is_gone() {
     assert!(d.cli_output(&["rm", "idle"]).ok());
     let log = d.stop().stderr;
     assert!(log.contains("vRNIC removed by force"), "{log}");
+}
+
+#[test]
+fn a_qp_killed_on_one_host_fails_its_peer_on_another() {
+    require("ibv_rc_pingpong");
+    require("stdbuf");
+    let hosts = common::hosts::Hosts::new(2);
+    let ds = hosts.daemons(Duration::from_secs(20));
+    ds[0].create("s");
+    ds[1].create("c");
+    let p = port().to_string();
+    let long = ["ibv_rc_pingpong", "-n", "100000000", "-p", &p];
+    let server = Proc::spawn(ds[0].run_on(Some("s"), &long), "server");
+    let addr = hosts.addr(0);
+    let mut client_args = vec!["stdbuf", "-oL"];
+    client_args.extend(long);
+    client_args.push(&addr);
+    let start = Instant::now();
+    let (mut client, rx) = loop {
+        let (mut child, rx) = spawn_lines(ds[1].run_on(Some("c"), &client_args));
+        std::thread::sleep(Duration::from_millis(300));
+        match child.try_wait() {
+            Ok(Some(_)) if start.elapsed() < Duration::from_secs(30) => continue,
+            Ok(Some(s)) => panic!("the client exited: {s}"),
+            _ => break (child, rx),
+        }
+    };
+    let seen = until(&rx, LIMIT, |l| l.contains("local address"));
+    let qpn = seen
+        .last()
+        .and_then(|l| l.split("QPN ").nth(1))
+        .and_then(|r| r.split(',').next())
+        .expect("the client's QPN")
+        .to_string();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = ds[1].cli_output(&["qp", "kill", "c", &qpn]);
+    assert!(out.ok(), "{}", out.text());
+    let seen = until(&rx, LIMIT, |l| l.contains("Failed status"));
+    assert!(
+        seen.last()
+            .is_some_and(|l| l.contains("Work Request Flushed Error (5)")),
+        "{seen:#?}"
+    );
+    let _ = client.wait();
+    let srv = server.wait_bounded(Duration::from_secs(20));
+    assert!(
+        !srv.ok()
+            && (srv.stderr.contains("transport retry counter exceeded (12)")
+                || srv.stderr.contains("Work Request Flushed Error (5)")),
+        "{}",
+        srv.text()
+    );
 }
