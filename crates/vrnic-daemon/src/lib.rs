@@ -19,6 +19,7 @@ mod cm;
 pub mod config;
 pub mod heap;
 pub mod keys;
+mod metrics;
 pub mod server;
 pub mod settings;
 mod sys;

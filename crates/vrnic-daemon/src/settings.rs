@@ -52,6 +52,8 @@ use serde::Deserialize;
 pub struct Settings {
     /// This host's address for peer links (`--listen`).
     pub listen: Option<SocketAddr>,
+    /// Where to serve Prometheus metrics (`--metrics`).
+    pub metrics: Option<SocketAddr>,
     /// The other hosts' daemons (`--peer`, repeated).
     #[serde(default)]
     pub peers: Vec<SocketAddr>,

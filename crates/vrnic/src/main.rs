@@ -89,6 +89,11 @@ enum Cmd {
         /// This host's address for peer links to other hosts' daemons (ADDR:PORT).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// Serve the vRNICs' counters and state to Prometheus at http://ADDR:PORT/metrics
+        /// (labels: vnic, group, host). Anyone who reaches it reads every tenant's counters:
+        /// bind it to an address only the monitoring can reach.
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics: Option<std::net::SocketAddr>,
         /// Another host's daemon (its --listen address); repeat for each host.
         #[arg(long = "peer")]
         peers: Vec<std::net::SocketAddr>,
@@ -340,6 +345,7 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             engine_threads,
             spread_qps,
             listen,
+            metrics,
             peers,
             key,
             peer_keys,
@@ -371,6 +377,7 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 max_vrnics: max_vrnics.or(file.max_vrnics).unwrap_or(4096),
                 engine_threads: engine_threads.or(file.engine_threads),
                 spread_qps: spread_qps || file.spread_qps.unwrap_or(false),
+                metrics: metrics.or(file.metrics),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() {

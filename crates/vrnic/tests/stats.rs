@@ -128,3 +128,139 @@ fn stats_count_every_work_request_and_byte_on_both_sides() {
     d.create("w1");
     assert_eq!(flow(&stats(&d, "w1"), "sent", "write"), (0, 0));
 }
+
+/// `curl -s URL`: the body, or `None` where curl fails.
+fn curl(url: &str) -> Option<String> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-f", "--max-time", "5", url])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `vrnic serve --metrics`: the counters in Prometheus' format, exact, labelled by vRNIC,
+/// group and host; scraped by a real Prometheus server, whose query API then returns them; a
+/// metrics address in use stops the daemon at start with a clear error.
+#[test]
+fn prometheus_scrapes_the_counters() {
+    require("ib_write_bw");
+    require("curl");
+    let prometheus = require("prometheus");
+    let mport = port();
+    let maddr = format!("127.0.0.1:{mport}");
+    let mut d = Daemon::start_with(&["--metrics", &maddr]);
+    d.create("m0");
+    let out = d.cli_output(&["create", "m1", "--max-bw", "10G"]);
+    assert!(out.ok(), "{}", out.text());
+    run_pair(&d, "m0", "m1", &["ib_write_bw", "-s", "4096", "-n", "1000"]);
+    let url = format!("http://{maddr}/metrics");
+    let body = curl(&url).expect("GET /metrics");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("hostname")
+        .trim()
+        .to_string();
+    let labels = |v: &str| format!("vnic=\"{v}\",group=\"default\",host=\"{host}\"");
+    for want in [
+        format!(
+            "vrnic_sent_work_requests_total{{{},class=\"write\"}} 1000",
+            labels("m1")
+        ),
+        format!(
+            "vrnic_sent_bytes_total{{{},class=\"write\"}} 4096000",
+            labels("m1")
+        ),
+        format!(
+            "vrnic_received_bytes_total{{{},class=\"write\"}} 4096000",
+            labels("m0")
+        ),
+        format!(
+            "vrnic_sent_bytes_total{{{},class=\"write\"}} 0",
+            labels("m0")
+        ),
+        format!(
+            "vrnic_max_bw_bytes_per_second{{{}}} 10000000000",
+            labels("m1")
+        ),
+        format!("vrnic_qos_waits_total{{{}}} 0", labels("m0")),
+        "# TYPE vrnic_completions counter".to_string(),
+        "# EOF".to_string(),
+    ] {
+        assert!(
+            body.lines().any(|l| l == want),
+            "no line {want:?} in\n{body}"
+        );
+    }
+    assert!(
+        !body.contains("vrnic_max_bw_bytes_per_second{vnic=\"m0\""),
+        "an unlimited vRNIC has no limit gauge\n{body}"
+    );
+
+    // A real Prometheus scrapes it every second; its query API returns the counter.
+    let dir = d.dir.join("prometheus");
+    std::fs::create_dir_all(&dir).expect("prometheus dir");
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vrnic\n    \
+             static_configs:\n      - targets: ['{maddr}']\n"
+        ),
+    )
+    .expect("write prometheus.yml");
+    let pport = port();
+    let mut prom = std::process::Command::new(prometheus);
+    prom.arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{pport}"));
+    let mut prom = common::Proc::spawn(prom, "prometheus");
+    let query = format!(
+        "http://127.0.0.1:{pport}/api/v1/query?query=vrnic_sent_bytes_total%7Bvnic%3D%22m1%22%2Cclass%3D%22write%22%7D"
+    );
+    let start = std::time::Instant::now();
+    let answer = loop {
+        if let Some(a) = curl(&query).filter(|a| a.contains("\"4096000\"")) {
+            break a;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60) && !prom.exited(),
+            "Prometheus never got the counter (last answer {:?})",
+            curl(&query)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    for label in [
+        "\"group\":\"default\"".to_string(),
+        format!("\"host\":\"{host}\""),
+        "\"job\":\"vrnic\"".to_string(),
+    ] {
+        assert!(answer.contains(&label), "{label} in {answer}");
+    }
+    prom.signal(libc::SIGTERM);
+    let _ = prom.wait_bounded(Duration::from_secs(10));
+
+    // The address in use: a second daemon stops at start and says why.
+    let other = d.dir.with_extension("second");
+    let out = common::output(
+        {
+            let mut c = std::process::Command::new(common::vrnic_bin());
+            c.args(["serve", "--state-dir"])
+                .arg(&other)
+                .args(["--metrics", &maddr]);
+            c
+        },
+        "a second daemon on the same metrics address",
+        Duration::from_secs(20),
+    );
+    let _ = std::fs::remove_dir_all(&other);
+    assert!(
+        !out.ok() && out.stderr.contains("bind the metrics address"),
+        "{}",
+        out.text()
+    );
+    d.stop();
+}

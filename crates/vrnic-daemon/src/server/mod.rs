@@ -114,6 +114,8 @@ pub struct ServeOptions {
     pub peer: PeerOptions,
     /// Cluster mode: etcd instead of a static peer list (needs `peer.listen`, no `peer.peers`).
     pub cluster: Option<ClusterOptions>,
+    /// Where to serve Prometheus metrics (`vrnic serve --metrics`), if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
@@ -300,6 +302,11 @@ impl Server {
         }
         opts.state_dir = config::prepare_state_dir(&opts.state_dir)?;
         let dir = &opts.state_dir.clone();
+        // Before anything is mounted or locked: an address in use stops the start with nothing
+        // to undo.
+        if let Some(addr) = opts.metrics {
+            crate::metrics::start(addr, dir.clone())?;
+        }
         // Mount first, then lock inside the mount: a lock taken under the mount point would be
         // hidden by it, and a second daemon would not see it.
         let mounted = sys::ensure_tmpfs(dir);
@@ -324,6 +331,7 @@ impl Server {
         let _ = std::fs::remove_file(&admin_path);
         let mut admin = UnixListener::bind(&admin_path)
             .with_context(|| format!("bind {}", admin_path.display()))?;
+
         let poll = Poll::new()?;
         let nofile = sys::raise_nofile_limit();
         debug!(nofile, "open-file limit");
