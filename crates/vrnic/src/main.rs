@@ -6,6 +6,7 @@
 
 mod container;
 mod presence;
+mod top;
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -190,6 +191,18 @@ enum Cmd {
         /// As JSON (one object per vRNIC, in an array).
         #[arg(long)]
         json: bool,
+    },
+    /// A live table of this host's vRNICs, refreshed every interval: QPs, users, work
+    /// requests and bytes per second sent and received, completions in error per second, the
+    /// share of the time its QoS limit held it back, its limits. Quits on q, Esc or Ctrl-C.
+    Top {
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Print this many plain tables, one per interval, and exit (the default when stdout
+        /// is not a terminal: 1).
+        #[arg(long)]
+        batch: Option<u32>,
     },
     /// Make this host's peer-link key: a new key file (mode 600; an existing one is kept), and
     /// its public key printed, to give the other hosts as --peer-key ADDR:PORT=PUBLIC.
@@ -604,6 +617,16 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 );
             }
             Ok(())
+        }
+        Cmd::Top { interval, batch } => {
+            if !(0.1..=3600.0).contains(&interval) {
+                bail!("--interval must be between 0.1 and 3600 seconds");
+            }
+            top::run(
+                &state_dir,
+                std::time::Duration::from_secs_f64(interval),
+                batch,
+            )
         }
         Cmd::Keygen { file, public } => {
             let kp = if public {

@@ -264,3 +264,88 @@ fn prometheus_scrapes_the_counters() {
     );
     d.stop();
 }
+
+/// `vrnic top`: plain tables with `--batch` (the client's send rate and the server's receive
+/// rate of a running `ib_write_bw`, the cap shown), and on a terminal (a pty from `script`) a
+/// live screen that quits cleanly on `q`, giving the terminal back.
+#[test]
+fn top_shows_the_rates_and_quits_on_q() {
+    require("ib_write_bw");
+    let script = require("script");
+    let d = Daemon::start();
+    d.create("t0");
+    let out = d.cli_output(&["create", "t1", "--max-bw", "2G"]);
+    assert!(out.ok(), "{}", out.text());
+    let p = port().to_string();
+    let args = ["ib_write_bw", "-s", "65536", "-D", "4", "-p", &p];
+    let server = common::Proc::spawn(d.run_on(Some("t0"), &args), "server");
+    let server = common::wait_listening(server, p.parse().expect("port"), LIMIT);
+    let mut client_args = args.to_vec();
+    client_args.push("127.0.0.1");
+    let client = common::Proc::spawn(d.run_on(Some("t1"), &client_args), "client");
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = d.cli_output(&["top", "--batch", "1", "--interval", "1"]);
+    assert!(out.ok(), "{}", out.text());
+    let row = |name: &str| -> Vec<String> {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} in\n{}", out.stdout))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    // NAME GROUP QPS USERS TX_WR/s TX_B/s RX_MSG/s RX_B/s ERR/s QOS% MAX_BW MAX_RATE
+    let (t0, t1) = (row("t0"), row("t1"));
+    assert!(t1[5].ends_with('G') || t1[5].ends_with('M'), "{t1:?}");
+    assert_eq!(t1[10], "2.00G", "{t1:?}");
+    assert_eq!(t0[5], "0", "{t0:?}");
+    assert!(t0[7].ends_with('G') || t0[7].ends_with('M'), "{t0:?}");
+    assert!(
+        !out.stdout.contains('\x1b'),
+        "no escape codes in a batch table"
+    );
+    let _ = client.wait_bounded(LIMIT);
+    let _ = server.wait_bounded(LIMIT);
+
+    // On a terminal: the live screen, then `q`.
+    let cmd = format!(
+        "{} --state-dir {} top --interval 0.2",
+        common::vrnic_bin().display(),
+        d.dir.display()
+    );
+    let mut tty = std::process::Command::new(script);
+    tty.args(["-qfec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = tty.spawn().expect("script");
+    std::thread::sleep(Duration::from_millis(1500));
+    use std::io::Write as _;
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"q").expect("send q");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "top did not quit on q"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(stdin);
+    let out = child.wait_with_output().expect("output");
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(status.success(), "{screen}");
+    assert!(
+        screen.contains("q: quit") && screen.contains("t1"),
+        "{screen}"
+    );
+    // The alternate screen was left and the cursor shown again.
+    assert!(
+        screen.contains("\x1b[?1049l") && screen.contains("\x1b[?25h"),
+        "{screen:?}"
+    );
+}
