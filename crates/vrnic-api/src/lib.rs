@@ -561,6 +561,9 @@ pub enum AdminRequest {
         /// Its name (`None`: all).
         #[serde(default)]
         name: Option<String>,
+        /// Only this QP of the vRNIC (its number): what it moved since it was created.
+        #[serde(default)]
+        qp: Option<u32>,
     },
 }
 
@@ -605,6 +608,9 @@ pub struct VnicStats {
     pub name: String,
     /// Its tenants' group.
     pub group: String,
+    /// The QP these counters are of (`vrnic stats NAME --qp QPN`); `None`: the whole vRNIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qpn: Option<u32>,
     /// As requester: work requests completed successfully, by class.
     pub sent: ClassStats,
     /// As responder: messages received into receives, WRITEs placed, READs served, atomics

@@ -97,7 +97,11 @@ async fn scrape(dir: PathBuf, host: String) -> Response {
 /// One scrape: the daemon's stats and listing, as OpenMetrics text.
 fn render(dir: &Path, host: &str) -> Result<String> {
     let mut c = AdminClient::connect(dir)?;
-    let AdminReply::Stats(stats) = c.call(&AdminRequest::Stats { name: None })? else {
+    let AdminReply::Stats(stats) = c.call(&AdminRequest::Stats {
+        name: None,
+        qp: None,
+    })?
+    else {
         bail!("unexpected reply to Stats");
     };
     let AdminReply::List(list) = c.call(&AdminRequest::List)? else {

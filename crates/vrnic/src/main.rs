@@ -188,6 +188,10 @@ enum Cmd {
     Stats {
         /// One vRNIC (default: every vRNIC of this host).
         name: Option<String>,
+        /// Only this QP of the vRNIC (decimal, or hexadecimal with 0x): what it moved since it
+        /// was created.
+        #[arg(long, value_parser = parse_qpn, requires = "name")]
+        qp: Option<u32>,
         /// As JSON (one object per vRNIC, in an array).
         #[arg(long)]
         json: bool,
@@ -567,9 +571,9 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Stats { name, json } => {
+        Cmd::Stats { name, qp, json } => {
             let mut c = AdminClient::connect(&state_dir)?;
-            let list = match c.call(&AdminRequest::Stats { name })? {
+            let list = match c.call(&AdminRequest::Stats { name, qp })? {
                 AdminReply::Stats(list) => list,
                 AdminReply::Err(e) => bail!("{e}"),
                 _ => bail!("unexpected reply"),
@@ -579,7 +583,10 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 return Ok(());
             }
             for s in &list {
-                say!("{} (group {})", s.name, s.group);
+                match s.qpn {
+                    Some(q) => say!("{} QP {q:#x} (group {})", s.name, s.group),
+                    None => say!("{} (group {})", s.name, s.group),
+                }
                 for (dir, c) in [("sent", &s.sent), ("received", &s.received)] {
                     say!(
                         "  {dir:<9} send {} / {} B   write {} / {} B   read {} / {} B   \

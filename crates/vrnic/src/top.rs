@@ -125,7 +125,11 @@ fn read(c: &mut AdminClient) -> Result<Reading> {
     let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
         bail!("unexpected reply to List");
     };
-    let AdminReply::Stats(stats) = c.call(&AdminRequest::Stats { name: None })? else {
+    let AdminReply::Stats(stats) = c.call(&AdminRequest::Stats {
+        name: None,
+        qp: None,
+    })?
+    else {
         bail!("unexpected reply to Stats");
     };
     Ok(Reading {

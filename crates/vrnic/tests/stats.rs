@@ -349,3 +349,73 @@ fn top_shows_the_rates_and_quits_on_q() {
         "{screen:?}"
     );
 }
+
+/// `vrnic stats NAME --qp QPN`: one QP's counters while it runs, exact per message size; a
+/// QP number the vRNIC does not have (or another vRNIC's) is an error.
+#[test]
+fn a_qps_counters_while_it_runs() {
+    require("ib_write_bw");
+    require("stdbuf");
+    let d = Daemon::start();
+    d.create("q0");
+    d.create("q1");
+    let p = port().to_string();
+    let args = ["ib_write_bw", "-s", "65536", "-D", "3", "-p", &p];
+    let server = common::Proc::spawn(d.run_on(Some("q0"), &args), "server");
+    let server = common::wait_listening(server, p.parse().expect("port"), LIMIT);
+    let mut client_args = vec!["stdbuf", "-oL"];
+    client_args.extend(args);
+    client_args.push("127.0.0.1");
+    let mut cmd = d.run_on(Some("q1"), &client_args);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut client = cmd.spawn().expect("client");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        client.stdout.take().expect("stdout"),
+    ));
+    // "local address: LID 0x02 QPN 0x0013 PSN ..." then "remote address: ... QPN 0x0012 ...".
+    let qpn_of = |l: &str| {
+        l.split("QPN ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .map(str::to_string)
+    };
+    let mut local = None;
+    let mut remote = None;
+    for l in lines.by_ref().map_while(Result::ok) {
+        if l.contains("local address") {
+            local = qpn_of(&l);
+        }
+        if l.contains("remote address") {
+            remote = qpn_of(&l);
+            break;
+        }
+    }
+    let (local, remote) = (local.expect("client QPN"), remote.expect("server QPN"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let qp_stats = |name: &str, qpn: &str| -> Value {
+        let out = d.cli_output(&["stats", name, "--qp", qpn, "--json"]);
+        assert!(out.ok(), "{}", out.text());
+        let v: Value = serde_json::from_str(&out.stdout).expect("JSON");
+        v[0].clone()
+    };
+    let c = qp_stats("q1", &local);
+    let (wrs, bytes) = flow(&c, "sent", "write");
+    assert!(wrs > 0 && bytes == wrs * 65536, "{c}");
+    assert!(c["qpn"].as_u64().is_some(), "{c}");
+    let s = qp_stats("q0", &remote);
+    let (msgs, rbytes) = flow(&s, "received", "write");
+    assert!(msgs > 0 && rbytes == msgs * 65536, "{s}");
+    assert_eq!(flow(&s, "sent", "write"), (0, 0), "{s}");
+    for (name, qpn) in [("q0", local.as_str()), ("q1", "0xabcdef")] {
+        let out = d.cli_output(&["stats", name, "--qp", qpn]);
+        assert!(
+            !out.ok() && out.stderr.contains("has no QP number"),
+            "{}",
+            out.text()
+        );
+    }
+    for _ in lines.by_ref() {}
+    let _ = client.wait();
+    let _ = server.wait_bounded(LIMIT);
+}

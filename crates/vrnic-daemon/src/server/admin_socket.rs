@@ -165,7 +165,20 @@ impl Server {
                     .unwrap_or_default(),
             ),
             AdminRequest::ListAll => AdminReply::Directory(self.directory_listing()),
-            AdminRequest::Stats { name } => {
+            AdminRequest::Stats {
+                name: Some(name),
+                qp: Some(qpn),
+            } => match self.vnics.iter().find(|(_, v)| v.name == name) {
+                Some((&id, _)) => match self.qp_stats(id, qpn) {
+                    Some(s) => AdminReply::Stats(vec![s]),
+                    None => AdminReply::Err(format!("vRNIC {name} has no QP number {qpn:#x}")),
+                },
+                None => AdminReply::Err(format!("no vRNIC {name}")),
+            },
+            AdminRequest::Stats { qp: Some(_), .. } => {
+                AdminReply::Err("a QP's counters need the vRNIC's name".into())
+            }
+            AdminRequest::Stats { name, qp: None } => {
                 let ids: Vec<VnicId> = self
                     .vnics
                     .iter()

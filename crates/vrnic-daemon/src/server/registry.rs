@@ -283,13 +283,32 @@ impl Server {
     /// vRNIC `id`'s counters: the sum of its slices' meters (one engine's without
     /// `--spread-qps`).
     pub(super) fn stats(&self, id: VnicId) -> Option<vrnic_api::VnicStats> {
-        let v = self.vnics.get(&id)?;
         let mut m = vrnic_proto::Meter::default();
         for cell in self.slices_of(id) {
             if let Some(s) = cell.lock().engine.meter(id) {
                 m.add(&s);
             }
         }
+        self.stats_of(id, None, &m)
+    }
+
+    /// The counters of QP number `qpn` of vRNIC `id` (from the engine that holds it).
+    pub(super) fn qp_stats(&self, id: VnicId, qpn: u32) -> Option<vrnic_api::VnicStats> {
+        let m = self
+            .slices_of(id)
+            .iter()
+            .find_map(|cell| cell.lock().engine.qp_meter(id, qpn))?;
+        self.stats_of(id, Some(qpn), &m)
+    }
+
+    /// `m` as the admin protocol's stats of vRNIC `id` (or of its QP `qpn`).
+    fn stats_of(
+        &self,
+        id: VnicId,
+        qpn: Option<u32>,
+        m: &vrnic_proto::Meter,
+    ) -> Option<vrnic_api::VnicStats> {
+        let v = self.vnics.get(&id)?;
         let classes = |f: &[vrnic_proto::Flow; 4]| {
             let c = |i: usize| vrnic_api::FlowStats {
                 wrs: f[i].wrs,
@@ -315,14 +334,20 @@ impl Server {
         Some(vrnic_api::VnicStats {
             name: v.name.clone(),
             group: self.directory.group_name(v.group).to_string(),
+            qpn,
             sent: classes(&m.sent),
             received: classes(&m.received),
             completions,
             rnr_naks: m.rnr_naks,
             naks: m.naks,
             ud_dropped: m.ud_dropped,
-            qos_waits: v.limit.waited().0,
-            qos_waited_us: u64::try_from(v.limit.waited().1.as_micros()).unwrap_or(u64::MAX),
+            // The limit is the vRNIC's: a QP's counters say nothing of it.
+            qos_waits: if qpn.is_none() { v.limit.waited().0 } else { 0 },
+            qos_waited_us: if qpn.is_none() {
+                u64::try_from(v.limit.waited().1.as_micros()).unwrap_or(u64::MAX)
+            } else {
+                0
+            },
         })
     }
 

@@ -236,6 +236,8 @@ enum Wait {
 
 #[derive(Debug)]
 struct Qp {
+    /// What it moved and how its work requests ended (its share of its vRNIC's meter).
+    meter: Meter,
     /// RC, UC (nothing is acknowledged, so nothing the responder does is reported), UD, or
     /// either half of XRC (an XRC send QP requests as RC does; an XRC receive QP answers as
     /// RC does, its receives taken from the XRC SRQ each request names).

@@ -93,6 +93,7 @@ impl Engine {
             c.byte_len = byte_len;
             self.out.completions.push_back((q.send_cq, c, false));
         }
+        q.meter.sent(w.opcode, u64::from(byte_len));
         let vnic = q.vnic;
         if let Some(v) = self.objs.vnics.get_mut(&vnic) {
             v.meter.sent(w.opcode, u64::from(byte_len));

@@ -376,11 +376,11 @@ impl Engine {
         };
         let (pvnic, ppd) = (p.vnic, p.pd);
         if p.attr.qkey != req.qkey {
-            self.meter_ud_drop(pvnic);
+            self.meter_ud_drop(peer, pvnic);
             return Response::Unacknowledged;
         }
         let Some(head) = self.recv_head(peer) else {
-            self.meter_ud_drop(pvnic);
+            self.meter_ud_drop(peer, pvnic);
             return Response::Unacknowledged;
         };
         let capacity: u64 = head.sges.iter().map(|s| u64::from(s.length)).sum();
@@ -423,28 +423,31 @@ impl Engine {
     /// placed, a READ served, an atomic executed, an RNR NAK or a NAK sent. (A SEND counts when
     /// its receive completes, in [`Engine::finish_recv`].)
     fn meter_request(&mut self, peer: QpId, req: &Request, r: Response) {
-        let Some(vnic) = self.objs.qps.get(&peer).map(|q| q.vnic) else {
-            return;
-        };
-        let Some(v) = self.objs.vnics.get_mut(&vnic) else {
-            return;
-        };
-        match (req.op, r) {
-            (Op::Write, Response::Ack) => v.meter.received(req.op, req.last, req.chunk),
-            (Op::Read, Response::ReadData) => {
-                v.meter.received(req.op, req.chunk >= req.len, req.chunk)
-            }
+        let count = |m: &mut Meter| match (req.op, r) {
+            (Op::Write, Response::Ack) => m.received(req.op, req.last, req.chunk),
+            (Op::Read, Response::ReadData) => m.received(req.op, req.chunk >= req.len, req.chunk),
             (Op::CmpSwap { .. } | Op::FetchAdd { .. }, Response::AtomicAck(_)) => {
-                v.meter.received(req.op, true, 8)
+                m.received(req.op, true, 8)
             }
-            (_, Response::RnrNak { .. }) => v.meter.rnr_naks = v.meter.rnr_naks.wrapping_add(1),
-            (_, Response::Nak(_)) => v.meter.naks = v.meter.naks.wrapping_add(1),
+            (_, Response::RnrNak { .. }) => m.rnr_naks = m.rnr_naks.wrapping_add(1),
+            (_, Response::Nak(_)) => m.naks = m.naks.wrapping_add(1),
             _ => {}
+        };
+        let Some(q) = self.objs.qps.get_mut(&peer) else {
+            return;
+        };
+        count(&mut q.meter);
+        let vnic = q.vnic;
+        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
+            count(&mut v.meter);
         }
     }
 
-    /// A UD datagram dropped at `vnic` (wrong Q_Key, no receive).
-    fn meter_ud_drop(&mut self, vnic: VnicId) {
+    /// A UD datagram dropped at QP `peer` of `vnic` (wrong Q_Key, no receive).
+    fn meter_ud_drop(&mut self, peer: QpId, vnic: VnicId) {
+        if let Some(q) = self.objs.qps.get_mut(&peer) {
+            q.meter.ud_dropped = q.meter.ud_dropped.wrapping_add(1);
+        }
         if let Some(v) = self.objs.vnics.get_mut(&vnic) {
             v.meter.ud_dropped = v.meter.ud_dropped.wrapping_add(1);
         }
@@ -472,17 +475,20 @@ impl Engine {
         };
         let mut c = cqe(wqe.wr_id, status, opcode, p.qpn);
         let mut solicited = false;
-        if status == WcStatus::Success
-            && matches!(req.op, Op::Send | Op::SendInv)
-            && let Some(v) = self.objs.vnics.get_mut(&p.vnic)
-        {
+        if status == WcStatus::Success && matches!(req.op, Op::Send | Op::SendInv) {
             let grh = if req.transport == QpType::Ud {
                 GRH_LEN
             } else {
                 0
             };
-            v.meter
-                .received(req.op, true, byte_len.unwrap_or(0).saturating_sub(grh));
+            let n = byte_len.unwrap_or(0).saturating_sub(grh);
+            let vnic = p.vnic;
+            if let Some(q) = self.objs.qps.get_mut(&peer) {
+                q.meter.received(req.op, true, n);
+            }
+            if let Some(v) = self.objs.vnics.get_mut(&vnic) {
+                v.meter.received(req.op, true, n);
+            }
         }
         if let Some(n) = byte_len {
             c.byte_len = n as u32;

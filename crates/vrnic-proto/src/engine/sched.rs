@@ -141,12 +141,27 @@ impl Engine {
         {
             v.meter.completed(c.1.status);
         }
+        if let Some(q) = self
+            .objs
+            .by_qpn
+            .get(&c.1.qp_num)
+            .and_then(|id| self.objs.qps.get_mut(id))
+        {
+            q.meter.completed(c.1.status);
+        }
         Some(c)
     }
 
     /// What vRNIC `vnic` moved and how its work requests ended, counted by this engine.
     pub fn meter(&self, vnic: VnicId) -> Option<Meter> {
         self.objs.vnics.get(&vnic).map(|v| v.meter)
+    }
+
+    /// The same for QP number `qpn` of `vnic`, since it was created (`None`: this engine has
+    /// no such QP of that vRNIC).
+    pub fn qp_meter(&self, vnic: VnicId, qpn: u32) -> Option<Meter> {
+        let q = self.objs.qps.get(self.objs.by_qpn.get(&qpn)?)?;
+        (q.vnic == vnic).then_some(q.meter)
     }
 
     /// The next async event for a context.

@@ -441,6 +441,7 @@ impl Engine {
         self.objs.qps.insert(
             id,
             Qp {
+                meter: Meter::default(),
                 ty: qp_type,
                 xrcd: None,
                 xrc_srq: None,
