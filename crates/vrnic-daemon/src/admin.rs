@@ -55,6 +55,24 @@ impl AdminClient {
         }
     }
 
+    /// Every vRNIC's counters and listing entry (`vrnic stats`, `vrnic ls`): what `vrnic top`
+    /// and the metrics endpoint show.
+    pub fn stats_and_list(
+        &mut self,
+    ) -> Result<(Vec<vrnic_api::VnicStats>, Vec<vrnic_api::VnicSummary>)> {
+        let AdminReply::Stats(stats) = self.call(&AdminRequest::Stats {
+            name: None,
+            qp: None,
+        })?
+        else {
+            bail!("unexpected reply to Stats");
+        };
+        let AdminReply::List(list) = self.call(&AdminRequest::List)? else {
+            bail!("unexpected reply to List");
+        };
+        Ok((stats, list))
+    }
+
     /// Lets the connection outlive an `exec` (for `vrnic run`, whose command then holds the
     /// vRNIC for as long as it lives). Returns the fd number.
     pub fn inherit_across_exec(&self) -> Result<i32> {

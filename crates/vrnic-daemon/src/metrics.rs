@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -20,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
-use vrnic_api::{AdminReply, AdminRequest, ClassStats};
+use vrnic_api::ClassStats;
 
 use crate::admin::AdminClient;
 
@@ -97,16 +97,7 @@ async fn scrape(dir: PathBuf, host: String) -> Response {
 /// One scrape: the daemon's stats and listing, as OpenMetrics text.
 fn render(dir: &Path, host: &str) -> Result<String> {
     let mut c = AdminClient::connect(dir)?;
-    let AdminReply::Stats(stats) = c.call(&AdminRequest::Stats {
-        name: None,
-        qp: None,
-    })?
-    else {
-        bail!("unexpected reply to Stats");
-    };
-    let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
-        bail!("unexpected reply to List");
-    };
+    let (stats, list) = c.stats_and_list()?;
 
     let mut reg = Registry::default();
     let sent_wrs = Family::<Class, Counter>::default();

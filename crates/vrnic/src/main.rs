@@ -739,9 +739,9 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
 #[derive(Debug, Subcommand)]
 enum QpCmd {
     /// Move a QP to the error state from outside: its outstanding work requests complete with
-    /// IBV_WC_WR_FLUSH_ERR, its app gets IBV_EVENT_QP_FATAL, its peer (here or on another host)
-    /// fails within its retry budget; nothing else of the vRNIC is touched. Logged with who
-    /// asked.
+    /// IBV_WC_WR_FLUSH_ERR, its app gets IBV_EVENT_QP_FATAL, its peer (here or on another
+    /// host) fails within its retry budget once it sends to it; nothing else of the vRNIC is
+    /// touched. Logged with who asked.
     Kill {
         /// The vRNIC.
         name: String,

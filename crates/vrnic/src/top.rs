@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyModifiers};
 use crossterm::{cursor, execute, terminal};
-use vrnic_api::{AdminReply, AdminRequest, VnicStats, VnicSummary};
+use vrnic_api::{VnicStats, VnicSummary};
 use vrnic_daemon::admin::AdminClient;
 
 /// What one row is computed from: a vRNIC's counters at one instant.
@@ -122,16 +122,7 @@ struct Reading {
 }
 
 fn read(c: &mut AdminClient) -> Result<Reading> {
-    let AdminReply::List(list) = c.call(&AdminRequest::List)? else {
-        bail!("unexpected reply to List");
-    };
-    let AdminReply::Stats(stats) = c.call(&AdminRequest::Stats {
-        name: None,
-        qp: None,
-    })?
-    else {
-        bail!("unexpected reply to Stats");
-    };
+    let (stats, list) = c.stats_and_list()?;
     Ok(Reading {
         at: Instant::now(),
         list,

@@ -1,8 +1,9 @@
 //! The operator's hand on a running tenant: `vrnic qp kill NAME QPN` moves one QP to the error
-//! state (its app's work requests flush, its peer, on this host or another, fails within its
-//! retry budget, another QP of the same vRNIC carries on), and `vrnic rm` refuses a vRNIC in use unless `--force`, which
-//! tells each app the truth (`IBV_EVENT_DEVICE_FATAL`, a driver log line naming the removal).
-//! Unmodified ibverbs-utils (`ibv_rc_pingpong`, `ibv_asyncwatch`) under the driver library.
+//! state (its app's work requests flush; its peer, on this host or another, fails within its
+//! retry budget once it sends to it; another QP of the same vRNIC carries on), and `vrnic rm`
+//! refuses a vRNIC in use unless `--force`, which tells each app the truth
+//! (`IBV_EVENT_DEVICE_FATAL`, a driver log line naming the removal). Unmodified ibverbs-utils
+//! and perftest (`ibv_rc_pingpong`, `ibv_asyncwatch`, `ib_write_bw`) under the driver library.
 
 mod common;
 
@@ -58,6 +59,82 @@ fn until(
     panic!("no line as expected within {limit:?}; saw {seen:#?}");
 }
 
+/// A client `make` starts, its lines read as they come: started again while it exits at once
+/// (its server does not listen yet), for at most 30 s.
+fn client_of(
+    mut make: impl FnMut() -> std::process::Command,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let start = Instant::now();
+    loop {
+        let (mut child, rx) = spawn_lines(make());
+        std::thread::sleep(Duration::from_millis(300));
+        match child.try_wait() {
+            Ok(Some(_)) if start.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(Some(s)) => panic!("the client exited: {s}"),
+            _ => return (child, rx),
+        }
+    }
+}
+
+/// A pingpong that would run for minutes: its server on vRNIC `s` of `ds`, its client on `c`
+/// of `dc` (reaching `addr`), the client's lines read as they come. Returns the server, the
+/// client, its lines, and the client's QP number as it printed it.
+fn long_pingpong(
+    (ds, s): (&Daemon, &str),
+    (dc, c): (&Daemon, &str),
+    addr: &str,
+) -> (
+    Proc,
+    std::process::Child,
+    std::sync::mpsc::Receiver<String>,
+    String,
+) {
+    let p = port().to_string();
+    let long = ["ibv_rc_pingpong", "-n", "100000000", "-p", &p];
+    let server = Proc::spawn(ds.run_on(Some(s), &long), "server");
+    let mut client_args = vec!["stdbuf", "-oL"];
+    client_args.extend(long);
+    client_args.push(addr);
+    let (client, rx) = client_of(|| dc.run_on(Some(c), &client_args));
+    let seen = until(&rx, LIMIT, |l| l.contains("local address"));
+    let qpn = seen
+        .last()
+        .and_then(|l| l.split("QPN ").nth(1))
+        .and_then(|r| r.split(',').next())
+        .expect("the client's QPN")
+        .to_string();
+    (server, client, rx, qpn)
+}
+
+/// After `vrnic qp kill` of the client's QP: the client's work flushes, and the server, its
+/// peer, gets no more answers, so its retries run out (ibv_rc_pingpong's timeout 14,
+/// retry_cnt 7: about half a second of budget) and its QP goes to error: the first failed
+/// completion it polls is its send's `RETRY_EXC_ERR`, or its receive's flush when that came
+/// first in its batch.
+fn assert_killed(
+    rx: &std::sync::mpsc::Receiver<String>,
+    mut client: std::process::Child,
+    server: Proc,
+) {
+    let seen = until(rx, LIMIT, |l| l.contains("Failed status"));
+    assert!(
+        seen.last()
+            .is_some_and(|l| l.contains("Work Request Flushed Error (5)")),
+        "{seen:#?}"
+    );
+    let _ = client.wait();
+    let srv = server.wait_bounded(Duration::from_secs(20));
+    assert!(
+        !srv.ok()
+            && (srv.stderr.contains("transport retry counter exceeded (12)")
+                || srv.stderr.contains("Work Request Flushed Error (5)")),
+        "{}",
+        srv.text()
+    );
+}
+
 #[test]
 fn a_killed_qp_flushes_its_work_its_peer_fails_and_its_vrnics_other_qp_carries_on() {
     require("ibv_rc_pingpong");
@@ -66,30 +143,7 @@ fn a_killed_qp_flushes_its_work_its_peer_fails_and_its_vrnics_other_qp_carries_o
     for n in ["s", "c"] {
         d.create(n);
     }
-    // A pingpong that would run for minutes, the client's addresses printed as they come.
-    let p = port().to_string();
-    let long = ["ibv_rc_pingpong", "-n", "100000000", "-p", &p];
-    let server = Proc::spawn(d.run_on(Some("s"), &long), "server");
-    let mut client_args = vec!["stdbuf", "-oL"];
-    client_args.extend(long);
-    client_args.push("127.0.0.1");
-    let start = Instant::now();
-    let (mut client, rx) = loop {
-        let (mut child, rx) = spawn_lines(d.run_on(Some("c"), &client_args));
-        std::thread::sleep(Duration::from_millis(300));
-        match child.try_wait() {
-            Ok(Some(_)) if start.elapsed() < Duration::from_secs(30) => continue,
-            Ok(Some(s)) => panic!("the client exited: {s}"),
-            _ => break (child, rx),
-        }
-    };
-    let seen = until(&rx, LIMIT, |l| l.contains("local address"));
-    let qpn = seen
-        .last()
-        .and_then(|l| l.split("QPN ").nth(1))
-        .and_then(|r| r.split(',').next())
-        .expect("the client's QPN")
-        .to_string();
+    let (server, client, rx, qpn) = long_pingpong((&d, "s"), (&d, "c"), "127.0.0.1");
 
     // Another pair on the same two vRNICs, started before the kill and running through it.
     let p2 = port().to_string();
@@ -120,25 +174,7 @@ fn a_killed_qp_flushes_its_work_its_peer_fails_and_its_vrnics_other_qp_carries_o
     let killed = Instant::now();
     let out = d.cli_output(&["qp", "kill", "c", &qpn]);
     assert!(out.ok(), "{}", out.text());
-    let seen = until(&rx, LIMIT, |l| l.contains("Failed status"));
-    assert!(
-        seen.last()
-            .is_some_and(|l| l.contains("Work Request Flushed Error (5)")),
-        "{seen:#?}"
-    );
-    let _ = client.wait();
-    // The peer: no answers any more, so its retries run out (ibv_rc_pingpong's timeout 14,
-    // retry_cnt 7: about half a second of budget) and its QP goes to error: the first failed
-    // completion it polls is its send's `RETRY_EXC_ERR`, or its receive's flush when that
-    // came first in its batch.
-    let srv = server.wait_bounded(Duration::from_secs(20));
-    assert!(
-        !srv.ok()
-            && (srv.stderr.contains("transport retry counter exceeded (12)")
-                || srv.stderr.contains("Work Request Flushed Error (5)")),
-        "{}",
-        srv.text()
-    );
+    assert_killed(&rx, client, server);
     assert!(killed.elapsed() < Duration::from_secs(10));
     let (oc, os) = (other_c.wait_bounded(LIMIT), other.wait_bounded(LIMIT));
     assert!(
@@ -194,54 +230,52 @@ fn rm_force_tells_each_app_its_device_is_gone() {
     assert!(log.contains("vRNIC removed by force"), "{log}");
 }
 
+/// Across hosts a peer learns nothing of a QP's fate until it sends to it (as with an RNIC):
+/// here the killed QP is the responder of an `ib_write_bw`, whose requester, on the other
+/// host, keeps writing to it and fails with `RETRY_EXC_ERR` once its retries run out.
 #[test]
 fn a_qp_killed_on_one_host_fails_its_peer_on_another() {
-    require("ibv_rc_pingpong");
+    require("ib_write_bw");
     require("stdbuf");
     let hosts = common::hosts::Hosts::new(2);
     let ds = hosts.daemons(Duration::from_secs(20));
     ds[0].create("s");
     ds[1].create("c");
-    let p = port().to_string();
-    let long = ["ibv_rc_pingpong", "-n", "100000000", "-p", &p];
-    let server = Proc::spawn(ds[0].run_on(Some("s"), &long), "server");
     let addr = hosts.addr(0);
-    let mut client_args = vec!["stdbuf", "-oL"];
-    client_args.extend(long);
+    let p = port().to_string();
+    let args = ["ib_write_bw", "-s", "65536", "-D", "60", "-p", &p];
+    let mut server_args = vec!["stdbuf", "-oL"];
+    server_args.extend(args);
+    let (mut server, srx) = spawn_lines(ds[0].run_on(Some("s"), &server_args));
+    let mut client_args = vec!["stdbuf", "-oL", "-eL"];
+    client_args.extend(args);
     client_args.push(&addr);
-    let start = Instant::now();
-    let (mut client, rx) = loop {
-        let (mut child, rx) = spawn_lines(ds[1].run_on(Some("c"), &client_args));
-        std::thread::sleep(Duration::from_millis(300));
-        match child.try_wait() {
-            Ok(Some(_)) if start.elapsed() < Duration::from_secs(30) => continue,
-            Ok(Some(s)) => panic!("the client exited: {s}"),
-            _ => break (child, rx),
-        }
-    };
-    let seen = until(&rx, LIMIT, |l| l.contains("local address"));
+    let (mut client, crx) = client_of(|| ds[1].run_on(Some("c"), &client_args));
+    let seen = until(&srx, LIMIT, |l| l.contains("local address"));
     let qpn = seen
         .last()
         .and_then(|l| l.split("QPN ").nth(1))
-        .and_then(|r| r.split(',').next())
-        .expect("the client's QPN")
+        .and_then(|r| r.split_whitespace().next())
+        .expect("the server's QPN")
         .to_string();
-    std::thread::sleep(Duration::from_millis(300));
-    let out = ds[1].cli_output(&["qp", "kill", "c", &qpn]);
+    until(&crx, LIMIT, |l| l.contains("#bytes"));
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = Instant::now();
+    let out = ds[0].cli_output(&["qp", "kill", "s", &qpn]);
     assert!(out.ok(), "{}", out.text());
-    let seen = until(&rx, LIMIT, |l| l.contains("Failed status"));
+    let seen = until(&crx, Duration::from_secs(20), |l| {
+        l.contains("Failed status")
+    });
     assert!(
-        seen.last()
-            .is_some_and(|l| l.contains("Work Request Flushed Error (5)")),
+        seen.last().is_some_and(|l| l.contains("Failed status 12")),
         "{seen:#?}"
     );
-    let _ = client.wait();
-    let srv = server.wait_bounded(Duration::from_secs(20));
     assert!(
-        !srv.ok()
-            && (srv.stderr.contains("transport retry counter exceeded (12)")
-                || srv.stderr.contains("Work Request Flushed Error (5)")),
-        "{}",
-        srv.text()
+        killed.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        killed.elapsed()
     );
+    let _ = client.wait();
+    let _ = server.kill();
+    let _ = server.wait();
 }
