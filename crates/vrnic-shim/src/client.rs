@@ -67,6 +67,39 @@ macro_rules! vlog {
 }
 pub(crate) use vlog;
 
+/// Why attaching failed, on stderr: always where the environment names a vRNIC
+/// (`$VRNIC_DEVICE`, as `vrnic run` sets it, or a container's device mount, as `vrnic
+/// docker-args` makes it: the app was meant to have one, and "No IB devices found" alone would
+/// hide why), else only with `VRNIC_LOG`. Each
+/// distinct line once per process (apps list devices more than once).
+pub fn attach_failed(msg: std::fmt::Arguments<'_>) {
+    let named = std::env::var_os(DEVICE_ENV).is_some_and(|d| !d.is_empty())
+        || Path::new(CONTAINER_DEVICE_DIR).join("region").exists();
+    if !(named || log_enabled()) {
+        return;
+    }
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let line = msg.to_string();
+    if let Ok(mut said) = SAID.lock() {
+        if said.contains(&line) {
+            return;
+        }
+        said.push(line.clone());
+    }
+    eprintln!("vrnic: {line}");
+}
+
+/// The error and its causes, `: `-joined.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
 /// A vRNIC this process can attach to.
 #[derive(Debug, Clone)]
 pub struct Device {
@@ -99,14 +132,27 @@ pub fn discover() -> Vec<Device> {
         } else {
             read_header(&path, &path, None)
         };
-        if dev.is_none() {
-            vlog!("no vRNIC at {} (from ${DEVICE_ENV})", path.display());
-        }
-        return dev.into_iter().collect();
+        return match dev {
+            Ok(d) => vec![d],
+            Err(why) => {
+                attach_failed(format_args!(
+                    "no vRNIC at {} (from ${DEVICE_ENV}): {why}",
+                    path.display()
+                ));
+                Vec::new()
+            }
+        };
     }
     let container = PathBuf::from(CONTAINER_DEVICE_DIR);
     if container.join("region").exists() {
-        return from_dir(container).into_iter().collect();
+        let at = container.display().to_string();
+        return match from_dir(container) {
+            Ok(d) => vec![d],
+            Err(why) => {
+                attach_failed(format_args!("no vRNIC at {at}: {why}"));
+                Vec::new()
+            }
+        };
     }
     let guest = pci_devices();
     if guest.is_empty() {
@@ -132,23 +178,48 @@ fn pci_devices() -> Vec<Device> {
         })
         .filter_map(|d| {
             let bar = d.join("resource2");
-            read_header(&d, &bar, None)
+            read_header(&d, &bar, None).ok()
         })
         .collect()
 }
 
-/// Reads a region's header (by mapping it: a PCI BAR cannot be `read`).
-fn read_header(dir: &Path, region: &Path, socket: Option<PathBuf>) -> Option<Device> {
-    let r = Region::open(region).ok()?;
+/// Reads a region's header (by mapping it: a PCI BAR cannot be `read`); why not, in words.
+fn read_header(dir: &Path, region: &Path, socket: Option<PathBuf>) -> Result<Device, String> {
+    if !region.exists() && !dir.exists() {
+        return Err(
+            "no such file or directory (is the vRNIC's directory visible to this \
+                    process? a daemon in a mount namespace of its own makes its vRNICs \
+                    invisible outside it)"
+                .into(),
+        );
+    }
+    let r = Region::open(region).map_err(|e| match &e {
+        vrnic_shm::RegionError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            format!(
+                "{}: permission denied (the daemon's vRNICs are its user's: run as that user, or \
+                 as root for root's daemon)",
+                region.display()
+            )
+        }
+        vrnic_shm::RegionError::Format(_) => format!(
+            "{} is not a vRNIC region, or one of another vrnic version than this driver \
+             library's",
+            region.display()
+        ),
+        _ => chain(&e),
+    })?;
     let mut name_raw = [0u8; hdr::NAME_LEN];
-    r.read_bytes(hdr::NAME, &mut name_raw).ok()?;
+    r.read_bytes(hdr::NAME, &mut name_raw)
+        .map_err(|e| chain(&e))?;
     let end = name_raw
         .iter()
         .position(|&b| b == 0)
         .unwrap_or(name_raw.len());
     let name = String::from_utf8_lossy(&name_raw[..end]).into_owned();
-    let guid = r.read_u64(hdr::GUID).ok()?;
-    Some(Device {
+    let guid = r.read_u64(hdr::GUID).map_err(|e| chain(&e))?;
+    Ok(Device {
         dir: dir.to_path_buf(),
         region: region.to_path_buf(),
         socket,
@@ -726,7 +797,11 @@ fn forked_notifier(conn: std::sync::Weak<Conn>) {
 /// Connects a vRNIC's socket and reads the mailbox the daemon assigns.
 fn connect(sock: &Path) -> Result<(UnixStream, Mailbox), i32> {
     let mut stream = UnixStream::connect(sock).map_err(|e| {
-        vlog!("cannot reach the vrnic daemon at {}: {e}", sock.display());
+        attach_failed(format_args!(
+            "cannot reach the vrnic daemon at {}: {e} (is `vrnic serve` running, and is its \
+             socket yours to use?)",
+            sock.display()
+        ));
         libc::ENODEV
     })?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
@@ -745,7 +820,11 @@ fn connect(sock: &Path) -> Result<(UnixStream, Mailbox), i32> {
 
 fn open_region(path: &Path) -> Result<Region, i32> {
     Region::open(path).map_err(|e| {
-        vlog!("cannot map the vRNIC region: {e}");
+        attach_failed(format_args!(
+            "cannot map the vRNIC region {}: {}",
+            path.display(),
+            chain(&e)
+        ));
         libc::ENODEV
     })
 }

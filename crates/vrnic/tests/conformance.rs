@@ -281,3 +281,76 @@ fn ls_shows_lid_gid_and_qp_counts_of_a_running_app() {
         !ls.contains("lsnic")
     });
 }
+
+/// Where the environment names a vRNIC (`$VRNIC_DEVICE`) and attaching fails, the driver says
+/// why on stderr, without `VRNIC_LOG`: nothing there (and that a daemon in a mount namespace of
+/// its own hides its vRNICs), not a region (or another version's), permission denied (another
+/// user's daemon), no daemon answering; without the variable it stays silent.
+#[test]
+fn a_failed_attach_says_why() {
+    require("ibv_devinfo");
+    let driver = common::vrnic_bin().with_file_name("libvrnic_shim.so");
+    let devinfo = |device: Option<&str>, user: Option<&str>| {
+        let mut c = match user {
+            Some(u) => {
+                let mut c = std::process::Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={u}"),
+                    &format!("--regid={u}"),
+                    "--clear-groups",
+                    "ibv_devinfo",
+                ]);
+                c
+            }
+            None => std::process::Command::new("ibv_devinfo"),
+        };
+        c.env("LD_PRELOAD", &driver).env_remove("VRNIC_LOG");
+        match device {
+            Some(d) => c.env("VRNIC_DEVICE", d),
+            None => c.env_remove("VRNIC_DEVICE"),
+        };
+        output(c, "ibv_devinfo", CLI)
+    };
+    let out = devinfo(Some("/nonexistent-vrnic"), None);
+    assert!(
+        !out.ok()
+            && out
+                .stderr
+                .contains("no vRNIC at /nonexistent-vrnic (from $VRNIC_DEVICE)")
+            && out.stderr.contains("mount namespace"),
+        "{}",
+        out.text()
+    );
+    let out = devinfo(Some("/etc/hostname"), None);
+    assert!(
+        out.stderr.contains("is not a vRNIC region"),
+        "{}",
+        out.text()
+    );
+    let out = devinfo(None, None);
+    assert!(!out.stderr.contains("vrnic:"), "{}", out.text());
+
+    let d = Daemon::start();
+    d.create("p");
+    let dir = d.dir.join("p");
+    let dir = dir.to_str().expect("utf-8");
+    // The state dir's parents must be searchable by nobody for the region's own mode to speak.
+    let out = devinfo(Some(dir), Some("65534"));
+    assert!(
+        out.stderr.contains("permission denied") && out.stderr.contains("daemon"),
+        "{}",
+        out.text()
+    );
+    // A vRNIC directory whose daemon was killed: its socket refuses. (A restarted daemon then
+    // removes what the dead one left.)
+    let mut d = d;
+    d.kill();
+    let out = devinfo(Some(dir), None);
+    assert!(
+        out.stderr.contains("cannot reach the vrnic daemon") && out.stderr.contains("vrnic serve"),
+        "{}",
+        out.text()
+    );
+    d.restart();
+    d.stop();
+}
