@@ -143,10 +143,6 @@ fn rate(n: f64) -> String {
     format!("{n:.0}")
 }
 
-fn limit(v: Option<u64>) -> String {
-    v.map_or("-".into(), |v| rate(v as f64))
-}
-
 /// The table between two readings (rates over the time between them).
 fn table(last: &Reading, now: &Reading, footer: Option<&str>) -> String {
     let dt = now.at.duration_since(last.at).as_secs_f64().max(1e-3);
@@ -183,8 +179,8 @@ fn table(last: &Reading, now: &Reading, footer: Option<&str>) -> String {
             rate(d(a.rx_bytes, b.rx_bytes)),
             rate(d(a.errors, b.errors)),
             (d(a.qos_us, b.qos_us) / 1e4).min(100.0),
-            limit(v.max_bw),
-            limit(v.max_rate)
+            crate::rate_string(v.max_bw),
+            crate::rate_string(v.max_rate)
         ));
     }
     if list.is_empty() {

@@ -224,7 +224,7 @@ impl Server {
                 }
             }
             AdminRequest::Remove { name, force } => {
-                let who = self.admins.get(&conn).map_or("?", |c| c.who.as_str());
+                let who = self.who(conn);
                 match self.vnics.iter().find(|(_, v)| v.name == name) {
                     Some((&id, v)) => {
                         let users = v.holders + v.contexts.len();
@@ -256,10 +256,7 @@ impl Server {
                 }
             }
             AdminRequest::KillQp { name, qpn } => {
-                let who = self
-                    .admins
-                    .get(&conn)
-                    .map_or_else(|| "?".to_string(), |c| c.who.clone());
+                let who = self.who(conn);
                 match self.vnics.iter().find(|(_, v)| v.name == name) {
                     Some((&id, _)) => match self.kill_qp(id, qpn) {
                         Ok(()) => {
@@ -346,6 +343,13 @@ impl Server {
             }
             _ => AdminReply::Err("unsupported admin request".into()),
         })
+    }
+
+    /// Who is at the other end of admin connection `conn` (`pid N uid N`), for the log.
+    fn who(&self, conn: u64) -> String {
+        self.admins
+            .get(&conn)
+            .map_or_else(|| "?".to_string(), |c| c.who.clone())
     }
 
     pub(super) fn close_admin(&mut self, id: u64) {

@@ -331,6 +331,11 @@ impl Server {
                 Some((snake(&format!("{s:?}")), n))
             })
             .collect();
+        // The limit is the vRNIC's: a QP's counters say nothing of it.
+        let waited = match qpn {
+            None => v.limit.waited(),
+            Some(_) => Default::default(),
+        };
         Some(vrnic_api::VnicStats {
             name: v.name.clone(),
             group: self.directory.group_name(v.group).to_string(),
@@ -341,13 +346,8 @@ impl Server {
             rnr_naks: m.rnr_naks,
             naks: m.naks,
             ud_dropped: m.ud_dropped,
-            // The limit is the vRNIC's: a QP's counters say nothing of it.
-            qos_waits: if qpn.is_none() { v.limit.waited().0 } else { 0 },
-            qos_waited_us: if qpn.is_none() {
-                u64::try_from(v.limit.waited().1.as_micros()).unwrap_or(u64::MAX)
-            } else {
-                0
-            },
+            qos_waits: waited.0,
+            qos_waited_us: u64::try_from(waited.1.as_micros()).unwrap_or(u64::MAX),
         })
     }
 
@@ -355,14 +355,15 @@ impl Server {
     /// live: its next turn on any engine follows them.
     pub(super) fn set_policy(&mut self, id: VnicId, change: vrnic_api::PolicyChange) {
         let Some(v) = self.vnics.get(&id) else { return };
-        let mut p = v.limit.policy();
+        let before = v.limit.policy();
+        let mut p = before;
         if let Some(b) = change.max_bw {
             p.max_bw = (b != 0).then_some(b);
         }
         if let Some(r) = change.max_rate {
             p.max_rate = (r != 0).then_some(r);
         }
-        if p != v.limit.policy() {
+        if p != before {
             v.limit.set(p);
             info!(
                 vnic = v.name,
@@ -375,6 +376,7 @@ impl Server {
 
     pub(super) fn summary(&self, id: VnicId) -> Option<VnicSummary> {
         let v = self.vnics.get(&id)?;
+        let policy = v.limit.policy();
         Some(VnicSummary {
             name: v.name.clone(),
             lid: v.lid,
@@ -390,8 +392,8 @@ impl Server {
             group: self.directory.group_name(v.group).to_string(),
             ip: v.vip.to_string(),
             engine: v.shard,
-            max_bw: v.limit.policy().max_bw,
-            max_rate: v.limit.policy().max_rate,
+            max_bw: policy.max_bw,
+            max_rate: policy.max_rate,
         })
     }
 }
