@@ -632,6 +632,11 @@ pub struct VnicStats {
     #[serde(default)]
     /// See `qos_waits`.
     pub qos_waited_us: u64,
+    /// Bytes the engine copied into its regions' memory (or read out of them into a frame
+    /// for another host), one count per copy: a byte that reaches a vRNIC of this daemon
+    /// moves once, whichever engine threads the two ends are on.
+    #[serde(default)]
+    pub copied: u64,
 }
 
 /// One peer link in a listing.

@@ -239,6 +239,43 @@ pub trait Memory {
     fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused>;
 }
 
+/// The other engines of this daemon (its engine threads), as a driver lets an engine reach
+/// them while it runs a turn ([`Engine::turn_with`]). An engine names them as hosts
+/// ([`Engine::set_siblings`]); a work request whose destination is on one of them is executed
+/// by the engine that took it, to the end, as if both QPs were its own: the sibling's
+/// responder checks and places it inside `f`, the payload copied once, straight from one
+/// region into the other. No frame, PSN window or ACK goes between engines of one daemon.
+pub trait Siblings {
+    /// Runs `f` with the engine that serves sibling host `host` (held for the call, so no
+    /// other thread changes it meanwhile) and a [`Memory`] that reaches both engines'
+    /// regions. With `recv_for` (the request takes a receive at QP number `recv_for`), the
+    /// driver first hands that engine the receives posted to that QP's queue or SRQ since its
+    /// last look, if it holds none ([`Engine::starving`]), as a pass of its own would.
+    /// `false`, without calling `f`, if that engine is busy now (another thread holds it): the
+    /// work request waits for the next pass ([`Engine::has_deferred`]).
+    fn with(
+        &mut self,
+        host: HostId,
+        recv_for: Option<u32>,
+        f: &mut dyn FnMut(&mut Engine, &mut dyn Memory),
+    ) -> bool;
+}
+
+/// No sibling engines (a daemon with one engine, or a test): a destination on one is never
+/// reached.
+pub struct NoSiblings;
+
+impl Siblings for NoSiblings {
+    fn with(
+        &mut self,
+        _: HostId,
+        _: Option<u32>,
+        _: &mut dyn FnMut(&mut Engine, &mut dyn Memory),
+    ) -> bool {
+        false
+    }
+}
+
 /// A copy, write or read that [`Memory`] could not make. The work request it served completes
 /// with an error: the responder answers Remote Operational Error (the requester sees
 /// `IBV_WC_REM_OP_ERR`) and a receive it took, or a requester's own READ or atomic result,

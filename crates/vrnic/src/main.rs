@@ -622,6 +622,12 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                     s.qos_waits,
                     s.qos_waited_us
                 );
+                if s.qpn.is_none() {
+                    say!(
+                        "  copied {} bytes (by the engine, into or out of its regions)",
+                        s.copied
+                    );
+                }
             }
             Ok(())
         }

@@ -220,7 +220,7 @@ fn a_tenant_that_truncates_its_region_loses_only_its_vrnic() {
 }
 
 /// The same with two engine threads: the tenant's vRNIC and its peer's on different ones, so
-/// the fault comes on an engine thread, and the peer's QP fails over the frames between them.
+/// the fault may come on either engine thread (a request executes on the thread that took it).
 #[test]
 fn a_tenant_that_truncates_its_region_under_an_engine_thread_loses_only_its_vrnic() {
     truncated_region_loses_only_its_vrnic(&["--region-gib", "1", "--engine-threads", "2"]);

@@ -6,45 +6,64 @@ use super::*;
 use std::sync::Arc;
 
 use super::shard::{Bell, Lane, QpSlot, Shard};
+use super::siblings::SiblingShards;
 
 use std::sync::atomic::AtomicU64;
 use vrnic_proto::{HostId, MemoryRefused, PASS_BYTES, PASS_WRS, Sender};
 use vrnic_wire::frame::FrameRepr;
 
-/// The engine's view of region memory: every vRNIC's region, by id. It remembers the last
+/// The engine's view of region memory: every vRNIC's region of its shard, by id, and, while
+/// a pass executes a request on a sibling shard, that shard's too. It remembers the last
 /// region it found for a source and for a destination, so the runs of one segment (often many,
-/// all in the same two regions) cost no lookups after the first.
+/// all in the same two regions) cost no lookups after the first. Each copy, write or read is
+/// counted on the lane of the region it writes into (a read, on the one it reads): what
+/// `vrnic stats` calls the bytes the engine copied.
 pub(super) struct Mem<'a> {
     lanes: &'a FxHashMap<VnicId, Lane>,
-    src: Option<(VnicId, &'a Arc<Region>)>,
-    dst: Option<(VnicId, &'a Arc<Region>)>,
+    /// A sibling shard's lanes (looked up when a vRNIC is not in `lanes`).
+    more: Option<&'a FxHashMap<VnicId, Lane>>,
+    src: Option<(VnicId, &'a Lane)>,
+    dst: Option<(VnicId, &'a Lane)>,
 }
 
 impl<'a> Mem<'a> {
     pub(super) fn new(lanes: &'a FxHashMap<VnicId, Lane>) -> Self {
         Mem {
             lanes,
+            more: None,
             src: None,
             dst: None,
         }
     }
 
-    /// The region of `vnic`, as a source of bytes.
-    pub(super) fn source(&mut self, vnic: VnicId) -> Option<&'a Arc<Region>> {
-        Self::region(self.lanes, &mut self.src, vnic)
+    /// The regions of two shards: this pass's and a sibling's it holds.
+    pub(super) fn pair(
+        lanes: &'a FxHashMap<VnicId, Lane>,
+        more: &'a FxHashMap<VnicId, Lane>,
+    ) -> Self {
+        Mem {
+            more: Some(more),
+            ..Mem::new(lanes)
+        }
     }
 
-    fn region(
+    /// The region of `vnic`, as a source of bytes.
+    pub(super) fn source(&mut self, vnic: VnicId) -> Option<&'a Arc<Region>> {
+        Self::lane(self.lanes, self.more, &mut self.src, vnic).map(|l| &l.region)
+    }
+
+    fn lane(
         lanes: &'a FxHashMap<VnicId, Lane>,
-        last: &mut Option<(VnicId, &'a Arc<Region>)>,
+        more: Option<&'a FxHashMap<VnicId, Lane>>,
+        last: &mut Option<(VnicId, &'a Lane)>,
         id: VnicId,
-    ) -> Option<&'a Arc<Region>> {
+    ) -> Option<&'a Lane> {
         match *last {
-            Some((v, r)) if v == id => Some(r),
+            Some((v, l)) if v == id => Some(l),
             _ => {
-                let r = &lanes.get(&id)?.region;
-                *last = Some((id, r));
-                Some(r)
+                let l = lanes.get(&id).or_else(|| more?.get(&id))?;
+                *last = Some((id, l));
+                Some(l)
             }
         }
     }
@@ -52,26 +71,31 @@ impl<'a> Mem<'a> {
 
 impl Memory for Mem<'_> {
     fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
-        let s = Self::region(self.lanes, &mut self.src, src.vnic);
-        let d = Self::region(self.lanes, &mut self.dst, dst.vnic);
+        let s = Self::lane(self.lanes, self.more, &mut self.src, src.vnic);
+        let d = Self::lane(self.lanes, self.more, &mut self.dst, dst.vnic);
         let (Some(s), Some(d)) = (s, d) else {
             return refused(&format!("copy between unknown vRNICs {src:?} -> {dst:?}"));
         };
-        Region::copy(s, src.off, d, dst.off, len as u64)
+        d.count_copy(len);
+        Region::copy(&s.region, src.off, &d.region, dst.off, len as u64)
             .or_else(|e| refused(&format!("engine copy refused: {e}")))
     }
     fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
-        let Some(d) = Self::region(self.lanes, &mut self.dst, dst.vnic) else {
+        let Some(d) = Self::lane(self.lanes, self.more, &mut self.dst, dst.vnic) else {
             return refused(&format!("write to an unknown vRNIC {dst:?}"));
         };
-        d.write_bytes(dst.off, data)
+        d.count_copy(data.len());
+        d.region
+            .write_bytes(dst.off, data)
             .or_else(|e| refused(&format!("engine write refused: {e}")))
     }
     fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
-        let Some(s) = Self::region(self.lanes, &mut self.src, src.vnic) else {
+        let Some(s) = Self::lane(self.lanes, self.more, &mut self.src, src.vnic) else {
             return refused(&format!("read of an unknown vRNIC {src:?}"));
         };
-        s.read_bytes(src.off, out)
+        s.count_copy(out.len());
+        s.region
+            .read_bytes(src.off, out)
             .or_else(|e| refused(&format!("engine read refused: {e}")))
     }
 }
@@ -221,7 +245,12 @@ impl Shard {
     /// for the turn under way, not for the rest of the pass. Frames the engine made for other
     /// hosts (or shards) go to `frames` after the turn that made them, not at the end of the
     /// pass: the link carries a steady stream, not bursts. Returns whether anything happened.
-    pub(super) fn engine_pass(&mut self, now: Instant, frames: &mut dyn Frames) -> bool {
+    pub(super) fn engine_pass(
+        &mut self,
+        now: Instant,
+        frames: &mut dyn Frames,
+        mut sibs: Option<&mut SiblingShards<'_>>,
+    ) -> bool {
         // What a look costs grows with the vRNICs (a header page each, and a cache line to
         // take back from every app that posts).
         let start = Instant::now();
@@ -243,13 +272,21 @@ impl Shard {
             .max(1.0) as u32;
         let (mut wrs, mut bytes, mut since) = (0usize, 0u64, 0u32);
         while wrs < PASS_WRS && bytes < PASS_BYTES {
-            let Some(t) = self.engine.turn(now, &mut Mem::new(&self.lanes)) else {
+            let mem = &mut Mem::new(&self.lanes);
+            let turn = match sibs.as_deref_mut() {
+                Some(s) => self.engine.turn_with(now, mem, &mut s.reach(&self.lanes)),
+                None => self.engine.turn(now, mem),
+            };
+            let Some(t) = turn else {
                 break;
             };
             work |= t.did;
             wrs += t.wrs;
             bytes = bytes.saturating_add(t.bytes);
             work |= self.publish();
+            if let Some(s) = sibs.as_deref_mut() {
+                work |= s.publish();
+            }
             if self.engine.has_transmit() {
                 work |= frames.send(&mut self.engine, &mut Mem::new(&self.lanes));
             }
@@ -375,7 +412,7 @@ impl Shard {
 
     /// Hands back what the engine produced: retired indices, completions, async events and
     /// the wake-ups they call for. Returns whether there was anything.
-    fn publish(&mut self) -> bool {
+    pub(super) fn publish(&mut self) -> bool {
         let mut work = false;
         // Retired indices first, completions second: an app that sees a completion must also
         // see the ring slot it frees (perftest posts again as soon as it polls one).
@@ -446,6 +483,24 @@ impl Shard {
             }
         }
         work
+    }
+
+    /// Before a sibling's pass executes a request that takes a receive of QP number `qpn`:
+    /// if its receive queue (or SRQ) holds none in the engine, the receives its app posted
+    /// since this shard's last look are taken now, as this shard's own pass would.
+    pub(super) fn take_receives(&mut self, now: Instant, qpn: u32) {
+        match self.engine.starving(qpn) {
+            Some((_, Some(srq))) => {
+                self.fetch_srq(srq);
+            }
+            Some((qp, None)) => {
+                let mut work = false;
+                if self.fetch_qp(now, qp, &mut work) {
+                    self.carry_on(Bell::Qp(qp));
+                }
+            }
+            None => {}
+        }
     }
 
     /// Takes new work requests from a QP's send and receive rings into the engine (copied out

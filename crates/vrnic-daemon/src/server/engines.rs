@@ -210,8 +210,8 @@ impl Server {
         let cell = self.shard0();
         let mut sh = cell.lock();
         let worked = match &mut self.peers {
-            Some(p) => sh.engine_pass(now, &mut p.frames(now)),
-            None => sh.engine_pass(now, &mut NoFrames),
+            Some(p) => sh.engine_pass(now, &mut p.frames(now), None),
+            None => sh.engine_pass(now, &mut NoFrames, None),
         };
         drop(sh);
         self.drain_outbox(&cell);
@@ -228,10 +228,14 @@ impl Server {
         {
             let mut guard = cell.lock();
             let sh = &mut *guard;
-            let mut frames = ShardFrames::of(cell, t, &self.shards);
-            sh.engine_pass(now, &mut frames);
+            let mut frames = ShardFrames::of(t);
+            // Without its siblings: a request for one waits for the engine thread's pass.
+            sh.engine_pass(now, &mut frames, None);
             if sh.engine.has_transmit() {
                 frames.send(&mut sh.engine, &mut Mem::new(&sh.lanes));
+            }
+            if sh.engine.has_deferred() {
+                cell.wake();
             }
         }
         self.drain_outbox(cell);

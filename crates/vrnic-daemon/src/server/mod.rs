@@ -62,6 +62,7 @@ mod peers;
 mod registry;
 mod resize;
 mod shard;
+mod siblings;
 mod threads;
 
 pub use cluster::{ClusterOptions, DEFAULT_TTL_S};

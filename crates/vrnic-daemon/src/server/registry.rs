@@ -284,12 +284,17 @@ impl Server {
     /// `--spread-qps`).
     pub(super) fn stats(&self, id: VnicId) -> Option<vrnic_api::VnicStats> {
         let mut m = vrnic_proto::Meter::default();
+        let mut copied = 0u64;
         for cell in self.slices_of(id) {
-            if let Some(s) = cell.lock().engine.meter(id) {
+            let sh = cell.lock();
+            if let Some(s) = sh.engine.meter(id) {
                 m.add(&s);
             }
+            copied += sh.lanes.get(&id).map_or(0, |l| l.copied());
         }
-        self.stats_of(id, None, &m)
+        let mut s = self.stats_of(id, None, &m)?;
+        s.copied = copied;
+        Some(s)
     }
 
     /// The counters of QP number `qpn` of vRNIC `id` (from the engine that holds it).
@@ -348,6 +353,7 @@ impl Server {
             ud_dropped: m.ud_dropped,
             qos_waits: waited.0,
             qos_waited_us: u64::try_from(waited.1.as_micros()).unwrap_or(u64::MAX),
+            copied: 0,
         })
     }
 

@@ -12,6 +12,7 @@
 //! thread runs the passes itself and the lock is never contended; with more, each shard has an
 //! engine thread of its own (`threads.rs`).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::Thread;
@@ -97,6 +98,10 @@ pub(super) struct Lane {
     /// A slice (not the home lane): its doorbells come handed on here; it never takes the
     /// region's bits, nor sets its engine-sleeping word.
     pub(super) inbox: Option<Arc<BellInbox>>,
+    /// Bytes the engine copied into the region (or read out of it, into a frame): one count
+    /// per copy, so a byte that moves twice counts twice (`vrnic stats`: `copied`). A plain
+    /// cell: only the holder of the shard's lock touches it.
+    copied: Cell<u64>,
 }
 
 impl Lane {
@@ -107,7 +112,18 @@ impl Lane {
             free_bells: Vec::new(),
             slices: Vec::new(),
             inbox: None,
+            copied: Cell::new(0),
         }
+    }
+
+    /// Counts a copy of `len` bytes into (or out of) the region.
+    pub(super) fn count_copy(&self, len: usize) {
+        self.copied.set(self.copied.get().wrapping_add(len as u64));
+    }
+
+    /// Bytes copied so far (see [`Lane::copied`]).
+    pub(super) fn copied(&self) -> u64 {
+        self.copied.get()
     }
 
     /// A slice's lane: see [`Lane::inbox`].
@@ -305,8 +321,12 @@ impl Shard {
 /// A shard and what its engine thread and the loop thread share about it.
 pub(super) struct ShardCell {
     state: Mutex<Shard>,
-    /// Control calls waiting for the lock: the engine thread lets them in before its next pass.
+    /// Control calls (and other engine threads, in their ordered phase) waiting for the lock:
+    /// the engine thread lets them in before its next pass.
     want: AtomicU32,
+    /// Its engine thread waits for the lock: other threads' passes do not try to take it
+    /// meanwhile (`siblings.rs`), so they cannot starve it.
+    owner_waiting: AtomicBool,
     /// The engine thread, once started (none: the loop thread runs the passes).
     pub(super) thread: OnceLock<Thread>,
     /// Tells the engine thread to return.
@@ -348,12 +368,13 @@ impl ShardCell {
         shard
             .engine
             .set_qpn_space(index as u32, shards.max(1) as u32);
-        if spread {
+        if spread || shards > 1 {
             shard.engine.set_siblings(shard_host(0));
         }
         Arc::new(ShardCell {
             state: Mutex::new(shard),
             want: AtomicU32::new(0),
+            owner_waiting: AtomicBool::new(false),
             thread: OnceLock::new(),
             stop: AtomicBool::new(false),
             guests: AtomicU32::new(0),
@@ -379,9 +400,27 @@ impl ShardCell {
         while self.want.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
-        self.state
+        self.owner_waiting.store(true, Ordering::SeqCst);
+        let g = self
+            .state
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.owner_waiting.store(false, Ordering::Relaxed);
+        g
+    }
+
+    /// The shard, for another engine thread's pass that executes a request on it, if it can
+    /// be had now: not while it is held, nor while a control call or its own engine thread
+    /// waits for it (they go first).
+    pub(super) fn try_lock_for_sibling(&self) -> Option<MutexGuard<'_, Shard>> {
+        if self.want.load(Ordering::SeqCst) != 0 || self.owner_waiting.load(Ordering::SeqCst) {
+            return None;
+        }
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Wakes its engine thread if it sleeps (nothing if the loop runs its passes).

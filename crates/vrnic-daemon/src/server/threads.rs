@@ -1,12 +1,11 @@
 //! Engine threads (`vrnic serve --engine-threads N`, N > 1): each shard's passes run on a thread
 //! of its own, while the loop thread keeps the sockets, mailboxes and connection manager.
 //!
-//! A shard serves whole vRNICs, so every check inside a vRNIC (PD, MR, window, CQ, SRQ, XRC
-//! domain) stays in one thread. The shards see each other as hosts: a vRNIC of another shard is
-//! known to a shard's engine as a remote vRNIC on that shard's host id ([`shard_host`]), and a
-//! segment to it leaves as a frame, as over a peer link (PSNs, ACKs, NAK and RNR rewind: the
-//! engine's remote path), through a bounded lock-free channel into that shard's inbox. Nothing
-//! is shared for writing between engine threads.
+//! A shard serves whole vRNICs (or, with `--spread-qps`, slices of them), so every check inside
+//! a vRNIC (PD, MR, window, CQ, SRQ, XRC domain) stays in one engine. A work request whose
+//! destination QP is on another shard is executed by the thread that took it, inside that
+//! shard's engine, which its pass holds for the purpose (`siblings.rs`): one copy per byte,
+//! the same checks as on one engine, no frame between threads.
 //!
 //! Peer links stay the loop's: a frame for another host leaves an engine thread through one
 //! channel to the loop, which queues it on its link; a frame from another host goes from the
@@ -15,23 +14,24 @@
 //!
 //! An engine thread spins (yielding the CPU each idle pass) while it has traffic, then, after
 //! [`SPIN_QUIET`], sets its regions' engine-sleeping words, looks once more, and parks until
-//! the loop wakes it (a doorbell or a control call on one of its vRNICs), another shard sends
-//! it a frame, or its engine's next timer is due. What its passes produce for contexts (events,
-//! wake-ups) waits in its outbox, and a mio `Waker` tells the loop thread to hand it on.
+//! the loop wakes it (a doorbell or a control call on one of its vRNICs), a frame from a peer
+//! host arrives in its inbox, another thread leaves it work, or its engine's next timer is
+//! due. What its passes produce for contexts (events, wake-ups) waits in its outbox, and a mio
+//! `Waker` tells the loop thread to hand it on.
 
 use super::*;
 
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 
 use vrnic_proto::HostId;
 use vrnic_wire::frame::{Frame, FrameRepr};
 
 use super::datapath::{Frames, Mem};
-use super::shard::{Shard, host_shard, qpn_shard, shard_host};
+use super::shard::{Shard, host_shard, qpn_shard};
+use super::siblings::SiblingShards;
 
-/// A frame into a shard: where it comes from (another shard's host id, or a peer host's), and
-/// its bytes.
+/// A frame into a shard from a peer host: that host, and the frame's bytes.
 pub(super) type ShardFrame = (HostId, Vec<u8>);
 
 /// A frame from a shard for a peer host: the host, and the frame's bytes.
@@ -39,16 +39,15 @@ pub(super) type PeerFrame = (HostId, Vec<u8>);
 
 /// Frames an engine thread takes from its inbox per pass at most (the rest wait for the next).
 const INBOX_BATCH: usize = 256;
-/// Frames an inbox holds at most. A sender that finds it full drops the frame, as a congested
+/// Frames an inbox holds at most. The loop drops a frame that finds it full, as a congested
 /// link would: RC sends it again when its ACK does not come, UC and UD are unreliable. So a
-/// tenant flooding a slower shard costs that shard a bounded queue, never the daemon's memory.
+/// peer flooding a slower shard costs that shard a bounded queue, never the daemon's memory.
 const INBOX_CAP: usize = 4096;
 
-/// Engine threads by default: 1, the daemon's loop thread running the engine itself. Two
-/// vRNICs on different engine threads talk as two hosts do (frames, PSNs and ACKs, a copy into
-/// a frame and out), which costs a pair more than a second core gives it (issue "One host is
-/// one RNIC on every core", docs/performance.md): until the threads share one data path, more
-/// threads are a choice for many busy pairs, not a default.
+/// Engine threads by default: 1, the daemon's loop thread running the engine itself. More
+/// threads serve more busy pairs at once; a pair whose two vRNICs are on different threads
+/// costs what a pair on one does (`siblings.rs`), but a vRNIC is served by one thread, so
+/// threads are a capacity choice (docs/performance.md, "Engine threads").
 pub fn default_engine_threads() -> usize {
     1
 }
@@ -65,28 +64,18 @@ pub(super) struct Threads {
     handles: Vec<JoinHandle<()>>,
 }
 
-/// Where a pass of a shard puts its frames: a frame for another shard into that shard's inbox,
-/// which is then woken; a frame for a peer host onto the channel to the loop, which is then
-/// woken (its link's queue bounds it: what an engine sends is bounded by its QPs' windows).
+/// Where a pass of a shard puts its frames: onto the channel to the loop, which is then woken
+/// (its link's queue bounds it: what an engine sends is bounded by its QPs' windows). Frames
+/// go to peer hosts only: another shard is reached by a call (`siblings.rs`).
 pub(super) struct ShardFrames<'a> {
-    pub(super) me: HostId,
-    pub(super) inboxes: &'a [SyncSender<ShardFrame>],
-    pub(super) cells: &'a [Arc<ShardCell>],
     pub(super) to_peers: &'a std::sync::mpsc::Sender<PeerFrame>,
     pub(super) waker: &'a mio::Waker,
 }
 
 impl ShardFrames<'_> {
-    /// The sink of shard `cell`'s passes.
-    pub(super) fn of<'a>(
-        cell: &ShardCell,
-        t: &'a Threads,
-        cells: &'a [Arc<ShardCell>],
-    ) -> ShardFrames<'a> {
+    /// The sink of a shard's passes.
+    pub(super) fn of(t: &Threads) -> ShardFrames<'_> {
         ShardFrames {
-            me: shard_host(cell.index),
-            inboxes: &t.inboxes,
-            cells,
             to_peers: &t.to_peers,
             waker: &t.waker,
         }
@@ -96,34 +85,21 @@ impl ShardFrames<'_> {
 impl Frames for ShardFrames<'_> {
     fn send(&mut self, engine: &mut Engine, mem: &mut Mem<'_>) -> bool {
         let mut sent = false;
-        let mut to_loop = false;
         while let Some(t) = engine.poll_transmit() {
+            if host_shard(t.host).is_some() {
+                // An engine never makes one for a sibling (it calls it instead).
+                warn!("a frame for another engine thread was dropped");
+                continue;
+            }
             let mut bytes = Vec::with_capacity(t.frame_len());
             if !t.encode(mem, &mut bytes) {
                 warn!("an inconsistent frame was not sent");
                 continue;
             }
-            let Some(to) = host_shard(t.host) else {
-                // A peer host's: the loop queues it on the link (or drops it, the link down).
-                to_loop |= self.to_peers.send((t.host, bytes)).is_ok();
-                sent = true;
-                continue;
-            };
-            let (Some(inbox), Some(cell)) = (self.inboxes.get(to), self.cells.get(to)) else {
-                continue;
-            };
-            // A full inbox drops it, as a congested link; a shard that is gone (the daemon
-            // stopping), as a link that is down.
-            match inbox.try_send((self.me, bytes)) {
-                Ok(()) => sent = true,
-                Err(TrySendError::Full(_)) => {
-                    tracing::trace!(to, "shard inbox full; frame dropped")
-                }
-                Err(TrySendError::Disconnected(_)) => {}
-            }
-            cell.wake();
+            // The loop queues it on the link (or drops it, the link down).
+            sent |= self.to_peers.send((t.host, bytes)).is_ok();
         }
-        if to_loop {
+        if sent {
             let _ = self.waker.wake();
         }
         sent
@@ -164,20 +140,16 @@ impl Threads {
         for (cell, inbox) in cells.iter().zip(receivers) {
             let cell = cell.clone();
             let cells = cells.to_vec();
-            let senders = inboxes.clone();
             let to_peers = to_peers.clone();
             let waker = waker.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("vrnic-engine-{}", cell.index))
                 .spawn(move || {
                     let frames = ShardFrames {
-                        me: shard_host(cell.index),
-                        inboxes: &senders,
-                        cells: &cells,
                         to_peers: &to_peers,
                         waker: &waker,
                     };
-                    engine_thread(&cell, frames, &inbox, &waker)
+                    engine_thread(&cell, &cells, frames, &inbox, &waker)
                 })
                 .context("start an engine thread")?;
             handles.push(handle);
@@ -219,27 +191,30 @@ impl Threads {
     }
 }
 
-/// An engine thread: its shard's passes, the frames other shards sent it, its sleep.
+/// An engine thread: its shard's passes (with the siblings it reaches, `siblings.rs`), the
+/// frames peer links sent it, its sleep.
 fn engine_thread(
     cell: &ShardCell,
+    cells: &[Arc<ShardCell>],
     mut frames: ShardFrames,
     inbox: &Receiver<ShardFrame>,
     waker: &mio::Waker,
 ) {
     let mut last_work = Instant::now();
     let mut asleep = false;
+    let mut sibs = SiblingShards::new(cells, cell.index, waker);
     while !cell.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         // How long to wait before the next pass: `None` none, zero a yield.
         let wait = {
-            let mut guard = cell.lock_for_pass();
+            let mut guard = sibs.lock(now);
             let sh = &mut *guard;
             if asleep {
                 sh.set_sleeping(false);
                 asleep = false;
             }
             let mut worked = take_inbox(sh, inbox, now);
-            worked |= sh.engine_pass(now, &mut frames);
+            worked |= sh.engine_pass(now, &mut frames, Some(&mut sibs));
             if sh.engine.has_transmit() {
                 worked |= frames.send(&mut sh.engine, &mut Mem::new(&sh.lanes));
             }
@@ -247,7 +222,7 @@ fn engine_thread(
                 sh.out.told = true;
                 let _ = waker.wake();
             }
-            if worked {
+            let wait = if worked || sibs.any_busy() || sh.engine.has_deferred() {
                 last_work = now;
                 None
             } else if now.duration_since(last_work) < SPIN_QUIET {
@@ -256,7 +231,10 @@ fn engine_thread(
                 // Sleep: announce it, then look once more before really waiting.
                 sh.set_sleeping(true);
                 asleep = true;
-                if sh.engine_pass(Instant::now(), &mut frames) {
+                if sh.engine_pass(Instant::now(), &mut frames, Some(&mut sibs))
+                    || sibs.any_busy()
+                    || sh.engine.has_deferred()
+                {
                     last_work = Instant::now();
                     None
                 } else {
@@ -271,7 +249,9 @@ fn engine_thread(
                             .max(Duration::from_micros(1))
                     }))
                 }
-            }
+            };
+            sibs.release();
+            wait
         };
         match wait {
             None => {}

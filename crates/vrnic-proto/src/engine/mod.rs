@@ -14,6 +14,7 @@ mod requester;
 mod responder;
 mod sched;
 mod segment;
+mod siblings;
 mod verbs;
 mod xrc;
 
@@ -47,7 +48,7 @@ use crate::errno::*;
 use crate::state;
 use crate::{
     AhId, CqId, CtxId, Errno, Event, GroupId, HostId, Loc, Memory, MemoryRefused, MrId, MrKeys,
-    MwId, PdId, QpId, SrqId, VnicId, XrcdId,
+    MwId, NoSiblings, PdId, QpId, Siblings, SrqId, VnicId, XrcdId,
 };
 
 /// Deepest work queue.
@@ -419,6 +420,9 @@ enum Step {
     Sent(u64),
     /// Cannot progress now.
     Blocked,
+    /// Its destination's engine (a sibling) is held by another thread: tried again at the
+    /// next pass ([`Engine::has_deferred`]).
+    Busy,
 }
 
 /// The engine. See the crate documentation.
@@ -495,6 +499,9 @@ struct Scheduler {
     rnr_waiters: FxHashMap<RecvQueue, Vec<QpId>>,
     /// QPs blocked because no responder exists: any QP reaching RTR may be it.
     retry_waiters: Vec<QpId>,
+    /// QPs whose destination's engine was busy (held by another thread): woken at the next
+    /// [`Engine::handle_timeout`], so a pass never tries one twice.
+    deferred: Vec<QpId>,
     /// QPs and SRQs whose retired counters moved (see [`Engine::drain_retired`]).
     touched: Vec<QpId>,
     touched_srqs: Vec<SrqId>,
@@ -632,6 +639,7 @@ impl Engine {
                 throttled: BinaryHeap::new(),
                 rnr_waiters: FxHashMap::default(),
                 retry_waiters: Vec::new(),
+                deferred: Vec::new(),
                 touched: Vec::new(),
                 touched_srqs: Vec::new(),
             },
@@ -723,6 +731,19 @@ impl Engine {
     pub(super) fn is_sibling(&self, host: HostId) -> bool {
         self.siblings
             .is_some_and(|b| host.0 >= b && host.0 - b < self.qpn_stride)
+    }
+
+    /// `route` if it leads to another engine of this daemon: the sibling's host.
+    fn sibling_route(&self, route: Route) -> Option<HostId> {
+        match route {
+            Route::Remote(host) if self.is_sibling(host) => Some(host),
+            _ => None,
+        }
+    }
+
+    /// This engine, as its siblings know it ([`Engine::set_siblings`]).
+    fn me(&self) -> HostId {
+        HostId(self.siblings.unwrap_or(0).wrapping_add(self.qpn_offset))
     }
 
     /// The number of completions waiting (for tests and metrics).

@@ -642,14 +642,26 @@ impl Engine {
     /// dropped, as a port drops a packet that is not for it, and counted
     /// ([`Engine::segments_refused`]).
     fn admitted(&mut self, host: HostId, addr: &AddrRepr, seg: &SegmentRepr) -> Option<QpId> {
-        let qp = self.objs.by_qpn.get(&seg.dest_qpn).copied();
-        let ok = qp.is_some_and(|qp| self.admits(host, addr, seg, qp));
+        self.admitted_to(host, addr, seg.dest_qpn, seg.deth.map(|d| d.src_qpn))
+    }
+
+    /// [`Engine::admitted`] by its parts: the destination QP number, and a UD segment's DETH
+    /// source QP number (what a request from a sibling engine carries too).
+    pub(super) fn admitted_to(
+        &mut self,
+        host: HostId,
+        addr: &AddrRepr,
+        dest_qpn: u32,
+        deth_src: Option<u32>,
+    ) -> Option<QpId> {
+        let qp = self.objs.by_qpn.get(&dest_qpn).copied();
+        let ok = qp.is_some_and(|qp| self.admits(host, addr, deth_src, qp));
         if !ok {
             self.routes.refused_segments += 1;
             let q = qp.and_then(|qp| self.objs.qps.get(&qp));
             tracing::trace!(
                 ?host,
-                qpn = seg.dest_qpn,
+                qpn = dest_qpn,
                 ?addr,
                 vnic = ?q.map(|q| q.vnic),
                 dlid_is = ?self.routes.by_lid.get(&addr.dlid),
@@ -663,7 +675,7 @@ impl Engine {
         qp
     }
 
-    fn admits(&mut self, host: HostId, addr: &AddrRepr, seg: &SegmentRepr, qp: QpId) -> bool {
+    fn admits(&mut self, host: HostId, addr: &AddrRepr, deth_src: Option<u32>, qp: QpId) -> bool {
         let Some(q) = self.objs.qps.get(&qp) else {
             return false;
         };
@@ -688,7 +700,7 @@ impl Engine {
             return false;
         }
         if q.ty == QpType::Ud {
-            return seg.deth.is_some_and(|d| d.src_qpn == addr.src_qpn);
+            return deth_src == Some(addr.src_qpn);
         }
         // A connected QP whose peer was unknown at RTR looks it up again first.
         let route = self.reroute(qp);
@@ -726,7 +738,7 @@ impl Engine {
         let start = runs.len();
         let &qp = self.objs.by_qpn.get(&seg.dest_qpn)?;
         let n = seg.payload_len as u64;
-        if n == 0 || !self.admits(host, addr, seg, qp) {
+        if n == 0 || !self.admits(host, addr, seg.deth.map(|d| d.src_qpn), qp) {
             return None;
         }
         let q = self.objs.qps.get(&qp)?;

@@ -16,6 +16,8 @@ pub(super) enum Outcome {
     Partial(u64),
     /// Cannot progress now (waiting).
     Blocked,
+    /// Its destination's engine is busy: the head WQE waits for the next pass, untouched.
+    Busy,
 }
 
 impl Engine {
@@ -126,19 +128,26 @@ impl Engine {
     }
 
     /// Tries the head send WQE of an RTS QP: one segment.
-    pub(super) fn step(&mut self, now: Instant, qp: QpId, mem: &mut dyn Memory) -> Step {
-        if self
-            .objs
-            .qps
-            .get(&qp)
-            .is_some_and(|q| q.route == Route::Nowhere)
-        {
-            self.reroute(qp);
-        }
+    pub(super) fn step(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        mem: &mut dyn Memory,
+        sib: &mut dyn Siblings,
+    ) -> Step {
+        let route = match self.objs.qps.get(&qp) {
+            Some(q) if q.route == Route::Nowhere => self.reroute(qp),
+            Some(q) => q.route,
+            None => return Step::Blocked,
+        };
+        // A sibling engine's QP is reached as one of this engine's: by a call, not frames.
+        let sibling = self.sibling_route(route).is_some();
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
-        if let (Route::Remote(host), QpType::Rc | QpType::Uc | QpType::XrcSend) = (q.route, q.ty) {
+        if let (Route::Remote(host), QpType::Rc | QpType::Uc | QpType::XrcSend, false) =
+            (q.route, q.ty, sibling)
+        {
             // Memory-window operations are executed here, in order: once all before them are
             // answered. (A SEND with Invalidate crosses the link with its IETH on RC; UC has
             // no such opcode, so there it fails with LOC_QP_OP_ERR.)
@@ -164,7 +173,7 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let outcome = self.step_wqe(now, qp, &wqe, mem);
+        let outcome = self.step_wqe(now, qp, &wqe, mem, sib);
         // The WQE goes back to the head: completing or failing takes it from there.
         if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sq.push_front(Ok(wqe));
@@ -180,11 +189,19 @@ impl Engine {
             }
             Outcome::Partial(n) => Step::Partial(n),
             Outcome::Blocked => Step::Blocked,
+            Outcome::Busy => Step::Busy,
         }
     }
 
     /// Local checks, then the next segment of `wqe` (taken off the head of `qp`'s queue).
-    fn step_wqe(&mut self, now: Instant, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Outcome {
+    fn step_wqe(
+        &mut self,
+        now: Instant,
+        qp: QpId,
+        wqe: &SendWqe,
+        mem: &mut dyn Memory,
+        sib: &mut dyn Siblings,
+    ) -> Outcome {
         let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
@@ -219,17 +236,18 @@ impl Engine {
             _ => {}
         }
         if ty == QpType::Ud {
-            return self.step_ud(qp, wqe, mem);
+            return self.step_ud(qp, wqe, mem, sib);
         }
         if wqe.opcode.is_local() {
             return self.step_local(qp, wqe);
         }
+        // Frames carry no IETH for UC (RC sends it): over a peer link UC has no SEND with
+        // Invalidate (a sibling engine is reached by a call, as on one engine).
+        let route = self.objs.qps.get(&qp).map_or(Route::Nowhere, |q| q.route);
         if wqe.opcode == SendOpcode::SendWithInv
             && ty == QpType::Uc
-            && matches!(
-                self.objs.qps.get(&qp).map(|q| q.route),
-                Some(Route::Remote(_))
-            )
+            && matches!(route, Route::Remote(_))
+            && self.sibling_route(route).is_none()
         {
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
@@ -237,7 +255,7 @@ impl Engine {
             // The local buffer must hold exactly the 8-byte original value.
             return Outcome::Fail(WcStatus::LocLenErr);
         }
-        self.step_connected(now, qp, wqe, mem)
+        self.step_connected(now, qp, wqe, mem, sib)
     }
 
     /// A memory-window operation at the head of an RC or UC QP: a bind (`MW_BIND_ERR` if it
@@ -270,11 +288,13 @@ impl Engine {
         qp: QpId,
         wqe: &SendWqe,
         mem: &mut dyn Memory,
+        sib: &mut dyn Siblings,
     ) -> Outcome {
         let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
         let (vnic, uc, xrc, route) = (q.vnic, q.ty == QpType::Uc, q.ty == QpType::XrcSend, q.route);
+        let addr = q.addr;
         let (qpn, dst_qpn, psn) = (q.qpn, q.attr.dest_qp_num, q.attr.sq_psn);
         let len = wqe.payload.len();
         let done = q.progress.map_or(0, |p| p.done);
@@ -354,8 +374,21 @@ impl Engine {
         };
         let mut back = std::mem::take(&mut self.scratch.scratch_dst);
         back.clear();
-        let answer = self.deliver(route, &req, mem, &mut back);
-        let outcome = self.answered(now, qp, wqe, answer, done, n, &back, mem);
+        let outcome = match self.sibling_route(route) {
+            Some(host) => self
+                .via_sibling(sib, host, addr, &req, &mut back, |e, answer, back, m| {
+                    match answer {
+                        // Its receive queue is the sibling's: only the timer wakes this QP.
+                        Some((_, Response::RnrNak { timer })) => e.rnr(now, qp, timer, None),
+                        _ => e.answered(now, qp, wqe, answer, done, n, back, m),
+                    }
+                })
+                .unwrap_or(Outcome::Busy),
+            None => {
+                let answer = self.deliver(route, &req, mem, &mut back);
+                self.answered(now, qp, wqe, answer, done, n, &back, mem)
+            }
+        };
         self.scratch.scratch_src = src;
         self.scratch.scratch_dst = back;
         outcome
@@ -565,7 +598,13 @@ impl Engine {
 
     /// A UD send: one segment to the QP the address handle and QP number name; nothing
     /// answers, so it completes once handed on (a datagram nobody takes is dropped).
-    fn step_ud(&mut self, qp: QpId, wqe: &SendWqe, mem: &mut dyn Memory) -> Outcome {
+    fn step_ud(
+        &mut self,
+        qp: QpId,
+        wqe: &SendWqe,
+        mem: &mut dyn Memory,
+        sib: &mut dyn Siblings,
+    ) -> Outcome {
         let len = wqe.payload.len();
         let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
@@ -636,6 +675,24 @@ impl Engine {
             grh,
             payload,
         };
+        if let Some(host) = self.sibling_route(route) {
+            let addr = self.addr_to(vnic, qpn, route, &attr);
+            let mut back = std::mem::take(&mut self.scratch.scratch_dst);
+            let ran = self.via_sibling(sib, host, addr, &req, &mut back, |_, answer, _, _| {
+                if answer.is_none() {
+                    tracing::trace!(qpn, dqpn = req.dst_qpn, "UD datagram dropped at a sibling");
+                }
+            });
+            self.scratch.scratch_src = src;
+            self.scratch.scratch_dst = back;
+            return match ran {
+                Some(()) => Outcome::Complete {
+                    byte_len: len as u32,
+                    moved: len,
+                },
+                None => Outcome::Busy,
+            };
+        }
         if let Route::Remote(host) = route {
             self.scratch.scratch_src = src;
             self.transmit_datagram(host, qp, wqe, qkey, &attr);

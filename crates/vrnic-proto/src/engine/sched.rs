@@ -24,6 +24,9 @@ impl Engine {
     /// driver may call either or both. Costs the due timers only.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.unthrottle(now);
+        for qp in std::mem::take(&mut self.sched.deferred) {
+            self.unpark(qp);
+        }
         while let Some(&Reverse((t, qp))) = self.sched.timers.peek() {
             if t > now {
                 break;
@@ -205,6 +208,18 @@ impl Engine {
     /// ([`Engine::handle_timeout`] does; it also gives vRNICs whose debt is paid their turn
     /// back).
     pub fn turn(&mut self, now: Instant, mem: &mut dyn Memory) -> Option<Turn> {
+        self.turn_with(now, mem, &mut NoSiblings)
+    }
+
+    /// [`Engine::turn`] on a daemon with engine threads: a work request whose destination is
+    /// on a sibling engine is executed here, through `sib`, with that engine held; one whose
+    /// sibling is busy waits for the next pass.
+    pub fn turn_with(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        sib: &mut dyn Siblings,
+    ) -> Option<Turn> {
         let vid = self.sched.runq.pop_front()?;
         // Cloned only when it limits: an unlimited vRNIC's turn costs one relaxed load.
         let limit = self
@@ -258,7 +273,7 @@ impl Engine {
                 // It began to wait after it was listed (an RNR NAK from a peer link).
                 continue;
             }
-            let (mut wrs, mut blocked) = (0usize, false);
+            let (mut wrs, mut blocked, mut busy) = (0usize, false, false);
             while wrs < QP_WRS && t.wrs < VNIC_WRS && t.bytes < self.sched.turn_bytes {
                 let Some(q) = self.objs.qps.get(&qp) else {
                     break;
@@ -266,11 +281,15 @@ impl Engine {
                 if !q.has_unsent() || q.attr.qp_state != QpState::Rts {
                     break;
                 }
-                let (n, retired) = match self.step(now, qp, mem) {
+                let (n, retired) = match self.step(now, qp, mem, sib) {
                     Step::Done(n) | Step::Sent(n) => (n, 1),
                     Step::Partial(n) if n > 0 => (n, 0),
                     Step::Partial(_) | Step::Blocked => {
                         blocked = true;
+                        break;
+                    }
+                    Step::Busy => {
+                        busy = true;
                         break;
                     }
                 };
@@ -279,7 +298,9 @@ impl Engine {
                 t.wrs += retired;
                 t.bytes = t.bytes.saturating_add(n);
             }
-            if blocked {
+            if busy {
+                self.defer(qp);
+            } else if blocked {
                 self.park(qp);
             } else {
                 // More work: back of its vRNIC's list (an empty or stopped QP is dropped
@@ -381,6 +402,31 @@ impl Engine {
         if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sched.parked = true;
         }
+    }
+
+    /// Takes a QP whose sibling was busy off the ready lists until the next pass
+    /// ([`Engine::handle_timeout`]).
+    fn defer(&mut self, qp: QpId) {
+        if let Some(q) = self.objs.qps.get_mut(&qp)
+            && !q.sched.parked
+        {
+            q.sched.parked = true;
+            self.sched.deferred.push(qp);
+        }
+    }
+
+    /// Whether a QP waits for a sibling engine that was busy: the driver should run another
+    /// pass soon (calling [`Engine::handle_timeout`] first) rather than sleep.
+    #[must_use]
+    pub fn has_deferred(&self) -> bool {
+        !self.sched.deferred.is_empty()
+    }
+
+    /// Whether some vRNIC has a turn waiting (work another thread handed this engine, such
+    /// as receives it took on this engine's behalf, may have made one ready).
+    #[must_use]
+    pub fn has_turns(&self) -> bool {
+        !self.sched.runq.is_empty()
     }
 
     /// Keeps one timer entry for `qp` at or before `until`.

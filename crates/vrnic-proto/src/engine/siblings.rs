@@ -1,0 +1,84 @@
+//! The path between two engines of one daemon (its engine threads). A request segment for a
+//! QP of a sibling engine is executed by the engine that took its work request, inside the
+//! sibling, which the driver holds for the call ([`Siblings`]): the sibling admits it with the
+//! checks a segment from another engine or host meets (`Engine::admitted`: the QP of the
+//! vRNIC its route resolved, a sender of the QP's group, a connected QP's own peer), then its
+//! responder executes it as it would a request of its own QPs (connection, PSN, receive,
+//! R_Key, PD, access, bounds), placing the payload straight from the requester's region into
+//! the responder's, once; the answer comes back as the call's value and the requester acts on
+//! it at once, as on one engine. No frame, PSN window, ACK or inbox goes between engines.
+
+use super::segment::{Op, Request, Response, Src};
+use super::*;
+
+impl Engine {
+    /// QP number `qpn` and the SRQ it takes its receives from (`None`: its own receive
+    /// queue), if that queue holds no receive now. A driver about to let a sibling execute a
+    /// request that takes a receive here first hands this engine what the app posted there
+    /// since this engine's last look ([`Siblings::with`]), so the sender meets RNR only when
+    /// nothing is posted, as on one engine.
+    #[must_use]
+    pub fn starving(&self, qpn: u32) -> Option<(QpId, Option<SrqId>)> {
+        let &qp = self.objs.by_qpn.get(&qpn)?;
+        let q = self.objs.qps.get(&qp)?;
+        self.recv_empty(qp).then_some((qp, q.srq.or(q.xrc_srq)))
+    }
+
+    /// A request segment that sibling engine `from` executes here for its QP named by `addr`:
+    /// admitted as a segment from that engine is, then handled as a request of this engine's
+    /// own. `None`: dropped (refused, or no QP ready to take it), as on a fabric.
+    fn sibling_request(
+        &mut self,
+        from: HostId,
+        addr: &AddrRepr,
+        req: &Request,
+        mem: &mut dyn Memory,
+        back: &mut Vec<(Loc, u64)>,
+    ) -> Option<(QpId, Response)> {
+        let deth = (req.transport == QpType::Ud).then_some(req.src_qpn);
+        let qp = self.admitted_to(from, addr, req.dst_qpn, deth)?;
+        let req = Request {
+            src: Src::Remote(from),
+            ..*req
+        };
+        self.handle_request(qp, &req, mem, back).map(|r| (qp, r))
+    }
+
+    /// Hands request `req`, of the QP whose address word is `addr`, to sibling engine `host`
+    /// through `sib`, then runs `then` on this engine with the answer (and a READ's runs in
+    /// `back`) and a memory that reaches both engines' regions, before the sibling is let go.
+    /// `None`, having done nothing, if the sibling is busy.
+    pub(super) fn via_sibling<T>(
+        &mut self,
+        sib: &mut dyn Siblings,
+        host: HostId,
+        addr: AddrRepr,
+        req: &Request,
+        back: &mut Vec<(Loc, u64)>,
+        then: impl FnOnce(&mut Engine, Option<(QpId, Response)>, &[(Loc, u64)], &mut dyn Memory) -> T,
+    ) -> Option<T> {
+        let me = self.me();
+        // A SEND's first segment, a WRITE with immediate's last, or a datagram takes a
+        // receive at the responder.
+        let takes = match req.op {
+            Op::Send | Op::SendInv => req.first || req.transport == QpType::Ud,
+            Op::Write => req.last && req.imm.is_some(),
+            _ => false,
+        };
+        let mut then = Some(then);
+        let mut out = None;
+        let recv_for = takes.then_some(req.dst_qpn);
+        sib.with(
+            host,
+            recv_for,
+            &mut |other: &mut Engine, m: &mut dyn Memory| {
+                back.clear();
+                let answer = other.sibling_request(me, &addr, req, m, back);
+                if let Some(f) = then.take() {
+                    out = Some(f(self, answer, back, m));
+                }
+            },
+        );
+        out
+    }
+}
