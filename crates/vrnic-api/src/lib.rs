@@ -679,6 +679,10 @@ pub struct VnicSummary {
     pub users: usize,
     /// Whether it was created explicitly (not removed with its last user).
     pub persistent: bool,
+    /// Whether the daemon records it in its file of persistent vRNICs, to make it again when
+    /// it starts again (`vrnic create`'s, unless the daemon runs with `--no-persist`).
+    #[serde(default)]
+    pub recorded: bool,
     /// Its directory (to bind-mount or preload against).
     pub dir: String,
     /// Its tenants' group.

@@ -21,9 +21,15 @@ pub const DEVICE_ENV: &str = "VRNIC_DEVICE";
 /// `$XDG_RUNTIME_DIR/vrnic`, else `/tmp/vrnic-<uid>` (which [`prepare_state_dir`] refuses if
 /// another user made it first).
 pub fn default_state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+    match std::env::var_os(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => builtin_state_dir(),
     }
+}
+
+/// The state dir when neither `--state-dir` nor `$VRNIC_STATE_DIR` names one (see
+/// [`default_state_dir`]).
+pub fn builtin_state_dir() -> PathBuf {
     let uid = current_euid();
     if uid == 0 {
         return PathBuf::from("/run/vrnic");

@@ -10,7 +10,9 @@
 //! for how it spins and sleeps.
 //!
 //! The state dir holds `vrnic.sock` (the admin socket the CLI talks to), `daemon.lock` (one
-//! daemon per state dir), and one directory per vRNIC with its `region` file and `sock`.
+//! daemon per state dir), and one directory per vRNIC with its `region` file and `sock`. The
+//! vRNICs made by `vrnic create` are also recorded outside it ([`persist`]), and made again
+//! when the daemon starts.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -20,6 +22,7 @@ pub mod config;
 pub mod heap;
 pub mod keys;
 mod metrics;
+pub mod persist;
 pub mod server;
 pub mod settings;
 mod sys;

@@ -21,6 +21,14 @@
 //! "10.0.0.3:7700" = "a1b2...64 hex digits"
 //! ```
 //!
+//! The vRNICs `vrnic create` makes are recorded in a file and made again at start
+//! ([`crate::persist`]); another file, or none:
+//!
+//! ```toml
+//! persist_file = "/var/lib/vrnic/vnics.json"
+//! no_persist = false
+//! ```
+//!
 //! A cluster host names etcd instead of its peers:
 //!
 //! ```toml
@@ -99,6 +107,10 @@ pub struct Settings {
     pub encrypt_links: Option<bool>,
     /// `--insecure-links`.
     pub insecure_links: Option<bool>,
+    /// The file of persistent vRNICs (`--persist-file`).
+    pub persist_file: Option<std::path::PathBuf>,
+    /// `--no-persist`.
+    pub no_persist: Option<bool>,
 }
 
 /// A config file that could not be used.
@@ -168,6 +180,9 @@ mod tests {
         assert_eq!(s.peers, vec!["10.0.0.2:7700".parse().unwrap()]);
         assert_eq!((s.region_gib, s.max_vrnics), (Some(2), None));
         assert_eq!(Settings::parse("").unwrap(), Settings::default());
+        let s = Settings::parse("persist_file = \"/var/lib/v.json\"\nno_persist = true\n").unwrap();
+        assert_eq!(s.persist_file, Some("/var/lib/v.json".into()));
+        assert_eq!(s.no_persist, Some(true));
         let s = Settings::parse("etcd = [\"http://10.0.0.9:2379\"]\netcd_ttl = 3\n").unwrap();
         assert_eq!(s.etcd, vec!["http://10.0.0.9:2379".to_string()]);
         assert_eq!(s.etcd_ttl, Some(3));

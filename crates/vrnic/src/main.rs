@@ -46,6 +46,8 @@ enum DeviceFiles {
     Off,
 }
 
+// Parsed once at start: the size of `serve`'s options costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the virtual layer daemon in the foreground (Ctrl-C or SIGTERM stops it).
@@ -143,6 +145,16 @@ enum Cmd {
         /// Cluster mode: the client certificate's key (PEM), readable by its owner only.
         #[arg(long, value_name = "PATH")]
         etcd_key: Option<std::path::PathBuf>,
+        /// The file that records the vRNICs `vrnic create` makes (name, group, IP, limits), to
+        /// make them again when the daemon starts [default: /var/lib/vrnic/vnics.json as root,
+        /// else $XDG_STATE_HOME/vrnic/vnics.json, for the default state dir; STATE_DIR.vnics.json
+        /// beside any other].
+        #[arg(long, value_name = "PATH")]
+        persist_file: Option<PathBuf>,
+        /// Record nothing: vRNICs made by `vrnic create` last until `vrnic rm` or the daemon's
+        /// end.
+        #[arg(long, conflicts_with = "persist_file")]
+        no_persist: bool,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -176,7 +188,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         cmd: Vec<String>,
     },
-    /// List vRNICs (name, LID, GID, QPs, users, virtual IP, group).
+    /// List vRNICs (name, LID, GID, QPs, users, engine thread, virtual IP, group, limits, and
+    /// whether it is recorded to be made again when the daemon starts).
     Ls {
         /// The whole directory: also the vRNICs other hosts announced.
         #[arg(long)]
@@ -220,7 +233,8 @@ enum Cmd {
     /// List the peer links to other hosts' daemons (state, keepalive round trip, bytes,
     /// segments sent again, times down).
     Peers,
-    /// Create a vRNIC that stays until `vrnic rm`.
+    /// Create a vRNIC that stays until `vrnic rm`, also when the daemon stops and starts again
+    /// (the daemon records it: `vrnic serve --persist-file`).
     Create {
         /// Its name (also the device name apps see).
         name: String,
@@ -375,6 +389,8 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             etcd_ca,
             etcd_cert,
             etcd_key,
+            persist_file,
+            no_persist,
         } => {
             let file = match &config {
                 Some(path) => vrnic_daemon::settings::Settings::load(path)?,
@@ -395,6 +411,8 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 engine_threads: engine_threads.or(file.engine_threads),
                 spread_qps: spread_qps || file.spread_qps.unwrap_or(false),
                 metrics: metrics.or(file.metrics),
+                persist_file: persist_file.or(file.persist_file.clone()),
+                no_persist: no_persist || file.no_persist.unwrap_or(false),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() {
@@ -508,7 +526,7 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 bail!("unexpected reply")
             };
             say!(
-                "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {:<12} {:>7} MAX_RATE",
+                "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {:<12} {:>7} {:>8} PERSIST",
                 "NAME",
                 "LID",
                 "GID",
@@ -517,11 +535,12 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 "ENGINE",
                 "IP",
                 "GROUP",
-                "MAX_BW"
+                "MAX_BW",
+                "MAX_RATE"
             );
             for v in list {
                 say!(
-                    "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {:<12} {:>7} {}",
+                    "{:<16} {:>6} {:<40} {:>4} {:>5} {:>6}  {:<15} {:<12} {:>7} {:>8} {}",
                     v.name,
                     v.lid,
                     gid_string(&v.gid),
@@ -531,7 +550,8 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                     v.ip,
                     v.group,
                     rate_string(v.max_bw),
-                    rate_string(v.max_rate)
+                    rate_string(v.max_rate),
+                    if v.recorded { "yes" } else { "no" }
                 );
             }
             Ok(())

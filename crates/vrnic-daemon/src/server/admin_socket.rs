@@ -1,7 +1,9 @@
 //! The admin socket the CLI talks to (`ls`, `create`, `rm`, `run`'s hold): one JSON line per
 //! request and per reply, served without ever blocking the loop. In cluster mode a request
 //! that makes a vRNIC is answered once etcd has granted its addresses (`cluster`); until then
-//! that connection's next requests wait, and every other connection is served as usual.
+//! that connection's next requests wait, and every other connection is served as usual. So
+//! does a request that changes a persistent vRNIC (`create`, `policy`, `rm`): its reply waits
+//! until the file of persistent vRNICs is written (`registry::Kept`).
 
 use super::*;
 
@@ -26,6 +28,10 @@ pub(super) const ADMIN_LINE_MAX: usize = 64 << 10;
 
 /// Reply bytes an admin client may leave unread before it is dropped.
 pub(super) const ADMIN_OUT_MAX: usize = 16 << 20;
+
+/// The admin connection of no client (connections are numbered from 1): what the daemon does
+/// of its own accord, making recorded vRNICs again.
+pub(super) const NO_CONN: u64 = 0;
 
 impl Server {
     pub(super) fn accept_admin(&mut self) {
@@ -206,9 +212,17 @@ impl Server {
             } => match self.create_vnic(&name, true, group.as_deref(), ip) {
                 Ok(v) => {
                     self.set_policy(v, policy);
-                    self.summary(v)
+                    let reply = self
+                        .summary(v)
                         .map(AdminReply::Vnic)
-                        .unwrap_or(AdminReply::Ok)
+                        .unwrap_or(AdminReply::Ok);
+                    let seq = self.record_vnic(v);
+                    return self.reply_when_written(
+                        conn,
+                        seq,
+                        reply,
+                        format!("vRNIC {name} was made"),
+                    );
                 }
                 Err(e) => AdminReply::Err(format!("{e:#}")),
             },
@@ -216,9 +230,17 @@ impl Server {
                 match self.vnics.iter().find(|(_, v)| v.name == name) {
                     Some((&id, _)) => {
                         self.set_policy(id, change);
-                        self.summary(id)
+                        let reply = self
+                            .summary(id)
                             .map(AdminReply::Vnic)
-                            .unwrap_or(AdminReply::Ok)
+                            .unwrap_or(AdminReply::Ok);
+                        let seq = self.record_vnic(id);
+                        return self.reply_when_written(
+                            conn,
+                            seq,
+                            reply,
+                            format!("vRNIC {name}'s limits were set"),
+                        );
                     }
                     None => AdminReply::Err(format!("no vRNIC named {name}")),
                 }
@@ -249,10 +271,28 @@ impl Server {
                                 info!(vnic = name, by = who, "vRNIC removal asked");
                             }
                             self.remove_vnic_by_operator(id);
-                            AdminReply::Ok
+                            let seq = self.forget_vnic(&name);
+                            return self.reply_when_written(
+                                conn,
+                                seq,
+                                AdminReply::Ok,
+                                format!("vRNIC {name} was removed"),
+                            );
                         }
                     }
-                    None => AdminReply::Err(format!("no vRNIC named {name}")),
+                    // Recorded, but not made again at start: forgotten.
+                    None => match self.forget_vnic(&name) {
+                        Some(seq) => {
+                            info!(vnic = name, by = who, "recorded vRNIC forgotten");
+                            return self.reply_when_written(
+                                conn,
+                                Some(seq),
+                                AdminReply::Ok,
+                                format!("vRNIC {name} was forgotten"),
+                            );
+                        }
+                        None => AdminReply::Err(format!("no vRNIC named {name}")),
+                    },
                 }
             }
             AdminRequest::KillQp { name, qpn } => {

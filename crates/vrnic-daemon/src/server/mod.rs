@@ -9,7 +9,8 @@
 //! and then reads that word can never be missed (brief §9, lost wake-ups).
 //!
 //! This file holds what the daemon owns (vRNICs, contexts, ring slots, admin connections) and
-//! the loop; each job on that state has a room of its own: `registry` (vRNICs come and go),
+//! the loop; each job on that state has a room of its own: `registry` (vRNICs come and go,
+//! the persistent ones recorded in their file and made again at start),
 //! `admin_socket` (the CLI), `attach` (contexts come and go), `control` (requests from
 //! a mailbox), `pages` and `pagetable` (registered memory and rings), `resize` (CQ and SRQ
 //! rings moved to a new depth), `events` (async events and wake-ups back to contexts),
@@ -117,6 +118,12 @@ pub struct ServeOptions {
     pub cluster: Option<ClusterOptions>,
     /// Where to serve Prometheus metrics (`vrnic serve --metrics`), if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The file of persistent vRNICs (`vrnic serve --persist-file`; `None`: the state dir's
+    /// default, [`crate::persist::default_file`]).
+    pub persist_file: Option<PathBuf>,
+    /// Record no vRNIC (`vrnic serve --no-persist`): those `vrnic create` makes last until
+    /// `vrnic rm` or the daemon's end.
+    pub no_persist: bool,
 }
 
 /// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
@@ -159,6 +166,8 @@ enum Tok {
     Cluster,
     /// An engine thread's outbox has something for contexts.
     Shards,
+    /// The file of persistent vRNICs was written.
+    Persist,
 }
 
 struct Vnic {
@@ -272,11 +281,16 @@ pub struct Server {
     directory: directory::Directory,
     /// Cluster mode's side of the etcd session.
     cluster: Option<cluster::Cluster>,
+    /// The file of persistent vRNICs: its records and their writer (`None`: `--no-persist`).
+    kept: Option<registry::Kept>,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
 pub fn serve(opts: ServeOptions) -> Result<()> {
     let mut server = Server::start(opts)?;
+    // Before the loop serves the admin socket: a client that connects meanwhile waits, then
+    // sees them.
+    server.restore_recorded();
     let r = server.run();
     server.shutdown();
     r
@@ -303,6 +317,17 @@ impl Server {
         }
         opts.state_dir = config::prepare_state_dir(&opts.state_dir)?;
         let dir = &opts.state_dir.clone();
+        // Read before anything is mounted or locked: a file that cannot be used stops the
+        // start with nothing to undo.
+        let persist_file = (!opts.no_persist).then(|| {
+            opts.persist_file
+                .clone()
+                .unwrap_or_else(|| crate::persist::default_file(dir))
+        });
+        let records = match &persist_file {
+            Some(f) => crate::persist::load(f)?,
+            None => Vec::new(),
+        };
         // Before anything is mounted or locked: an address in use stops the start with nothing
         // to undo.
         if let Some(addr) = opts.metrics {
@@ -393,6 +418,16 @@ impl Server {
         } else {
             None
         };
+        let kept = match persist_file {
+            Some(file) => {
+                let waker = mio::Waker::new(poll.registry(), token(Tok::Persist))?;
+                info!(file = %file.display(), recorded = records.len(), "persistent vRNICs");
+                let writer = crate::persist::Writer::start(file, waker)
+                    .context("start the thread that writes the file of persistent vRNICs")?;
+                Some(registry::Kept::new(writer, records))
+            }
+            None => None,
+        };
         info!(state_dir = %dir.display(), engine_threads, "vrnic daemon serving");
         Ok(Server {
             directory,
@@ -421,6 +456,7 @@ impl Server {
             control_hot_until: Instant::now(),
             peers,
             cluster,
+            kept,
         })
     }
 
@@ -516,6 +552,9 @@ impl Server {
                 self.last_scan = now;
                 self.scan_guests(now);
             }
+            if self.kept.as_ref().is_some_and(|k| k.retry_due(now)) {
+                self.retry_recorded();
+            }
             if !self.guests.is_empty() && self.serve_guests() {
                 last_work = Instant::now();
             }
@@ -574,6 +613,10 @@ impl Server {
                 self.drain_outboxes();
                 false
             }
+            Some(Tok::Persist) => {
+                self.persist_written();
+                false
+            }
             None => false,
         }
     }
@@ -588,6 +631,10 @@ impl Server {
         }
         if let Some(c) = &mut self.cluster {
             c.stop();
+        }
+        // What is queued is written before the daemon ends.
+        if let Some(k) = &mut self.kept {
+            k.stop();
         }
         let dir = self.opts.state_dir.clone();
         let _ = std::fs::remove_file(dir.join(ADMIN_SOCKET));

@@ -1,6 +1,10 @@
 //! The vRNIC registry: creating a vRNIC (its directory, quota tmpfs, region, socket, LID and
 //! GID), removing it (and any whose region the `SIGBUS` guard poisoned), reaping those nobody
-//! holds, and cleaning up what a killed daemon left.
+//! holds, and cleaning up what a killed daemon left. Persistent vRNICs (`vrnic create`) are
+//! recorded in the file of [`crate::persist`] as they are made, changed (`vrnic policy`) and
+//! removed (`vrnic rm`), and made again from it at start ([`Kept`]).
+
+use tracing::error;
 
 use super::*;
 
@@ -43,6 +47,72 @@ pub(super) fn cleanup_stale(dir: &Path) -> usize {
 
 /// What a vRNIC's quota tmpfs holds beyond its region (directory blocks, the socket).
 pub(super) const QUOTA_SLACK: u64 = 1 << 20;
+
+/// The file of persistent vRNICs, the daemon's side: every persistent vRNIC's record (and
+/// those recorded that could not be made again, kept until `vrnic rm` or a `vrnic create` of
+/// the name), and the admin replies that wait for their change to be written.
+pub(super) struct Kept {
+    writer: crate::persist::Writer,
+    records: Vec<crate::persist::Record>,
+    /// The records were made again (in cluster mode once registered in etcd).
+    restored: bool,
+    waiting: Vec<Deferred>,
+    /// Cluster mode: recorded vRNICs etcd refused at start, tried once more at `retry_at`
+    /// (after a `kill -9`, the dead daemon's lease holds their addresses until it expires).
+    retry: Vec<String>,
+    retry_at: Option<Instant>,
+    /// That second try was made: a refusal is final.
+    retried: bool,
+}
+
+/// An admin reply held until snapshot `seq` is written.
+struct Deferred {
+    seq: u64,
+    conn: u64,
+    reply: AdminReply,
+    /// What was done, for the reply if the write fails.
+    what: String,
+}
+
+impl Kept {
+    pub(super) fn new(
+        writer: crate::persist::Writer,
+        records: Vec<crate::persist::Record>,
+    ) -> Kept {
+        Kept {
+            writer,
+            records,
+            restored: false,
+            waiting: Vec::new(),
+            retry: Vec::new(),
+            retry_at: None,
+            retried: false,
+        }
+    }
+
+    /// Whether refused vRNICs are to be tried again now.
+    pub(super) fn retry_due(&self, now: Instant) -> bool {
+        self.retry_at.is_some_and(|t| now >= t)
+    }
+
+    /// Writes what is queued and stops the writer.
+    pub(super) fn stop(&mut self) {
+        self.writer.stop();
+    }
+
+    /// Queues the records to be written; the snapshot's number.
+    fn write(&mut self) -> Option<u64> {
+        let seq = self.writer.write(&self.records);
+        if seq.is_none() {
+            error!(
+                file = %self.writer.file().display(),
+                "the thread that writes the file of persistent vRNICs is gone: changes are not \
+                 recorded"
+            );
+        }
+        seq
+    }
+}
 
 impl Server {
     /// Creates vRNIC `name` in `group` (`None`: the default group) with virtual IP `ip`
@@ -248,6 +318,205 @@ impl Server {
         }
     }
 
+    /// Makes again each vRNIC the file of persistent vRNICs records, with its group, virtual
+    /// IP and limits, before the loop serves (in cluster mode, once the daemon is registered
+    /// in etcd: each then registered as a fresh `vrnic create` is; called again on
+    /// registration). One that cannot be made is logged with the reason and stays recorded.
+    pub(super) fn restore_recorded(&mut self) {
+        let Some(k) = self.kept.as_mut() else { return };
+        if k.restored || self.cluster.as_ref().is_some_and(|c| !c.registered()) {
+            return;
+        }
+        k.restored = true;
+        let records = k.records.clone();
+        let file = k.writer.file().display().to_string();
+        let mut made = 0;
+        for r in &records {
+            let policy = vrnic_api::PolicyChange {
+                max_bw: r.max_bw,
+                max_rate: r.max_rate,
+            };
+            if self.cluster.is_some() {
+                // Made when etcd grants its addresses (`cluster_created`).
+                let refused = self.cluster_create(
+                    super::admin_socket::NO_CONN,
+                    &r.name,
+                    true,
+                    Some(&r.group),
+                    r.ip,
+                    policy,
+                );
+                if let Some(AdminReply::Err(e)) = refused {
+                    not_restored(&r.name, &file, &e);
+                }
+                continue;
+            }
+            match self.create_vnic(&r.name, true, Some(&r.group), r.ip) {
+                Ok(id) => {
+                    self.set_policy(id, policy);
+                    // A record without an address gets the one given now.
+                    let _ = self.record_vnic(id);
+                    made += 1;
+                }
+                Err(e) => not_restored(&r.name, &file, &format!("{e:#}")),
+            }
+        }
+        if self.cluster.is_none() && !records.is_empty() {
+            info!(
+                file,
+                made,
+                failed = records.len() - made,
+                "persistent vRNICs made again"
+            );
+        }
+    }
+
+    /// A recorded vRNIC etcd refused to register at start (cluster mode): tried once more when
+    /// the lease of a daemon killed before this start must have expired, else logged.
+    pub(super) fn restore_refused(&mut self, name: &str, why: &str) {
+        let ttl_s = self.opts.cluster.as_ref().map_or(0, |c| c.ttl_s);
+        let Some(k) = self.kept.as_mut() else { return };
+        let file = k.writer.file().display().to_string();
+        if k.retried {
+            return not_restored(name, &file, why);
+        }
+        let wait = Duration::from_secs(ttl_s + 1);
+        warn!(
+            vnic = name,
+            "a persistent vRNIC could not be made again yet: {why}; trying again in {} s (the \
+             lease of a daemon killed before this one may still hold its address)",
+            wait.as_secs()
+        );
+        k.retry.push(name.to_string());
+        k.retry_at.get_or_insert(Instant::now() + wait);
+    }
+
+    /// Tries again the recorded vRNICs etcd refused at start (see [`Server::restore_refused`]).
+    pub(super) fn retry_recorded(&mut self) {
+        let Some(k) = self.kept.as_mut() else { return };
+        k.retried = true;
+        k.retry_at = None;
+        let names = std::mem::take(&mut k.retry);
+        let records: Vec<crate::persist::Record> = k
+            .records
+            .iter()
+            .filter(|r| names.contains(&r.name))
+            .cloned()
+            .collect();
+        let file = k.writer.file().display().to_string();
+        for r in records {
+            // Made or removed by the operator meanwhile.
+            if self.vnics.values().any(|v| v.name == r.name) {
+                continue;
+            }
+            let policy = vrnic_api::PolicyChange {
+                max_bw: r.max_bw,
+                max_rate: r.max_rate,
+            };
+            let refused = self.cluster_create(
+                super::admin_socket::NO_CONN,
+                &r.name,
+                true,
+                Some(&r.group),
+                r.ip,
+                policy,
+            );
+            if let Some(AdminReply::Err(e)) = refused {
+                not_restored(&r.name, &file, &e);
+            }
+        }
+    }
+
+    /// Records persistent vRNIC `id` as it is now (name, group, virtual IP, limits) in the
+    /// file of persistent vRNICs; the snapshot to wait for, `None` if nothing changed (or
+    /// nothing is recorded).
+    pub(super) fn record_vnic(&mut self, id: VnicId) -> Option<u64> {
+        let v = self.vnics.get(&id).filter(|v| v.persistent)?;
+        let policy = v.limit.policy();
+        let r = crate::persist::Record {
+            name: v.name.clone(),
+            group: self.directory.group_name(v.group).to_string(),
+            ip: Some(v.vip),
+            max_bw: policy.max_bw,
+            max_rate: policy.max_rate,
+        };
+        let k = self.kept.as_mut()?;
+        match k.records.iter_mut().find(|o| o.name == r.name) {
+            Some(o) if *o == r => return None,
+            Some(o) => *o = r,
+            None => k.records.push(r),
+        }
+        k.write()
+    }
+
+    /// Forgets vRNIC `name` in the file of persistent vRNICs (`vrnic rm`); the snapshot to
+    /// wait for, `None` if it was not recorded.
+    pub(super) fn forget_vnic(&mut self, name: &str) -> Option<u64> {
+        let k = self.kept.as_mut()?;
+        let before = k.records.len();
+        k.records.retain(|r| r.name != name);
+        if k.records.len() == before {
+            return None;
+        }
+        k.write()
+    }
+
+    /// `reply` to admin connection `conn` once snapshot `seq` is written (`None`: at once):
+    /// `None` then, for [`Server::admin_request`] to hold the connection. `what` says what was
+    /// done, for the reply if the write fails.
+    pub(super) fn reply_when_written(
+        &mut self,
+        conn: u64,
+        seq: Option<u64>,
+        reply: AdminReply,
+        what: String,
+    ) -> Option<AdminReply> {
+        match (seq, self.kept.as_mut()) {
+            (Some(seq), Some(k)) => {
+                k.waiting.push(Deferred {
+                    seq,
+                    conn,
+                    reply,
+                    what,
+                });
+                None
+            }
+            _ => Some(reply),
+        }
+    }
+
+    /// Takes the writer's reports: the replies that waited for them go out (an error instead
+    /// if the write failed).
+    pub(super) fn persist_written(&mut self) {
+        loop {
+            let Some(k) = self.kept.as_mut() else { return };
+            let Some(w) = k.writer.poll_written() else {
+                return;
+            };
+            let file = k.writer.file().display().to_string();
+            let (done, rest): (Vec<Deferred>, Vec<Deferred>) =
+                k.waiting.drain(..).partition(|d| d.seq <= w.seq);
+            k.waiting = rest;
+            if let Err(e) = &w.result {
+                error!(
+                    file,
+                    "the file of persistent vRNICs could not be written: {e}"
+                );
+            }
+            for d in done {
+                let reply = match &w.result {
+                    Ok(()) => d.reply,
+                    Err(e) => AdminReply::Err(format!(
+                        "{}, but the file of persistent vRNICs {file} could not be written \
+                         ({e}): the change is lost if the daemon restarts",
+                        d.what
+                    )),
+                };
+                self.admin_reply_later(d.conn, &reply);
+            }
+        }
+    }
+
     /// Tears down every vRNIC whose region the `SIGBUS` guard caught losing pages under us: its
     /// tenant truncated the file or filled its quota. Only that vRNIC goes; its peers see their
     /// QPs fail as if it had died.
@@ -394,6 +663,8 @@ impl Server {
                 .sum(),
             users: v.holders + v.contexts.len(),
             persistent: v.persistent,
+            // Every persistent vRNIC is recorded as it is made.
+            recorded: v.persistent && self.kept.is_some(),
             dir: v.dir.display().to_string(),
             group: self.directory.group_name(v.group).to_string(),
             ip: v.vip.to_string(),
@@ -402,6 +673,14 @@ impl Server {
             max_rate: policy.max_rate,
         })
     }
+}
+
+/// Logs a recorded vRNIC that could not be made again.
+fn not_restored(name: &str, file: &str, why: &str) {
+    error!(
+        vnic = name,
+        file, "a persistent vRNIC could not be made again: {why}; it stays recorded"
+    );
 }
 
 /// `RemAccessErr` as `rem_access_err`.

@@ -272,6 +272,7 @@ impl Daemon {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
+        remove_persist_file(&dir);
         std::fs::create_dir_all(&dir).expect("create the state dir");
         let mut d = Daemon {
             proc: None,
@@ -320,6 +321,11 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The file where it records its persistent vRNICs: beside its state dir.
+    pub fn persist_file(&self) -> PathBuf {
+        persist_file(&self.dir)
     }
 
     /// `vrnic` (in the daemon's network namespace, if it has one).
@@ -437,8 +443,28 @@ impl Drop for Daemon {
     }
 }
 
-/// Removes a state dir, taking down a tmpfs a killed daemon left mounted on it.
+/// The file where a daemon on state dir `dir` records its persistent vRNICs (`vrnic create`'s),
+/// beside the dir: `DIR.vnics.json`.
+pub fn persist_file(dir: &Path) -> PathBuf {
+    let mut f = dir.as_os_str().to_owned();
+    f.push(".vnics.json");
+    PathBuf::from(f)
+}
+
+/// Removes the file of persistent vRNICs of state dir `dir` (and a temporary one a killed
+/// daemon left).
+fn remove_persist_file(dir: &Path) {
+    let f = persist_file(dir);
+    let _ = std::fs::remove_file(&f);
+    let mut tmp = f.into_os_string();
+    tmp.push(".tmp");
+    let _ = std::fs::remove_file(tmp);
+}
+
+/// Removes a state dir (and its file of persistent vRNICs beside it), taking down a tmpfs a
+/// killed daemon left mounted on it.
 pub fn remove_state_dir(dir: &Path) {
+    remove_persist_file(dir);
     if std::fs::remove_dir_all(dir).is_ok() || !dir.exists() {
         return;
     }

@@ -314,6 +314,11 @@ impl Cluster {
         self.pending.len()
     }
 
+    /// Whether the daemon is registered in etcd and etcd answers (vRNICs can be made).
+    pub(super) fn registered(&self) -> bool {
+        self.down.is_none()
+    }
+
     /// Stops the session: its lease is revoked (every key of this daemon goes at once).
     /// Waits a little for it, never long.
     pub(super) fn stop(&mut self) {
@@ -466,6 +471,8 @@ impl Server {
                     }
                     self.cluster_set_me(me);
                 }
+                // The first registration: the recorded vRNICs are registered as fresh ones.
+                self.restore_recorded();
             }
             Event::Snapshot { hosts, vnics } => {
                 let old_hosts: Vec<u32> = c.hosts.keys().copied().collect();
@@ -592,6 +599,7 @@ impl Server {
             return;
         };
         let alive = self.admins.contains_key(&p.conn);
+        let mut seq = None;
         let reply = match result {
             Err(why) => AdminReply::Err(format!("cannot register the vRNIC in etcd: {why}")),
             // A `run` whose command already died: nobody would hold it.
@@ -610,6 +618,7 @@ impl Server {
                             c.held = Some(id);
                         }
                     }
+                    seq = self.record_vnic(id);
                     self.summary(id)
                         .map(AdminReply::Vnic)
                         .unwrap_or(AdminReply::Ok)
@@ -620,7 +629,19 @@ impl Server {
                 }
             },
         };
-        self.admin_reply_later(p.conn, &reply);
+        if p.conn == super::admin_socket::NO_CONN {
+            // A recorded vRNIC made again at start.
+            if let AdminReply::Err(e) = &reply {
+                self.restore_refused(&p.name, e);
+            } else {
+                info!(vnic = p.name, "persistent vRNIC made again");
+            }
+            return;
+        }
+        let what = format!("vRNIC {} was made", p.name);
+        if let Some(reply) = self.reply_when_written(p.conn, seq, reply, what) {
+            self.admin_reply_later(p.conn, &reply);
+        }
     }
 
     /// Makes the vRNIC etcd granted `r` to.
