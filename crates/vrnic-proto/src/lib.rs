@@ -250,7 +250,7 @@ pub trait Siblings {
     /// other thread changes it meanwhile) and a [`Memory`] that reaches both engines'
     /// regions. With `recv_for` (the request takes a receive at QP number `recv_for`), the
     /// driver first hands that engine the receives posted to that QP's queue or SRQ since its
-    /// last look, if it holds none ([`Engine::starving`]), as a pass of its own would.
+    /// last look, if it holds none ([`Engine::receives_wanted`]), as a pass of its own would.
     /// `false`, without calling `f`, if that engine is busy now (another thread holds it): the
     /// work request waits for the next pass ([`Engine::has_deferred`]).
     fn with(

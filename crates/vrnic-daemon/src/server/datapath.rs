@@ -216,6 +216,9 @@ impl Shard {
         let FrameRepr::Segment { addr, grh, segment } = repr else {
             return;
         };
+        if segment.opcode.op().takes_receive() {
+            self.fetch_receives(now, segment.dest_qpn);
+        }
         let from = Sender {
             addr,
             grh: grh.as_ref(),
@@ -223,6 +226,27 @@ impl Shard {
         let mem = &mut Mem::new(&self.lanes);
         self.engine
             .handle_segment(now, host, from, &segment, body, mem);
+    }
+
+    /// Before a segment that takes a receive reaches QP `qpn` from another host, or a request
+    /// of another engine thread's pass does (`siblings.rs`): if the engine has no receive of it
+    /// taken in, the receives the app posted are taken from their ring now. The app may have
+    /// posted them, then told its peer to send, while this engine was not running: they must
+    /// be there for the message, as on a device, which the engine would otherwise drop (UD,
+    /// UC) or answer with RNR (RC).
+    pub(super) fn fetch_receives(&mut self, now: Instant, qpn: u32) {
+        match self.engine.receives_wanted(qpn) {
+            Some((_, Some(srq))) => {
+                self.fetch_srq(srq);
+            }
+            Some((qp, None)) => {
+                let mut work = false;
+                if self.fetch_qp(now, qp, &mut work) {
+                    self.carry_on(Bell::Qp(qp));
+                }
+            }
+            None => {}
+        }
     }
 
     pub(super) fn set_sleeping(&mut self, on: bool) {
@@ -283,12 +307,15 @@ impl Shard {
             work |= t.did;
             wrs += t.wrs;
             bytes = bytes.saturating_add(t.bytes);
+            // Frames before completions: a UD or UC send completes when its frame is made,
+            // and its buffer is the app's again once the completion is seen, so the frame
+            // must have read it by then.
+            if self.engine.has_transmit() {
+                work |= frames.send(&mut self.engine, &mut Mem::new(&self.lanes));
+            }
             work |= self.publish();
             if let Some(s) = sibs.as_deref_mut() {
                 work |= s.publish();
-            }
-            if self.engine.has_transmit() {
-                work |= frames.send(&mut self.engine, &mut Mem::new(&self.lanes));
             }
             since += 1;
             if since >= every {
@@ -483,24 +510,6 @@ impl Shard {
             }
         }
         work
-    }
-
-    /// Before a sibling's pass executes a request that takes a receive of QP number `qpn`:
-    /// if its receive queue (or SRQ) holds none in the engine, the receives its app posted
-    /// since this shard's last look are taken now, as this shard's own pass would.
-    pub(super) fn take_receives(&mut self, now: Instant, qpn: u32) {
-        match self.engine.starving(qpn) {
-            Some((_, Some(srq))) => {
-                self.fetch_srq(srq);
-            }
-            Some((qp, None)) => {
-                let mut work = false;
-                if self.fetch_qp(now, qp, &mut work) {
-                    self.carry_on(Bell::Qp(qp));
-                }
-            }
-            None => {}
-        }
     }
 
     /// Takes new work requests from a QP's send and receive rings into the engine (copied out

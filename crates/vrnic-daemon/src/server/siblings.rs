@@ -154,7 +154,7 @@ impl vrnic_proto::Siblings for Reach<'_, '_> {
             return false;
         };
         if let Some(qpn) = recv_for {
-            sh.take_receives(now, qpn);
+            sh.fetch_receives(now, qpn);
         }
         let Shard { engine, lanes, .. } = sh;
         f(engine, &mut Mem::pair(self.lanes, lanes));

@@ -12,18 +12,6 @@ use super::segment::{Op, Request, Response, Src};
 use super::*;
 
 impl Engine {
-    /// QP number `qpn` and the SRQ it takes its receives from (`None`: its own receive
-    /// queue), if that queue holds no receive now. A driver about to let a sibling execute a
-    /// request that takes a receive here first hands this engine what the app posted there
-    /// since this engine's last look ([`Siblings::with`]), so the sender meets RNR only when
-    /// nothing is posted, as on one engine.
-    #[must_use]
-    pub fn starving(&self, qpn: u32) -> Option<(QpId, Option<SrqId>)> {
-        let &qp = self.objs.by_qpn.get(&qpn)?;
-        let q = self.objs.qps.get(&qp)?;
-        self.recv_empty(qp).then_some((qp, q.srq.or(q.xrc_srq)))
-    }
-
     /// A request segment that sibling engine `from` executes here for its QP named by `addr`:
     /// admitted as a segment from that engine is, then handled as a request of this engine's
     /// own. `None`: dropped (refused, or no QP ready to take it), as on a fabric.

@@ -724,6 +724,31 @@ impl Engine {
         self.objs.qps.get(&qp).map(|q| q.attr.qp_state)
     }
 
+    /// QP number `qpn` when it has no receive taken in (the driver hands the engine the
+    /// receives an app posts only when it looks at their ring), with the SRQ it takes its
+    /// receives from, if any. A driver looks at that ring before it hands the engine a segment
+    /// from another engine or host that takes a receive ([`Op::takes_receive`]), so that a
+    /// receive posted before the message was sent is there for it, as on a device: otherwise
+    /// UD and UC drop the message and RC answers RNR. `None` when it has a receive taken in,
+    /// or no such QP (an XRC target's SRQ is named by each segment: not looked up here).
+    ///
+    /// [`Op::takes_receive`]: vrnic_wire::frame::Op::takes_receive
+    pub fn receives_wanted(&self, qpn: u32) -> Option<(QpId, Option<SrqId>)> {
+        let qp = *self.objs.by_qpn.get(&qpn)?;
+        let q = self.objs.qps.get(&qp)?;
+        match q.srq {
+            Some(s) => self
+                .objs
+                .srqs
+                .get(&s)?
+                .rq
+                .is_empty()
+                .then_some((qp, Some(s))),
+            None if q.xrc_srq.is_some() || q.ty == QpType::XrcRecv => None,
+            None => q.rq.is_empty().then_some((qp, None)),
+        }
+    }
+
     /// All QPs (for the daemon's ring scan).
     pub fn qps(&self) -> impl Iterator<Item = QpId> + '_ {
         self.objs.qps.keys().copied()

@@ -155,6 +155,26 @@ impl Op {
         }
     }
 
+    /// Whether a packet of this operation belongs to a message that completes a receive at
+    /// the responder: a SEND (any packet), or the last packet of an RDMA WRITE with
+    /// immediate data.
+    pub const fn takes_receive(self) -> bool {
+        use Op::*;
+        matches!(
+            self,
+            SendFirst
+                | SendMiddle
+                | SendLast
+                | SendLastWithImm
+                | SendLastWithInvalidate
+                | SendOnly
+                | SendOnlyWithImm
+                | SendOnlyWithInvalidate
+                | RdmaWriteLastWithImm
+                | RdmaWriteOnlyWithImm
+        )
+    }
+
     /// Whether a responder sends it (READ responses and acknowledgements) rather than a
     /// requester.
     pub const fn is_response(self) -> bool {
@@ -348,6 +368,21 @@ mod tests {
             assert_eq!((o.transport(), o.op(), o.to_u8()), (t, op, byte));
             assert_eq!(Opcode::new(t, op), Some(o));
         }
+    }
+
+    /// A SEND's every packet and a WRITE with immediate's last one complete a receive; no
+    /// other request or response does.
+    #[test]
+    fn sends_and_the_last_packet_of_a_write_with_immediate_take_a_receive() {
+        let takes: Vec<u8> = (0..=0x1fu8)
+            .filter_map(Op::from_bits)
+            .filter(|op| op.takes_receive())
+            .map(|op| op as u8)
+            .collect();
+        assert_eq!(
+            takes,
+            vec![0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x09, 0x0b, 0x16, 0x17]
+        );
     }
 
     #[test]

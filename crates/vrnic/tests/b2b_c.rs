@@ -1,0 +1,71 @@
+//! Tests back to back in one long-lived process (`tests/c/b2b_check.c`, built against the
+//! system's libibverbs-dev), as perftest's daemon mode or rdma-core's pyverbs suite run them:
+//! one server and one client process under `vrnic run`, joined by one TCP connection, run an
+//! RC bandwidth test (64 KiB WRITEs and SENDs, 128 in flight, RNR when the sender runs ahead),
+//! a UD bandwidth test (128 datagrams in flight), then RC and UC ping-pongs (SENDs, and WRITEs
+//! polled in memory), each on fresh resources torn down after it, round after round, every
+//! byte of every message checked. The device is opened once for all, or again for each test;
+//! on one engine thread (the two vRNICs' QPs meet in one engine), and on two (they meet as two
+//! hosts do, through frames).
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::Daemon;
+
+fn b2b(serve: &[&str], mode: &str) {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    let bin = BIN.get_or_init(|| common::c_program("b2b_check", &["-libverbs"]));
+    let bin = bin.to_str().expect("utf-8 path");
+    let d = Daemon::start_with(serve);
+    let p = common::port().to_string();
+    let rounds = "3";
+    let pair = common::run_pair(
+        &d,
+        &[bin, "server", &p, rounds, mode],
+        &[bin, "client", "127.0.0.1", &p, rounds, mode],
+        Duration::from_secs(240),
+    );
+    pair.assert_ok();
+    for side in [&pair.server, &pair.client] {
+        assert!(side.stdout.contains("OK b2b done"), "{pair}");
+        for test in ["rc_bw", "ud_bw", "rc_lat", "uc_lat"] {
+            assert_eq!(
+                side.stdout.matches(&format!("OK {test} round")).count(),
+                3,
+                "{pair}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bandwidth_then_latency_tests_in_one_process_on_one_context() {
+    b2b(&[], "once");
+}
+
+/// Ignored until fixed: about one run in five, an RC or UC ping-pong WRITE late in a round
+/// after the first completes at the writer but never shows at the reader (its last word keeps
+/// the previous 64 KiB WRITE's bytes), seen on one engine thread only. Run with `--ignored`.
+#[test]
+#[ignore = "a WRITE completes but is not seen by its reader when the device is reopened per test"]
+fn bandwidth_then_latency_tests_in_one_process_reopening_the_device() {
+    b2b(&[], "reopen");
+}
+
+/// The two vRNICs on two engine threads: a datagram reaches the receiver's engine as a frame,
+/// which may run it before it has looked at the receive ring the app filled before telling
+/// its peer to send. Without looking at that ring first, the datagrams found no receive and
+/// were dropped: the UD test after the RC one read another datagram's bytes, or timed out.
+#[test]
+fn bandwidth_then_latency_tests_in_one_process_on_two_engine_threads() {
+    b2b(&["--engine-threads", "2"], "once");
+}
+
+#[test]
+fn bandwidth_then_latency_tests_reopening_the_device_on_two_engine_threads() {
+    b2b(&["--engine-threads", "2"], "reopen");
+}
