@@ -22,7 +22,8 @@
 //! the connection, the PSN (a duplicate is answered without effect, a gap is NAKed), its
 //! receive and its memory, places the payload, and answers ACK, RNR NAK, NAK, READ data or the
 //! atomic's original value, which the requester acts on. Same-daemon delivery is a call, and
-//! still one copy per byte.
+//! still one copy per byte, also into another engine of the daemon (an engine thread's,
+//! [`Siblings`]).
 //!
 //! # What it is not
 //!

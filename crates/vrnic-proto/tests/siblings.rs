@@ -763,3 +763,38 @@ fn a_vrnic_sliced_over_two_engines_connects_its_qps_through_its_siblings() {
     assert_eq!(statuses(&p.cqes(&b)), vec![(9, WcStatus::Success)]);
     assert_eq!(p.moved.get(), 8000);
 }
+
+/// A connected QP remembers the peer it admitted (no lookups per segment), but not past a
+/// change of the routes: the same peer, its LID now announced in another group, is refused.
+#[test]
+fn an_admitted_peer_is_checked_again_when_its_group_changes() {
+    let mut p = Pair::new();
+    let (mut a, mut b) = rc_pair(&mut p);
+    let (aa, ba) = (0x10_0000u64, 0x20_0000u64);
+    let am = p.map(&mut a, aa, 8192);
+    let bm = p.map(&mut b, ba, 8192);
+    p.set(&a, &am, aa, aa, b"first");
+    p.recv(&b, 1, sge(ba, 64, bm.0.lkey));
+    p.recv(&b, 2, sge(ba + 64, 64, bm.0.lkey));
+    p.post(
+        &a,
+        wqe(1, SendOpcode::Send, vec![sge(aa, 5, am.0.lkey)], 0, 0),
+    );
+    p.run();
+    assert_eq!(statuses(&p.cqes(&b)), vec![(1, WcStatus::Success)]);
+    // Engine 1 now knows a's LID as a vRNIC of another group.
+    let refused = p.e[1].segments_refused();
+    p.e[1].add_remote_vnic_in_group(HostId(BASE), a.lid, [1u8; 16], GroupId(9));
+    p.post(
+        &a,
+        wqe(2, SendOpcode::Send, vec![sge(aa, 5, am.0.lkey)], 0, 0),
+    );
+    p.run();
+    p.advance(Duration::from_secs(60));
+    assert!(p.cqes(&b).is_empty(), "delivered from another group");
+    assert!(p.e[1].segments_refused() > refused);
+    assert_eq!(
+        statuses(&p.cqes(&a)),
+        vec![(1, WcStatus::Success), (2, WcStatus::RetryExcErr)]
+    );
+}

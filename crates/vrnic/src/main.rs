@@ -79,10 +79,10 @@ enum Cmd {
         /// its vRNIC uses it) [default: 4096].
         #[arg(long)]
         max_vrnics: Option<u32>,
-        /// Engine threads: vRNICs are shared out among them, each served wholly by one
-        /// (traffic between vRNICs of two threads crosses as frames, as between hosts: see
-        /// docs/performance.md). 1: the daemon's loop thread runs the engine itself, the fastest
-        /// for pairs of vRNICs on this host [default: 1]. `vrnic ls` shows each vRNIC's.
+        /// Engine threads: vRNICs are shared out among them, each served by one; a work
+        /// request for a vRNIC of another thread is executed by the thread that took it, one
+        /// copy per byte (docs/performance.md, "Engine threads"). 1: the daemon's loop thread
+        /// runs the engine itself [default: 1]. `vrnic ls` shows each vRNIC's.
         #[arg(long)]
         engine_threads: Option<usize>,
         /// Spread each vRNIC's QPs over the engine threads (a process's QPs then use several

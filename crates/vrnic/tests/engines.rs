@@ -1,5 +1,6 @@
 //! Engine threads (`vrnic serve --engine-threads N`): vRNICs shared out among shards, each served
-//! by a thread of its own, traffic between shards handed over as frames. Each pair below runs
+//! by a thread of its own; a work request for another shard's vRNIC executed by the thread that
+//! took it, inside that shard's engine. Each pair below runs
 //! with its two vRNICs on different engine threads (a new vRNIC goes to the shard serving the
 //! fewest, and the daemon's log names it), and asserts real outcomes: exact bytes (our checks,
 //! `ibv_rc_pingpong -c`), protection errors, completion events, unmodified perftest.

@@ -10,8 +10,8 @@
 //! so they are free everywhere); its plain QPs go to the slice with the fewest, and QPs with an
 //! SRQ, XRC QPs, SRQs and XRC domains stay home. A QP's id and number are of its shard's
 //! class, so both name its shard. QPs of two slices reach each other as QPs of two shards do
-//! (frames through inboxes; engines route by the destination QP number's class,
-//! [`Engine::set_siblings`]). A CQ's slot is shared by the slices under a mutex. The home
+//! (a request executed inside the other shard's engine, `siblings.rs`; engines route by the
+//! destination QP number's class, [`Engine::set_siblings`]). A CQ's slot is shared by the slices under a mutex. The home
 //! lane alone takes the region's doorbell bits and hands a slice's on to it
 //! ([`super::shard::BellInbox`]). Memory windows are not offered: a bind is a work request of
 //! one shard, and a window's R_Key would have to be known in every slice at once.

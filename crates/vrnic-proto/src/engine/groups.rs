@@ -44,6 +44,7 @@ impl Engine {
         if let Some(v) = self.objs.vnics.get_mut(&vnic) {
             v.group = group;
         }
+        self.routes.generation += 1;
     }
 
     /// Makes a vRNIC of `group` behind a peer link known: routes to its LID and GID from
@@ -55,6 +56,7 @@ impl Engine {
         gid: [u8; 16],
         group: GroupId,
     ) {
+        self.routes.generation += 1;
         self.routes.remote_lids.insert(lid, (host, group));
         self.routes.remote_gids.insert(gid, (host, group, lid));
     }

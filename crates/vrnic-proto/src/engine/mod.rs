@@ -335,6 +335,10 @@ struct Resp {
     write_len: u64,
     /// The PSN and answer of the last atomic (for a retransmitted request).
     last_atomic: Option<(u32, u64)>,
+    /// The sender last admitted to this connected QP (its link or sibling, its address
+    /// word) and the routes' generation then: the same sender is admitted again without the
+    /// lookups while neither the routes nor the QP's connection changed (`Engine::admits`).
+    admitted: Option<(HostId, AddrRepr, u64)>,
 }
 
 /// A QP's place in the scheduler: see [`Qp::sched`].
@@ -520,6 +524,9 @@ struct Routes {
     remote_gids: HashMap<[u8; 16], (HostId, GroupId, u16)>,
     /// Segments from links that [`Engine::segments_refused`] counts.
     refused_segments: u64,
+    /// Moves whenever an address's vRNIC or group changes here (a vRNIC added or removed,
+    /// here or behind a link): admissions remembered by QPs before it are checked again.
+    generation: u64,
     /// Routes refused because the two ends are in different groups, for the daemon to log
     /// ([`Engine::take_refusals`]); at most `groups::MAX_REFUSALS` wait.
     refusals: Vec<Refusal>,
@@ -696,10 +703,12 @@ impl Engine {
     }
 
     /// Names the engines sharing this daemon's QP numbers ([`Engine::set_qpn_space`]): the
-    /// engine of class `c` is host `HostId(base + c)`. A vRNIC may then have QPs on several
+    /// engine of class `c` is host `HostId(base + c)`, and a route to one of them is not a
+    /// peer link: a work request along it is executed here, inside that engine, through the
+    /// [`Siblings`] given to [`Engine::turn_with`]. A vRNIC may also have QPs on several
     /// engines (each holds a *slice* of it: the same vRNIC, its objects mirrored), so a
     /// destination that resolves to a vRNIC on this engine, with a QP number of another class,
-    /// is reached through that class's engine, as over a peer link.
+    /// is reached through that class's engine.
     pub fn set_siblings(&mut self, base: HostId) {
         self.siblings = Some(base.0);
     }

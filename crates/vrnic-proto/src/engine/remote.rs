@@ -227,6 +227,7 @@ impl Engine {
     /// Forgets a remote vRNIC (its daemon said it is gone). QPs already routed to it keep
     /// their route and learn from silence.
     pub fn remove_remote_vnic(&mut self, lid: u16, gid: [u8; 16]) {
+        self.routes.generation += 1;
         self.routes.remote_lids.remove(&lid);
         self.routes.remote_gids.remove(&gid);
     }
@@ -679,6 +680,11 @@ impl Engine {
         let Some(q) = self.objs.qps.get(&qp) else {
             return false;
         };
+        // A connected QP's peer, admitted before and unchanged since: no lookups.
+        let generation = self.routes.generation;
+        if q.resp.admitted == Some((host, *addr, generation)) && q.ty != QpType::Ud {
+            return true;
+        }
         let vnic = q.vnic;
         if self.routes.by_lid.get(&addr.dlid) != Some(&vnic) {
             return false;
@@ -704,11 +710,16 @@ impl Engine {
         }
         // A connected QP whose peer was unknown at RTR looks it up again first.
         let route = self.reroute(qp);
-        self.objs.qps.get(&qp).is_some_and(|q| {
-            route == Route::Remote(host)
-                && q.addr.dlid == addr.slid
-                && q.attr.dest_qp_num == addr.src_qpn
-        })
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
+            return false;
+        };
+        let peer = route == Route::Remote(host)
+            && q.addr.dlid == addr.slid
+            && q.attr.dest_qp_num == addr.src_qpn;
+        if peer {
+            q.resp.admitted = Some((host, *addr, generation));
+        }
+        peer
     }
 
     /// Segments from links refused by the address-word checks so far: another vRNIC's

@@ -123,6 +123,7 @@ impl Engine {
         if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.route = route;
             q.addr = addr;
+            q.resp.admitted = None;
         }
         route
     }

@@ -9,6 +9,7 @@ impl Engine {
 
     /// Registers a vRNIC with its address.
     pub fn add_vnic(&mut self, vnic: VnicId, lid: u16, gid: [u8; 16]) {
+        self.routes.generation += 1;
         self.routes.by_lid.insert(lid, vnic);
         self.routes.by_gid.insert(gid, vnic);
         self.objs.vnics.insert(
@@ -71,6 +72,7 @@ impl Engine {
             self.destroy_context(now, c);
         }
         if let Some(v) = self.objs.vnics.remove(&vnic) {
+            self.routes.generation += 1;
             if self.routes.by_lid.get(&v.lid) == Some(&vnic) {
                 self.routes.by_lid.remove(&v.lid);
             }
@@ -566,6 +568,7 @@ impl Engine {
         };
         q.route = route;
         q.addr = addr;
+        q.resp.admitted = None;
         let a = &mut q.attr;
         macro_rules! set {
             ($bit:ident => $($f:ident),+) => {
