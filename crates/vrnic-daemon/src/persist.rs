@@ -67,6 +67,16 @@ pub struct Record {
     pub max_rate: Option<u64>,
 }
 
+impl Record {
+    /// Its limits, as a change of policy that sets them.
+    pub fn policy(&self) -> vrnic_api::PolicyChange {
+        vrnic_api::PolicyChange {
+            max_bw: self.max_bw,
+            max_rate: self.max_rate,
+        }
+    }
+}
+
 /// The file's body.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -332,28 +332,14 @@ impl Server {
         let file = k.writer.file().display().to_string();
         let mut made = 0;
         for r in &records {
-            let policy = vrnic_api::PolicyChange {
-                max_bw: r.max_bw,
-                max_rate: r.max_rate,
-            };
             if self.cluster.is_some() {
                 // Made when etcd grants its addresses (`cluster_created`).
-                let refused = self.cluster_create(
-                    super::admin_socket::NO_CONN,
-                    &r.name,
-                    true,
-                    Some(&r.group),
-                    r.ip,
-                    policy,
-                );
-                if let Some(AdminReply::Err(e)) = refused {
-                    not_restored(&r.name, &file, &e);
-                }
+                self.register_recorded(r, &file);
                 continue;
             }
             match self.create_vnic(&r.name, true, Some(&r.group), r.ip) {
                 Ok(id) => {
-                    self.set_policy(id, policy);
+                    self.set_policy(id, r.policy());
                     // A record without an address gets the one given now.
                     let _ = self.record_vnic(id);
                     made += 1;
@@ -409,21 +395,23 @@ impl Server {
             if self.vnics.values().any(|v| v.name == r.name) {
                 continue;
             }
-            let policy = vrnic_api::PolicyChange {
-                max_bw: r.max_bw,
-                max_rate: r.max_rate,
-            };
-            let refused = self.cluster_create(
-                super::admin_socket::NO_CONN,
-                &r.name,
-                true,
-                Some(&r.group),
-                r.ip,
-                policy,
-            );
-            if let Some(AdminReply::Err(e)) = refused {
-                not_restored(&r.name, &file, &e);
-            }
+            self.register_recorded(&r, &file);
+        }
+    }
+
+    /// Registers recorded vRNIC `r` in etcd as a fresh `vrnic create` (cluster mode); a
+    /// refusal is logged, naming the record's `file`.
+    fn register_recorded(&mut self, r: &crate::persist::Record, file: &str) {
+        let refused = self.cluster_create(
+            super::admin_socket::NO_CONN,
+            &r.name,
+            true,
+            Some(&r.group),
+            r.ip,
+            r.policy(),
+        );
+        if let Some(AdminReply::Err(e)) = refused {
+            not_restored(&r.name, file, &e);
         }
     }
 
