@@ -132,7 +132,12 @@ pub fn default_file(state_dir: &Path) -> PathBuf {
         if config::current_euid() == 0 {
             return Path::new("/var/lib/vrnic").join(PERSIST_FILE);
         }
-        let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+        // A home that is not this user's (`sudo -u` keeping root's `HOME`) is not used: its
+        // files could not be read, or would be another user's.
+        let me = config::current_euid();
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .filter(|h| std::fs::metadata(h).is_ok_and(|m| m.uid() == me));
         let state_home = std::env::var_os("XDG_STATE_HOME")
             .filter(|d| Path::new(d).is_absolute())
             .map(PathBuf::from)
