@@ -8,6 +8,9 @@
  *           them, then 2048 64 KiB SENDs with up to 128 in flight against receives refilled
  *           as they are checked (RNR when the sender runs ahead); 128 receives left posted
  *   ud_bw   UD: rounds of 256 datagrams, up to 128 in flight; 256 receives left posted
+ *   uc_bw   UC: 1024 64 KiB WRITEs with immediate, up to 128 in flight, each send buffer refilled
+ *           with the next message as soon as its completion comes (a UC send completes once
+ *           sent: its buffer must have been read by then, whatever the way to the peer)
  *   rc_lat  RC ping-pong: SEND/RECV, then WRITEs polled in memory (as ib_write_lat)
  *   uc_lat  UC ping-pong: the same
  *
@@ -17,7 +20,7 @@
  *   b2b_check server PORT ROUNDS MODE
  *   b2b_check client HOST PORT ROUNDS MODE
  *
- * ROUNDS: how often the four tests run, in this order. MODE "once": each side opens the device
+ * ROUNDS: how often the five tests run, in this order. MODE "once": each side opens the device
  * once and runs every test on that context; "reopen": each test opens the device and closes it
  * after its teardown.
  *
@@ -47,6 +50,8 @@
 #define UD_QKEY 0x11111111u
 #define GRH 40
 #define LAT_ITERS 1000
+#define UC_MSGS 1024
+#define UC_DEPTH 128
 #define CTRL_OFF ((size_t)BW_SLOTS * BW_SIZE)
 
 static const char *test = "setup";
@@ -396,6 +401,43 @@ static void ud_bw(struct res *r, int round)
 	   size, UD_DEPTH);
 }
 
+static void uc_bw(struct res *r, int round)
+{
+	test = "uc_bw";
+	size_t sbuf = CTRL_OFF;
+	setup(r, IBV_QPT_UC, UC_DEPTH, BW_SLOTS, sbuf + (size_t)UC_DEPTH * BW_SIZE);
+	for (uint32_t b = 0; b < UC_MSGS / BW_SLOTS; b++) {
+		uint32_t seed = (uint32_t)round << 24 | 0x200000 | b << 12;
+		if (r->server) {
+			for (uint32_t k = 0; k < BW_SLOTS; k++)
+				post_recv(r, b * BW_SLOTS + k, 0, 0);
+			say(r, b);
+			for (uint32_t k = 0; k < BW_SLOTS; k++) {
+				struct ibv_wc wc = next_wc(r, "a WRITE with immediate");
+				uint32_t imm = ntohl(wc.imm_data);
+				if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || imm != k)
+					fail("%s: batch %u message %u: opcode %d imm %u", test, b, k, wc.opcode, imm);
+				check_bytes(r->buf + (size_t)k * BW_SIZE, BW_SIZE, seed + k, "WRITE",
+					    b * BW_SLOTS + k);
+			}
+		} else {
+			if (hear(r) != b)
+				fail("%s: sync", test);
+			for (uint32_t k = 0; k < BW_SLOTS; k++) {
+				drain_to(r, UC_DEPTH - 1);
+				size_t off = sbuf + (r->posted % UC_DEPTH) * BW_SIZE;
+				fill(r->buf + off, BW_SIZE, seed + k);
+				post_send(r, IBV_WR_RDMA_WRITE_WITH_IMM, off, BW_SIZE,
+					  r->peer.addr + (size_t)k * BW_SIZE, 1, k);
+			}
+			drain_to(r, 0);
+		}
+	}
+	teardown(r);
+	ok("%s round %d: %d WRITEs with immediate of %d bytes from %d buffers", test, round, UC_MSGS,
+	   BW_SIZE, UC_DEPTH);
+}
+
 /* Ping-pong: SENDs (each side's receive checked and reposted), then WRITEs of which the peer
  * polls the last word in memory, as ib_write_lat does. */
 static void lat(struct res *r, enum ibv_qp_type type, int round)
@@ -487,6 +529,7 @@ int main(int argc, char **argv)
 	for (int n = 0; n < rounds; n++) {
 		rc_bw(&r, n);
 		ud_bw(&r, n);
+		uc_bw(&r, n);
 		lat(&r, IBV_QPT_RC, n);
 		lat(&r, IBV_QPT_UC, n);
 	}

@@ -472,6 +472,10 @@ impl Server {
         let mut last_work = Instant::now();
         let mut pass: u64 = 0;
         let mut asleep = false;
+        // The peer links moved frames in the last pass, in or out (a read may have stopped at
+        // its budget with more in the socket, which an edge-triggered poll would not report
+        // again): with engine threads, the next poll does not wait.
+        let mut links_busy = false;
         loop {
             let now = Instant::now();
             let idle = now.duration_since(last_work);
@@ -493,7 +497,9 @@ impl Server {
                     t.map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now()))
                         .min(cap)
                 };
-                let timeout = if threaded {
+                let timeout = if threaded && links_busy {
+                    Some(Duration::ZERO)
+                } else if threaded {
                     // The engine threads run the passes: the loop waits for sockets, the
                     // shards' outboxes, timers and guests.
                     Some(until(self.cm.next_deadline()))
@@ -558,7 +564,8 @@ impl Server {
             if !self.guests.is_empty() && self.serve_guests() {
                 last_work = Instant::now();
             }
-            if self.peer_pass(now) {
+            links_busy = self.peer_pass(now);
+            if links_busy {
                 last_work = Instant::now();
             }
             if self.cm.has_notes() {
@@ -574,7 +581,7 @@ impl Server {
                 self.log_refusals();
             }
             if self.threads.is_some() {
-                self.flush_peers(now);
+                links_busy |= self.flush_peers(now);
             } else {
                 let worked = self.engine_pass(now);
                 if self.flush_peers(now) || worked || self.peers_backlogged() {

@@ -1673,7 +1673,15 @@ impl Peers {
 fn enqueue(t: &vrnic_proto::Transmit, mem: &mut Mem, out: &mut OutQueue) -> bool {
     let len = t.frame_len();
     let range = t.payload_range();
+    // Only a reliable segment's payload may be read at `writev` time: its work request
+    // completes when the peer acknowledges it, after the bytes left. A UC (or UD) send
+    // completes when its frame is made, and the app may then reuse its buffer at once.
+    let reliable = matches!(
+        t.segment.opcode.transport(),
+        vrnic_wire::frame::Transport::Rc | vrnic_wire::frame::Transport::Xrc
+    );
     if let Some(runs) = t.runs()
+        && reliable
         && range.len() as u64 >= ZERO_COPY_MIN
     {
         if !t.encode_headers(out.spare(len)) {
