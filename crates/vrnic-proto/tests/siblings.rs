@@ -798,3 +798,31 @@ fn an_admitted_peer_is_checked_again_when_its_group_changes() {
         vec![(1, WcStatus::Success), (2, WcStatus::RetryExcErr)]
     );
 }
+
+/// A request sent before its responder on the other engine reached RTR gets no answer; when
+/// that QP reaches RTR (the daemon tells every engine: `responder_ready_elsewhere`), it is sent
+/// again at once, as on one engine, instead of failing when its retry budget runs out.
+#[test]
+fn a_request_before_the_siblings_rtr_goes_again_when_it_is_ready() {
+    let mut p = Pair::new();
+    let mut a = p.end(0, 1, 0, QpType::Rc);
+    let mut b = p.end(1, 2, 0, QpType::Rc);
+    p.connect(&a, b.qpn, b.lid, false);
+    let (aa, ba) = (0x10_0000u64, 0x20_0000u64);
+    let am = p.map(&mut a, aa, 8192);
+    let bm = p.map(&mut b, ba, 8192);
+    p.set(&a, &am, aa, aa, b"early");
+    p.post(
+        &a,
+        wqe(1, SendOpcode::Send, vec![sge(aa, 5, am.0.lkey)], 0, 0),
+    );
+    p.run();
+    assert!(p.cqes(&a).is_empty(), "no responder yet: waiting");
+    p.connect(&b, a.qpn, a.lid, false);
+    p.recv(&b, 9, sge(ba, 64, bm.0.lkey));
+    assert!(p.e[0].responder_ready_elsewhere(), "the QP was waiting");
+    p.run();
+    assert_eq!(statuses(&p.cqes(&a)), vec![(1, WcStatus::Success)]);
+    assert_eq!(statuses(&p.cqes(&b)), vec![(9, WcStatus::Success)]);
+    assert_eq!(p.get(&b, &bm, ba, ba, 5), b"early");
+}

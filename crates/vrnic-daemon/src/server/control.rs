@@ -264,6 +264,19 @@ impl Server {
                         {
                             self.reset_rings(&cell, now, QpId(qp));
                         }
+                        if mask & vrnic_wire::qp_attr::STATE != 0
+                            && matches!(
+                                attr.qp_state,
+                                vrnic_wire::QpState::Rtr | vrnic_wire::QpState::Rts
+                            )
+                        {
+                            // It may be the responder a QP of another engine thread waits for.
+                            for other in self.shards.iter().filter(|c| c.index != cell.index) {
+                                if other.lock().engine.responder_ready_elsewhere() {
+                                    other.wake();
+                                }
+                            }
+                        }
                         Reply::Ok
                     }
                     Err(e) => err(e, "modify_qp"),

@@ -12,6 +12,18 @@ use super::segment::{Op, Request, Response, Src};
 use super::*;
 
 impl Engine {
+    /// A QP of a sibling engine reached RTR: the QPs here that got no answer (no responder
+    /// ready) try again now, as when a QP of this engine reaches RTR, instead of waiting out
+    /// their whole retry budget. Returns whether any was waiting.
+    pub fn responder_ready_elsewhere(&mut self) -> bool {
+        let waiting = std::mem::take(&mut self.sched.retry_waiters);
+        let any = !waiting.is_empty();
+        for w in waiting {
+            self.unlist(w);
+        }
+        any
+    }
+
     /// A request segment that sibling engine `from` executes here for its QP named by `addr`:
     /// admitted as a segment from that engine is, then handled as a request of this engine's
     /// own. `None`: dropped (refused, or no QP ready to take it), as on a fabric.
