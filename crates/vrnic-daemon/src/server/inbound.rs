@@ -268,6 +268,8 @@ mod tests {
 
     fn region(name: &str) -> (std::path::PathBuf, One) {
         let dir = std::env::temp_dir().join(format!("vrnic-inbound-{name}-{}", std::process::id()));
+        // An earlier run's, whose process had this pid, would make the create fail.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("region");
         let r = Region::create(&path, 4 << 20, "t", 1, [0; 16], 0).unwrap();
