@@ -206,7 +206,7 @@ impl Engine {
         let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
-        let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
+        let (vnic, pd, ty, route) = (q.vnic, q.pd, q.ty, q.route);
         let done = q.progress.map_or(0, |p| p.done);
         let len = wqe.payload.len();
         if len > u64::from(MAX_MSG_SIZE) {
@@ -244,7 +244,6 @@ impl Engine {
         }
         // Frames carry no IETH for UC (RC sends it): over a peer link UC has no SEND with
         // Invalidate (a sibling engine is reached by a call, as on one engine).
-        let route = self.objs.qps.get(&qp).map_or(Route::Nowhere, |q| q.route);
         if wqe.opcode == SendOpcode::SendWithInv
             && ty == QpType::Uc
             && matches!(route, Route::Remote(_))
