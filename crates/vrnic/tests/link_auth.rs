@@ -550,7 +550,7 @@ fn serve_refuses_unauthenticated_links_off_loopback() {
 /// replacements fall inside a message) runs across 150 replacements: no receive is
 /// overrun (`LOC_LEN_ERR`), no QP fails, and the data checks of `-c` pass.
 #[test]
-fn a_link_replaced_hundreds_of_times_mid_message_resumes_every_message() {
+fn a_link_replaced_again_and_again_mid_message_resumes_every_message() {
     let hosts = Hosts::new(3);
     let ds: Vec<Daemon> = (0..2)
         .map(|i| hosts.daemon_keyed(i, false, &["--insecure-links"]))
