@@ -171,6 +171,31 @@ fn groups_on_one_host() {
     // (The stopped daemon's log is read once; the CM line was logged before it.)
 }
 
+/// With engine threads the refusal is made on the requester's thread and reaches the log
+/// through its shard's outbox (the loop no longer locks every shard to ask): a red RC client
+/// aimed at a blue vRNIC on another engine thread fails, and the line names both.
+#[test]
+fn a_route_refused_on_an_engine_thread_is_logged() {
+    let mut d = Daemon::start_with(&["--engine-threads", "2"]);
+    create(&d, "b1", "blue", "10.9.0.1");
+    create(&d, "r1", "red", "10.9.0.2");
+    let ls = d.ls();
+    let engine = |name: &str| {
+        ls.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .and_then(|l| l.split_whitespace().nth(5).map(str::to_owned))
+    };
+    assert_ne!(engine("b1"), engine("r1"), "two engine threads\n{ls}");
+    let p = port().to_string();
+    let s = ["ibv_rc_pingpong", "-p", &p, "-n", "5"];
+    let c = ["ibv_rc_pingpong", "-p", &p, "-n", "5", "localhost"];
+    unreachable_rc(&pair((&d, "b1"), &s, (&d, "r1"), &c, CROSS));
+    logged(
+        &mut d,
+        "route refused across groups: vRNIC r1 (group red) -> vRNIC b1 (group blue)",
+    );
+}
+
 /// The CM's refusal line on one host (a request that only another group's listener serves).
 #[test]
 fn a_connection_request_across_groups_is_logged() {

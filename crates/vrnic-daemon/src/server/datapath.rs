@@ -509,6 +509,13 @@ impl Shard {
                 self.out.events.push((ctx, kind, handle));
             }
         }
+        if self.engine.has_refusals() {
+            // Bounded as the engine bounds its own list, whenever the loop drains it.
+            let (list, n) = self.engine.take_refusals();
+            let room = vrnic_proto::MAX_REFUSALS.saturating_sub(self.out.refused.len());
+            self.out.refused.extend(list.into_iter().take(room));
+            self.out.refused_n += n;
+        }
         work
     }
 

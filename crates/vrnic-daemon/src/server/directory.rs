@@ -356,58 +356,64 @@ impl Server {
         out
     }
 
-    /// Logs the connections refused across groups since the last call: one line each, naming
-    /// both vRNICs and both groups.
-    pub(super) fn log_refusals(&mut self) {
-        let name = |s: &Server, r: Refused| match r {
-            Refused::Local(v) => s
+    /// The name a refusal's log line gives a vRNIC: its name here, or `NAME@HOST` for one of
+    /// another host.
+    fn refused_name(&self, r: Refused) -> String {
+        match r {
+            Refused::Local(v) => self
                 .vnics
                 .get(&v)
                 .map_or_else(|| format!("#{}", v.0), |x| x.name.clone()),
+            // A vRNIC of this daemon on another engine thread (its shard's host id).
+            Refused::Remote { host, lid } if super::shard::host_shard(host).is_some() => self
+                .vnics
+                .values()
+                .find(|v| v.lid == lid)
+                .map_or_else(|| format!("lid {lid}"), |v| v.name.clone()),
             Refused::Remote { host, lid } => {
-                let n = s
+                let n = self
                     .directory
                     .remote_vnic(host, lid)
                     .map_or_else(|| format!("lid {lid}"), |x| x.name.clone());
-                let h = s
+                let h = self
                     .peers
                     .as_ref()
                     .and_then(|p| p.host_addr(host))
                     .map_or_else(|| format!("host {}", host.0), |a| a.ip().to_string());
                 format!("{n}@{h}")
             }
-        };
-        let taken: Vec<_> = self
-            .shards
-            .iter()
-            .filter_map(|cell| {
-                let mut sh = cell.lock();
-                sh.engine.has_refusals().then(|| sh.engine.take_refusals())
-            })
-            .collect();
-        for (list, n) in taken {
-            for r in &list {
-                warn!(
-                    "route refused across groups: vRNIC {} (group {}) -> vRNIC {} (group {})",
-                    name(self, Refused::Local(r.from)),
-                    self.directory.group_name(r.from_group),
-                    name(self, r.to),
-                    self.directory.group_name(r.to_group),
-                );
-            }
-            if n > list.len() as u64 {
-                warn!(
-                    "{} more routes refused across groups",
-                    n - list.len() as u64
-                );
-            }
         }
+    }
+
+    /// Logs routes an engine refused across groups (`list`, the first of `n`), as a shard's
+    /// outbox brought them: one line each, naming both vRNICs and both groups.
+    pub(super) fn log_refusals(&self, list: &[vrnic_proto::Refusal], n: u64) {
+        for r in list {
+            warn!(
+                "route refused across groups: vRNIC {} (group {}) -> vRNIC {} (group {})",
+                self.refused_name(Refused::Local(r.from)),
+                self.directory.group_name(r.from_group),
+                self.refused_name(r.to),
+                self.directory.group_name(r.to_group),
+            );
+        }
+        if n > list.len() as u64 {
+            warn!(
+                "{} more routes refused across groups",
+                n - list.len() as u64
+            );
+        }
+    }
+
+    /// Logs the connection requests the connection manager refused across groups since the
+    /// last call: one line each, naming both vRNICs and both groups.
+    pub(super) fn log_cm_refusals(&mut self) {
         for r in self.cm.take_refusals() {
             warn!(
                 "connection request refused across groups: vRNIC {} (group {}) -> vRNIC {} (group {})",
-                name(self, r.requester),
+                self.refused_name(r.requester),
                 r.requester_group,
-                name(self, Refused::Local(r.listener)),
+                self.refused_name(Refused::Local(r.listener)),
                 r.listener_group,
             );
         }

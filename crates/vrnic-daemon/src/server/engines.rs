@@ -241,13 +241,6 @@ impl Server {
         self.drain_outbox(cell);
     }
 
-    /// Whether an engine refused routes across groups since the refusals were last logged.
-    pub(super) fn shards_refused(&self) -> bool {
-        self.shards
-            .iter()
-            .any(|cell| cell.lock().engine.has_refusals())
-    }
-
     /// Sets or clears the engine-sleeping word of the one shard's regions.
     pub(super) fn set_sleeping(&mut self, on: bool) {
         self.shard0().lock().set_sleeping(on);
@@ -283,12 +276,17 @@ impl Server {
             self.notify_ctx(ctx);
         }
         self.flush_wakes();
+        if out.refused_n > 0 {
+            self.log_refusals(&out.refused, out.refused_n);
+        }
         // The buffers go back for the next passes (no allocation per pass).
         let mut sh = cell.lock();
         if sh.out.is_empty() && !sh.out.told {
             let mut out = out;
             out.events.clear();
             out.wakes.clear();
+            out.refused.clear();
+            out.refused_n = 0;
             out.told = false;
             sh.out = out;
         }

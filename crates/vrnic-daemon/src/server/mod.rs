@@ -577,8 +577,8 @@ impl Server {
                 self.flush_cm_notes();
                 self.flush_wakes();
             }
-            if self.cm.has_refusals() || self.shards_refused() {
-                self.log_refusals();
+            if self.cm.has_refusals() {
+                self.log_cm_refusals();
             }
             if self.threads.is_some() {
                 links_busy |= self.flush_peers(now);

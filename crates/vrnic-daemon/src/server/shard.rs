@@ -263,13 +263,17 @@ pub(super) struct Outbox {
     pub(super) events: Vec<(CtxId, u32, u32)>,
     /// Contexts to wake (a CQ they armed has a completion).
     pub(super) wakes: Vec<CtxId>,
+    /// Routes the engine refused across groups (the first few of them) and how many in all:
+    /// the loop logs them with names it alone knows, without locking the shard to ask.
+    pub(super) refused: Vec<vrnic_proto::Refusal>,
+    pub(super) refused_n: u64,
     /// The loop was told that there is something here (an engine thread tells it once).
     pub(super) told: bool,
 }
 
 impl Outbox {
     pub(super) fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.wakes.is_empty()
+        self.events.is_empty() && self.wakes.is_empty() && self.refused_n == 0
     }
 }
 

@@ -18,7 +18,7 @@ mod siblings;
 mod verbs;
 mod xrc;
 
-pub use groups::{Refusal, Refused};
+pub use groups::{MAX_REFUSALS, Refusal, Refused};
 use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
 pub use meter::{CLASSES, Flow, Meter};
 use mw::Mw;
