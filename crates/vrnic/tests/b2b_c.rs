@@ -56,11 +56,11 @@ fn bandwidth_then_latency_tests_in_one_process_on_one_context() {
     b2b(&[], "once");
 }
 
-/// Ignored until fixed: about one run in five, an RC or UC ping-pong WRITE late in a round
-/// after the first completes at the writer but never shows at the reader (its last word keeps
-/// the previous 64 KiB WRITE's bytes), seen on one engine thread only. Run with `--ignored`.
+/// Once one run in five, on one engine thread: an RC or UC ping-pong WRITE late in a round
+/// after the first completed at the writer but never showed at the reader (its last word kept
+/// the previous 64 KiB WRITE's bytes). Not seen since the receive and frame ordering fixes of
+/// 2026-11-27 (12 runs of 12 on 2026-11-28).
 #[test]
-#[ignore = "a WRITE completes but is not seen by its reader when the device is reopened per test"]
 fn bandwidth_then_latency_tests_in_one_process_reopening_the_device() {
     b2b(&[], "reopen");
 }
