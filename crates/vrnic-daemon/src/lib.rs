@@ -4,10 +4,12 @@
 //! `vrnic serve` is [`serve`] with [`ServeOptions`] from the command line, or from a config
 //! file ([`settings`]); there is nothing to configure on one host (the embedded default), and
 //! several hosts need only each one's `listen` address and the others' (`peers`), or, for a
-//! cluster, each one's `listen` address and etcd's URLs (`etcd`). The daemon's loop is
-//! single-threaded by design (only cluster mode's etcd client has a thread
-//! of its own): one loop owns the engine and every object, so nothing is locked; see [`server`]
-//! for how it spins and sleeps.
+//! cluster, each one's `listen` address and etcd's URLs (`etcd`). One loop thread owns the
+//! sockets, the control path and the connection manager; the data path is one or more shards,
+//! each an engine with the vRNICs it serves behind a mutex, run by the loop itself
+//! (`--engine-threads 1`, the default) or by an engine thread each (cluster mode's etcd client
+//! has a thread of its own too). See [`server`] for the loop and how it spins and sleeps, and
+//! its `shard` module for who may lock what, in which order.
 //!
 //! The state dir holds `vrnic.sock` (the admin socket the CLI talks to), `daemon.lock` (one
 //! daemon per state dir), and one directory per vRNIC with its `region` file and `sock`. The

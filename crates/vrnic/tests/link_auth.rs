@@ -563,7 +563,16 @@ fn a_link_replaced_again_and_again_mid_message_resumes_every_message() {
         .expect("an address");
     let p = port().to_string();
     let addr = hosts.addr(0);
-    let server = ["ibv_rc_pingpong", "-c", "-s", "262144", "-n", "30000", "-p", &p];
+    let server = [
+        "ibv_rc_pingpong",
+        "-c",
+        "-s",
+        "262144",
+        "-n",
+        "30000",
+        "-p",
+        &p,
+    ];
     let mut client = server.to_vec();
     client.push(&addr);
     let server_proc = Proc::spawn(ds[0].run(&server), "server");

@@ -2,8 +2,11 @@
 //! mailboxes, and the engine pass that moves work requests from the rings into the engine and
 //! completions back out.
 //!
-//! One thread owns everything, so there are no locks: a control request is served between two
-//! engine passes. The loop spins (yielding the CPU each idle pass) while there is traffic and
+//! The loop thread owns the sockets, contexts and the connection manager; the data path's state
+//! is in shards (`shard.rs`: an engine and its vRNICs behind a mutex each), whose passes the
+//! loop runs itself with one engine thread (`--engine-threads 1`, the default: the mutex is
+//! then never contended) or engine threads run (`threads.rs`). A control request is served
+//! between two passes of its shard, holding that shard's lock. The loop spins (yielding the CPU each idle pass) while there is traffic and
 //! sleeps in `epoll` after a quiet period; before sleeping it sets every region's
 //! engine-sleeping word and re-checks the rings, so a driver that publishes a work request
 //! and then reads that word can never be missed (brief §9, lost wake-ups).

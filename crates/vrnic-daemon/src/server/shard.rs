@@ -11,6 +11,17 @@
 //! at most. With one shard (`--engine-threads 1`, the default on small machines) the loop
 //! thread runs the passes itself and the lock is never contended; with more, each shard has an
 //! engine thread of its own (`threads.rs`).
+//!
+//! The concurrency contract, in one table (each rule is what makes the row below it sound):
+//!
+//! | what | who touches it | holding |
+//! |---|---|---|
+//! | a shard's engine, lanes, slots, outbox | its pass; a control call; another shard's pass executing a request for one of its QPs (`siblings.rs`) | that shard's mutex |
+//! | a vRNIC's region mapping (the daemon's addresses into it) | anyone reading or writing its pages | the mutex of the shard serving the vRNIC (each slice's with `--spread-qps`) |
+//! | growing a region's mapping (`pages.rs` `cover`, which may move it) | the loop, for a control call | the mutex of every shard serving the vRNIC, so no one holds an address into it |
+//! | several shards' mutexes at once | a control call (`engines.rs` `lock_all`); a pass reaching its siblings | taken in shard index order, or *tried* (a pass's sibling: never waited for while it holds another, `siblings.rs`) |
+//! | the rings' producer/consumer words, doorbells, the engine-sleeping word | the apps and the passes | atomics with their fences (`vrnic-shm`) |
+//! | the outbox's hand-off to contexts | the loop (`engines.rs` `drain_outbox`) | the shard's mutex for the take; contexts are the loop's alone |
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
