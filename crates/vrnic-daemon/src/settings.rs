@@ -111,6 +111,8 @@ pub struct Settings {
     pub persist_file: Option<std::path::PathBuf>,
     /// `--no-persist`.
     pub no_persist: Option<bool>,
+    /// The Unix group admitted to root's daemon (`--access-group`; `"none"`: root only).
+    pub access_group: Option<String>,
 }
 
 /// A config file that could not be used.

@@ -28,7 +28,9 @@ const DRIVER: &str = "libvrnic_shim.so";
     about = "User-space virtual RDMA NICs for processes, containers and VMs"
 )]
 struct Cli {
-    /// The daemon's state dir [default: /run/vrnic as root, else $XDG_RUNTIME_DIR/vrnic].
+    /// The daemon's state dir [default: /run/vrnic as root; else $XDG_RUNTIME_DIR/vrnic (or
+    /// /tmp/vrnic-UID), and for commands other than `serve`, /run/vrnic (root's daemon, which
+    /// admits members of its access group) when no daemon of this user's runs there].
     #[arg(long, global = true, env = STATE_DIR_ENV)]
     state_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -155,6 +157,12 @@ enum Cmd {
         /// end.
         #[arg(long, conflicts_with = "persist_file")]
         no_persist: bool,
+        /// As root: the Unix group whose members may use this daemon as tenants (`vrnic run`
+        /// on vRNICs of their own; creating, changing and removing others' is root's). Its
+        /// admin socket is then the group's (mode 660); without such a group, root only.
+        /// `none`: root only [default: vrnic].
+        #[arg(long, value_name = "GROUP")]
+        access_group: Option<String>,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -349,7 +357,12 @@ fn main() {
 
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
-    let state_dir = cli.state_dir.unwrap_or_else(config::default_state_dir);
+    // A daemon serves its own user's dir; a client finding no daemon of its user's there
+    // talks to root's (`config::client_state_dir`).
+    let state_dir = cli.state_dir.unwrap_or_else(|| match cli.cmd {
+        Cmd::Serve { .. } => config::default_state_dir(),
+        _ => config::client_state_dir(),
+    });
     let failed = match &cli.cmd {
         Cmd::DockerArgs { .. } => Some(DOCKER_ARGS_FAILED),
         Cmd::VmArgs { .. } => Some(VM_ARGS_FAILED),
@@ -391,6 +404,7 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             etcd_key,
             persist_file,
             no_persist,
+            access_group,
         } => {
             let file = match &config {
                 Some(path) => vrnic_daemon::settings::Settings::load(path)?,
@@ -413,6 +427,12 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 metrics: metrics.or(file.metrics),
                 persist_file: persist_file.or(file.persist_file.clone()),
                 no_persist: no_persist || file.no_persist.unwrap_or(false),
+                access_group: Some(
+                    access_group
+                        .or(file.access_group.clone())
+                        .unwrap_or_else(|| config::DEFAULT_ACCESS_GROUP.to_string()),
+                )
+                .filter(|g| g != "none" && !g.is_empty()),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() {
