@@ -91,7 +91,7 @@ enum Cmd {
         /// cores); memory windows are then not offered (max_mw 0, ibv_alloc_mw EOPNOTSUPP).
         #[arg(long)]
         spread_qps: bool,
-        /// This host's address for peer links to other hosts' daemons: ADDR[:PORT] (a host
+        /// This host's address for peer links to other hosts' daemons: `ADDR[:PORT]` (a host
         /// name is resolved; the port defaults to 7700).
         #[arg(long, value_name = "ADDR[:PORT]", value_parser = vrnic_daemon::settings::host_port)]
         listen: Option<std::net::SocketAddr>,
@@ -100,7 +100,7 @@ enum Cmd {
         /// bind it to an address only the monitoring can reach.
         #[arg(long, value_name = "ADDR:PORT")]
         metrics: Option<std::net::SocketAddr>,
-        /// Another host's daemon (its --listen address): HOST[:PORT], a host name (resolved
+        /// Another host's daemon (its --listen address): `HOST[:PORT]`, a host name (resolved
         /// at start, its first IPv4 address if it has one) or an IP address; the port defaults
         /// to 7700, the default port of --listen. Repeat for each host.
         #[arg(long = "peer", value_name = "HOST[:PORT]", value_parser = vrnic_daemon::settings::host_port)]
@@ -110,7 +110,7 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         key: Option<PathBuf>,
         /// Another host's public key (what `vrnic keygen --public` prints there), by its
-        /// --listen address (HOST[:PORT], as --peer); one for each --peer (in a cluster, for
+        /// --listen address (`HOST[:PORT]`, as --peer); one for each --peer (in a cluster, for
         /// each host accepted).
         #[arg(long = "peer-key", value_name = "HOST[:PORT]=PUBLIC", value_parser = parse_peer_key)]
         peer_keys: Vec<(std::net::SocketAddr, vrnic_daemon::keys::PublicKey)>,
