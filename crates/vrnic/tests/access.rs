@@ -251,6 +251,26 @@ fn roots_daemon_admits_its_group_as_tenants_and_tells_others_why_not() {
         let m = std::fs::symlink_metadata(Path::new(SYSTEM_DIR).join("mine").join(f)).unwrap();
         assert_eq!((m.uid(), m.mode() & 0o077), (member.0, 0), "mine/{f}");
     }
+    // Another user's app cannot attach to it, even told where it is.
+    let mut c = Command::new(require("setpriv"));
+    c.args([
+        &format!("--reuid={}", outsider.0),
+        &format!("--regid={}", outsider.1),
+        "--clear-groups",
+        "ibv_devinfo",
+    ])
+    .env("LD_PRELOAD", bindir.join("libvrnic_shim.so"))
+    .env("VRNIC_DEVICE", Path::new(SYSTEM_DIR).join("mine"))
+    .env_remove("VRNIC_LOG");
+    let out = output(c, "ibv_devinfo on another user's vRNIC", CLI);
+    assert!(
+        !out.ok()
+            && out
+                .stderr
+                .contains("permission denied (a vRNIC is its daemon's user's"),
+        "{}",
+        out.text()
+    );
     // The member lists only its own; root sees both.
     let root_ls = |args: &[&str]| {
         let mut c = Command::new(vrnic_bin());
