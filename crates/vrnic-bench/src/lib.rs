@@ -550,6 +550,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
     fairness::set_limits(&mut report, idle_qps, flood_pairs);
     hosts::set_limits(&mut report);
     ucx::set_limits(&mut report);
+    if let Some(w) = oversubscribed(&sections, Machine::probe().cpus) {
+        report.notes.push(w);
+    }
     if args.all_sizes {
         for f in &mut report.figures {
             if matches!(f.section, "bandwidth" | "latency") {
@@ -609,9 +612,42 @@ pub fn main(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Busy-polling processes of a perftest or fairness run: its server, its client and the
+/// daemon's engine.
+const BUSY_POLLERS: usize = 3;
+
+/// A warning for the table when the runs' busy-polling processes outnumber the cores: each
+/// then waits for the scheduler to give it a core, and latencies (the 2 B one above all)
+/// measure time slices rather than vrnic.
+fn oversubscribed(sections: &[Section], cpus: usize) -> Option<String> {
+    let polls = sections
+        .iter()
+        .any(|s| matches!(s, Section::Perftest | Section::Fairness | Section::Scale));
+    (polls && cpus < BUSY_POLLERS).then(|| {
+        format!(
+            "WARNING: {BUSY_POLLERS} processes busy-poll in each run (server, client, the \
+             daemon's engine) on {cpus} core{}: they take turns on the cores, so latencies \
+             (the 2 B one above all) measure the scheduler's time slices, not vrnic; measure \
+             on at least {BUSY_POLLERS} cores",
+            if cpus == 1 { "" } else { "s" }
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_pollers_past_the_cores_are_warned_of() {
+        let w = oversubscribed(&[Section::Perftest], 2).unwrap();
+        assert!(
+            w.starts_with("WARNING: 3 processes busy-poll") && w.contains("2 cores"),
+            "{w}"
+        );
+        assert!(oversubscribed(&[Section::Perftest], 4).is_none());
+        assert!(oversubscribed(&[Section::Ctrl], 2).is_none());
+    }
 
     #[test]
     fn pin_takes_lists_and_ranges() {

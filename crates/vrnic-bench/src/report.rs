@@ -9,6 +9,12 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+/// What the table's last column means, printed under it.
+pub const RATIO_LEGEND: &str = "vs limit: the median against its limit. N% where higher is \
+better (bandwidth, rates; 100% = the limit, which vrnic cannot pass); Nx where lower is better \
+(times; 1x = the limit, 2x = twice as slow). A limit named `target` is a goal vrnic is held \
+to, not a figure measured in this run.";
+
 /// Whether a larger figure is better (bandwidth, rates) or a smaller one (times).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -196,7 +202,7 @@ impl Report {
             "median",
             "min..max",
             "limit (same run)",
-            "ratio",
+            "vs limit",
         ];
         let mut w = heads.map(str::len);
         for r in &rows {
@@ -231,6 +237,9 @@ impl Report {
             } else {
                 line(&mut out, r);
             }
+        }
+        if rows.iter().any(|r| !r[4].is_empty()) {
+            let _ = writeln!(out, "{RATIO_LEGEND}");
         }
         for n in &self.notes {
             let _ = writeln!(out, "{n}");
@@ -353,5 +362,10 @@ mod tests {
         );
         let t = r.table();
         assert!(t.contains("ib_write_bw 64 KiB") && t.contains("50%"), "{t}");
+        assert!(
+            t.contains("vs limit") && t.contains("N% where higher is better"),
+            "{t}"
+        );
+        assert!(t.contains("Nx where lower is better"), "{t}");
     }
 }

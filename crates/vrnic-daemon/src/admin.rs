@@ -27,6 +27,9 @@ impl AdminClient {
             Ok(s) => Ok(AdminClient {
                 stream: BufReader::new(s),
             }),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                bail!("{}", permission_denied(state_dir))
+            }
             Err(e) => bail!(
                 "no daemon running at {} ({e}); start one with `vrnic serve` (or pass --state-dir)",
                 state_dir.display()
@@ -78,5 +81,39 @@ impl AdminClient {
     pub fn inherit_across_exec(&self) -> Result<i32> {
         crate::sys::clear_cloexec(self.stream.get_ref())
             .context("keep the admin connection across exec")
+    }
+}
+
+/// What a user is told when the daemon at `state_dir` is there but refuses them (`EACCES` on
+/// its admin socket): whose daemon it is, whom it admits, and the two ways out.
+fn permission_denied(state_dir: &Path) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = state_dir.display();
+    let own = "or run your own daemon with `vrnic serve` as yourself";
+    let meta = std::fs::metadata(state_dir.join(ADMIN_SOCKET)).ok();
+    match meta {
+        Some(m) if m.uid() == 0 && m.gid() != 0 && m.mode() & 0o060 == 0o060 => {
+            let group = crate::config::group_name(m.gid()).unwrap_or_else(|| m.gid().to_string());
+            format!(
+                "permission denied: root's daemon at {dir} admits members of group {group}; add \
+                 yourself (usermod -aG {group} $USER, then log in again) {own}"
+            )
+        }
+        Some(m) if m.uid() == 0 => format!(
+            "permission denied: root's daemon at {dir} admits root only (the group it admits, \
+             {group} by default, did not exist when it started: groupadd {group}, add yourself \
+             with usermod -aG {group} $USER and restart it), {own}",
+            group = crate::config::DEFAULT_ACCESS_GROUP
+        ),
+        Some(m) => format!(
+            "permission denied: the daemon at {dir} is uid {}'s and admits only its own user; \
+             {own}",
+            m.uid()
+        ),
+        None => format!(
+            "permission denied: the daemon's state dir {dir} is closed to you (root's daemon \
+             admits members of its group, {group} by default: usermod -aG {group} $USER), {own}",
+            group = crate::config::DEFAULT_ACCESS_GROUP
+        ),
     }
 }

@@ -17,6 +17,12 @@ pub const STATE_DIR_ENV: &str = "VRNIC_STATE_DIR";
 /// The environment variable that points the driver library at a vRNIC directory.
 pub const DEVICE_ENV: &str = "VRNIC_DEVICE";
 
+/// Root's daemon's state dir, the system one: where a user's CLI looks when it finds no daemon
+/// of its own.
+pub const SYSTEM_STATE_DIR: &str = "/run/vrnic";
+/// The Unix group whose members may use root's daemon (`vrnic serve --access-group`).
+pub const DEFAULT_ACCESS_GROUP: &str = "vrnic";
+
 /// The state dir when none is given: `$VRNIC_STATE_DIR`, else `/run/vrnic` as root, else
 /// `$XDG_RUNTIME_DIR/vrnic`, else `/tmp/vrnic-<uid>` (which [`prepare_state_dir`] refuses if
 /// another user made it first).
@@ -32,12 +38,40 @@ pub fn default_state_dir() -> PathBuf {
 pub fn builtin_state_dir() -> PathBuf {
     let uid = current_euid();
     if uid == 0 {
-        return PathBuf::from("/run/vrnic");
+        return PathBuf::from(SYSTEM_STATE_DIR);
     }
     if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return Path::new(&x).join("vrnic");
     }
     PathBuf::from(format!("/tmp/vrnic-{uid}"))
+}
+
+/// The state dir a client (the CLI) talks to when neither `--state-dir` nor
+/// `$VRNIC_STATE_DIR` names one: the user's own daemon's ([`builtin_state_dir`]) if it has
+/// one there, else root's system daemon's ([`SYSTEM_STATE_DIR`]) if one serves it (or its
+/// socket cannot even be looked at: the connection then says that permission is missing),
+/// else the user's own (whose error says no daemon runs there).
+pub fn client_state_dir() -> PathBuf {
+    let own = builtin_state_dir();
+    if current_euid() == 0 || std::fs::symlink_metadata(own.join(ADMIN_SOCKET)).is_ok() {
+        return own;
+    }
+    let system = Path::new(SYSTEM_STATE_DIR);
+    match std::fs::symlink_metadata(system.join(ADMIN_SOCKET)) {
+        Ok(m) if m.file_type().is_socket() && m.uid() == 0 => system.to_path_buf(),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => system.to_path_buf(),
+        _ => own,
+    }
+}
+
+/// A group's id by its name; `None` if there is no such group.
+pub fn group_id(name: &str) -> Option<u32> {
+    crate::sys::group_id(name)
+}
+
+/// A group's name by its id; `None` if it has none.
+pub fn group_name(gid: u32) -> Option<String> {
+    crate::sys::group_name(gid)
 }
 
 /// Why a state dir is not trusted.

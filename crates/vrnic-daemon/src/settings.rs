@@ -54,16 +54,73 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+/// The port of a peer-link address that names none (`--listen`, `--peer`, `listen`,
+/// `peers`): the same everywhere, so `--peer HOST` reaches a daemon started with
+/// `--listen ADDR`.
+pub const DEFAULT_PEER_PORT: u16 = 7700;
+
+/// A peer-link address as `HOST[:PORT]`: an IP address (IPv6 in brackets when a port follows)
+/// or a host name, resolved now by the system's resolver (`ToSocketAddrs`; its first IPv4
+/// address if it has one), with [`DEFAULT_PEER_PORT`] when no port is given.
+pub fn host_port(s: &str) -> Result<SocketAddr, String> {
+    use std::net::{IpAddr, ToSocketAddrs};
+    let t = s.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bare = t
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(t);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PEER_PORT));
+    }
+    let (host, port) = match t.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| format!("{s:?}: the port {p:?} is not a number (HOST[:PORT])"))?,
+        ),
+        _ => (t, DEFAULT_PEER_PORT),
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!("{s:?} is not HOST[:PORT]"));
+    }
+    let all: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: cannot resolve the host name {host:?} ({e})"))?
+        .collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
+        .ok_or_else(|| format!("{s:?}: the host name {host:?} has no address"))
+}
+
+fn de_host_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let s = Option::<String>::deserialize(d)?;
+    s.map(|s| host_port(&s).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+fn de_host_ports<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SocketAddr>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| host_port(s).map_err(serde::de::Error::custom))
+        .collect()
+}
+
 /// What a config file may set (every key optional).
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
-    /// This host's address for peer links (`--listen`).
+    /// This host's address for peer links (`--listen`), `HOST[:PORT]` ([`host_port`]).
+    #[serde(default, deserialize_with = "de_host_port")]
     pub listen: Option<SocketAddr>,
     /// Where to serve Prometheus metrics (`--metrics`).
     pub metrics: Option<SocketAddr>,
-    /// The other hosts' daemons (`--peer`, repeated).
-    #[serde(default)]
+    /// The other hosts' daemons (`--peer`, repeated), each `HOST[:PORT]` ([`host_port`]).
+    #[serde(default, deserialize_with = "de_host_ports")]
     pub peers: Vec<SocketAddr>,
     /// etcd's client URLs (`--etcd`): cluster mode.
     #[serde(default)]
@@ -111,6 +168,8 @@ pub struct Settings {
     pub persist_file: Option<std::path::PathBuf>,
     /// `--no-persist`.
     pub no_persist: Option<bool>,
+    /// The Unix group admitted to root's daemon (`--access-group`; `"none"`: root only).
+    pub access_group: Option<String>,
 }
 
 /// A config file that could not be used.
@@ -208,6 +267,25 @@ mod tests {
         assert!(e.contains("10.0.0.2:7700"), "{e}");
         let e = Settings::parse("[peer_keys]\n\"host\" = \"nope\"\n").unwrap_err();
         assert!(e.contains("\"host\""), "{e}");
+    }
+
+    #[test]
+    fn peer_addresses_take_host_names_and_the_default_port() {
+        let a = |s: &str| host_port(s).unwrap();
+        assert_eq!(a("10.0.0.2:7701"), "10.0.0.2:7701".parse().unwrap());
+        assert_eq!(a("10.0.0.2"), "10.0.0.2:7700".parse().unwrap());
+        assert_eq!(a("[::1]:9"), "[::1]:9".parse().unwrap());
+        assert_eq!(a("::1"), "[::1]:7700".parse().unwrap());
+        assert_eq!(a("[::1]"), "[::1]:7700".parse().unwrap());
+        assert_eq!(a("localhost"), "127.0.0.1:7700".parse().unwrap());
+        assert_eq!(a("localhost:7702"), "127.0.0.1:7702".parse().unwrap());
+        let e = host_port("localhost:port").unwrap_err();
+        assert!(e.contains("not a number"), "{e}");
+        let e = host_port("no-such-host.invalid").unwrap_err();
+        assert!(e.contains("cannot resolve the host name"), "{e}");
+        let s = Settings::parse("listen = \"127.0.0.1\"\npeers = [\"localhost\"]\n").unwrap();
+        assert_eq!(s.listen, Some("127.0.0.1:7700".parse().unwrap()));
+        assert_eq!(s.peers, vec!["127.0.0.1:7700".parse().unwrap()]);
     }
 
     #[test]

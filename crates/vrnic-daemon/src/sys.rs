@@ -37,6 +37,81 @@ pub fn peer_cred(fd: RawFd) -> String {
     format!("pid {} uid {}", c.pid, c.uid)
 }
 
+/// The user id at the other end of a Unix socket (`SO_PEERCRED`), if the kernel tells it: who
+/// may do what on the admin socket.
+pub fn peer_uid(fd: RawFd) -> Option<u32> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into our `ucred`, and `len` back.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut c).cast(),
+            &raw mut len,
+        )
+    };
+    (r == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(c.uid)
+}
+
+/// Sets the file-mode creation mask of the whole process: what the daemon creates (its admin
+/// socket, each vRNIC's socket) is then closed to others until it opens it on purpose.
+pub fn set_umask(mask: u32) {
+    // SAFETY: umask has no preconditions and cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) };
+}
+
+/// A group's id by its name (`getgrnam_r`, so through NSS as `id` sees it); `None` if there is
+/// no such group.
+pub fn group_id(name: &str) -> Option<u32> {
+    let c = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: an all-zero group is valid storage for getgrnam_r to fill.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: c is NUL-terminated; grp, buf (with its length) and out are valid for writes and
+    // live for the call.
+    let r = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &raw mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &raw mut out,
+        )
+    };
+    (r == 0 && !out.is_null()).then_some(grp.gr_gid)
+}
+
+/// A group's name by its id (`getgrgid_r`); `None` if it has none.
+pub fn group_name(gid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: an all-zero group is valid storage for getgrgid_r to fill.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: grp, buf (with its length) and out are valid for writes and live for the call.
+    let r = unsafe {
+        libc::getgrgid_r(
+            gid,
+            &raw mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &raw mut out,
+        )
+    };
+    if r != 0 || out.is_null() || grp.gr_name.is_null() {
+        return None;
+    }
+    // SAFETY: on success gr_name points at a NUL-terminated string inside `buf`, alive here.
+    let name = unsafe { std::ffi::CStr::from_ptr(grp.gr_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// Takes an exclusive, non-blocking `flock` on `path` (created if missing). The lock lives as
 /// long as the returned file, and the kernel drops it if the daemon dies.
 pub fn lock_exclusive(path: &Path) -> std::io::Result<File> {

@@ -198,8 +198,8 @@ fn read_header(dir: &Path, region: &Path, socket: Option<PathBuf>) -> Result<Dev
             if source.kind() == std::io::ErrorKind::PermissionDenied =>
         {
             format!(
-                "{}: permission denied (the daemon's vRNICs are its user's: run as that user, or \
-                 as root for root's daemon)",
+                "{}: permission denied (a vRNIC is its daemon's user's, or, on root's daemon, \
+                 the user's whose `vrnic run` made it: run as that user, or as root)",
                 region.display()
             )
         }

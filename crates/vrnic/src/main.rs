@@ -28,7 +28,9 @@ const DRIVER: &str = "libvrnic_shim.so";
     about = "User-space virtual RDMA NICs for processes, containers and VMs"
 )]
 struct Cli {
-    /// The daemon's state dir [default: /run/vrnic as root, else $XDG_RUNTIME_DIR/vrnic].
+    /// The daemon's state dir [default: /run/vrnic as root; else $XDG_RUNTIME_DIR/vrnic (or
+    /// /tmp/vrnic-UID), and for commands other than `serve`, /run/vrnic (root's daemon, which
+    /// admits members of its access group) when no daemon of this user's runs there].
     #[arg(long, global = true, env = STATE_DIR_ENV)]
     state_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -89,24 +91,28 @@ enum Cmd {
         /// cores); memory windows are then not offered (max_mw 0, ibv_alloc_mw EOPNOTSUPP).
         #[arg(long)]
         spread_qps: bool,
-        /// This host's address for peer links to other hosts' daemons (ADDR:PORT).
-        #[arg(long)]
+        /// This host's address for peer links to other hosts' daemons: `ADDR[:PORT]` (a host
+        /// name is resolved; the port defaults to 7700).
+        #[arg(long, value_name = "ADDR[:PORT]", value_parser = vrnic_daemon::settings::host_port)]
         listen: Option<std::net::SocketAddr>,
         /// Serve the vRNICs' counters and state to Prometheus at http://ADDR:PORT/metrics
         /// (labels: vnic, group, host). Anyone who reaches it reads every tenant's counters:
         /// bind it to an address only the monitoring can reach.
         #[arg(long, value_name = "ADDR:PORT")]
         metrics: Option<std::net::SocketAddr>,
-        /// Another host's daemon (its --listen address); repeat for each host.
-        #[arg(long = "peer")]
+        /// Another host's daemon (its --listen address): `HOST[:PORT]`, a host name (resolved
+        /// at start, its first IPv4 address if it has one) or an IP address; the port defaults
+        /// to 7700, the default port of --listen. Repeat for each host.
+        #[arg(long = "peer", value_name = "HOST[:PORT]", value_parser = vrnic_daemon::settings::host_port)]
         peers: Vec<std::net::SocketAddr>,
         /// This host's peer-link key file (`vrnic keygen FILE`): every link then proves both
         /// ends' keys (Noise XX) before it carries anything.
         #[arg(long, value_name = "FILE")]
         key: Option<PathBuf>,
         /// Another host's public key (what `vrnic keygen --public` prints there), by its
-        /// --listen address; one for each --peer (in a cluster, for each host accepted).
-        #[arg(long = "peer-key", value_name = "ADDR:PORT=PUBLIC", value_parser = parse_peer_key)]
+        /// --listen address (`HOST[:PORT]`, as --peer); one for each --peer (in a cluster, for
+        /// each host accepted).
+        #[arg(long = "peer-key", value_name = "HOST[:PORT]=PUBLIC", value_parser = parse_peer_key)]
         peer_keys: Vec<(std::net::SocketAddr, vrnic_daemon::keys::PublicKey)>,
         /// Encrypt the frames of every link too (a link is encrypted if either end asks);
         /// needs --key. Payloads are then copied rather than sent from and read into place.
@@ -155,6 +161,12 @@ enum Cmd {
         /// end.
         #[arg(long, conflicts_with = "persist_file")]
         no_persist: bool,
+        /// As root: the Unix group whose members may use this daemon as tenants (`vrnic run`
+        /// on vRNICs of their own; creating, changing and removing others' is root's). Its
+        /// admin socket is then the group's (mode 660); without such a group, root only.
+        /// `none`: root only [default: vrnic].
+        #[arg(long, value_name = "GROUP")]
+        access_group: Option<String>,
     },
     /// Run a command attached to a vRNIC, with the driver library preloaded.
     Run {
@@ -232,6 +244,16 @@ enum Cmd {
     },
     /// List the peer links to other hosts' daemons (state, keepalive round trip, bytes,
     /// segments sent again, times down).
+    ///
+    /// Columns: PEER the other daemon's --listen address; STATE up, connecting or down;
+    /// RTT_US the last keepalive's round trip in microseconds (- before the first); BYTES_IN
+    /// the bytes read from the link; PLACED_IN of those, the payload bytes read from the
+    /// socket straight into registered memory (large WRITEs and READ responses: no copy);
+    /// BYTES_OUT the bytes written to it; RESENT the segments sent again (after a NAK, an RNR
+    /// NAK or a link that came back); DROPS the times the link went down (each time it is
+    /// dialled again; lower is better, 0 on a healthy network); SECURITY none, authenticated
+    /// (the peer proved its key) or encrypted (its frames too). Counters run from the
+    /// daemon's start.
     Peers,
     /// Create a vRNIC that stays until `vrnic rm`, also when the daemon stops and starts again
     /// (the daemon records it: `vrnic serve --persist-file`).
@@ -349,7 +371,12 @@ fn main() {
 
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
-    let state_dir = cli.state_dir.unwrap_or_else(config::default_state_dir);
+    // A daemon serves its own user's dir; a client finding no daemon of its user's there
+    // talks to root's (`config::client_state_dir`).
+    let state_dir = cli.state_dir.unwrap_or_else(|| match cli.cmd {
+        Cmd::Serve { .. } => config::default_state_dir(),
+        _ => config::client_state_dir(),
+    });
     let failed = match &cli.cmd {
         Cmd::DockerArgs { .. } => Some(DOCKER_ARGS_FAILED),
         Cmd::VmArgs { .. } => Some(VM_ARGS_FAILED),
@@ -391,6 +418,7 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             etcd_key,
             persist_file,
             no_persist,
+            access_group,
         } => {
             let file = match &config {
                 Some(path) => vrnic_daemon::settings::Settings::load(path)?,
@@ -413,6 +441,12 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 metrics: metrics.or(file.metrics),
                 persist_file: persist_file.or(file.persist_file.clone()),
                 no_persist: no_persist || file.no_persist.unwrap_or(false),
+                access_group: Some(
+                    access_group
+                        .or(file.access_group.clone())
+                        .unwrap_or_else(|| config::DEFAULT_ACCESS_GROUP.to_string()),
+                )
+                .filter(|g| g != "none" && !g.is_empty()),
                 peer: vrnic_daemon::PeerOptions {
                     listen: listen.or(file.listen),
                     peers: if peers.is_empty() {
@@ -868,8 +902,8 @@ fn parse_peer_key(
 ) -> Result<(std::net::SocketAddr, vrnic_daemon::keys::PublicKey), String> {
     let (addr, key) = s
         .split_once('=')
-        .ok_or("expected ADDR:PORT=PUBLIC (the host's --listen address, its public key)")?;
-    let addr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+        .ok_or("expected HOST[:PORT]=PUBLIC (the host's --listen address, its public key)")?;
+    let addr = vrnic_daemon::settings::host_port(addr)?;
     let key = key.parse().map_err(|e| format!("{e}"))?;
     Ok((addr, key))
 }

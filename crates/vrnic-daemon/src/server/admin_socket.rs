@@ -40,7 +40,16 @@ impl Server {
                 Ok((mut stream, _)) => {
                     let id = self.next_admin;
                     self.next_admin += 1;
-                    let who = crate::sys::peer_cred(std::os::fd::AsRawFd::as_raw_fd(&stream));
+                    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                    let who = crate::sys::peer_cred(fd);
+                    // Root and the daemon's own user are the operator; anyone else the socket
+                    // let in (a member of the access group) is a tenant, and a peer the
+                    // kernel does not name is treated as one that owns nothing.
+                    let tenant = match crate::sys::peer_uid(fd) {
+                        Some(uid) if uid == 0 || uid == self.euid => None,
+                        Some(uid) => Some(uid),
+                        None => Some(u32::MAX),
+                    };
                     let token = self.token(Tok::Admin(id));
                     if self
                         .poll
@@ -60,6 +69,7 @@ impl Server {
                                 held: None,
                                 waiting: false,
                                 who,
+                                tenant,
                             },
                         );
                     }
@@ -158,12 +168,47 @@ impl Server {
         self.admin_ready(id);
     }
 
-    /// Serves one request; `None`: its reply waits for etcd (cluster mode).
+    /// The tenant at the other end of admin connection `conn`, if it is not the operator.
+    fn tenant(&self, conn: u64) -> Option<u32> {
+        self.admins.get(&conn).and_then(|c| c.tenant)
+    }
+
+    /// Whether admin connection `conn` may see and use vRNIC `v`: the operator any, a tenant
+    /// only those made for it.
+    fn may_use(&self, conn: u64, v: &Vnic) -> bool {
+        match self.tenant(conn) {
+            None => true,
+            Some(uid) => v.owner == Some(uid),
+        }
+    }
+
+    /// Serves one request; `None`: its reply waits for etcd (cluster mode). A tenant (see
+    /// [`AdminConn::tenant`]) may hold vRNICs of its own (`vrnic run`) and list, count and
+    /// look up only those; what changes the daemon's other vRNICs is the operator's.
     pub(super) fn admin_request(&mut self, conn: u64, req: AdminRequest) -> Option<AdminReply> {
-        Some(match req {
-            AdminRequest::List => {
-                AdminReply::List(self.vnics.keys().filter_map(|&v| self.summary(v)).collect())
+        if let Some(uid) = self.tenant(conn) {
+            let what = match &req {
+                AdminRequest::Create { .. } => Some("vrnic create"),
+                AdminRequest::Policy { .. } => Some("vrnic policy"),
+                AdminRequest::Remove { .. } => Some("vrnic rm"),
+                AdminRequest::KillQp { .. } => Some("vrnic qp kill"),
+                _ => None,
+            };
+            if let Some(what) = what {
+                return Some(AdminReply::Err(format!(
+                    "permission denied: `{what}` is for root (uid {uid} may run apps on \
+                     vRNICs of its own with `vrnic run`)"
+                )));
             }
+        }
+        Some(match req {
+            AdminRequest::List => AdminReply::List(
+                self.vnics
+                    .iter()
+                    .filter(|(_, v)| self.may_use(conn, v))
+                    .filter_map(|(&v, _)| self.summary(v))
+                    .collect(),
+            ),
             AdminRequest::Peers => AdminReply::Peers(
                 self.peers
                     .as_ref()
@@ -174,7 +219,11 @@ impl Server {
             AdminRequest::Stats {
                 name: Some(name),
                 qp: Some(qpn),
-            } => match self.vnics.iter().find(|(_, v)| v.name == name) {
+            } => match self
+                .vnics
+                .iter()
+                .find(|(_, v)| v.name == name && self.may_use(conn, v))
+            {
                 Some((&id, _)) => match self.qp_stats(id, qpn) {
                     Some(s) => AdminReply::Stats(vec![s]),
                     None => AdminReply::Err(format!("vRNIC {name} has no QP number {qpn:#x}")),
@@ -189,6 +238,7 @@ impl Server {
                     .vnics
                     .iter()
                     .filter(|(_, v)| name.as_ref().is_none_or(|n| *n == v.name))
+                    .filter(|(_, v)| self.may_use(conn, v))
                     .map(|(&id, _)| id)
                     .collect();
                 match (&name, ids.is_empty()) {
@@ -323,6 +373,13 @@ impl Server {
                 let id = match existing {
                     Some(id) => {
                         let v = &self.vnics[&id];
+                        if !self.may_use(conn, v) {
+                            return Some(AdminReply::Err(format!(
+                                "permission denied: vRNIC {} is not yours (pick another name, \
+                                 or none for a fresh one)",
+                                v.name
+                            )));
+                        }
                         let in_group = self.directory.group_name(v.group);
                         if let Some(g) = &group
                             && g != in_group
@@ -366,7 +423,13 @@ impl Server {
                             );
                         }
                         match self.create_vnic(&name, false, group.as_deref(), ip) {
-                            Ok(id) => id,
+                            Ok(id) => match self.give_to_tenant(conn, id) {
+                                Ok(()) => id,
+                                Err(e) => {
+                                    self.maybe_reap(id);
+                                    return Some(AdminReply::Err(format!("{e:#}")));
+                                }
+                            },
                             Err(e) => return Some(AdminReply::Err(format!("{e:#}"))),
                         }
                     }
@@ -383,6 +446,30 @@ impl Server {
             }
             _ => AdminReply::Err("unsupported admin request".into()),
         })
+    }
+
+    /// Gives vRNIC `id`, just made for admin connection `conn`, to its tenant if it is one:
+    /// its region and socket become that user's (mode 600, as they were root's), so that user's
+    /// apps attach to it and nobody else's (root aside). Its directory stays the daemon's, so
+    /// the tenant cannot swap the files under it.
+    pub(super) fn give_to_tenant(&mut self, conn: u64, id: VnicId) -> Result<()> {
+        let Some(uid) = self.tenant(conn) else {
+            return Ok(());
+        };
+        let Some(v) = self.vnics.get_mut(&id) else {
+            return Ok(());
+        };
+        for f in [REGION_FILE, VNIC_SOCKET] {
+            let path = v.dir.join(f);
+            std::os::unix::fs::lchown(&path, Some(uid), None)
+                .with_context(|| format!("give {} to uid {uid}", path.display()))?;
+        }
+        v.owner = Some(uid);
+        info!(
+            vnic = v.name,
+            uid, "vRNIC made for a tenant of the access group"
+        );
+        Ok(())
     }
 
     /// Who is at the other end of admin connection `conn` (`pid N uid N`), for the log.

@@ -127,6 +127,11 @@ pub struct ServeOptions {
     /// Record no vRNIC (`vrnic serve --no-persist`): those `vrnic create` makes last until
     /// `vrnic rm` or the daemon's end.
     pub no_persist: bool,
+    /// The Unix group whose members may use root's daemon as tenants (`vrnic serve
+    /// --access-group`; `None`: root only). Its admin socket is then the group's (mode 660),
+    /// and each vRNIC a member's `vrnic run` makes belongs to that member alone. A group that
+    /// does not exist admits nobody; a daemon not run as root admits only its own user.
+    pub access_group: Option<String>,
 }
 
 /// How many objects one vRNIC may hold (all its contexts together). Creating one more fails
@@ -199,6 +204,9 @@ struct Vnic {
     /// Its QoS limits, shared with the engines that serve it (`vrnic policy` changes them in
     /// place).
     limit: std::sync::Arc<vrnic_proto::Limit>,
+    /// The tenant it was made for (its region and socket are that user's, mode 600); `None`:
+    /// the operator's.
+    owner: Option<u32>,
 }
 
 struct Ctx {
@@ -241,6 +249,9 @@ struct AdminConn {
     held: Option<VnicId>,
     /// Who connected (`pid N uid N`), for the log of what they asked.
     who: String,
+    /// A tenant's uid: a user other than root and the daemon's own (a member of the access
+    /// group), who may hold vRNICs of its own and see only those; `None`: the operator.
+    tenant: Option<u32>,
     /// A request whose reply waits for etcd: nothing more is read until it is answered.
     waiting: bool,
 }
@@ -286,6 +297,8 @@ pub struct Server {
     cluster: Option<cluster::Cluster>,
     /// The file of persistent vRNICs: its records and their writer (`None`: `--no-persist`).
     kept: Option<registry::Kept>,
+    /// The daemon's effective uid: its admin clients of that uid (or root) are the operator.
+    euid: u32,
 }
 
 /// Runs the daemon until SIGINT/SIGTERM.
@@ -297,6 +310,55 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     let r = server.run();
     server.shutdown();
     r
+}
+
+/// Unmounts the state dir's tmpfs when a start that mounted it fails (dropped on the error's
+/// way out); a start that succeeds clears it, and the daemon's shutdown unmounts instead.
+struct UnmountOnDrop(Option<PathBuf>);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_file(dir.join(ADMIN_SOCKET));
+            sys::unmount(&dir);
+            info!(dir = %dir.display(), "unmounted the state dir's tmpfs (the start failed)");
+        }
+    }
+}
+
+/// Opens root's admin socket to the members of `group` (owner root, the group's, mode 660),
+/// or leaves it to root alone (mode 600) when there is no such group. A daemon not run as root
+/// leaves it to its own user (its state dir is closed to others anyway).
+fn open_admin_socket(path: &std::path::Path, group: Option<&str>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let gid = match group {
+        Some(g) if config::current_euid() == 0 => match config::group_id(g) {
+            Some(gid) => Some((g, gid)),
+            None => {
+                info!(
+                    group = g,
+                    "no such group: the daemon admits root only (groupadd {g} and restart it to \
+                     admit its members)"
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    if let Some((g, gid)) = gid {
+        std::os::unix::fs::chown(path, Some(0), Some(gid))
+            .with_context(|| format!("give {} to group {g}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .with_context(|| format!("open {} to group {g}", path.display()))?;
+        info!(
+            group = g,
+            gid, "members of the group may use this daemon as tenants"
+        );
+    } else {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("close {} to others", path.display()))?;
+    }
+    Ok(())
 }
 
 fn seed() -> u64 {
@@ -336,6 +398,9 @@ impl Server {
         if let Some(addr) = opts.metrics {
             crate::metrics::start(addr, dir.clone())?;
         }
+        // What the daemon makes from here on is its own until it opens it on purpose (the
+        // admin socket to the access group, a vRNIC's files to its tenant).
+        sys::set_umask(0o077);
         // Mount first, then lock inside the mount: a lock taken under the mount point would be
         // hidden by it, and a second daemon would not see it.
         let mounted = sys::ensure_tmpfs(dir);
@@ -352,6 +417,8 @@ impl Server {
                 });
             }
         };
+        // From here on the state dir is ours: a start that fails unmounts what it mounted.
+        let mut unmount_on_failure = UnmountOnDrop(mounted.then(|| dir.clone()));
         let stale = cleanup_stale(dir);
         if stale > 0 {
             info!("removed {stale} vRNICs left by a daemon that did not shut down cleanly");
@@ -360,6 +427,7 @@ impl Server {
         let _ = std::fs::remove_file(&admin_path);
         let mut admin = UnixListener::bind(&admin_path)
             .with_context(|| format!("bind {}", admin_path.display()))?;
+        open_admin_socket(&admin_path, opts.access_group.as_deref())?;
 
         let poll = Poll::new()?;
         let nofile = sys::raise_nofile_limit();
@@ -432,6 +500,7 @@ impl Server {
             None => None,
         };
         info!(state_dir = %dir.display(), engine_threads, "vrnic daemon serving");
+        unmount_on_failure.0 = None;
         Ok(Server {
             directory,
             opts,
@@ -460,6 +529,7 @@ impl Server {
             peers,
             cluster,
             kept,
+            euid: config::current_euid(),
         })
     }
 

@@ -256,6 +256,7 @@ impl Server {
                 listener,
                 token,
                 limit,
+                owner: None,
             },
         );
         Ok(id)

@@ -611,6 +611,11 @@ impl Server {
                 Ok(id) => {
                     self.set_policy(id, p.policy);
                     if !p.persistent {
+                        if let Err(e) = self.give_to_tenant(p.conn, id) {
+                            self.maybe_reap(id);
+                            self.admin_reply_later(p.conn, &AdminReply::Err(format!("{e:#}")));
+                            return;
+                        }
                         if let Some(v) = self.vnics.get_mut(&id) {
                             v.holders += 1;
                         }

@@ -278,9 +278,69 @@ impl Refusal {
 }
 
 fn err(what: &str) -> impl Fn(etcd_client::Error) -> Error + '_ {
-    move |e| Error {
-        refused: Refusal::of(&e),
-        why: format!("{what}: {}", chain(&e)),
+    move |e| {
+        let refused = Refusal::of(&e);
+        // A refusal keeps the whole text (`describe` words it, with the TLS verdict from it);
+        // anything else is said plainly, without gRPC's and the transport's wrappings.
+        let why = match (&refused, &e) {
+            (Some(_), _) => format!("{what}: {}", chain(&e)),
+            // The status's message may say no more than "tcp connect error": its causes,
+            // in its debug form, say which.
+            (None, etcd_client::Error::GRpcStatus(s)) => format!(
+                "{what} failed: {}",
+                plain_cause(
+                    Some(s.code().description()),
+                    &format!("{} {{{}}} {e:?}", s.message(), chain(&e))
+                )
+            ),
+            (None, _) => format!(
+                "{what} failed: {}",
+                plain_cause(None, &format!("{} {{{e:?}}}", chain(&e)))
+            ),
+        };
+        Error { why, refused }
+    }
+}
+
+/// What went wrong between the daemon and etcd, in a user's words: from a gRPC status's
+/// `code` (its description) and message, or from a transport error's text alone.
+fn plain_cause(code: Option<&str>, text: &str) -> String {
+    let t = text.to_ascii_lowercase();
+    if t.contains("connection refused") || t.contains("connectionrefused") {
+        "connection refused (nothing listens there: is etcd running, on that address and port?)"
+            .into()
+    } else if t.contains("dns error") || t.contains("failed to lookup") {
+        "its host name does not resolve".into()
+    } else if t.contains("timed out") || t.contains("deadline") || t.contains("elapsed") {
+        "no answer in time (a firewall, or a host that is down?)".into()
+    } else if t.contains("no route to host") || t.contains("network is unreachable") {
+        "no route to it (network unreachable)".into()
+    } else if t.contains("connection reset") || t.contains("broken pipe") {
+        "the connection was cut (etcd restarted or went away)".into()
+    } else if t.contains("connect error") {
+        "cannot connect to it".into()
+    } else if t.contains("invalid http version") || t.contains("http2 error") {
+        "something that is not etcd's gRPC answers there (wrong port, or https:// against \
+         plain http?)"
+            .into()
+    } else if t.contains("leader") {
+        "etcd has no leader (its cluster lost quorum)".into()
+    } else {
+        // The message alone, without gRPC's `status:`/`details:`/`metadata:` dump and the
+        // causes' debug forms (after ` {`).
+        let m = text
+            .split(", details:")
+            .next()
+            .unwrap_or(text)
+            .split(" {")
+            .next()
+            .unwrap_or(text)
+            .trim_start_matches("status: ")
+            .trim();
+        match code {
+            Some(c) => format!("etcd answered \"{c}\": {m}"),
+            None => m.to_string(),
+        }
     }
 }
 
@@ -314,7 +374,7 @@ fn describe(cfg: &Config, e: &Error) -> String {
     let etcd = cfg.endpoints.join(",");
     let user = cfg.credentials.as_ref().map_or("", |c| c.user.as_str());
     match e.refused {
-        None => e.why.clone(),
+        None => format!("etcd at {etcd}: {}", e.why),
         Some(Refusal::BadPassword) => {
             format!("etcd at {etcd} refused user {user:?}: wrong user name or password")
         }
@@ -944,6 +1004,36 @@ fn decode(key: &[u8], value: Option<&[u8]>) -> Option<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_failures_are_said_plainly_without_grpc_wrappings() {
+        let raw = "status: Unavailable, message: \"error trying to connect: tcp connect error: \
+                   Connection refused (os error 111)\", details: [], metadata: MetadataMap { \
+                   headers: {} }";
+        let c = plain_cause(Some("The service is currently unavailable"), raw);
+        assert!(
+            c.starts_with("connection refused (nothing listens there"),
+            "{c}"
+        );
+        let c = plain_cause(None, "transport error: dns error: failed to lookup address");
+        assert_eq!(c, "its host name does not resolve");
+        let c = plain_cause(
+            Some("Some requested entity was not found"),
+            "status: NotFound, message: \"lease not found\", details: [], metadata: x",
+        );
+        assert!(!c.contains("details") && !c.contains("metadata"), "{c}");
+        assert!(
+            c.contains("lease not found") && c.contains("not found"),
+            "{c}"
+        );
+        // tonic's status says only "tcp connect error"; its source's debug form says why.
+        let c = plain_cause(
+            Some("The service is currently unavailable"),
+            "tcp connect error {} GRpcStatus(Status { source: Some(ConnectError(\"tcp connect \
+             error\", Os { code: 111, kind: ConnectionRefused }))})",
+        );
+        assert!(c.starts_with("connection refused"), "{c}");
+    }
 
     #[test]
     fn watch_events_decode_and_malformed_records_are_dropped() {
