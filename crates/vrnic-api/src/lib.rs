@@ -637,6 +637,24 @@ pub struct VnicStats {
     /// moves once, whichever engine threads the two ends are on.
     #[serde(default)]
     pub copied: u64,
+    /// Its connection manager's traffic (rdma_cm), the whole vRNIC's (a QP's counters leave
+    /// it at zero).
+    #[serde(default)]
+    pub cm: CmStats,
+}
+
+/// A vRNIC's rdma_cm connections, counted by the daemon's connection manager.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmStats {
+    /// `rdma_connect` calls of its ids.
+    pub connects: u64,
+    /// Connection requests its listeners received.
+    pub requests: u64,
+    /// Connections of its ids established (either side).
+    pub established: u64,
+    /// Rejections its ids received: by the peer (`rdma_reject`), for want of a listener, or
+    /// across groups.
+    pub rejected: u64,
 }
 
 /// One peer link in a listing.

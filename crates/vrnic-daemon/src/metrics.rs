@@ -42,6 +42,16 @@ struct Class {
     class: String,
 }
 
+/// A vRNIC's labels and a connection-manager step (`connect`, `request`, `established`,
+/// `rejected`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CmStep {
+    vnic: String,
+    group: String,
+    host: String,
+    step: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Status {
     vnic: String,
@@ -110,6 +120,7 @@ fn render(dir: &Path, host: &str) -> Result<String> {
     let ud_dropped = Family::<Vnic, Counter>::default();
     let qos_waits = Family::<Vnic, Counter>::default();
     let qos_wait_s = Family::<Vnic, Counter<f64, AtomicU64>>::default();
+    let cm = Family::<CmStep, Counter>::default();
     let qps = Family::<Vnic, Gauge>::default();
     let users = Family::<Vnic, Gauge>::default();
     let max_bw = Family::<Vnic, Gauge>::default();
@@ -161,6 +172,20 @@ fn render(dir: &Path, host: &str) -> Result<String> {
         qos_wait_s
             .get_or_create(&l)
             .inc_by(s.qos_waited_us as f64 / 1e6);
+        for (step, n) in [
+            ("connect", s.cm.connects),
+            ("request", s.cm.requests),
+            ("established", s.cm.established),
+            ("rejected", s.cm.rejected),
+        ] {
+            cm.get_or_create(&CmStep {
+                vnic: l.vnic.clone(),
+                group: l.group.clone(),
+                host: l.host.clone(),
+                step: step.to_string(),
+            })
+            .inc_by(n);
+        }
     }
     let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     for v in &list {
@@ -220,6 +245,12 @@ fn render(dir: &Path, host: &str) -> Result<String> {
         "vrnic_qos_wait_seconds",
         "Time its QoS limit held it back",
         qos_wait_s,
+    );
+    reg.register(
+        "vrnic_cm",
+        "rdma_cm steps of its ids: connect calls, requests its listeners got, connections \
+         established, rejections received",
+        cm,
     );
     reg.register("vrnic_qps", "Its QPs now", qps);
     reg.register("vrnic_users", "Attached contexts and holders now", users);

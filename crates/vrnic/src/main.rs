@@ -681,6 +681,13 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                         "  copied {} bytes (by the engine, into or out of its regions)",
                         s.copied
                     );
+                    say!(
+                        "  cm connects {}  requests {}  established {}  rejected {}",
+                        s.cm.connects,
+                        s.cm.requests,
+                        s.cm.established,
+                        s.cm.rejected
+                    );
                 }
             }
             Ok(())

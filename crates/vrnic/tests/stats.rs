@@ -419,3 +419,52 @@ fn a_qps_counters_while_it_runs() {
     let _ = client.wait();
     let _ = server.wait_bounded(LIMIT);
 }
+
+/// The connection manager's steps are counted per vRNIC (`vrnic stats`, `cm`): an unmodified
+/// `rping` pair's client made one connect and got its connection, its server's listener one
+/// request and one connection; a client whose destination has no listener is rejected, and
+/// that rejection is counted once, on its own vRNIC only.
+#[test]
+fn connection_manager_steps_are_counted_per_vrnic() {
+    require("rping");
+    let d = Daemon::start();
+    for v in ["s", "c", "lone"] {
+        d.create(v);
+    }
+    let p = port().to_string();
+    pair(
+        (&d, "s"),
+        &["rping", "-s", "-a", "0.0.0.0", "-p", &p, "-C", "3"],
+        (&d, "c"),
+        &["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "3"],
+        LIMIT,
+    )
+    .assert_ok();
+    let cm = |name: &str| {
+        let s = stats(&d, name);
+        ["connects", "requests", "established", "rejected"]
+            .map(|k| s["cm"][k].as_u64().expect("a cm counter"))
+    };
+    assert_eq!(cm("c"), [1, 0, 1, 0], "the client's vRNIC");
+    assert_eq!(cm("s"), [0, 1, 1, 0], "the server's vRNIC");
+    // Nobody listens on this port: the request is rejected once the broker stops waiting.
+    let q = port().to_string();
+    let lone = common::Proc::spawn(
+        d.run_on(
+            Some("lone"),
+            &["rping", "-c", "-a", "127.0.0.1", "-p", &q, "-C", "1"],
+        ),
+        "rping with no server",
+    )
+    .wait_bounded(LIMIT);
+    assert!(!lone.ok(), "{}", lone.text());
+    assert_eq!(cm("lone"), [1, 0, 0, 1], "the rejected client's vRNIC");
+    assert_eq!(cm("s"), [0, 1, 1, 0], "the server's vRNIC is untouched");
+    let text = d.cli_output(&["stats", "lone"]);
+    assert!(
+        text.stdout
+            .contains("cm connects 1  requests 0  established 0  rejected 1"),
+        "{}",
+        text.text()
+    );
+}

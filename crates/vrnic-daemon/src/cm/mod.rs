@@ -26,9 +26,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use vrnic_api::{CmEvent, CmParam, cm_event};
-#[cfg(test)]
-use vrnic_proto::VnicId;
-use vrnic_proto::{CtxId, GroupId, HostId, Refused};
+use vrnic_proto::{CtxId, GroupId, HostId, Refused, VnicId};
 use vrnic_wire::frame::CmMessage;
 
 mod groups;
@@ -158,6 +156,8 @@ pub struct Cm {
     vips: HashMap<(GroupId, Ipv4Addr), VipAt>,
     /// Requests refused across groups, for the log.
     refusals: Vec<CmRefusal>,
+    /// Each vRNIC's connections so far (`vrnic stats`), until it goes.
+    counts: HashMap<VnicId, vrnic_api::CmStats>,
 }
 
 /// Why a request found no listener.
@@ -229,6 +229,16 @@ impl Cm {
         cm
     }
 
+    /// vRNIC `vnic`'s connections so far (`vrnic stats`).
+    pub fn counts(&self, vnic: VnicId) -> vrnic_api::CmStats {
+        self.counts.get(&vnic).copied().unwrap_or_default()
+    }
+
+    /// Forgets vRNIC `vnic`'s counts (it is gone: a vRNIC made again starts from zero).
+    pub fn forget_counts(&mut self, vnic: VnicId) {
+        self.counts.remove(&vnic);
+    }
+
     /// `(context, id)` pairs with new events since the last call.
     pub fn take_notes(&mut self) -> Vec<(CtxId, u32)> {
         std::mem::take(&mut self.notes)
@@ -250,6 +260,15 @@ impl Cm {
         let Some(i) = self.ids.get_mut(&id) else {
             return;
         };
+        let c = self.counts.entry(i.owner.vnic).or_default();
+        match ev.kind {
+            // The active side learns its connection from the response (the driver library
+            // answers it and reports ESTABLISHED, as librdmacm does); the passive side from
+            // ESTABLISHED itself.
+            cm_event::ESTABLISHED | cm_event::CONNECT_RESPONSE => c.established += 1,
+            cm_event::REJECTED => c.rejected += 1,
+            _ => {}
+        }
         ev.local = text(i.local);
         ev.remote = text(i.remote);
         i.events.push_back(ev);
@@ -518,6 +537,9 @@ impl Cm {
             }
             i.param = param;
             i.state = State::Connecting;
+            let vnic = i.owner.vnic;
+            self.counts.entry(vnic).or_default().connects += 1;
+            let i = self.own(ctx, id)?;
             i.route
         };
         if let Some(host) = route {
@@ -667,6 +689,7 @@ impl Cm {
         ev.local = text(Some(o.dst));
         ev.remote = text(o.src);
         if let Some(l) = self.ids.get_mut(&lid_handle) {
+            self.counts.entry(l.owner.vnic).or_default().requests += 1;
             l.events.push_back(ev);
             self.notes.push((lctx, lid_handle));
         }

@@ -311,6 +311,7 @@ impl Server {
             self.directory.release_vip(v.group, v.vip);
             self.cluster_release(v.lid);
             self.cm.remove_vip(v.group, v.vip);
+            self.cm.forget_counts(id);
             self.announce_vnic(super::announce::Entry::Removed {
                 lid: v.lid,
                 gid: v.gid,
@@ -612,6 +613,10 @@ impl Server {
             qos_waits: waited.0,
             qos_waited_us: u64::try_from(waited.1.as_micros()).unwrap_or(u64::MAX),
             copied: 0,
+            cm: match qpn {
+                None => self.cm.counts(id),
+                Some(_) => Default::default(),
+            },
         })
     }
 
