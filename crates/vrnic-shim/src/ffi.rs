@@ -431,8 +431,10 @@ pub extern "C" fn vrnic_query_device_ex(
         // SAFETY: plain C data; zero is valid.
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         ex.orig_attr = device_attr(conn);
-        // The extended flags repeat the base ones in their low 32 bits, as providers report.
-        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+        // The extended flags repeat the base ones in their low 32 bits, as providers report,
+        // and say ATOMIC WRITE is executed (the bit rxe and mlx5 set for it).
+        ex.device_cap_flags_ex =
+            u64::from(ex.orig_attr.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
         ex.max_dm_size = crate::dm::MAX_DM_SIZE;
         ex.phys_port_cnt_ex = 1;
         // Completion timestamps: CLOCK_MONOTONIC nanoseconds (a 1 GHz clock), 64 bits.
@@ -1830,7 +1832,9 @@ pub extern "C" fn vrnic_post_send(
             // SAFETY: cur is a node of the app's list.
             let w = unsafe { &*cur };
             let opcode = match u8::try_from(w.opcode).map(SendOpcode::from_u8) {
-                Ok(Ok(o)) => o,
+                // `ibv_send_wr` has no member for an ATOMIC WRITE's 8 bytes: only
+                // `ibv_wr_atomic_write` posts one.
+                Ok(Ok(o)) if o != SendOpcode::AtomicWrite => o,
                 _ => {
                     rc = libc::EINVAL;
                     break;
@@ -2113,6 +2117,11 @@ pub extern "C" fn vrnic_ibv_fork_init() -> c_int {
 pub extern "C" fn vrnic_ibv_is_fork_initialized() -> c_int {
     IBV_FORK_UNNEEDED
 }
+
+/// The kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE` in `device_cap_flags_ex` (rdma/ib_user_verbs.h
+/// since Linux 6.2, which libibverbs passes through; rxe and mlx5 set it where ATOMIC WRITE
+/// works). Not in `abi.rs`'s checked table: older installed headers lack the name.
+pub(crate) const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 
 macro_rules! unsupported_ptr {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
