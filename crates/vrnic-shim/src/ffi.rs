@@ -2141,12 +2141,31 @@ macro_rules! unsupported_int {
     )*};
 }
 
+// Importing (`ibv_import_device`, `_pd`, `_mr`, `_dm`) shares a context's objects with another
+// process. A vRNIC context is one process's attachment (its socket or claimed mailbox, whose
+// close is how the daemon learns it died and tears down what it owns), and every object
+// belongs to one context; there is no kernel uverbs file to pass between processes and no
+// way for a second attachment to act on another's objects. So the verbs answer as rdma-core
+// does for a provider without `import_context` and with the default `import_pd`/`import_mr`/
+// `import_dm` ops: NULL with `EOPNOTSUPP` (docs/verbs.md).
 unsupported_ptr! {
     vrnic_ibv_reg_dmabuf_mr(pd: *mut ibv_pd, off: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> ibv_mr;
-    vrnic_ibv_import_device(fd: c_int) -> ibv_context;
     vrnic_ibv_import_pd(ctx: *mut ibv_context, h: u32) -> ibv_pd;
     vrnic_ibv_import_mr(pd: *mut ibv_pd, h: u32) -> ibv_mr;
     vrnic_ibv_import_dm(ctx: *mut ibv_context, h: u32) -> c_void;
+}
+
+/// `ibv_import_device`: rdma-core's checks in order, for a device without `import_context`:
+/// an fd that `fstat` refuses is `EINVAL`; any open fd (a context's `cmd_fd`, dup'ed or passed
+/// by `SCM_RIGHTS`: here a socket, not a uverbs character device) is `EOPNOTSUPP`.
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_import_device(fd: c_int) -> *mut ibv_context {
+    guard(null_err(libc::EIO), || {
+        if !sys::fd_is_open(fd) {
+            return null_err(libc::EINVAL);
+        }
+        null_err(libc::EOPNOTSUPP)
+    })
 }
 
 unsupported_int! {
