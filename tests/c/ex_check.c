@@ -18,6 +18,13 @@
  *          order and on the host's CLOCK_MONOTONIC (the same clock as ibv_query_rt_values_ex).
  *      ud: SEND_WITH_IMM with ibv_wr_set_ud_addr (GRH space, source QP, immediate); a UD WR
  *          without an address fails wr_complete and posts nothing.
+ *      aw: ATOMIC_WRITE (ibv_wr_atomic_write, IBA 1.5): device_cap_flags_ex advertises it; a
+ *          batch of them lands exactly (the 8 bytes copied at the builder), in order after a
+ *          WRITE; the server reads the word with 64-bit atomic loads while a thousand of them
+ *          land and never sees a torn value; a misaligned one completes
+ *          IBV_WC_REM_INV_REQ_ERR and one through an MR without remote write
+ *          IBV_WC_REM_ACCESS_ERR (as rxe), storing nothing; ibv_post_send cannot carry one
+ *          (EINVAL); the QPs work again after a reset.
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every
  * wait is bounded (POLL_SECONDS for a completion), so a lost completion fails instead of hanging.
@@ -51,6 +58,12 @@
 #define RCV 32832u  /* our receives and reads land here (after a gap of SENTINEL bytes) */
 #define WORD 61440u /* the atomic target word */
 #define OLD 61504u  /* atomic results */
+#define AW 62000u   /* ATOMIC_WRITE targets (8-aligned: the buffer is page aligned) */
+
+/* The kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (rdma/ib_user_verbs.h since Linux 6.2). */
+#ifndef IB_UVERBS_DEVICE_ATOMIC_WRITE
+#define IB_UVERBS_DEVICE_ATOMIC_WRITE (1ULL << 40)
+#endif
 
 struct info {
 	uint32_t lid, qpn, rkey, pad;
@@ -58,7 +71,7 @@ struct info {
 };
 
 struct side {
-	int server, ud, sock;
+	int server, ud, aw, sock;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_comp_channel *ch;
@@ -67,6 +80,7 @@ struct side {
 	struct ibv_qp_ex *qx;
 	uint8_t *buf;
 	struct ibv_mr *mr;
+	struct ibv_mr *mr_no_write; /* aw: the same buffer, remote read and atomics only */
 	struct info me, peer;
 	uint64_t last_ts;
 };
@@ -97,7 +111,8 @@ static uint32_t hear(struct side *s) { uint32_t v; xfer(s->sock, &v, 4, 0); retu
 
 static const uint64_t RC_OPS = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
 			       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-			       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+			       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+			       IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 static struct ibv_qp_init_attr_ex qp_attr(struct side *s, enum ibv_qp_type t, uint64_t ops)
 {
@@ -116,10 +131,15 @@ static void creation_rules(struct side *s)
 	errno = 0;
 	if (ibv_create_cq_ex(s->ctx, &wall) || errno != EOPNOTSUPP)
 		fail("create_cq_ex with a wallclock timestamp: not EOPNOTSUPP");
-	struct ibv_qp_init_attr_ex a = qp_attr(s, IBV_QPT_RC, RC_OPS | IBV_QP_EX_WITH_ATOMIC_WRITE);
+	/* ATOMIC_WRITE exists on RC and XRC_SEND, not on UC or UD (no acknowledgements). */
+	struct ibv_qp_init_attr_ex a = qp_attr(s, IBV_QPT_UC, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE);
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
-		fail("create_qp_ex with ATOMIC_WRITE: not EOPNOTSUPP");
+		fail("create_qp_ex UC with ATOMIC_WRITE: not EOPNOTSUPP");
+	a = qp_attr(s, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE);
+	errno = 0;
+	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
+		fail("create_qp_ex UD with ATOMIC_WRITE: not EOPNOTSUPP");
 	a = qp_attr(s, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_LOCAL_INV);
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
@@ -133,10 +153,10 @@ static void creation_rules(struct side *s)
 	errno = 0;
 	if (ibv_create_qp_ex(s->ctx, &a) || errno != EOPNOTSUPP)
 		fail("create_qp_ex XRC_SEND with BIND_MW: not EOPNOTSUPP");
-	a = qp_attr(s, IBV_QPT_XRC_SEND, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ);
+	a = qp_attr(s, IBV_QPT_XRC_SEND, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_WRITE);
 	struct ibv_qp *xs = ibv_create_qp_ex(s->ctx, &a);
 	if (!xs || xs->qp_type != IBV_QPT_XRC_SEND || !ibv_qp_to_qp_ex(xs))
-		fail("create_qp_ex XRC_SEND with SEND and RDMA_READ (errno %d)", errno);
+		fail("create_qp_ex XRC_SEND with SEND, RDMA_READ and ATOMIC_WRITE (errno %d)", errno);
 	if (ibv_destroy_qp(xs))
 		fail("destroy the XRC send QP");
 	a = qp_attr(s, IBV_QPT_RC, 0);
@@ -156,8 +176,40 @@ static void creation_rules(struct side *s)
 		fail("ibv_qp_to_qp_ex of a QP made without SEND_OPS_FLAGS is not NULL");
 	if (ibv_destroy_qp(plain))
 		fail("destroy_qp");
-	ok("creation: wallclock CQ, ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC_SEND BIND_MW, TSO refused with EOPNOTSUPP; no "
-	   "qp_ex without SEND_OPS_FLAGS");
+	ok("creation: wallclock CQ, UC and UD ATOMIC_WRITE, UD LOCAL_INV, UD RDMA_WRITE, XRC_SEND BIND_MW, TSO refused "
+	   "with EOPNOTSUPP; RC and XRC_SEND take ATOMIC_WRITE; no qp_ex without SEND_OPS_FLAGS");
+}
+
+static const int QP_ACCESS = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+			     IBV_ACCESS_LOCAL_WRITE;
+
+/* An RC QP in INIT to RTR and RTS, connected to the peer's. */
+static void connect_rc(struct side *s)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn,
+				 .rq_psn = 0, .max_dest_rd_atomic = 4, .min_rnr_timer = 12,
+				 .ah_attr = { .dlid = s->peer.lid, .port_num = 1 } };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		fail("modify RTR");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+				  .sq_psn = 0, .max_rd_atomic = 4 };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		fail("modify RTS");
+}
+
+/* After an error: the RC QP through RESET and INIT back to RTS (both sides do it, the server
+ * first, then it says so). */
+static void reconnect_rc(struct side *s)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RESET };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE))
+		fail("modify RESET");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = QP_ACCESS };
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("modify INIT again");
+	connect_rc(s);
 }
 
 static void setup(struct side *s)
@@ -205,9 +257,14 @@ static void setup(struct side *s)
 				   IBV_ACCESS_REMOTE_ATOMIC);
 	if (!s->mr)
 		fail("reg_mr");
+	if (s->aw) {
+		s->mr_no_write = ibv_reg_mr(s->pd, s->buf, BUF,
+					    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+		if (!s->mr_no_write)
+			fail("reg_mr without remote write");
+	}
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = QKEY,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-						    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE };
+				 .qp_access_flags = QP_ACCESS };
 	if (ibv_modify_qp(s->qp, &a,
 			  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 				  (s->ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS)))
@@ -227,17 +284,7 @@ static void setup(struct side *s)
 			fail("modify RTS");
 		return;
 	}
-	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn,
-				  .rq_psn = 0, .max_dest_rd_atomic = 4, .min_rnr_timer = 12,
-				  .ah_attr = { .dlid = s->peer.lid, .port_num = 1 } };
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		fail("modify RTR");
-	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
-				  .sq_psn = 0, .max_rd_atomic = 4 };
-	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		fail("modify RTS");
+	connect_rc(s);
 }
 
 /* ---- polling through the extended CQ ------------------------------------------------------- */
@@ -567,7 +614,7 @@ static void client_rc(struct side *s)
 	say(s, 1);
 	hear(s);
 	ok("wr_abort: nothing posted");
-	static const char *names[3] = { "wr_atomic_write", "wr_send_tso", "wr_set_xrc_srqn" };
+	static const char *names[3] = { "wr_atomic_write then a data setter", "wr_send_tso", "wr_set_xrc_srqn" };
 	static const uint64_t eight = 8;
 	for (int k = 0; k < 3; k++) {
 		ibv_wr_start(x);
@@ -575,7 +622,9 @@ static void client_rc(struct side *s)
 		ibv_wr_rdma_write(x, rkey, raddr + TGT + 14000);
 		ibv_wr_set_sge(x, lkey, laddr + SRC, 100);
 		if (k == 0) {
+			/* Its data is the 8 bytes the builder took: no setter applies to it. */
 			ibv_wr_atomic_write(x, rkey, raddr + TGT + 14000, &eight);
+			ibv_wr_set_sge(x, lkey, laddr + SRC, 8);
 		} else if (k == 1) {
 			ibv_wr_send_tso(x, (void *)&eight, 8, 1024);
 			ibv_wr_set_sge(x, lkey, laddr + SRC, 10);
@@ -839,6 +888,208 @@ static void server_ud(struct side *s)
 	ok("UD receives: opcode, imm, length with GRH space, src_qp, slid, bytes");
 }
 
+
+/* ---- the aw mode (ATOMIC_WRITE) ------------------------------------------------------------- */
+
+/* Two 64-bit values with no byte in common, so that a torn word shows as neither. */
+#define AW_A 0x0123456789abcdefull
+#define AW_B 0xfedcba9876543210ull
+#define AW_HAMMER 1000
+
+/* One completion of ours with this status (an error: opcode unreliable, not checked). */
+static void expect_status(struct side *s, uint64_t wr_id, enum ibv_wc_status st)
+{
+	struct cx c;
+	pollx(s, &c, 1);
+	if (c.wr_id != wr_id || c.status != st)
+		fail("wr %lu %s, expected wr %lu %s", (unsigned long)c.wr_id, ibv_wc_status_str(c.status),
+		     (unsigned long)wr_id, ibv_wc_status_str(st));
+}
+
+static void client_aw(struct side *s)
+{
+	struct ibv_qp_ex *x = s->qx;
+	uint32_t lkey = s->mr->lkey, rkey = s->peer.rkey;
+	uint64_t raddr = s->peer.addr, laddr = (uintptr_t)s->buf;
+	uint32_t rkey_no_write = hear(s);
+
+	struct ibv_device_attr_ex dx;
+	if (ibv_query_device_ex(s->ctx, NULL, &dx))
+		fail("query_device_ex");
+	if (!(dx.device_cap_flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE))
+		fail("device_cap_flags_ex %#llx lacks IB_UVERBS_DEVICE_ATOMIC_WRITE",
+		     (unsigned long long)dx.device_cap_flags_ex);
+	ok("device_cap_flags_ex has IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40)");
+
+	/* A WRITE of 64 bytes, then three ATOMIC_WRITEs in one batch, their data copied at the
+	 * builder (the source is clobbered before wr_complete). */
+	uint64_t v[3] = { 0x1111222233334444ull, 0x5555666677778888ull, 0x99990000aaaabbbbull };
+	uint64_t src;
+	ibv_wr_start(x);
+	x->wr_id = 1;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(x, rkey, raddr + AW + 64);
+	ibv_wr_set_sge(x, lkey, laddr + SRC, 64);
+	for (int i = 0; i < 3; i++) {
+		x->wr_id = 2 + i;
+		src = v[i];
+		ibv_wr_atomic_write(x, rkey, raddr + AW + (i == 2 ? 24 : 8 * i), &src);
+		src = 0;
+	}
+	if (ibv_wr_complete(x))
+		fail("wr_complete of a WRITE and three ATOMIC_WRITEs");
+	expect1(s, 1, IBV_WC_RDMA_WRITE, 64);
+	for (int i = 0; i < 3; i++)
+		expect1(s, 2 + i, IBV_WC_ATOMIC_WRITE, -1);
+	say(s, 1);
+	hear(s);
+	ok("three wr_atomic_write in a batch after a WRITE: IBV_WC_SUCCESS, IBV_WC_ATOMIC_WRITE, in order");
+
+	/* A thousand ATOMIC_WRITEs of two values to one word while the server reads it. */
+	hear(s);
+	for (int i = 0; i < AW_HAMMER; i += 10) {
+		ibv_wr_start(x);
+		for (int j = 0; j < 10; j++) {
+			x->wr_id = 100 + i + j;
+			x->wr_flags = j == 9 ? IBV_SEND_SIGNALED : 0;
+			src = (i + j) % 2 ? AW_B : AW_A;
+			ibv_wr_atomic_write(x, rkey, raddr + AW + 128, &src);
+		}
+		if (ibv_wr_complete(x))
+			fail("wr_complete of ten ATOMIC_WRITEs");
+		expect1(s, 100 + i + 9, IBV_WC_ATOMIC_WRITE, -1);
+	}
+	x->wr_flags = IBV_SEND_SIGNALED;
+	say(s, 1);
+	hear(s);
+	ok("%d ATOMIC_WRITEs to one word", AW_HAMMER);
+
+	/* ibv_post_send has no member for the 8 bytes: EINVAL, nothing posted. */
+	struct ibv_sge sge = { laddr + SRC, 8, lkey };
+	struct ibv_send_wr wr = { .wr_id = 300, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_WRITE,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = raddr + AW + 192, .rkey = rkey } };
+	struct ibv_send_wr *bad = NULL;
+	int rc = ibv_post_send(s->qp, &wr, &bad);
+	if (rc != EINVAL || bad != &wr)
+		fail("ibv_post_send with IBV_WR_ATOMIC_WRITE returned %d", rc);
+	expect_none(s, "ibv_post_send of an ATOMIC_WRITE");
+	ok("ibv_post_send with IBV_WR_ATOMIC_WRITE: EINVAL, bad_wr set, nothing posted");
+
+	/* A misaligned word: an invalid request at the responder (rxe's misaligned atomic). */
+	src = AW_A;
+	ibv_wr_start(x);
+	x->wr_id = 400;
+	ibv_wr_atomic_write(x, rkey, raddr + AW + 196, &src);
+	if (ibv_wr_complete(x))
+		fail("wr_complete of a misaligned ATOMIC_WRITE");
+	expect_status(s, 400, IBV_WC_REM_INV_REQ_ERR);
+	say(s, 1); /* the server checks, resets, says so */
+	hear(s);
+	reconnect_rc(s);
+	say(s, 1);
+	ok("a misaligned wr_atomic_write: IBV_WC_REM_INV_REQ_ERR");
+
+	/* Through an MR without remote write (remote atomics it has): a remote access error. */
+	hear(s);
+	ibv_wr_start(x);
+	x->wr_id = 500;
+	ibv_wr_atomic_write(x, rkey_no_write, raddr + AW + 200, &src);
+	if (ibv_wr_complete(x))
+		fail("wr_complete of an ATOMIC_WRITE through an MR without remote write");
+	expect_status(s, 500, IBV_WC_REM_ACCESS_ERR);
+	say(s, 1);
+	hear(s);
+	reconnect_rc(s);
+	say(s, 1);
+	ok("wr_atomic_write through an MR with remote atomic but no remote write: IBV_WC_REM_ACCESS_ERR");
+
+	/* Up again: the next one lands. */
+	hear(s);
+	src = AW_B;
+	ibv_wr_start(x);
+	x->wr_id = 600;
+	ibv_wr_atomic_write(x, rkey, raddr + AW + 208, &src);
+	if (ibv_wr_complete(x))
+		fail("wr_complete after the reset");
+	expect1(s, 600, IBV_WC_ATOMIC_WRITE, -1);
+	say(s, 1);
+	hear(s);
+	ok("after a reset the QPs carry ATOMIC_WRITEs again");
+}
+
+/* The 8 bytes at `off` of our buffer, read as one 64-bit atomic load. */
+static uint64_t word_at(struct side *s, uint32_t off)
+{
+	return __atomic_load_n((uint64_t *)(s->buf + off), __ATOMIC_ACQUIRE);
+}
+
+static void server_aw(struct side *s)
+{
+	say(s, s->mr_no_write->rkey);
+	hear(s);
+	static const uint64_t v[3] = { 0x1111222233334444ull, 0x5555666677778888ull, 0x99990000aaaabbbbull };
+	for (int i = 0; i < 3; i++) {
+		uint32_t off = AW + (i == 2 ? 24 : 8 * i);
+		if (word_at(s, off) != v[i])
+			fail("ATOMIC_WRITE %d: the word is %#lx, expected %#lx", i, (unsigned long)word_at(s, off),
+			     (unsigned long)v[i]);
+	}
+	check_untouched(s, AW + 16, 8, "the word no ATOMIC_WRITE named");
+	check_untouched(s, AW + 32, 32, "the bytes after the ATOMIC_WRITEs");
+	check_untouched(s, AW - 8, 8, "the bytes before the ATOMIC_WRITEs");
+	check_bytes(s, AW + 64, 64, 1, 0, "the WRITE before them");
+	say(s, 1);
+	ok("ATOMIC_WRITEs landed: exactly their 8 bytes each, nothing around them; the WRITE before them too");
+
+	/* Read the word with atomic loads while the client writes it a thousand times: every
+	 * value is one it wrote (or the sentinel before the first). */
+	uint64_t sentinel;
+	memset(&sentinel, SENTINEL, 8);
+	say(s, 1);
+	long reads = 0, changes = 0;
+	uint64_t last = sentinel;
+	for (;;) {
+		for (int i = 0; i < 4096; i++) {
+			uint64_t w = word_at(s, AW + 128);
+			if (w != AW_A && w != AW_B && w != sentinel)
+				fail("a torn word %#lx after %ld reads", (unsigned long)w, reads);
+			changes += w != last;
+			last = w;
+			reads++;
+		}
+		struct pollfd p = { .fd = s->sock, .events = POLLIN };
+		if (poll(&p, 1, 0) == 1)
+			break;
+	}
+	hear(s);
+	/* The last ATOMIC_WRITE (number 999, odd) wrote AW_B. */
+	if (word_at(s, AW + 128) != AW_B)
+		fail("after %d ATOMIC_WRITEs the word is %#lx", AW_HAMMER, (unsigned long)word_at(s, AW + 128));
+	say(s, 1);
+	ok("atomic loads while %d ATOMIC_WRITEs landed: never a torn word (%ld loads, %ld changes seen), the last "
+	   "value last", AW_HAMMER, reads, changes);
+
+	hear(s); /* the misaligned one failed */
+	check_untouched(s, AW + 192, 16, "the words a misaligned ATOMIC_WRITE named");
+	reconnect_rc(s);
+	say(s, 1);
+	hear(s);
+	say(s, 1);
+	hear(s); /* the one through the MR without remote write failed */
+	check_untouched(s, AW + 200, 8, "the word an ATOMIC_WRITE without remote write named");
+	reconnect_rc(s);
+	say(s, 1);
+	hear(s);
+	ok("misaligned and unwritable ATOMIC_WRITEs stored nothing; QPs reset");
+	say(s, 1);
+	hear(s);
+	if (word_at(s, AW + 208) != AW_B)
+		fail("the ATOMIC_WRITE after the reset: the word is %#lx", (unsigned long)word_at(s, AW + 208));
+	say(s, 1);
+	ok("the ATOMIC_WRITE after the reset landed");
+}
+
 int main(int argc, char **argv)
 {
 	struct side s = { 0 };
@@ -848,13 +1099,16 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *mode = argv[argc - 1];
-	if (strcmp(mode, "rc") && strcmp(mode, "ud"))
+	if (strcmp(mode, "rc") && strcmp(mode, "ud") && strcmp(mode, "aw"))
 		fail("unknown mode %s", mode);
 	s.ud = !strcmp(mode, "ud");
+	s.aw = !strcmp(mode, "aw");
 	s.sock = s.server ? listen_on(argv[2]) : connect_to(argv[2], argv[3]);
 	setup(&s);
 	if (s.ud)
 		s.server ? server_ud(&s) : client_ud(&s);
+	else if (s.aw)
+		s.server ? server_aw(&s) : client_aw(&s);
 	else
 		s.server ? server_rc(&s) : client_rc(&s);
 	ok("%s %s done", s.server ? "server" : "client", mode);

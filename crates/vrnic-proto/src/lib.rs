@@ -7,7 +7,8 @@
 //! requests between QPs it holds, copying each byte once from the source MR to the
 //! destination MR: SEND and SEND_WITH_IMM (matched to posted receives, from the QP's own queue
 //! or a shared receive queue; RNR waits when none is posted, and retries as soon as one is),
-//! RDMA WRITE and WRITE_WITH_IMM, RDMA READ and the two atomics, memory windows (type 1 and
+//! RDMA WRITE and WRITE_WITH_IMM, RDMA READ, the two atomics and ATOMIC WRITE (IBA 1.5: 8
+//! bytes stored by one atomic store, [`Memory::store_u64`]), memory windows (type 1 and
 //! 2: bind work requests, local invalidation, SEND with Invalidate, remote access through a
 //! window's rkey), XRC (domains, XRC SRQs named by number from an XRC send QP's work
 //! requests, XRC receive QPs that deliver into the SRQs of their own domain); UD datagrams go through
@@ -89,6 +90,10 @@
 //!         let r = self.0.get(src.vnic.0 as usize).ok_or(MemoryRefused)?;
 //!         out.copy_from_slice(r.get(at..at + out.len()).ok_or(MemoryRefused)?);
 //!         Ok(())
+//!     }
+//!     // Private vectors, reached by this thread alone: a plain write is atomic enough.
+//!     fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+//!         self.write(dst, &value)
 //!     }
 //! }
 //!
@@ -238,6 +243,11 @@ pub trait Memory {
     fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused>;
     /// Reads `out.len()` bytes at `src`.
     fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused>;
+    /// Stores `value` at `dst`, which the engine has checked to be 8-byte aligned, as one
+    /// atomic store that orders after every write made before it (release): a concurrent
+    /// reader of the word, in any process, sees the old 8 bytes or the new ones, never a mix
+    /// (an ATOMIC WRITE's promise).
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused>;
 }
 
 /// The other engines of this daemon (its engine threads), as a driver lets an engine reach

@@ -64,6 +64,13 @@ impl Memory for Guarded {
         out.copy_from_slice(&self.regions[&src.vnic][src.off as usize..][..out.len()]);
         Ok(())
     }
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+        assert!(
+            dst.off.is_multiple_of(8),
+            "misaligned atomic store at {dst:?}"
+        );
+        self.write(dst, &value)
+    }
 }
 
 /// splitmix64: a deterministic stream of random numbers.

@@ -1776,3 +1776,126 @@ fn a_multi_segment_write_with_immediate_waits_out_rnr_and_lands_whole() {
         "the WRITE after its RNR wait",
     );
 }
+
+/// An ATOMIC WRITE work request as `ibv_wr_atomic_write` writes it: 8 bytes inline.
+fn atomic_write(wr_id: u64, data: [u8; 8], remote_addr: u64, rkey: u32) -> SendWqe {
+    let mut w = wqe(wr_id, SendOpcode::AtomicWrite, vec![], remote_addr, rkey);
+    w.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+    w.payload = SendPayload::Inline(data.as_slice().into());
+    w
+}
+
+/// ATOMIC WRITE crosses the link as IBA 1.5's opcode (a RETH, 8 bytes of payload), is never
+/// read into place (the receiver copies the word in with one atomic store), lands exactly,
+/// and completes `IBV_WC_ATOMIC_WRITE` once the ACK comes, in order with a WRITE before it.
+#[test]
+fn an_atomic_write_crosses_the_link_and_lands_its_eight_bytes() {
+    let mut n = Net::new(QpType::Rc);
+    n.into[0].place = true;
+    let now = n.now;
+    let src = n.a.map(0x10_0000, 64 << 10, access::LOCAL_WRITE);
+    let dst = n.b.map(
+        0x80_0000,
+        64 << 10,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    n.b.set(&dst, 0x80_0000, 0x80_0ff8, &[0xee; 24]);
+    let w = pattern(20 << 10, 4);
+    n.a.set(&src, 0x10_0000, 0x10_0000, &w);
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x10_0000, 20 << 10, src.0.lkey)],
+            0x80_2000,
+            dst.0.rkey,
+        ),
+    );
+    let data = 0xfedc_ba98_7654_3210u64.to_le_bytes();
+    n.a.post(now, atomic_write(2, data, 0x80_1000, dst.0.rkey));
+    n.run();
+    let c = n.a.cqes();
+    assert_eq!(
+        statuses(&c),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!((c[1].opcode, c[1].byte_len), (WcOpcode::AtomicWrite, 8));
+    assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0ff8, 8), [0xee; 8]);
+    assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_1000, 8), data);
+    assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_1008, 8), [0xee; 8]);
+    same(&n.b.get(&dst, 0x80_0000, 0x80_2000, 20 << 10), &w, "WRITE");
+    // The WRITE's segment was read into place; the ATOMIC WRITE's was not.
+    assert_eq!(n.into[0].placed, 1);
+    assert!(n.b.cqes().is_empty(), "no receive taken");
+}
+
+/// An ATOMIC WRITE sent again (its ACK lost, the local ACK timer expired) is a duplicate at
+/// the responder: acknowledged, not stored again, so a value the app wrote since stays
+/// (IB 9.7.5.1.2, as a duplicate WRITE).
+#[test]
+fn an_atomic_write_sent_again_is_acked_without_storing_twice() {
+    let mut n = Net::new(QpType::Rc);
+    let now = n.now;
+    let dst =
+        n.b.map(0x80_0000, 4096, access::LOCAL_WRITE | access::REMOTE_WRITE);
+    // b's first answer (the ACK) is lost.
+    n.lose[1] = vec![0];
+    n.a.post(now, atomic_write(1, [0x11; 8], 0x80_0040, dst.0.rkey));
+    n.run();
+    assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0040, 8), [0x11; 8]);
+    assert!(n.a.cqes().is_empty(), "unanswered");
+    // The app at b writes the word meanwhile.
+    n.b.set(&dst, 0x80_0000, 0x80_0040, &[0x22; 8]);
+    n.advance(Duration::from_millis(100));
+    assert_eq!(n.offered[0], 2, "the ATOMIC WRITE went twice");
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    assert_eq!(
+        n.b.get(&dst, 0x80_0000, 0x80_0040, 8),
+        [0x22; 8],
+        "the duplicate stored nothing"
+    );
+}
+
+/// Over the link as on one engine: an MR without remote write refuses an ATOMIC WRITE with
+/// `REM_ACCESS_ERR` (remote atomic access is not what it needs), a misaligned one is
+/// `REM_INV_REQ_ERR`; nothing is stored.
+#[test]
+fn an_atomic_write_over_the_link_is_refused_as_on_one_engine() {
+    for (acc, at, want) in [
+        (
+            access::LOCAL_WRITE | access::REMOTE_ATOMIC | access::REMOTE_READ,
+            0x80_0040,
+            WcStatus::RemAccessErr,
+        ),
+        (
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+            0x80_0044,
+            WcStatus::RemInvReqErr,
+        ),
+    ] {
+        let mut n = Net::new(QpType::Rc);
+        let now = n.now;
+        let dst = n.b.map(0x80_0000, 4096, acc);
+        n.a.post(now, atomic_write(1, [0x33; 8], at, dst.0.rkey));
+        n.run();
+        assert_eq!(statuses(&n.a.cqes()), vec![(1, want)], "{acc:#x} {at:#x}");
+        assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0000, 4096), vec![0; 4096]);
+        assert_eq!(n.a.e.qp_state(n.a.qp), Some(QpState::Err));
+        assert_eq!(n.b.e.qp_state(n.b.qp), Some(QpState::Err));
+    }
+}
+
+/// A UC QP has no ATOMIC WRITE (no such opcode on UC): it fails locally, nothing is sent.
+#[test]
+fn an_atomic_write_on_uc_over_the_link_is_loc_qp_op_err_and_sends_nothing() {
+    let mut n = Net::new(QpType::Uc);
+    let now = n.now;
+    let dst =
+        n.b.map(0x80_0000, 4096, access::LOCAL_WRITE | access::REMOTE_WRITE);
+    n.a.post(now, atomic_write(1, [0x44; 8], 0x80_0040, dst.0.rkey));
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::LocQpOpErr)]);
+    assert_eq!(n.offered[0], 0);
+    assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0040, 8), [0; 8]);
+}

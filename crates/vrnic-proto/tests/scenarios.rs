@@ -1119,6 +1119,10 @@ impl Memory for Counting<'_> {
     fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
         self.inner.read(src, out)
     }
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+        self.bytes += 8;
+        self.inner.store_u64(dst, value)
+    }
 }
 
 impl World {
@@ -3366,4 +3370,237 @@ fn a_copy_the_daemon_cannot_make_completes_with_an_error_never_success() {
             "{op:?}: nothing completes with success: {c:?}"
         );
     }
+}
+
+// ---- ATOMIC WRITE (IBA 1.5) -----------------------------------------------------------------
+
+/// An ATOMIC WRITE work request as the driver's `ibv_wr_atomic_write` writes it: its 8 bytes
+/// inline.
+fn atomic_write(wr_id: u64, data: [u8; 8], remote_addr: u64, rkey: u32) -> SendWqe {
+    let mut w = wqe(wr_id, SendOpcode::AtomicWrite, vec![], remote_addr, rkey);
+    w.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+    w.payload = SendPayload::Inline(data.as_slice().into());
+    w
+}
+
+/// Records the engine's atomic stores, and refuses to let it write the word any other way.
+struct Stores<'a> {
+    inner: &'a mut VecMem,
+    word: Loc,
+    stores: Vec<(Loc, [u8; 8])>,
+}
+
+impl Memory for Stores<'_> {
+    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
+        self.inner.copy(src, dst, len)
+    }
+    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
+        let hits = dst.vnic == self.word.vnic
+            && dst.off < self.word.off + 8
+            && self.word.off < dst.off + data.len() as u64;
+        assert!(!hits, "the word written by a plain write at {dst:?}");
+        self.inner.write(dst, data)
+    }
+    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
+        self.inner.read(src, out)
+    }
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+        self.stores.push((dst, value));
+        self.inner.store_u64(dst, value)
+    }
+}
+
+impl World {
+    /// Runs the engine over a [`Stores`] watching the word at `a` of `m`; returns its stores.
+    fn run_watching(&mut self, m: &Mapping, a: u64) -> Vec<(Loc, [u8; 8])> {
+        let (vnic, off) = self.loc(m, a);
+        let mut mem = Stores {
+            inner: &mut self.mem,
+            word: Loc {
+                vnic,
+                off: off as u64,
+            },
+            stores: Vec::new(),
+        };
+        for _ in 0..1000 {
+            if !self.e.process(self.now, &mut mem) {
+                break;
+            }
+        }
+        mem.stores
+    }
+}
+
+/// ATOMIC WRITE stores its 8 bytes at the responder by one atomic store (never a plain
+/// write), touches nothing around them, and completes `IBV_WC_ATOMIC_WRITE` with 8 bytes; a
+/// WRITE posted before it has landed by then.
+#[test]
+fn an_atomic_write_lands_its_eight_bytes_by_one_atomic_store() {
+    let mut w = World::new();
+    let dst = w.map(
+        false,
+        0x9000,
+        4096,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+    w.set(&dst, 0x9000 + 0x100, &[0xee; 24]);
+    w.set(&src, 0x1000, &pattern(64, 3));
+    w.send(
+        true,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 64, src.keys.lkey)],
+            0x9000 + 0x200,
+            dst.keys.rkey,
+        ),
+    );
+    let data = 0x1122_3344_5566_7788u64.to_le_bytes();
+    w.send(true, atomic_write(2, data, 0x9000 + 0x108, dst.keys.rkey));
+    let stores = w.run_watching(&dst, 0x9000 + 0x108);
+    let (vnic, off) = w.loc(&dst, 0x9000 + 0x108);
+    assert_eq!(
+        stores,
+        vec![(
+            Loc {
+                vnic,
+                off: off as u64
+            },
+            data
+        )]
+    );
+    assert_eq!(w.get(&dst, 0x9000 + 0x100, 8), [0xee; 8]);
+    assert_eq!(w.get(&dst, 0x9000 + 0x108, 8), data);
+    assert_eq!(w.get(&dst, 0x9000 + 0x110, 8), [0xee; 8]);
+    assert_eq!(w.get(&dst, 0x9000 + 0x200, 64), pattern(64, 3));
+    let c: Vec<_> = w
+        .cqes()
+        .into_iter()
+        .map(|(_, c)| (c.wr_id, c.status, c.opcode, c.byte_len))
+        .collect();
+    assert_eq!(
+        c,
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite, 64),
+            (2, WcStatus::Success, WcOpcode::AtomicWrite, 8),
+        ]
+    );
+    assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Rts));
+}
+
+/// The access an ATOMIC WRITE needs is remote *write* (rxe's `check_rkey`): an MR or a QP
+/// granting remote atomics and reads but not writes refuses it with `REM_ACCESS_ERR`, and the
+/// word is untouched.
+#[test]
+fn an_atomic_write_needs_remote_write_on_the_mr_and_the_qp() {
+    let no_write = access::REMOTE_ATOMIC | access::REMOTE_READ;
+    for (mr_access, qp_access) in [
+        (
+            access::LOCAL_WRITE | no_write,
+            no_write | access::REMOTE_WRITE,
+        ),
+        (
+            access::LOCAL_WRITE | access::REMOTE_WRITE | no_write,
+            no_write,
+        ),
+    ] {
+        let mut w = World::with(qp_access, 7);
+        let dst = w.map(false, 0x9000, 4096, mr_access);
+        w.set(&dst, 0x9000 + 0x40, &[0xee; 8]);
+        w.send(true, atomic_write(1, [7; 8], 0x9000 + 0x40, dst.keys.rkey));
+        let stores = w.run_watching(&dst, 0x9000 + 0x40);
+        assert!(stores.is_empty(), "{mr_access:#x} {qp_access:#x}");
+        assert_eq!(w.get(&dst, 0x9000 + 0x40, 8), [0xee; 8]);
+        let c: Vec<_> = w
+            .cqes()
+            .into_iter()
+            .map(|(_, c)| (c.wr_id, c.status))
+            .collect();
+        assert_eq!(c, vec![(1, WcStatus::RemAccessErr)]);
+        assert_eq!(w.e.qp_state(w.a.qp), Some(QpState::Err));
+        assert_eq!(w.e.qp_state(w.b.qp), Some(QpState::Err));
+    }
+}
+
+/// A misaligned ATOMIC WRITE is an invalid request (rxe: `RESPST_ERR_MISALIGNED_ATOMIC`, class
+/// C): `REM_INV_REQ_ERR` and nothing stored. The R_Key is checked first: a misaligned word
+/// that also runs past the MR is a remote access error.
+#[test]
+fn a_misaligned_atomic_write_is_rem_inv_req_err_after_the_rkey_check() {
+    for (at, want) in [
+        (0x9000 + 0x44, WcStatus::RemInvReqErr),
+        (0x9000 + 0x41, WcStatus::RemInvReqErr),
+        // Crosses a page of the MR: still one MR, still misaligned.
+        (0x9000 + 4092, WcStatus::RemInvReqErr),
+        (0x9000 + 8188, WcStatus::RemAccessErr),
+        (0x9000 + 8192, WcStatus::RemAccessErr),
+    ] {
+        let mut w = World::new();
+        let dst = w.map(
+            false,
+            0x9000,
+            8192,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        );
+        w.send(true, atomic_write(1, [7; 8], at, dst.keys.rkey));
+        let stores = w.run_watching(&dst, 0x9000);
+        assert!(stores.is_empty(), "{at:#x}");
+        assert_eq!(w.get(&dst, 0x9000, 8192), vec![0; 8192], "{at:#x}");
+        let c: Vec<_> = w
+            .cqes()
+            .into_iter()
+            .map(|(_, c)| (c.wr_id, c.status))
+            .collect();
+        assert_eq!(c, vec![(1, want)], "{at:#x}");
+    }
+}
+
+/// An ATOMIC WRITE slot that does not carry exactly 8 inline bytes (the driver never writes
+/// one) is a malformed work request: `LOC_QP_OP_ERR`, nothing sent. On UC, which has no
+/// acknowledgements, ATOMIC WRITE does not exist: `LOC_QP_OP_ERR` too.
+#[test]
+fn an_atomic_write_without_eight_inline_bytes_or_on_uc_is_loc_qp_op_err() {
+    // Eight bytes gathered from an SGE instead of carried inline.
+    fails_locally(World::new(), |w, rkey| {
+        let src = w.map(true, 0x1000, 4096, access::LOCAL_WRITE);
+        wqe(
+            1,
+            SendOpcode::AtomicWrite,
+            vec![sge(0x1000, 8, src.keys.lkey)],
+            0x9000,
+            rkey,
+        )
+    });
+    // Four inline bytes.
+    fails_locally(World::new(), |_, rkey| {
+        let mut x = atomic_write(1, [1; 8], 0x9000, rkey);
+        x.payload = SendPayload::Inline([1u8; 4].as_slice().into());
+        x
+    });
+    // A well-formed one on UC.
+    fails_locally(uc_world(), |_, rkey| atomic_write(1, [1; 8], 0x9000, rkey));
+}
+
+/// Posts the work request `make` builds (given the R_Key of a writable MR at 0x9000 of b) on
+/// a: it fails with `LOC_QP_OP_ERR`, and nothing is stored.
+fn fails_locally(mut w: World, make: impl FnOnce(&mut World, u32) -> SendWqe) {
+    let dst = w.map(
+        false,
+        0x9000,
+        4096,
+        access::LOCAL_WRITE | access::REMOTE_WRITE,
+    );
+    let x = make(&mut w, dst.keys.rkey);
+    w.send(true, x);
+    let stores = w.run_watching(&dst, 0x9000);
+    assert!(stores.is_empty());
+    let c: Vec<_> = w
+        .cqes()
+        .into_iter()
+        .filter(|(cq, _)| *cq == w.a.cq)
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(c, vec![(1, WcStatus::LocQpOpErr)]);
+    assert_eq!(w.get(&dst, 0x9000, 8), [0; 8]);
 }

@@ -44,6 +44,10 @@ impl Memory for Shared<'_> {
         self.moved.set(self.moved.get() + out.len() as u64);
         self.mem.borrow_mut().read(src, out)
     }
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+        self.moved.set(self.moved.get() + 8);
+        self.mem.borrow_mut().store_u64(dst, value)
+    }
 }
 
 /// The other engine, as the one running a turn reaches it; busy for the next `busy` calls.
@@ -825,4 +829,45 @@ fn a_request_before_the_siblings_rtr_goes_again_when_it_is_ready() {
     assert_eq!(statuses(&p.cqes(&a)), vec![(1, WcStatus::Success)]);
     assert_eq!(statuses(&p.cqes(&b)), vec![(9, WcStatus::Success)]);
     assert_eq!(p.get(&b, &bm, ba, ba, 5), b"early");
+}
+
+/// ATOMIC WRITE to a QP of the other engine: executed inside it by the engine that took the
+/// work request, its 8 bytes stored once (no frame), completing `IBV_WC_ATOMIC_WRITE`; a
+/// misaligned one is refused there as on one engine (`REM_INV_REQ_ERR`, both QPs in error).
+#[test]
+fn an_atomic_write_across_engines_stores_its_eight_bytes_once() {
+    let mut p = Pair::new();
+    let (mut a, mut b) = rc_pair(&mut p);
+    let (aa, ba) = (0x10_0000u64, 0x20_0000u64);
+    let _am = p.map(&mut a, aa, 4096);
+    let bm = p.map(&mut b, ba, 4096);
+    p.set(&b, &bm, ba, ba + 0x38, &[0xee; 24]);
+    let data = 0x0102_0304_0506_0708u64.to_le_bytes();
+    let mut w = wqe(1, SendOpcode::AtomicWrite, vec![], ba + 0x40, bm.0.rkey);
+    w.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+    w.payload = SendPayload::Inline(data.as_slice().into());
+    p.post(&a, w.clone());
+    p.run();
+    let c = p.cqes(&a);
+    assert_eq!(statuses(&c), vec![(1, WcStatus::Success)]);
+    assert_eq!((c[0].opcode, c[0].byte_len), (WcOpcode::AtomicWrite, 8));
+    assert_eq!(p.get(&b, &bm, ba, ba + 0x38, 8), [0xee; 8]);
+    assert_eq!(p.get(&b, &bm, ba, ba + 0x40, 8), data);
+    assert_eq!(p.get(&b, &bm, ba, ba + 0x48, 8), [0xee; 8]);
+    assert_eq!(
+        p.moved.get(),
+        8,
+        "the 8 bytes stored once, nothing else moved"
+    );
+    assert!(p.calls.get() >= 1, "executed inside the other engine");
+    assert!(p.cqes(&b).is_empty(), "no receive taken");
+
+    w.wr_id = 2;
+    w.remote_addr = ba + 0x44;
+    p.post(&a, w);
+    p.run();
+    assert_eq!(statuses(&p.cqes(&a)), vec![(2, WcStatus::RemInvReqErr)]);
+    assert_eq!(p.get(&b, &bm, ba, ba + 0x40, 8), data);
+    assert_eq!(p.e[0].qp_state(a.qp), Some(QpState::Err));
+    assert_eq!(p.e[1].qp_state(b.qp), Some(QpState::Err));
 }

@@ -689,3 +689,43 @@ fn an_xrc_send_waits_for_a_receive_in_its_srq_and_goes_when_one_is_posted() {
         assert_eq!(w.cqes().len(), 2);
     });
 }
+
+/// ATOMIC WRITE from an XRC send QP (on one daemon, and across a link as opcode 0xbd): its 8
+/// bytes land under an R_Key of the named SRQ's PD; an MR of another PD of the target is out
+/// of reach (`REM_ACCESS_ERR`), nothing stored.
+#[test]
+fn an_atomic_write_reaches_memory_of_the_named_srqs_pd_only() {
+    both(|remote| {
+        let mut w = World::new(remote);
+        let (eng, ctx, pd, srqn) = (w.tgt.eng, w.tgt.ctx, w.tgt.pd, w.tgt.srqn);
+        let acc = access::LOCAL_WRITE | ALL_REMOTE;
+        let (k, at) = w.reg(eng, 2, ctx, pd, 0x30_0000, 4096, acc);
+        let data = 0x0807_0605_0403_0201u64.to_le_bytes();
+        let mut aw = wqe(1, SendOpcode::AtomicWrite, srqn, vec![]);
+        aw.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+        aw.payload = SendPayload::Inline(data.as_slice().into());
+        (aw.remote_addr, aw.rkey) = (0x30_0040, k.rkey);
+        w.post(aw.clone());
+        w.run();
+        assert_eq!(w.bytes(eng, 2, at + 0x40, 8), &data, "remote {remote}");
+        let c: Vec<_> = w
+            .cqes()
+            .iter()
+            .map(|(_, c)| (c.wr_id, c.status, c.opcode))
+            .collect();
+        assert_eq!(
+            c,
+            vec![(1, WcStatus::Success, WcOpcode::AtomicWrite)],
+            "remote {remote}"
+        );
+        let e = w.tgt_engine();
+        let pd2 = e.alloc_pd(VnicId(2), ctx).unwrap();
+        let (k2, at2) = w.reg(eng, 2, ctx, pd2, 0x50_0000, 4096, acc);
+        (aw.wr_id, aw.remote_addr, aw.rkey) = (2, 0x50_0000, k2.rkey);
+        w.post(aw);
+        w.run();
+        let st: Vec<_> = w.cqes().iter().map(|(_, c)| (c.wr_id, c.status)).collect();
+        assert_eq!(st, vec![(2, WcStatus::RemAccessErr)], "remote {remote}");
+        assert!(w.bytes(eng, 2, at2, 8).iter().all(|&b| b == 0));
+    });
+}

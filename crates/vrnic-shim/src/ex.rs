@@ -10,9 +10,11 @@
 //! whole (all or nothing), with the checks and errnos of `ibv_post_send`. The section is the
 //! per-QP critical region `ibv_wr_post(3)` promises: a second thread's `wr_start` waits until
 //! the first thread's `wr_complete`/`wr_abort`. Memory-window builders (`wr_bind_mw`,
-//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`mw.rs`). Builders this
-//! device does not support (TSO, XRC, atomic write) poison the batch: `wr_complete` returns
-//! `EOPNOTSUPP` and posts nothing of it. As on mlx5, `IBV_SEND_INLINE` in `wr_flags` means
+//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`mw.rs`).
+//! `wr_atomic_write` copies its 8 bytes at the call into an inline WQE (as mlx5 and rxe copy
+//! them into theirs); a data setter after it fails the batch with `EINVAL`. Builders this
+//! device does not support (TSO, XRC outside XRC send QPs) poison the batch: `wr_complete`
+//! returns `EOPNOTSUPP` and posts nothing of it. As on mlx5, `IBV_SEND_INLINE` in `wr_flags` means
 //! nothing to the builders; the inline setters make a WR inline.
 //!
 //! `start_poll` loads the completion at the head of the ring without retiring it; `next_poll`
@@ -80,6 +82,7 @@ fn send_ops(qp_type: c_uint) -> u64 {
                 | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                | IBV_QP_EX_WITH_ATOMIC_WRITE
         }
         IBV_QPT_UC => send | write | mw,
         IBV_QPT_UD => send,
@@ -89,6 +92,7 @@ fn send_ops(qp_type: c_uint) -> u64 {
                 | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                | IBV_QP_EX_WITH_ATOMIC_WRITE
         }
         _ => 0,
     }
@@ -405,8 +409,18 @@ extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, addr: u64, add: 
     begin(q, SendOpcode::AtomicFetchAndAdd, addr, rkey, 0, add, 0);
 }
 
+/// An ATOMIC WRITE's data is the 8 bytes its builder copied: no data setter applies to it.
+fn takes_data(w: &SendWqe) -> Result<(), c_int> {
+    if w.opcode == SendOpcode::AtomicWrite {
+        Err(libc::EINVAL)
+    } else {
+        Ok(())
+    }
+}
+
 extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     last(q, |w| {
+        takes_data(w)?;
         set_sges(
             w,
             SgeList::from_buf_and_len([Sge { addr, length, lkey }, Sge::default()], 1),
@@ -417,6 +431,7 @@ extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
 
 extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     last(q, |w| {
+        takes_data(w)?;
         if n > MAX_SGE || (n > 0 && list.is_null()) {
             return Err(libc::EINVAL);
         }
@@ -453,12 +468,14 @@ fn inline(w: &mut SendWqe, bufs: &[(*const u8, usize)]) -> Result<(), c_int> {
 
 extern "C" fn wr_set_inline_data(q: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     last(q, |w| {
+        takes_data(w)?;
         inline(w, &[(addr.cast::<u8>().cast_const(), length)])
     });
 }
 
 extern "C" fn wr_set_inline_data_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     last(q, |w| {
+        takes_data(w)?;
         if n > 0 && list.is_null() {
             return Err(libc::EINVAL);
         }
@@ -536,8 +553,16 @@ extern "C" fn wr_set_xrc_srqn(q: *mut ibv_qp_ex, srqn: u32) {
     });
 }
 
-extern "C" fn wr_atomic_write(q: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _data: *const c_void) {
-    poison(q, libc::EOPNOTSUPP);
+/// `ibv_wr_atomic_write`: the 8 bytes at `data` are copied now (the app may reuse the buffer
+/// at once, as with mlx5 and rxe) into the WQE's inline payload; the responder stores them
+/// at `addr` as one atomic write. A NULL `data` fails the batch with `EINVAL`.
+extern "C" fn wr_atomic_write(q: *mut ibv_qp_ex, rkey: u32, addr: u64, data: *const c_void) {
+    if data.is_null() {
+        poison(q, libc::EINVAL);
+        return;
+    }
+    begin(q, SendOpcode::AtomicWrite, addr, rkey, 0, 0, 0);
+    last(q, |w| inline(w, &[(data.cast::<u8>(), 8)]));
 }
 
 // ---- extended CQs ----------------------------------------------------------------------------

@@ -431,8 +431,10 @@ pub extern "C" fn vrnic_query_device_ex(
         // SAFETY: plain C data; zero is valid.
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         ex.orig_attr = device_attr(conn);
-        // The extended flags repeat the base ones in their low 32 bits, as providers report.
-        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+        // The extended flags repeat the base ones in their low 32 bits, as providers report,
+        // and say ATOMIC WRITE is executed (the bit rxe and mlx5 set for it).
+        ex.device_cap_flags_ex =
+            u64::from(ex.orig_attr.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
         ex.max_dm_size = crate::dm::MAX_DM_SIZE;
         ex.phys_port_cnt_ex = 1;
         // Completion timestamps: CLOCK_MONOTONIC nanoseconds (a 1 GHz clock), 64 bits.
@@ -1830,7 +1832,9 @@ pub extern "C" fn vrnic_post_send(
             // SAFETY: cur is a node of the app's list.
             let w = unsafe { &*cur };
             let opcode = match u8::try_from(w.opcode).map(SendOpcode::from_u8) {
-                Ok(Ok(o)) => o,
+                // `ibv_send_wr` has no member for an ATOMIC WRITE's 8 bytes: only
+                // `ibv_wr_atomic_write` posts one.
+                Ok(Ok(o)) if o != SendOpcode::AtomicWrite => o,
                 _ => {
                     rc = libc::EINVAL;
                     break;
@@ -2114,6 +2118,11 @@ pub extern "C" fn vrnic_ibv_is_fork_initialized() -> c_int {
     IBV_FORK_UNNEEDED
 }
 
+/// The kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE` in `device_cap_flags_ex` (rdma/ib_user_verbs.h
+/// since Linux 6.2, which libibverbs passes through; rxe and mlx5 set it where ATOMIC WRITE
+/// works). Not in `abi.rs`'s checked table: older installed headers lack the name.
+pub(crate) const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
+
 macro_rules! unsupported_ptr {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
         #[unsafe(no_mangle)]
@@ -2132,12 +2141,31 @@ macro_rules! unsupported_int {
     )*};
 }
 
+// Importing (`ibv_import_device`, `_pd`, `_mr`, `_dm`) shares a context's objects with another
+// process. A vRNIC context is one process's attachment (its socket or claimed mailbox, whose
+// close is how the daemon learns it died and tears down what it owns), and every object
+// belongs to one context; there is no kernel uverbs file to pass between processes and no
+// way for a second attachment to act on another's objects. So the verbs answer as rdma-core
+// does for a provider without `import_context` and with the default `import_pd`/`import_mr`/
+// `import_dm` ops: NULL with `EOPNOTSUPP` (docs/verbs.md).
 unsupported_ptr! {
     vrnic_ibv_reg_dmabuf_mr(pd: *mut ibv_pd, off: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> ibv_mr;
-    vrnic_ibv_import_device(fd: c_int) -> ibv_context;
     vrnic_ibv_import_pd(ctx: *mut ibv_context, h: u32) -> ibv_pd;
     vrnic_ibv_import_mr(pd: *mut ibv_pd, h: u32) -> ibv_mr;
     vrnic_ibv_import_dm(ctx: *mut ibv_context, h: u32) -> c_void;
+}
+
+/// `ibv_import_device`: rdma-core's checks in order, for a device without `import_context`:
+/// an fd that `fstat` refuses is `EINVAL`; any open fd (a context's `cmd_fd`, dup'ed or passed
+/// by `SCM_RIGHTS`: here a socket, not a uverbs character device) is `EOPNOTSUPP`.
+#[unsafe(no_mangle)]
+pub extern "C" fn vrnic_ibv_import_device(fd: c_int) -> *mut ibv_context {
+    guard(null_err(libc::EIO), || {
+        if !sys::fd_is_open(fd) {
+            return null_err(libc::EINVAL);
+        }
+        null_err(libc::EOPNOTSUPP)
+    })
 }
 
 unsupported_int! {

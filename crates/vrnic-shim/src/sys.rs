@@ -132,6 +132,14 @@ impl Drop for EventFd {
     }
 }
 
+/// Whether `fd` is an open file descriptor of this process (`fstat` takes it).
+pub fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: all-zero is a valid stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only into st, and fails cleanly on a bad fd.
+    unsafe { libc::fstat(fd, &mut st) == 0 }
+}
+
 /// The calling thread's errno.
 pub fn errno() -> i32 {
     std::io::Error::last_os_error()

@@ -425,6 +425,14 @@ fn wire_constants() -> Vec<(&'static str, i128)> {
             "IBV_WR_ATOMIC_FETCH_AND_ADD",
             vrnic_wire::SendOpcode::AtomicFetchAndAdd as i128,
         ),
+        (
+            "IBV_WR_ATOMIC_WRITE",
+            vrnic_wire::SendOpcode::AtomicWrite as i128,
+        ),
+        (
+            "IBV_WC_ATOMIC_WRITE",
+            vrnic_wire::WcOpcode::AtomicWrite as i128,
+        ),
         ("IBV_QP_DEST_QPN", i128::from(vrnic_wire::qp_attr::DEST_QPN)),
         (
             "IBV_QP_RATE_LIMIT",

@@ -162,6 +162,10 @@ pub enum SendOpcode {
     /// `IBV_WR_SEND_WITH_INV`: a SEND that also invalidates, at the responder, the type 2
     /// window whose R_Key is `imm_data`.
     SendWithInv = 9,
+    /// `IBV_WR_ATOMIC_WRITE` (IBA 1.5): the 8 bytes of its payload, which is inline and
+    /// exactly 8 bytes long (what `ibv_wr_atomic_write` copies), stored at `remote_addr`
+    /// (8-aligned) under `rkey` as one atomic write.
+    AtomicWrite = 15,
 }
 
 impl SendOpcode {
@@ -178,6 +182,7 @@ impl SendOpcode {
             7 => Self::LocalInv,
             8 => Self::BindMw,
             9 => Self::SendWithInv,
+            15 => Self::AtomicWrite,
             other => return Err(ParseError::Opcode(other)),
         })
     }
@@ -190,6 +195,7 @@ impl SendOpcode {
             Self::RdmaRead => WcOpcode::RdmaRead,
             Self::AtomicCmpAndSwp => WcOpcode::CompSwap,
             Self::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            Self::AtomicWrite => WcOpcode::AtomicWrite,
             Self::LocalInv => WcOpcode::LocalInv,
             Self::BindMw => WcOpcode::BindMw,
         }
@@ -199,6 +205,21 @@ impl SendOpcode {
     /// invalidation): nothing is sent for it.
     pub fn is_local(self) -> bool {
         matches!(self, Self::LocalInv | Self::BindMw)
+    }
+
+    /// Whether the responder answers the operation with data (a READ's bytes, an atomic's
+    /// original value) that lands in the requester's SGEs.
+    pub fn reads_back(self) -> bool {
+        matches!(
+            self,
+            Self::RdmaRead | Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd
+        )
+    }
+
+    /// Whether the operation needs an answer the IB spec gives only on reliable transports
+    /// (RC, XRC): READ, the atomics and ATOMIC WRITE. UC and UD have none of them.
+    pub fn needs_reliable(self) -> bool {
+        self.reads_back() || self == Self::AtomicWrite
     }
 
     /// Whether the operation carries immediate data to the responder.
@@ -528,6 +549,7 @@ pub enum WcOpcode {
     FetchAdd = 4,
     BindMw = 5,
     LocalInv = 6,
+    AtomicWrite = 9,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }
@@ -543,6 +565,7 @@ impl WcOpcode {
             4 => Self::FetchAdd,
             5 => Self::BindMw,
             6 => Self::LocalInv,
+            9 => Self::AtomicWrite,
             128 => Self::Recv,
             129 => Self::RecvRdmaWithImm,
             _ => return None,
@@ -941,6 +964,35 @@ mod tests {
         }
         assert_eq!(SendWqe::used(&[0xff; SQ_HEADER]), SQ_SLOT);
         assert_eq!(RecvWqe::used(&[0xff; RQ_HEADER]), RQ_SLOT);
+    }
+
+    /// `IBV_WR_ATOMIC_WRITE` is 15 (verbs.h); 10 to 14 (TSO, driver, FLUSH) are not offered.
+    #[test]
+    fn an_atomic_write_is_opcode_15_with_its_eight_bytes_inline() {
+        let wqe = SendWqe {
+            wr_id: 9,
+            opcode: SendOpcode::AtomicWrite,
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            imm_data: 0,
+            remote_addr: 0x7000_0040,
+            rkey: 0x1234,
+            compare_add: 0,
+            swap: 0,
+            ud: UdAddr::default(),
+            xrc_srqn: 0,
+            payload: SendPayload::Inline(smallvec::SmallVec::from_slice(&[1, 2, 3, 4, 5, 6, 7, 8])),
+        };
+        let mut slot = [0u8; SQ_SLOT];
+        wqe.encode(&mut slot);
+        assert_eq!(slot[8], 15);
+        assert_eq!(SendWqe::parse(&slot).unwrap(), wqe);
+        assert_eq!(SendOpcode::AtomicWrite.wc_opcode(), WcOpcode::AtomicWrite);
+        assert_eq!(WcOpcode::from_u8(9), Some(WcOpcode::AtomicWrite));
+        assert!(SendOpcode::AtomicWrite.needs_reliable() && !SendOpcode::AtomicWrite.reads_back());
+        for op in 10..15 {
+            slot[8] = op;
+            assert_eq!(SendWqe::parse(&slot), Err(ParseError::Opcode(op)));
+        }
     }
 
     #[test]

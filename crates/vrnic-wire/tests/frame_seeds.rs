@@ -54,6 +54,16 @@ fn atomic(s: &mut SegmentRepr) {
     });
 }
 
+/// An ATOMIC WRITE's RETH: an aligned word, DMA length 8 (its 8 bytes follow).
+fn atomic_write(s: &mut SegmentRepr) {
+    s.ack_req = true;
+    s.reth = Some(Reth {
+        va: 0x7f00_0000_0048,
+        rkey: 0x205,
+        dma_len: 8,
+    });
+}
+
 fn control(kind: ControlKind, body_len: usize) -> FrameRepr {
     FrameRepr::Control(ControlRepr { kind, body_len })
 }
@@ -121,6 +131,7 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
             ),
         ),
         ("rc-cmp-swap", seg(Rc, CompareSwap, 0, atomic)),
+        ("rc-atomic-write", seg(Rc, AtomicWrite, 8, atomic_write)),
         ("rc-fetch-add", seg(Rc, FetchAdd, 0, atomic)),
         (
             "rc-atomic-ack",
@@ -193,6 +204,14 @@ fn seeds() -> Vec<(&'static str, FrameRepr)> {
             seg(Xrc, FetchAdd, 0, |s| {
                 s.xrc_srqn = Some(0x2a);
                 atomic(s);
+            }),
+        ),
+        (
+            "xrc-atomic-write",
+            seg(Xrc, AtomicWrite, 8, |s| {
+                s.ack_req = true;
+                s.xrc_srqn = Some(0x2a);
+                atomic_write(s);
             }),
         ),
         (

@@ -402,3 +402,20 @@ fn an_rnic_deep_cq_costs_memory_only_for_the_completions_written_to_it() {
         ],
     );
 }
+
+/// Importing a context (`ibv_import_device`, `_pd`, `_mr`, `_dm`) is refused as rdma-core
+/// refuses it for a provider without `import_context`: NULL with `EOPNOTSUPP` (an fd that is
+/// not open: `EINVAL`), in the process that owns the context and in another that got its
+/// `cmd_fd` by `SCM_RIGHTS`; the context keeps working.
+#[test]
+fn importing_a_context_is_refused_with_eopnotsupp() {
+    case(
+        "import",
+        &[
+            "ibv_import_device of an fd that is not open: NULL, EINVAL",
+            "ibv_import_device (a dup of cmd_fd), ibv_import_pd, ibv_import_mr, ibv_import_dm: NULL, EOPNOTSUPP",
+            "another process given the cmd_fd by SCM_RIGHTS: every import NULL, EOPNOTSUPP",
+            "the context works after the refused imports",
+        ],
+    );
+}

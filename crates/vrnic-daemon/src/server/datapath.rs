@@ -98,6 +98,15 @@ impl Memory for Mem<'_> {
             .read_bytes(src.off, out)
             .or_else(|e| refused(&format!("engine read refused: {e}")))
     }
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+        let Some(d) = Self::lane(self.lanes, self.more, &mut self.dst, dst.vnic) else {
+            return refused(&format!("atomic store to an unknown vRNIC {dst:?}"));
+        };
+        d.count_copy(8);
+        d.region
+            .store_u64(dst.off, value)
+            .or_else(|e| refused(&format!("engine atomic store refused: {e}")))
+    }
 }
 
 /// Copies refused since the last warning, and when that was (seconds of the monotonic clock): a

@@ -611,6 +611,9 @@ mod tests {
             fn read(&mut self, _: Loc, _: &mut [u8]) -> Result<(), MemoryRefused> {
                 Ok(())
             }
+            fn store_u64(&mut self, _: Loc, _: [u8; 8]) -> Result<(), MemoryRefused> {
+                Ok(())
+            }
         }
         let l = |off| Loc {
             vnic: VnicId(1),

@@ -80,7 +80,7 @@ impl Meter {
             Op::Send | Op::SendInv => 0,
             Op::Write => 1,
             Op::Read => 2,
-            Op::CmpSwap { .. } | Op::FetchAdd { .. } => 3,
+            Op::CmpSwap { .. } | Op::FetchAdd { .. } | Op::AtomicWrite => 3,
         };
         self.received[c].count(u64::from(last), bytes);
     }
@@ -99,7 +99,9 @@ fn send_class(op: SendOpcode) -> Option<usize> {
         SendOpcode::Send | SendOpcode::SendWithImm | SendOpcode::SendWithInv => Some(0),
         SendOpcode::RdmaWrite | SendOpcode::RdmaWriteWithImm => Some(1),
         SendOpcode::RdmaRead => Some(2),
-        SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd => Some(3),
+        SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd | SendOpcode::AtomicWrite => {
+            Some(3)
+        }
         _ => None,
     }
 }

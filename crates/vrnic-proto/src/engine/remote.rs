@@ -4,8 +4,8 @@
 //! A requester whose route is [`Route::Remote`] does not wait for each segment's answer: it
 //! sends the segments of its WQEs in order, up to [`WINDOW`] unanswered, and keeps each WQE
 //! (and its PSNs, a [`Flight`]) until the answer arrives: an ACK (cumulative, coalesced by the
-//! responder: one per QP per transmit round), the READ response with its data, or the atomic
-//! ACK with the original value. An RNR NAK or a PSN sequence NAK rewinds it to that PSN
+//! responder: one per QP per transmit round; it answers SENDs, WRITEs and ATOMIC WRITEs), the
+//! READ response with its data, or the atomic ACK with the original value. An RNR NAK or a PSN sequence NAK rewinds it to that PSN
 //! (go-back-N); another NAK fails the WQE it names; no answer at all for the QP's
 //! `timeout × (retry_cnt + 1)` fails it with `RETRY_EXC_ERR`. A link that comes back
 //! ([`Engine::handle_link_up`]) makes every QP over it send again from its oldest unanswered
@@ -332,14 +332,12 @@ impl Engine {
         let sent = q.link.flights.get(idx).map_or(0, |f| f.sent);
         let len = wqe.payload.len();
         if sent == 0 {
-            let needs_write = matches!(
-                wqe.opcode,
-                SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
-            );
+            let needs_write = wqe.opcode.reads_back();
             let atomic = needs_write && wqe.opcode != SendOpcode::RdmaRead;
             let local = match &wqe.payload {
                 _ if len > u64::from(MAX_MSG_SIZE) => Some(WcStatus::LocLenErr),
-                _ if uc && needs_write => Some(WcStatus::LocQpOpErr),
+                _ if uc && wqe.opcode.needs_reliable() => Some(WcStatus::LocQpOpErr),
+                _ if !super::requester::atomic_write_ok(&wqe) => Some(WcStatus::LocQpOpErr),
                 SendPayload::Sges(sges) if !self.check_sges(vnic, pd, sges, needs_write) => {
                     Some(WcStatus::LocProtErr)
                 }
@@ -407,6 +405,8 @@ impl Engine {
             SendOpcode::RdmaRead => WireOp::RdmaReadRequest,
             SendOpcode::AtomicCmpAndSwp => WireOp::CompareSwap,
             SendOpcode::AtomicFetchAndAdd => WireOp::FetchAdd,
+            // A RETH (DMA length 8) and its 8 inline bytes as the payload.
+            SendOpcode::AtomicWrite => WireOp::AtomicWrite,
             // Never sent over a peer link: `Engine::step` executes them first.
             SendOpcode::LocalInv | SendOpcode::BindMw => {
                 return Step::Blocked;
@@ -894,6 +894,8 @@ impl Engine {
             RdmaWriteLast | RdmaWriteLastWithImm => (Op::Write, false, true),
             RdmaWriteOnly | RdmaWriteOnlyWithImm => (Op::Write, true, true),
             RdmaReadRequest => (Op::Read, true, true),
+            // Its RETH and 8-byte payload checked by the frame's parse; never read into place.
+            AtomicWrite => (Op::AtomicWrite, true, true),
             CompareSwap | FetchAdd => {
                 let a = seg.atomic.unwrap_or(AtomicEth {
                     va: 0,
@@ -1292,13 +1294,8 @@ impl Engine {
             if psn_cmp(f.next_psn.wrapping_sub(1) & 0xff_ffff, psn) > 0 {
                 break;
             }
-            let answered_by_data = matches!(
-                w,
-                Ok(w) if matches!(
-                    w.opcode,
-                    SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
-                )
-            );
+            // An ATOMIC WRITE is answered by the ACK, as a WRITE.
+            let answered_by_data = matches!(w, Ok(w) if w.opcode.reads_back());
             if f.whole && !answered_by_data {
                 f.done = true;
             }

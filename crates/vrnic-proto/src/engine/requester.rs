@@ -213,16 +213,16 @@ impl Engine {
             return Outcome::Fail(WcStatus::LocLenErr);
         }
         // Local side: where the payload comes from (or, for READ/atomics, goes to).
-        let needs_write = matches!(
-            wqe.opcode,
-            SendOpcode::RdmaRead | SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
-        );
+        let needs_write = wqe.opcode.reads_back();
         if ty == QpType::XrcRecv {
             // An XRC receive QP has no send queue (the driver refuses such posts first).
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
-        if ty == QpType::Uc && needs_write {
-            // UC has no responses: READ and atomics are invalid on it.
+        if ty == QpType::Uc && wqe.opcode.needs_reliable() {
+            // UC has no responses: READ, atomics and ATOMIC WRITE are invalid on it.
+            return Outcome::Fail(WcStatus::LocQpOpErr);
+        }
+        if !atomic_write_ok(wqe) {
             return Outcome::Fail(WcStatus::LocQpOpErr);
         }
         match &wqe.payload {
@@ -304,6 +304,9 @@ impl Engine {
         );
         let n = if atomic {
             0
+        } else if wqe.opcode == SendOpcode::AtomicWrite {
+            // Its 8 bytes go whole, in one segment.
+            len
         } else {
             len.saturating_sub(done).min(self.sched.turn_bytes)
         };
@@ -321,12 +324,13 @@ impl Engine {
             SendOpcode::AtomicFetchAndAdd => Op::FetchAdd {
                 add: wqe.compare_add,
             },
+            SendOpcode::AtomicWrite => Op::AtomicWrite,
         };
         // This segment's payload: the requester's bytes [done, done + n).
         let mut src = std::mem::take(&mut self.scratch.scratch_src);
         src.clear();
         let payload = match (&wqe.payload, op) {
-            (SendPayload::Inline(data), Op::Send | Op::SendInv | Op::Write) => {
+            (SendPayload::Inline(data), Op::Send | Op::SendInv | Op::Write | Op::AtomicWrite) => {
                 let (a, b) = (done as usize, done.saturating_add(n) as usize);
                 Payload::Bytes(data.get(a..b).unwrap_or_default())
             }
@@ -712,4 +716,12 @@ impl Engine {
             moved: len,
         }
     }
+}
+
+/// Whether `wqe`, if it is an ATOMIC WRITE, carries what one must: exactly 8 inline bytes (what
+/// the driver's `ibv_wr_atomic_write` writes; a slot written otherwise fails with
+/// `LOC_QP_OP_ERR`, as a malformed work request). Other work requests pass.
+pub(super) fn atomic_write_ok(wqe: &SendWqe) -> bool {
+    wqe.opcode != SendOpcode::AtomicWrite
+        || matches!(&wqe.payload, SendPayload::Inline(d) if d.len() == 8)
 }

@@ -1,7 +1,7 @@
 //! The responder: a request segment checked against the connection (state, QPN, route back,
 //! PSN) and against the responder's own memory (its receive, its MRs and rkeys), then
 //! executed — bytes placed, a receive taken and completed, READ data located, an atomic
-//! performed — and answered.
+//! performed, an ATOMIC WRITE stored — and answered.
 
 use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_cmp, psn_next};
 use super::*;
@@ -95,6 +95,7 @@ impl Engine {
             Op::Write => self.place_write(peer, req, mem),
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
+            Op::AtomicWrite => self.perform_atomic_write(peer, req, mem),
         };
         if let (Some(q), Response::RnrNak { .. }) = (self.objs.qps.get_mut(&peer), r) {
             // What follows it in flight is out of sequence until it comes again.
@@ -116,12 +117,13 @@ impl Engine {
         Some(if uc { Response::Unacknowledged } else { r })
     }
 
-    /// A segment whose PSN this responder has passed already (a retransmission): SEND and
-    /// WRITE are acknowledged again without effect, READ is read again, an atomic answers
-    /// the value it answered (IB spec 9.7.5.1.2).
+    /// A segment whose PSN this responder has passed already (a retransmission): SEND, WRITE
+    /// and ATOMIC WRITE are acknowledged again without effect (an ATOMIC WRITE stored again
+    /// could undo a later store), READ is read again, an atomic answers the value it answered
+    /// (IB spec 9.7.5.1.2).
     fn duplicate(&mut self, peer: QpId, req: &Request, back: &mut Vec<(Loc, u64)>) -> Response {
         match req.op {
-            Op::Send | Op::SendInv | Op::Write => Response::Ack,
+            Op::Send | Op::SendInv | Op::Write | Op::AtomicWrite => Response::Ack,
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => {
                 match self.objs.qps.get(&peer).and_then(|p| p.resp.last_atomic) {
@@ -367,6 +369,49 @@ impl Engine {
         Response::AtomicAck(cur)
     }
 
+    /// ATOMIC WRITE (IBA 1.5, as rxe's responder): the R_Key must grant remote write
+    /// (`REMOTE_WRITE` on the QP and on the MR or window, not `REMOTE_ATOMIC`) over the 8 bytes
+    /// at `va`, else a remote access NAK; then the word must be 8-aligned (the address and the
+    /// memory behind it), else an invalid request NAK, as rxe's misaligned atomic. The bytes
+    /// go in by one atomic store ([`Memory::store_u64`]), after everything this QP placed
+    /// before.
+    fn perform_atomic_write(
+        &mut self,
+        peer: QpId,
+        req: &Request,
+        mem: &mut dyn Memory,
+    ) -> Response {
+        let data = match req.payload {
+            Payload::Bytes(b) if req.len == 8 => <[u8; 8]>::try_from(b).ok(),
+            _ => None,
+        };
+        let Some(data) = data else {
+            return self.refuse(peer, Nak::InvalidRequest);
+        };
+        let mut dst = std::mem::take(&mut self.scratch.scratch_place);
+        dst.clear();
+        let found = self
+            .remote_mr(peer, req.va, 8, req.rkey, access::REMOTE_WRITE)
+            .and_then(|m| translate(m, req.va, 8, &mut dst));
+        let at = match (found, dst.as_slice()) {
+            (None, _) => Err(Nak::RemoteAccess),
+            (Some(()), &[(at, 8)]) if req.va.is_multiple_of(8) && at.off.is_multiple_of(8) => {
+                Ok(at)
+            }
+            // Misaligned (an aligned word never crosses a page, so it is one run).
+            (Some(()), _) => Err(Nak::InvalidRequest),
+        };
+        self.scratch.scratch_place = dst;
+        let at = match at {
+            Ok(at) => at,
+            Err(nak) => return self.refuse(peer, nak),
+        };
+        if mem.store_u64(at, data).is_err() {
+            return self.refuse(peer, Nak::RemoteOperational);
+        }
+        Response::Ack
+    }
+
     /// A UD datagram: to a receive of this QP if the Q_Key matches; otherwise (or with no
     /// receive posted) it is dropped. The receive gets the GRH (if any) in its first
     /// [`GRH_LEN`] bytes and the payload after it.
@@ -426,9 +471,8 @@ impl Engine {
         let count = |m: &mut Meter| match (req.op, r) {
             (Op::Write, Response::Ack) => m.received(req.op, req.last, req.chunk),
             (Op::Read, Response::ReadData) => m.received(req.op, req.chunk >= req.len, req.chunk),
-            (Op::CmpSwap { .. } | Op::FetchAdd { .. }, Response::AtomicAck(_)) => {
-                m.received(req.op, true, 8)
-            }
+            (Op::CmpSwap { .. } | Op::FetchAdd { .. }, Response::AtomicAck(_))
+            | (Op::AtomicWrite, Response::Ack) => m.received(req.op, true, 8),
             (_, Response::RnrNak { .. }) => m.rnr_naks = m.rnr_naks.wrapping_add(1),
             (_, Response::Nak(_)) => m.naks = m.naks.wrapping_add(1),
             _ => {}

@@ -4,7 +4,7 @@
 //!
 //! A [`Request`] is what one IB request packet carries, as values rather than bytes: the BTH
 //! (operation, first/last position in the message, destination QPN, PSN, solicited event),
-//! the RETH (virtual address, R_Key, length), the AtomicETH (compare and swap/add data), the
+//! the RETH (virtual address, R_Key, length; an ATOMIC WRITE's 8 bytes follow it), the AtomicETH (compare and swap/add data), the
 //! ImmDt, and the DETH (Q_Key, source QPN) of a UD datagram. Its payload is memory, not a
 //! buffer: the requester's region runs or its inline bytes, so same-host delivery copies each
 //! byte once, straight from the requester's MR into the responder's. A [`Response`] is the
@@ -76,12 +76,15 @@ pub(super) enum Op {
         /// Added to the current value.
         add: u64,
     },
+    /// ATOMIC WRITE (IBA 1.5): the payload's 8 bytes stored at `va` under `rkey` (remote
+    /// write access) as one atomic store; answered by an ACK.
+    AtomicWrite,
 }
 
 /// The payload of a request segment.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Payload<'a> {
-    /// None (READ requests, atomics, zero-length messages).
+    /// None (READ requests, compare-and-swap and fetch-and-add, zero-length messages).
     Empty,
     /// The requester's region runs.
     Runs(&'a [(Loc, u64)]),

@@ -25,6 +25,14 @@ impl Memory for VecMem {
         out.copy_from_slice(&r[src.off as usize..src.off as usize + out.len()]);
         Ok(())
     }
+    /// A misaligned store is a bug of the engine (it checks alignment first) and panics.
+    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
+        assert!(
+            dst.off.is_multiple_of(8),
+            "misaligned atomic store at {dst:?}"
+        );
+        self.write(dst, &value)
+    }
 }
 
 /// Region runs `(offset, pages)` for `Engine::reg_mr` from one region offset per page.

@@ -121,7 +121,7 @@ pub use link::{
     KEEPALIVE_LEN, KEY_LEN, KeepaliveRepr, LINK_PROTOCOL, LinkError, MAX_HANDSHAKE, MAX_RECORD,
     MAX_RECORD_PLAIN, NOISE_PARAMS, RECORD_HEADER_LEN, TAG_LEN, peek_record,
 };
-pub use opcode::{ExtHeader, Op, Opcode, Position, Transport};
+pub use opcode::{ATOMIC_WRITE_LEN, ExtHeader, Op, Opcode, Position, Transport};
 pub use segment::{DEFAULT_PKEY, Packet, SegmentRepr, pad_bytes_ok};
 
 /// Bytes of the link header.
@@ -277,6 +277,23 @@ pub enum FrameError {
         len: usize,
         /// The bound.
         max: usize,
+    },
+    /// An opcode of one payload length ([`Opcode::fixed_payload`]: ATOMIC WRITE's 8 bytes)
+    /// with another payload, or a RETH whose DMA length says another.
+    #[error(
+        "opcode {opcode:#04x} carries {want} bytes, not {len} (payload {payload}, DMA length {dma_len})"
+    )]
+    FixedLength {
+        /// The opcode byte.
+        opcode: u8,
+        /// The length it must have.
+        want: usize,
+        /// The length found: the payload's, else the RETH's.
+        len: usize,
+        /// Payload bytes.
+        payload: usize,
+        /// The RETH's DMA length.
+        dma_len: u32,
     },
     /// A reserved AETH syndrome.
     #[error("reserved AETH syndrome {0:#04x}")]

@@ -1,6 +1,9 @@
 //! BTH opcodes (IB spec vol 1, 9.2.1) and the opcode table: which extension headers
 //! follow the BTH, in which order, and whether a payload follows them.
 
+/// The payload (and RETH DMA length) of an ATOMIC WRITE.
+pub const ATOMIC_WRITE_LEN: usize = 8;
+
 /// The transport service of an opcode: its top three bits.
 ///
 /// Reliable datagram (`010`) and the other codes are not implemented and do not decode.
@@ -81,6 +84,9 @@ pub enum Op {
     SendLastWithInvalidate = 0x16,
     /// `SEND Only with Invalidate`
     SendOnlyWithInvalidate = 0x17,
+    /// `ATOMIC WRITE` (IBA 1.5): 8 bytes of payload stored at the RETH's address as one
+    /// atomic write.
+    AtomicWrite = 0x1d,
 }
 
 /// Where a packet sits in its message, which decides its payload size under a path MTU.
@@ -98,7 +104,8 @@ pub enum Position {
 }
 
 impl Op {
-    /// Decodes the low five bits of an opcode; `0x15` and `0x18..=0x1f` are reserved.
+    /// Decodes the low five bits of an opcode; `0x15`, `0x18..=0x1c` (FLUSH among them, not
+    /// implemented) and `0x1e..=0x1f` are reserved here.
     pub const fn from_bits(v: u8) -> Option<Self> {
         use Op::*;
         Some(match v & 0x1f {
@@ -125,6 +132,7 @@ impl Op {
             0x14 => FetchAdd,
             0x16 => SendLastWithInvalidate,
             0x17 => SendOnlyWithInvalidate,
+            0x1d => AtomicWrite,
             _ => return None,
         })
     }
@@ -281,6 +289,7 @@ impl Opcode {
             (Transport::Xrc, RdmaWriteLastWithImm) => &[XrcEth, ImmDt],
             (Transport::Xrc, RdmaWriteOnlyWithImm) => &[XrcEth, Reth, ImmDt],
             (Transport::Xrc, CompareSwap | FetchAdd) => &[XrcEth, AtomicEth],
+            (Transport::Xrc, AtomicWrite) => &[XrcEth, Reth],
             (Transport::Xrc, SendLastWithInvalidate | SendOnlyWithInvalidate) => &[XrcEth, Ieth],
             (Transport::Ud, SendOnly) => &[Deth],
             (Transport::Ud, SendOnlyWithImm) => &[Deth, ImmDt],
@@ -290,7 +299,7 @@ impl Opcode {
             (_, RdmaWriteMiddle | RdmaWriteLast) => &[],
             (_, RdmaWriteLastWithImm) => &[ImmDt],
             (_, RdmaWriteOnlyWithImm) => &[Reth, ImmDt],
-            (_, RdmaReadRequest) => &[Reth],
+            (_, RdmaReadRequest | AtomicWrite) => &[Reth],
             (_, RdmaReadResponseFirst | RdmaReadResponseLast | RdmaReadResponseOnly) => &[Aeth],
             (_, RdmaReadResponseMiddle) => &[],
             (_, Acknowledge) => &[Aeth],
@@ -311,6 +320,15 @@ impl Opcode {
                 | Op::CompareSwap
                 | Op::FetchAdd
         )
+    }
+
+    /// The one payload length the opcode allows, where it allows one only: 8 for ATOMIC
+    /// WRITE (whose RETH's DMA length is 8 too).
+    pub const fn fixed_payload(self) -> Option<usize> {
+        match self.op {
+            Op::AtomicWrite => Some(ATOMIC_WRITE_LEN),
+            _ => None,
+        }
     }
 
     /// Bytes of the BTH and the extension headers.
@@ -358,6 +376,8 @@ mod tests {
             (0x14, Transport::Rc, Op::FetchAdd),
             (0x16, Transport::Rc, Op::SendLastWithInvalidate),
             (0x17, Transport::Rc, Op::SendOnlyWithInvalidate),
+            (0x1d, Transport::Rc, Op::AtomicWrite),
+            (0xbd, Transport::Xrc, Op::AtomicWrite),
             (0x20, Transport::Uc, Op::SendFirst),
             (0x2b, Transport::Uc, Op::RdmaWriteOnlyWithImm),
             (0x64, Transport::Ud, Op::SendOnly),
@@ -386,18 +406,18 @@ mod tests {
     }
 
     #[test]
-    fn exactly_the_60_implemented_opcodes_decode_and_round_trip() {
+    fn exactly_the_62_implemented_opcodes_decode_and_round_trip() {
         let valid: Vec<u8> = (0..=255u8)
             .filter(|&v| Opcode::from_u8(v).is_some())
             .collect();
         let expected: Vec<u8> = (0x00..=0x14)
-            .chain([0x16, 0x17])
+            .chain([0x16, 0x17, 0x1d])
             .chain(0x20..=0x2b)
             .chain([0x64, 0x65])
             .chain(0xa0..=0xb4)
-            .chain([0xb6, 0xb7])
+            .chain([0xb6, 0xb7, 0xbd])
             .collect();
-        assert_eq!(expected.len(), 60);
+        assert_eq!(expected.len(), 62);
         assert_eq!(valid, expected);
         for v in valid {
             assert_eq!(Opcode::from_u8(v).unwrap().to_u8(), v);
@@ -407,13 +427,15 @@ mod tests {
     #[test]
     fn reserved_rd_and_missing_combinations_do_not_decode() {
         // Reserved RC code, RD SEND Only, UC READ request, UC ACK, UD SEND First, UD WRITE,
-        // CNP (RoCE), vendor-defined.
+        // CNP (RoCE), vendor-defined, RC FLUSH (not implemented), UC and UD ATOMIC WRITE.
         for v in [
-            0x15, 0x18, 0x1f, 0x44, 0x2c, 0x31, 0x60, 0x6a, 0x81, 0xb5, 0xb8, 0xc0, 0xff,
+            0x15, 0x18, 0x1f, 0x44, 0x2c, 0x31, 0x60, 0x6a, 0x81, 0xb5, 0xb8, 0xc0, 0xff, 0x1c,
+            0x3d, 0x7d,
         ] {
             assert_eq!(Opcode::from_u8(v), None, "{v:#04x}");
         }
         assert_eq!(Opcode::new(Transport::Uc, Op::FetchAdd), None);
+        assert_eq!(Opcode::new(Transport::Uc, Op::AtomicWrite), None);
         assert_eq!(Opcode::new(Transport::Ud, Op::SendFirst), None);
     }
 
@@ -432,6 +454,13 @@ mod tests {
         assert_eq!(o(0x65).ext_offset(Reth), None);
         assert!(!o(0x0c).has_payload() && !o(0x11).has_payload() && !o(0x14).has_payload());
         assert!(o(0x0e).has_payload() && o(0x64).has_payload());
+        // ATOMIC WRITE: a RETH and exactly 8 bytes of payload.
+        assert_eq!(o(0x1d).ext_headers(), &[Reth]);
+        assert!(o(0x1d).has_payload());
+        assert_eq!(o(0x1d).fixed_payload(), Some(8));
+        assert_eq!(o(0x0a).fixed_payload(), None);
+        assert_eq!(o(0x1d).op().position(), Position::Only);
+        assert!(!o(0x1d).op().takes_receive() && !o(0x1d).op().is_response());
     }
 
     #[test]
@@ -446,6 +475,7 @@ mod tests {
         assert_eq!(o(0xab).ext_headers(), &[XrcEth, Reth, ImmDt]);
         assert_eq!(o(0xac).ext_headers(), &[XrcEth, Reth]);
         assert_eq!(o(0xb3).ext_headers(), &[XrcEth, AtomicEth]);
+        assert_eq!(o(0xbd).ext_headers(), &[XrcEth, Reth]);
         assert_eq!(o(0xb7).ext_headers(), &[XrcEth, Ieth]);
         assert_eq!(o(0xb1).ext_headers(), &[Aeth]);
         assert_eq!(o(0xb0).ext_headers(), &[Aeth]);

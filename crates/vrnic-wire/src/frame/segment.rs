@@ -390,7 +390,31 @@ impl SegmentRepr {
             }
             off += h.size();
         }
+        repr.fixed_length()?;
         Ok(repr)
+    }
+
+    /// An opcode of one payload length ([`Opcode::fixed_payload`]) has that payload, and its
+    /// RETH that DMA length.
+    fn fixed_length(&self) -> Result<(), FrameError> {
+        let Some(want) = self.opcode.fixed_payload() else {
+            return Ok(());
+        };
+        let dma_len = self.reth.map_or(0, |r| r.dma_len);
+        if self.payload_len == want && dma_len as usize == want {
+            return Ok(());
+        }
+        Err(FrameError::FixedLength {
+            opcode: self.opcode.to_u8(),
+            want,
+            len: if self.payload_len == want {
+                dma_len as usize
+            } else {
+                self.payload_len
+            },
+            payload: self.payload_len,
+            dma_len,
+        })
     }
 
     /// Whether the value can be emitted: each extension header present exactly when the
@@ -447,7 +471,7 @@ impl SegmentRepr {
                 max,
             });
         }
-        Ok(())
+        self.fixed_length()
     }
 
     /// Checks the payload size against the IB rules for a path MTU of `pmtu` bytes (a power of
@@ -580,7 +604,7 @@ pub(super) mod tests {
             reth: has(ExtHeader::Reth).then_some(Reth {
                 va: 0x7f00_0000_1000,
                 rkey: 0x0000_0203,
-                dma_len: 0x1_0000,
+                dma_len: opcode.fixed_payload().map_or(0x1_0000, |n| n as u32),
             }),
             aeth: has(ExtHeader::Aeth).then_some(Aeth {
                 syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
@@ -596,8 +620,76 @@ pub(super) mod tests {
             imm: has(ExtHeader::ImmDt).then_some(0xdead_beef),
             invalidate_rkey: has(ExtHeader::Ieth).then_some(0x0000_0203),
             xrc_srqn: has(ExtHeader::XrcEth).then_some(0x00_0a0b),
-            payload_len: if opcode.has_payload() { payload_len } else { 0 },
+            payload_len: match (opcode.has_payload(), opcode.fixed_payload()) {
+                (_, Some(n)) => n,
+                (true, None) => payload_len,
+                (false, None) => 0,
+            },
             ..SegmentRepr::new(opcode, 0xab_cdef, 0xff_fffe)
+        }
+    }
+
+    /// ATOMIC WRITE (RC 0x1d, XRC 0xbd): a RETH then exactly 8 bytes, the RETH's DMA length 8.
+    /// Any other payload or DMA length is refused by the parser and by `check`.
+    #[test]
+    fn an_atomic_write_carries_exactly_eight_bytes() {
+        for byte in [0x1d, 0xbd] {
+            let o = Opcode::from_u8(byte).unwrap();
+            let r = sample(o, 8);
+            assert_eq!(r.check(), Ok(()));
+            let mut b = emit(&r);
+            let h = o.header_len();
+            b[h..h + 8].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+            let p = Packet::new_checked(&b[..]).unwrap();
+            assert_eq!(SegmentRepr::parse(&p), Ok(r));
+            assert_eq!(p.payload(), &0x0102_0304_0506_0708u64.to_le_bytes());
+            // Another payload length: emitted by hand (check refuses it), refused by parse.
+            for len in [0usize, 4, 12, 16, 4096] {
+                let mut bad = r;
+                bad.payload_len = len;
+                assert!(
+                    matches!(bad.check(), Err(FrameError::FixedLength { want: 8, .. })),
+                    "{byte:#x} {len}"
+                );
+                let mut b = emit(&r);
+                b.truncate(h);
+                b.resize(h + len, 0);
+                let got = Packet::new_checked(&b[..]).and_then(|p| SegmentRepr::parse(&p));
+                assert_eq!(
+                    got,
+                    Err(FrameError::FixedLength {
+                        opcode: byte,
+                        want: 8,
+                        len,
+                        payload: len,
+                        dma_len: 8
+                    }),
+                    "{byte:#x} {len}"
+                );
+            }
+            // Eight bytes of payload, but a DMA length that says otherwise.
+            for dma_len in [0u32, 7, 9, 0x1_0000] {
+                let mut bad = r;
+                bad.reth = Some(Reth {
+                    dma_len,
+                    ..r.reth.unwrap()
+                });
+                assert!(matches!(bad.check(), Err(FrameError::FixedLength { .. })));
+                let mut b = emit(&r);
+                let at = o.ext_offset(ExtHeader::Reth).unwrap() + 12;
+                b[at..at + 4].copy_from_slice(&dma_len.to_be_bytes());
+                let p = Packet::new_checked(&b[..]).unwrap();
+                assert_eq!(
+                    SegmentRepr::parse(&p),
+                    Err(FrameError::FixedLength {
+                        opcode: byte,
+                        want: 8,
+                        len: dma_len as usize,
+                        payload: 8,
+                        dma_len
+                    })
+                );
+            }
         }
     }
 

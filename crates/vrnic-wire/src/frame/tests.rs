@@ -108,7 +108,7 @@ fn every_opcode_round_trips_through_emit_and_parse() {
             }
         }
     }
-    assert_eq!(seen, 60);
+    assert_eq!(seen, 62);
 }
 
 #[test]
