@@ -18,11 +18,6 @@ use common::{CLI, Output, Proc, output, require, vrnic_bin};
 
 const SYSTEM_DIR: &str = "/run/vrnic";
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A Unix group and users made for the test, removed when dropped.
 struct Accounts {
     group: String,
@@ -171,10 +166,7 @@ fn as_user(bin: &Path, (uid, gid): (u32, u32), member: bool, args: &[&str]) -> C
 
 #[test]
 fn roots_daemon_admits_its_group_as_tenants_and_tells_others_why_not() {
-    if !is_root() {
-        eprintln!("skipped: needs root to make users and run root's daemon");
-        return;
-    }
+    common::require_root("this test makes users and runs root's daemon");
     require("ibv_devinfo");
     let tag = std::process::id() % 100_000;
     let group = format!("vrnict{tag}");
@@ -336,10 +328,7 @@ fn roots_daemon_admits_its_group_as_tenants_and_tells_others_why_not() {
 
 #[test]
 fn roots_daemon_without_its_group_admits_root_only_and_says_so() {
-    if !is_root() {
-        eprintln!("skipped: needs root to make users and run root's daemon");
-        return;
-    }
+    common::require_root("this test makes users and runs root's daemon");
     let tag = std::process::id() % 100_000;
     let group = format!("vrnicg{tag}");
     let mut accounts = Accounts::new(&group);

@@ -10,11 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::{CLI, Daemon, Proc, output, port, vrnic_bin};
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Whether something is mounted on `dir`.
 fn mounted(dir: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -25,10 +20,7 @@ fn mounted(dir: &Path) -> bool {
 
 #[test]
 fn a_serve_that_fails_after_mounting_its_state_dir_unmounts_it() {
-    if !is_root() {
-        eprintln!("skipped: only root's daemon mounts a tmpfs on its state dir");
-        return;
-    }
+    common::require_root("this test checks the tmpfs only root's daemon mounts on its state dir");
     let dir = std::env::temp_dir().join(format!("vrnic-failed-serve-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // Refused after the mount: a peer-link address off loopback without keys.

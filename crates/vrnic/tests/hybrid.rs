@@ -38,18 +38,10 @@ fn run_cmd(
     c
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// The `run --container` tests need root (namespaces, mounts, `pivot_root`): without it they
-/// fail, rather than pass having run nothing. `scripts/test` runs the suite as root.
+/// The `run --container` tests make namespaces, mounts and `pivot_root`: without root they
+/// fail, rather than pass having run nothing.
 fn require_root() {
-    assert!(
-        is_root(),
-        "this test makes namespaces and mounts: run it as root (sudo bash scripts/test)"
-    );
+    common::require_root("this test makes namespaces and mounts");
 }
 
 #[test]

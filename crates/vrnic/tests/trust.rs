@@ -17,11 +17,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// An unprivileged user for the local-user attacks (`nobody`).
 const NOBODY: u32 = 65534;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A fresh directory under the system temp dir (removed on drop).
 struct TempDir(PathBuf);
 
@@ -70,10 +65,7 @@ fn as_nobody(bin: &Path, args: &[&str]) -> Command {
 
 #[test]
 fn daemon_refuses_a_state_dir_another_user_made() {
-    if !is_root() {
-        eprintln!("skipped: needs root to play the other user");
-        return;
-    }
+    common::require_root("this test plays another user");
     let t = TempDir::new("squat");
     std::fs::create_dir_all(&t.0).unwrap();
     std::os::unix::fs::chown(&t.0, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -98,10 +90,7 @@ fn daemon_refuses_a_state_dir_another_user_made() {
 
 #[test]
 fn unprivileged_daemon_refuses_a_squatted_tmp_fallback() {
-    if !is_root() {
-        eprintln!("skipped: needs root to play both users");
-        return;
-    }
+    common::require_root("this test plays two users");
     let t = TempDir::new("bin");
     let bin = public_vrnic(&t.0);
     let fallback = PathBuf::from(format!("/tmp/vrnic-{NOBODY}"));
@@ -151,10 +140,7 @@ fn unprivileged_daemon_refuses_a_squatted_tmp_fallback() {
 #[test]
 fn container_cannot_escape_to_other_vrnics_or_the_daemon() {
     require("ibv_devinfo");
-    if !is_root() {
-        eprintln!("skipped: namespaces need root");
-        return;
-    }
+    common::require_root("this test makes namespaces");
     let mut d = Daemon::start();
     d.create("mine");
     d.create("victim");
@@ -273,10 +259,7 @@ fn truncated_region_loses_only_its_vrnic(args: &[&str]) {
 #[test]
 fn a_tenant_fills_only_its_own_quota() {
     require("ibv_rc_pingpong");
-    if !is_root() {
-        eprintln!("skipped: per-vRNIC quotas are tmpfs mounts (root)");
-        return;
-    }
+    common::require_root("this test makes per-vRNIC quotas (tmpfs mounts)");
     let mut d = Daemon::start_with(&["--region-gib", "1"]);
     d.create("evil");
     let dir = d.dir.join("evil");

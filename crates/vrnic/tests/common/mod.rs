@@ -54,6 +54,15 @@ pub fn port() -> u16 {
 
 /// The path of a Debian tool; panics with how to install it if it is missing (the suite's
 /// script installs them: a missing tool is a failure, not a skip).
+/// Fails the test unless it runs as root: `why` says what needs it. Tests that make
+/// namespaces, mounts or users, or play other users, fail without root rather than pass having
+/// run nothing; `scripts/test` runs the suite as root.
+pub fn require_root(why: &str) {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(root, "{why}: run it as root (sudo bash scripts/test)");
+}
+
 pub fn require(tool: &str) -> PathBuf {
     for dir in ["/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin"] {
         let p = Path::new(dir).join(tool);
