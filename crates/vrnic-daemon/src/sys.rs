@@ -12,9 +12,8 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
-/// The process and user at the other end of a Unix socket (`SO_PEERCRED`), as `pid N uid N`:
-/// who asked, for the log of an operator's request.
-pub fn peer_cred(fd: RawFd) -> String {
+/// The credentials at the other end of a Unix socket (`SO_PEERCRED`), if the kernel tells them.
+fn ucred(fd: RawFd) -> Option<libc::ucred> {
     let mut c = libc::ucred {
         pid: 0,
         uid: 0,
@@ -31,32 +30,22 @@ pub fn peer_cred(fd: RawFd) -> String {
             &raw mut len,
         )
     };
-    if r != 0 {
-        return "an unknown peer".into();
-    }
-    format!("pid {} uid {}", c.pid, c.uid)
+    (r == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(c)
+}
+
+/// The process and user at the other end of a Unix socket (`SO_PEERCRED`), as `pid N uid N`:
+/// who asked, for the log of an operator's request.
+pub fn peer_cred(fd: RawFd) -> String {
+    ucred(fd).map_or_else(
+        || "an unknown peer".into(),
+        |c| format!("pid {} uid {}", c.pid, c.uid),
+    )
 }
 
 /// The user id at the other end of a Unix socket (`SO_PEERCRED`), if the kernel tells it: who
 /// may do what on the admin socket.
 pub fn peer_uid(fd: RawFd) -> Option<u32> {
-    let mut c = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into our `ucred`, and `len` back.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut c).cast(),
-            &raw mut len,
-        )
-    };
-    (r == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(c.uid)
+    ucred(fd).map(|c| c.uid)
 }
 
 /// Sets the file-mode creation mask of the whole process: what the daemon creates (its admin

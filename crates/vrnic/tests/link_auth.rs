@@ -335,30 +335,41 @@ fn a_live_link_survives_floods_of_hellos_and_failed_handshakes() {
     }
 }
 
+/// Daemons on hosts 0 and 1 of `hosts` with `--insecure-links` (no keys), linked; and host 1's
+/// peer-link address, which a hello from host 2's namespace can take over.
+fn insecure_daemons(hosts: &Hosts) -> (Vec<Daemon>, SocketAddr) {
+    let ds: Vec<Daemon> = (0..2)
+        .map(|i| hosts.daemon_keyed(i, false, &["--insecure-links"]))
+        .collect();
+    wait_host_up(&ds[0], &hosts.addr(1), LINKS_UP);
+    wait_host_up(&ds[1], &hosts.addr(0), LINKS_UP);
+    let target = format!("{}:{PEER_PORT}", hosts.addr(1))
+        .parse()
+        .expect("an address");
+    (ds, target)
+}
+
+/// A plain hello that says it is host 0 of 3.
+fn forged_hello() -> Vec<u8> {
+    let h = HelloRepr {
+        index: 0,
+        hosts: 3,
+        encrypt: false,
+    };
+    control(ControlKind::Hello, &h.emit())
+}
+
 /// The control for the flood above: with `--insecure-links` (no keys), one plain hello from
 /// host 2's namespace naming host 0 takes host 1's link to host 0 over (its drop counter moves,
 /// and the forged connection is the link until it goes silent): what authentication stops.
 #[test]
 fn without_keys_one_forged_hello_takes_a_link_over() {
     let hosts = Hosts::new(3);
-    let ds: Vec<Daemon> = (0..2)
-        .map(|i| hosts.daemon_keyed(i, false, &["--insecure-links"]))
-        .collect();
-    wait_host_up(&ds[0], &hosts.addr(1), LINKS_UP);
-    wait_host_up(&ds[1], &hosts.addr(0), LINKS_UP);
+    let (ds, target) = insecure_daemons(&hosts);
     let before = drops(&ds[1]);
-    let target: SocketAddr = format!("{}:{PEER_PORT}", hosts.addr(1))
-        .parse()
-        .expect("an address");
     let forged = in_netns(hosts.netns(2), move || {
         let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(5)).expect("connect");
-        let h = HelloRepr {
-            index: 0,
-            hosts: 3,
-            encrypt: false,
-        };
-        s.write_all(&control(ControlKind::Hello, &h.emit()))
-            .expect("send the hello");
+        s.write_all(&forged_hello()).expect("send the hello");
         // Host 1 answers with its own hello: it took the connection for host 0's link.
         read_frame(&mut s).is_some_and(|f| f[3] == ControlKind::Hello as u8)
     });
@@ -552,15 +563,8 @@ fn serve_refuses_unauthenticated_links_off_loopback() {
 #[test]
 fn a_link_replaced_again_and_again_mid_message_resumes_every_message() {
     let hosts = Hosts::new(3);
-    let ds: Vec<Daemon> = (0..2)
-        .map(|i| hosts.daemon_keyed(i, false, &["--insecure-links"]))
-        .collect();
-    wait_host_up(&ds[0], &hosts.addr(1), LINKS_UP);
-    wait_host_up(&ds[1], &hosts.addr(0), LINKS_UP);
+    let (ds, target) = insecure_daemons(&hosts);
     let before = drops(&ds[1]);
-    let target: SocketAddr = format!("{}:{PEER_PORT}", hosts.addr(1))
-        .parse()
-        .expect("an address");
     let p = port().to_string();
     let addr = hosts.addr(0);
     let server = [
@@ -584,15 +588,10 @@ fn a_link_replaced_again_and_again_mid_message_resumes_every_message() {
     let forger = in_netns(hosts.netns(2), move || {
         let mut n = 0u64;
         while !st.load(Ordering::Relaxed) {
-            if let Ok(mut s) = TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
-                let h = HelloRepr {
-                    index: 0,
-                    hosts: 3,
-                    encrypt: false,
-                };
-                if s.write_all(&control(ControlKind::Hello, &h.emit())).is_ok() {
-                    n += 1;
-                }
+            if let Ok(mut s) = TcpStream::connect_timeout(&target, Duration::from_secs(5))
+                && s.write_all(&forged_hello()).is_ok()
+            {
+                n += 1;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
