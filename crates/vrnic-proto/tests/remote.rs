@@ -473,6 +473,57 @@ fn rc_qps_connected_before_their_hosts_announced_each_other_work_once_they_do() 
     assert_eq!(n.b.get(&dst, 0x9000, 0x9000 + 4096, 100), pattern(100, 3));
 }
 
+/// A WRITE posted while its destination is not yet known here (the announcement that names
+/// it was lost with a link that dropped, and the next link has not said it yet): the
+/// requester waits for an answer, and when the announcement arrives it sends at once, and
+/// completes; it does not wait out, and fail at the end of, the budget it began with.
+#[test]
+fn a_send_posted_before_its_destination_is_announced_goes_when_it_is() {
+    let mut n = Net::announced(QpType::Rc, false);
+    let now = n.now;
+    let src = n.a.map(0x1000, 4096, access::LOCAL_WRITE);
+    let dst =
+        n.b.map(0x9000, 8192, access::LOCAL_WRITE | access::REMOTE_WRITE);
+    n.a.set(&src, 0x1000, 0x1000, &pattern(4096, 7));
+    n.b.e.add_remote_vnic(n.a.id, n.a.lid, n.a.gid);
+    n.a.post(
+        now,
+        wqe(
+            1,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 4096, src.0.lkey)],
+            0x9000,
+            dst.0.rkey,
+        ),
+    );
+    n.run();
+    assert!(n.a.cqes().is_empty(), "nothing answers yet");
+    // Most of the budget (retry_cnt + 1 local ACK timeouts) goes by, then b is announced.
+    let budget = n.a.e.poll_timeout().expect("a waits for an answer") - n.now;
+    n.advance(budget * 3 / 4);
+    let (b_id, b_lid, b_gid) = (n.b.id, n.b.lid, n.b.gid);
+    n.a.e.add_remote_vnic(b_id, b_lid, b_gid);
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::Success)]);
+    assert_eq!(n.b.get(&dst, 0x9000, 0x9000, 4096), pattern(4096, 7));
+    // Past the end of the first budget: nothing fails.
+    n.advance(budget);
+    n.run();
+    assert!(n.a.cqes().is_empty());
+    n.a.post(
+        n.now,
+        wqe(
+            2,
+            SendOpcode::RdmaWrite,
+            vec![sge(0x1000, 100, src.0.lkey)],
+            0x9000 + 4096,
+            dst.0.rkey,
+        ),
+    );
+    n.run();
+    assert_eq!(statuses(&n.a.cqes()), vec![(2, WcStatus::Success)]);
+}
+
 #[test]
 fn rc_send_write_read_and_atomics_cross_the_link_byte_exact() {
     let mut n = Net::new(QpType::Rc);

@@ -91,6 +91,10 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("announce-removed", announce(&[removed])),
         ("announce-addrs", announce(&[v4, v6])),
         (
+            "announce-complete",
+            announce(&[v4, AnnounceEntry::Complete]),
+        ),
+        (
             "announce-mixed",
             announce(&[
                 added(0x0102, "vnic_2", "default"),

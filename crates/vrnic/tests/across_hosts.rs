@@ -675,3 +675,56 @@ fn large_write_and_read_payloads_are_read_from_the_link_into_place() {
         );
     }
 }
+
+/// What a host knows of another's vRNICs outlives a link that drops (routes and rdma_cm
+/// addresses stay usable until the returning link has announced its whole set again), and
+/// the set it announces then is whole: a vRNIC removed while the link was down is gone from
+/// the other host's directory once the link is back, and one that stayed is still listed.
+#[test]
+fn a_vrnic_removed_while_the_link_is_down_is_forgotten_when_it_returns() {
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    for name in ["stays", "goes"] {
+        let out = ds[0].cli_output(&["create", name]);
+        assert!(out.ok(), "{}", out.text());
+    }
+    let listed = |d: &Daemon| d.cli_output(&["ls", "--all"]).stdout;
+    let wait_for = |what: &str, pred: &dyn Fn(&str) -> bool| {
+        let start = Instant::now();
+        loop {
+            let ls = listed(&ds[1]);
+            if pred(&ls) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "host 1 never listed {what}:\n{ls}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("both vRNICs", &|ls| {
+        ls.contains("stays") && ls.contains("goes")
+    });
+    hosts.set_link(0, false);
+    let start = Instant::now();
+    while !ds[1].cli_output(&["peers"]).stdout.contains("down") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "host 1 never saw the link go down"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = ds[0].cli_output(&["rm", "goes"]);
+    assert!(out.ok(), "{}", out.text());
+    let ls = listed(&ds[1]);
+    assert!(
+        ls.contains("stays") && ls.contains("goes"),
+        "kept while down:\n{ls}"
+    );
+    hosts.set_link(0, true);
+    ds[1].wait_peers_up(LINKS_UP);
+    wait_for("'stays' alone", &|ls| {
+        ls.contains("stays") && !ls.contains("goes")
+    });
+}

@@ -56,6 +56,11 @@ struct Announced {
     /// By LID: a host gives a LID to one vRNIC at a time (`peers/share.rs`).
     vnics: HashMap<u16, ([u8; 16], RemoteVnic)>,
     addrs: HashSet<IpAddr>,
+    /// While the host's link is announcing its full set anew (from link up to its
+    /// `Complete` entry): the LIDs and addresses announced again so far. What was known before
+    /// stays usable meanwhile (routes and rdma_cm addresses survive a link that flaps); what
+    /// is not announced again is forgotten at the end.
+    fresh: Option<(HashSet<u16>, HashSet<IpAddr>)>,
 }
 
 /// See the module documentation.
@@ -259,6 +264,9 @@ impl Server {
                     vip,
                 };
                 let known = self.directory.remote.entry(host).or_default();
+                if let Some((lids, _)) = &mut known.fresh {
+                    lids.insert(lid);
+                }
                 if let Some((old_gid, old)) = known.vnics.insert(lid, (gid, v)) {
                     // Its earlier vRNIC of this LID is replaced; only a virtual IP that
                     // vRNIC held is released (never another host's).
@@ -290,6 +298,8 @@ impl Server {
                     cell.lock()
                         .engine
                         .add_remote_vnic_in_group(host, lid, gid, g);
+                    // Its QPs that found no route may have one now.
+                    cell.wake();
                 }
             }
             None => {
@@ -447,13 +457,47 @@ impl Server {
 
     /// Records `ip` as host `host`'s (for rdma_cm).
     pub(super) fn record_addr(&mut self, host: HostId, ip: IpAddr) {
-        self.directory
-            .remote
-            .entry(host)
-            .or_default()
-            .addrs
-            .insert(ip);
+        let known = self.directory.remote.entry(host).or_default();
+        known.addrs.insert(ip);
+        if let Some((_, addrs)) = &mut known.fresh {
+            addrs.insert(ip);
+        }
         self.cm.add_host_addr(host, ip);
+    }
+
+    /// Host `host`'s link is up and about to announce its full set again: what it announced
+    /// before stays until the set ends ([`directory_swept`](Self::directory_swept)).
+    pub(super) fn directory_refresh(&mut self, host: HostId) {
+        self.directory.remote.entry(host).or_default().fresh =
+            Some((HashSet::new(), HashSet::new()));
+    }
+
+    /// Host `host` ended its full set: its vRNICs and addresses not announced again since its
+    /// link came up are forgotten. An end with no refresh under way (a second one) does nothing.
+    pub(super) fn directory_swept(&mut self, host: HostId) {
+        let Some(known) = self.directory.remote.get_mut(&host) else {
+            return;
+        };
+        let Some((lids, addrs)) = known.fresh.take() else {
+            return;
+        };
+        let stale: Vec<(u16, [u8; 16])> = known
+            .vnics
+            .iter()
+            .filter(|(lid, _)| !lids.contains(lid))
+            .map(|(&lid, (gid, _))| (lid, *gid))
+            .collect();
+        let gone = known.addrs.len() - known.addrs.intersection(&addrs).count();
+        if gone > 0 {
+            known.addrs.retain(|ip| addrs.contains(ip));
+            self.cm.clear_host_addrs(host);
+            for &ip in &known.addrs {
+                self.cm.add_host_addr(host, ip);
+            }
+        }
+        for (lid, gid) in stale {
+            self.directory_vnic(host, lid, gid, None);
+        }
     }
 
     /// Forgets what `host` announced (its link is up again and announces it all anew, or it

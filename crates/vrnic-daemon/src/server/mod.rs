@@ -575,7 +575,12 @@ impl Server {
                 } else if threaded {
                     // The engine threads run the passes: the loop waits for sockets, the
                     // shards' outboxes, timers and guests.
-                    Some(until(self.cm.next_deadline()))
+                    Some(until(
+                        [self.cm.next_deadline(), self.next_redial()]
+                            .into_iter()
+                            .flatten()
+                            .min(),
+                    ))
                 } else if idle >= SPIN_QUIET {
                     // Sleep: announce it, then look once more before really waiting.
                     self.set_sleeping(true);
@@ -588,7 +593,7 @@ impl Server {
                     } else {
                         let engine_timer = self.shard0().lock().engine.poll_timeout();
                         Some(until(
-                            [engine_timer, self.cm.next_deadline()]
+                            [engine_timer, self.cm.next_deadline(), self.next_redial()]
                                 .into_iter()
                                 .flatten()
                                 .min(),

@@ -124,6 +124,10 @@ impl Engine {
             q.route = route;
             q.addr = addr;
             q.resp.admitted = None;
+            if route != Route::Nowhere && matches!(q.wait, Wait::Retry { .. }) {
+                // It waited for an answer from nowhere; it has somewhere to send now.
+                q.wait = Wait::None;
+            }
         }
         route
     }
@@ -531,6 +535,7 @@ impl Engine {
                 let us = state::ack_timeout_us(q.attr.timeout)
                     .saturating_mul(u64::from(q.attr.retry_cnt) + 1);
                 let until = now + Duration::from_micros(us);
+                tracing::debug!(?qp, route = ?q.route, "no answer: waiting for the transport timer");
                 q.wait = Wait::Retry { until };
                 self.arm(qp, until);
             }

@@ -93,6 +93,7 @@ pub const MAX_RECORD_PLAIN: usize = MAX_RECORD - TAG_LEN;
 const ENTRY_ADDED: u8 = 1;
 const ENTRY_REMOVED: u8 = 2;
 const ENTRY_ADDR: u8 = 3;
+const ENTRY_COMPLETE: u8 = 4;
 /// Bytes of an announce entry before its names (op, LID, GID).
 const ENTRY_HEAD: usize = 1 + 2 + 16;
 
@@ -298,6 +299,9 @@ pub enum AnnounceEntry<'a> {
     },
     /// An address of the sending host (for rdma_cm).
     Addr(IpAddr),
+    /// The end of the full set a host announces when its link comes up: what it announced
+    /// over an earlier link and not again since is gone.
+    Complete,
 }
 
 impl<'a> AnnounceEntry<'a> {
@@ -311,7 +315,7 @@ impl<'a> AnnounceEntry<'a> {
                     Err(LinkError::Name)
                 }
             }
-            AnnounceEntry::Removed { .. } => Ok(()),
+            AnnounceEntry::Removed { .. } | AnnounceEntry::Complete => Ok(()),
             AnnounceEntry::Addr(ip) => check_addr(ip.to_canonical()),
         }
     }
@@ -322,7 +326,9 @@ impl<'a> AnnounceEntry<'a> {
             AnnounceEntry::Added { name, group, .. } => {
                 ENTRY_HEAD + 4 + 2 + name.len() + group.len()
             }
-            AnnounceEntry::Removed { .. } | AnnounceEntry::Addr(_) => ENTRY_HEAD,
+            AnnounceEntry::Removed { .. } | AnnounceEntry::Addr(_) | AnnounceEntry::Complete => {
+                ENTRY_HEAD
+            }
         }
     }
 
@@ -364,6 +370,10 @@ impl<'a> AnnounceEntry<'a> {
                 out.push(ENTRY_ADDR);
                 out.extend_from_slice(&[0, 0]);
                 out.extend_from_slice(&v6.octets());
+            }
+            AnnounceEntry::Complete => {
+                out.push(ENTRY_COMPLETE);
+                out.extend_from_slice(&[0; 2 + 16]);
             }
         }
     }
@@ -423,6 +433,12 @@ impl<'a> AnnounceEntry<'a> {
                 };
                 check_addr(ip)?;
                 Ok((AnnounceEntry::Addr(ip), rest))
+            }
+            ENTRY_COMPLETE => {
+                if lid != 0 || *gid != [0; 16] {
+                    return Err(LinkError::Reserved("end-of-set entry"));
+                }
+                Ok((AnnounceEntry::Complete, rest))
             }
             v => Err(LinkError::Unknown {
                 what: "announce op",
@@ -578,6 +594,7 @@ mod tests {
             },
             AnnounceEntry::Addr("10.77.0.2".parse().unwrap()),
             AnnounceEntry::Addr("fd00::1".parse().unwrap()),
+            AnnounceEntry::Complete,
         ];
         let mut body = Vec::new();
         for e in &entries {
@@ -587,11 +604,12 @@ mod tests {
         }
         let got: Vec<_> = AnnounceEntry::iter(&body).map(Result::unwrap).collect();
         assert_eq!(got, entries);
-        assert_eq!(AnnounceEntry::check_body(&body), Ok(4));
+        assert_eq!(AnnounceEntry::check_body(&body), Ok(5));
         let whole = [
             entries[0].buffer_len(),
             entries[0].buffer_len() + ENTRY_HEAD,
             entries[0].buffer_len() + 2 * ENTRY_HEAD,
+            entries[0].buffer_len() + 3 * ENTRY_HEAD,
         ];
         for n in 1..body.len() {
             if whole.contains(&n) {
@@ -613,6 +631,15 @@ mod tests {
             AnnounceEntry::check_body(&bad),
             Err(LinkError::Reserved("address entry"))
         );
+        for at in [1, 3, 18] {
+            let mut bad = body.clone();
+            bad[body.len() - ENTRY_HEAD + at] = 1;
+            assert_eq!(
+                AnnounceEntry::check_body(&bad),
+                Err(LinkError::Reserved("end-of-set entry")),
+                "byte {at} of the end-of-set entry"
+            );
+        }
         for ip in ["0.0.0.0", "224.0.0.1", "::"] {
             let mut b = vec![ENTRY_ADDR, 0, 0];
             let v6 = match ip.parse::<IpAddr>().unwrap() {

@@ -616,14 +616,18 @@ impl Server {
         for ip in share::own_addrs(self.peers.as_ref().map(|p| p.listen.ip())) {
             entries.push(Entry::Addr(ip));
         }
+        // The set is whole: what the peer knew of this host and did not hear again is gone.
+        entries.push(Entry::Complete);
         announce(out, &entries);
     }
 
-    /// Link `host` is up: its addresses are announced anew, the connection-manager messages
-    /// kept for it go out, and its QPs send again what was not answered.
+    /// Link `host` is up: its vRNICs and addresses are announced anew (those it announced
+    /// before stay usable until its set ends, so routes survive a link that flaps), the
+    /// connection-manager messages kept for it go out, and its QPs send again what was not
+    /// answered.
     fn link_up(&mut self, host: HostId) {
         if !self.peers.as_ref().is_some_and(Peers::is_cluster) {
-            self.directory_forget(host);
+            self.directory_refresh(host);
         }
         if let Some(Some(l)) = self
             .peers
@@ -718,6 +722,22 @@ impl Server {
             self.keepalive(now, i);
         }
         moved
+    }
+
+    /// When the next link that is down is due to be dialed again: the loop's sleep ends
+    /// then, so a link taken away comes back after [`REDIAL`], not at the next wake-up.
+    pub(super) fn next_redial(&self) -> Option<Instant> {
+        self.peers
+            .as_ref()?
+            .links
+            .iter()
+            .flatten()
+            .filter(|l| l.dials)
+            .filter_map(|l| match l.state {
+                State::Down { redial } => Some(redial),
+                _ => None,
+            })
+            .min()
     }
 
     fn dial_due(&mut self, now: Instant) {

@@ -160,6 +160,7 @@ impl Server {
                         return Err(Close::Broken("too many groups announced".into()));
                     }
                 }
+                Entry::Complete => self.directory_swept(host),
                 Entry::Removed { lid, gid } => {
                     if !owns(lid, &gid) {
                         return Err(Close::Broken(format!(
