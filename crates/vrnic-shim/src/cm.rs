@@ -1406,7 +1406,7 @@ pub extern "C" fn vrnic_rdma_destroy_ep(id: *mut rdma_cm_id) {
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         if !v.id.srq.is_null() {
-            crate::srq::vrnic_ibv_destroy_srq(v.id.srq);
+            crate::ffi::srq::vrnic_ibv_destroy_srq(v.id.srq);
             v.id.srq = null_mut();
         }
         if v.made_pd && !v.id.pd.is_null() {
@@ -1834,7 +1834,7 @@ pub extern "C" fn vrnic_rdma_create_srq(
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         let pd = if pd.is_null() { v.id.pd } else { pd };
-        let s = crate::srq::vrnic_ibv_create_srq(pd, attr);
+        let s = crate::ffi::srq::vrnic_ibv_create_srq(pd, attr);
         if s.is_null() {
             return -1;
         }
@@ -1855,7 +1855,7 @@ pub extern "C" fn vrnic_rdma_create_srq_ex(
         }
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
-        let s = crate::srq::vrnic_create_srq_ex(v.id.verbs, attr);
+        let s = crate::ffi::srq::vrnic_create_srq_ex(v.id.verbs, attr);
         if s.is_null() {
             return -1;
         }
@@ -1873,7 +1873,7 @@ pub extern "C" fn vrnic_rdma_destroy_srq(id: *mut rdma_cm_id) {
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         if !v.id.srq.is_null() {
-            crate::srq::vrnic_ibv_destroy_srq(v.id.srq);
+            crate::ffi::srq::vrnic_ibv_destroy_srq(v.id.srq);
             v.id.srq = null_mut();
         }
     })

@@ -24,22 +24,15 @@
 #![deny(unsafe_code)]
 
 pub mod abi;
-mod ah;
 pub mod client;
 mod cm;
 pub mod cm_abi;
 mod cq_events;
-mod dm;
-mod ex;
 mod ffi;
 mod limits;
 mod maps;
-mod mw;
 mod parked;
-mod resize;
-mod srq;
 mod symbols;
 mod sys;
-mod xrc;
 
 pub use symbols::EXPORTS;

@@ -32,6 +32,14 @@ use crate::maps;
 use crate::parked::{self, Parked};
 use crate::sys::{self, set_errno};
 
+mod ah;
+mod dm;
+pub(crate) mod ex;
+mod mw;
+mod resize;
+pub(crate) mod srq;
+mod xrc;
+
 /// Runs `f`, turning a panic into `fail` (a panic must never unwind into C).
 pub(crate) fn guard<R>(fail: R, f: impl FnOnce() -> R) -> R {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
@@ -131,7 +139,7 @@ pub(crate) struct VQp {
     /// `ibv_wr_*` table.
     pub(crate) extended: bool,
     /// The `ibv_wr_start` batch being built, its first error and the thread building it.
-    pub(crate) batch: crate::ex::WrState,
+    pub(crate) batch: crate::ffi::ex::WrState,
 }
 
 fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
@@ -268,16 +276,16 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         vctx.sz = std::mem::size_of::<verbs_context>();
         vctx.query_port = Some(vrnic_query_port);
         vctx.query_device_ex = Some(vrnic_query_device_ex);
-        vctx.create_srq_ex = Some(crate::srq::vrnic_create_srq_ex);
-        vctx.create_qp_ex = Some(crate::ex::vrnic_create_qp_ex);
-        vctx.open_xrcd = Some(crate::xrc::vrnic_open_xrcd);
-        vctx.close_xrcd = Some(crate::xrc::vrnic_close_xrcd);
-        vctx.get_srq_num = Some(crate::srq::vrnic_get_srq_num);
-        vctx.create_cq_ex = Some(crate::ex::vrnic_create_cq_ex);
-        vctx.alloc_dm = Some(crate::dm::vrnic_alloc_dm);
-        vctx.free_dm = Some(crate::dm::vrnic_free_dm);
-        vctx.reg_dm_mr = Some(crate::dm::vrnic_reg_dm_mr);
-        vctx.query_rt_values = Some(crate::ex::vrnic_query_rt_values);
+        vctx.create_srq_ex = Some(crate::ffi::srq::vrnic_create_srq_ex);
+        vctx.create_qp_ex = Some(crate::ffi::ex::vrnic_create_qp_ex);
+        vctx.open_xrcd = Some(crate::ffi::xrc::vrnic_open_xrcd);
+        vctx.close_xrcd = Some(crate::ffi::xrc::vrnic_close_xrcd);
+        vctx.get_srq_num = Some(crate::ffi::srq::vrnic_get_srq_num);
+        vctx.create_cq_ex = Some(crate::ffi::ex::vrnic_create_cq_ex);
+        vctx.alloc_dm = Some(crate::ffi::dm::vrnic_alloc_dm);
+        vctx.free_dm = Some(crate::ffi::dm::vrnic_free_dm);
+        vctx.reg_dm_mr = Some(crate::ffi::dm::vrnic_reg_dm_mr);
+        vctx.query_rt_values = Some(crate::ffi::ex::vrnic_query_rt_values);
         vctx.context.device = dev;
         vctx.context.cmd_fd = conn.fd();
         vctx.context.async_fd = conn.async_q.efd.fd();
@@ -288,10 +296,10 @@ pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_contex
         ops.req_notify_cq = Some(vrnic_req_notify_cq);
         ops.post_send = Some(vrnic_post_send);
         ops.post_recv = Some(vrnic_post_recv);
-        ops.post_srq_recv = Some(crate::srq::vrnic_post_srq_recv);
-        ops.alloc_mw = Some(crate::mw::vrnic_alloc_mw);
-        ops.dealloc_mw = Some(crate::mw::vrnic_dealloc_mw);
-        ops.bind_mw = Some(crate::mw::vrnic_bind_mw);
+        ops.post_srq_recv = Some(crate::ffi::srq::vrnic_post_srq_recv);
+        ops.alloc_mw = Some(crate::ffi::mw::vrnic_alloc_mw);
+        ops.dealloc_mw = Some(crate::ffi::mw::vrnic_dealloc_mw);
+        ops.bind_mw = Some(crate::ffi::mw::vrnic_bind_mw);
         let b = Box::new(VContext {
             vctx,
             conn,
@@ -375,8 +383,8 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
     // Not on a vRNIC whose QPs spread over the daemon's engine threads.
     if !i.no_mw {
-        a.device_cap_flags |= crate::mw::CAP_FLAGS;
-        a.max_mw = crate::mw::MAX_MW;
+        a.device_cap_flags |= crate::ffi::mw::CAP_FLAGS;
+        a.max_mw = crate::ffi::mw::MAX_MW;
     }
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
@@ -435,7 +443,7 @@ pub extern "C" fn vrnic_query_device_ex(
         // and say ATOMIC WRITE is executed (the bit rxe and mlx5 set for it).
         ex.device_cap_flags_ex =
             u64::from(ex.orig_attr.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
-        ex.max_dm_size = crate::dm::MAX_DM_SIZE;
+        ex.max_dm_size = crate::ffi::dm::MAX_DM_SIZE;
         ex.phys_port_cnt_ex = 1;
         // Completion timestamps: CLOCK_MONOTONIC nanoseconds (a 1 GHz clock), 64 bits.
         ex.completion_timestamp_mask = u64::MAX;
@@ -1000,7 +1008,7 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
             live.remove(&(mr as usize));
         }
-        crate::dm::mr_gone(mr as usize);
+        crate::ffi::dm::mr_gone(mr as usize);
         // SAFETY: mr was boxed by reg_mr; the app gives it up now.
         drop(unsafe { Box::from_raw(mr.cast::<VMr>()) });
         0
@@ -1383,7 +1391,7 @@ pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_at
             x.comp_mask = IBV_QP_INIT_ATTR_PD;
             x.pd = pd;
             // SAFETY: pd is ours and live.
-            let qp = crate::xrc::create_qp(unsafe { &*pd }.context, &mut x);
+            let qp = crate::ffi::xrc::create_qp(unsafe { &*pd }.context, &mut x);
             ia.cap = x.cap;
             return qp;
         }
@@ -1878,7 +1886,7 @@ pub extern "C" fn vrnic_post_send(
             if opcode == SendOpcode::BindMw {
                 // SAFETY: for IBV_WR_BIND_MW the app filled the `bind_mw` member (verbs.h).
                 let b = unsafe { w.bind_mw_or_tso.bind_mw };
-                match crate::mw::bind_fields(b.mw, b.rkey, &raw const b.bind_info) {
+                match crate::ffi::mw::bind_fields(b.mw, b.rkey, &raw const b.bind_info) {
                     Ok(f) => (remote_addr, rkey, imm_data, compare_add, swap) = f,
                     Err(e) => {
                         rc = e;

@@ -140,7 +140,7 @@ pub extern "C" fn vrnic_create_srq_ex(
                     return null_err(libc::EINVAL);
                 }
                 // SAFETY: a non-NULL XRC domain and CQ in the app's attributes are ours, live.
-                let x = unsafe { crate::xrc::handle(ia.xrcd) };
+                let x = unsafe { crate::ffi::xrc::handle(ia.xrcd) };
                 // SAFETY: as above.
                 Some((x, unsafe { (*ia.cq).handle }))
             }

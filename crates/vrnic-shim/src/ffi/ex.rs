@@ -140,7 +140,7 @@ pub extern "C" fn vrnic_create_qp_ex(
             return null_err(libc::EOPNOTSUPP);
         }
         if matches!(x.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
-            let qp = crate::xrc::create_qp(ctx, x);
+            let qp = crate::ffi::xrc::create_qp(ctx, x);
             if !qp.is_null() {
                 // SAFETY: qp was just made: a live VQp.
                 let v = unsafe { &mut *qp.cast::<VQp>() };
@@ -513,7 +513,7 @@ extern "C" fn wr_bind_mw(
     rkey: u32,
     b: *const ibv_mw_bind_info,
 ) {
-    match crate::mw::bind_fields(mw, rkey, b) {
+    match crate::ffi::mw::bind_fields(mw, rkey, b) {
         Ok((addr, rkey, acc, len, swap)) => {
             begin(q, SendOpcode::BindMw, addr, rkey, acc, len, swap)
         }
