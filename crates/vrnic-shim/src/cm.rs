@@ -95,7 +95,7 @@ fn cma_device() -> *mut CmaDeviceShadow {
             0
         } else {
             // SAFETY: device() hands out the connection manager's live context.
-            unsafe { crate::ffi::max_qp_wr(verbs) }
+            unsafe { crate::ffi::device::max_qp_wr(verbs) }
         };
         Box::into_raw(Box::new(CmaDeviceShadow {
             dev: null_mut(),
@@ -156,14 +156,14 @@ fn device() -> Result<*mut ibv_context, i32> {
         return Ok(*d as *mut ibv_context);
     }
     let mut n = 0;
-    let list = crate::ffi::vrnic_ibv_get_device_list(&mut n);
+    let list = crate::ffi::device::vrnic_ibv_get_device_list(&mut n);
     if list.is_null() || n < 1 {
         return Err(libc::ENODEV);
     }
     // SAFETY: the list holds n >= 1 devices.
     let dev = unsafe { *list };
-    let ctx = crate::ffi::vrnic_ibv_open_device(dev);
-    crate::ffi::vrnic_ibv_free_device_list(list);
+    let ctx = crate::ffi::table::vrnic_ibv_open_device(dev);
+    crate::ffi::device::vrnic_ibv_free_device_list(list);
     if ctx.is_null() {
         return Err(sys::errno());
     }
@@ -657,7 +657,7 @@ pub extern "C" fn vrnic_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_i
 // ---- QPs on ids --------------------------------------------------------------------------------
 
 fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Result<(), i32> {
-    match crate::ffi::vrnic_ibv_modify_qp(qp, a, mask) {
+    match crate::ffi::qp::vrnic_ibv_modify_qp(qp, a, mask) {
         0 => Ok(()),
         e => Err(e),
     }
@@ -751,7 +751,7 @@ fn create_qp_on(v: &mut VId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Re
     } else if !v.id.pd.is_null() {
         v.id.pd
     } else {
-        let p = crate::ffi::vrnic_ibv_alloc_pd(v.id.verbs);
+        let p = crate::ffi::mr::vrnic_ibv_alloc_pd(v.id.verbs);
         if p.is_null() {
             return Err(sys::errno());
         }
@@ -762,16 +762,16 @@ fn create_qp_on(v: &mut VId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Re
     if attr.send_cq.is_null() && attr.recv_cq.is_null() {
         // As librdmacm: a completion channel and a CQ for each direction.
         let ctx = v.id.verbs;
-        let sc = crate::ffi::vrnic_ibv_create_comp_channel(ctx);
-        let rc = crate::ffi::vrnic_ibv_create_comp_channel(ctx);
-        let scq = crate::ffi::vrnic_ibv_create_cq(
+        let sc = crate::ffi::cq::vrnic_ibv_create_comp_channel(ctx);
+        let rc = crate::ffi::cq::vrnic_ibv_create_comp_channel(ctx);
+        let scq = crate::ffi::cq::vrnic_ibv_create_cq(
             ctx,
             attr.cap.max_send_wr.max(1) as c_int,
             null_mut(),
             sc,
             0,
         );
-        let rcq = crate::ffi::vrnic_ibv_create_cq(
+        let rcq = crate::ffi::cq::vrnic_ibv_create_cq(
             ctx,
             attr.cap.max_recv_wr.max(1) as c_int,
             null_mut(),
@@ -799,14 +799,14 @@ fn create_qp_on(v: &mut VId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Re
     if attr.srq.is_null() && !v.id.srq.is_null() {
         attr.srq = v.id.srq;
     }
-    let qp = crate::ffi::vrnic_ibv_create_qp(pd, attr);
+    let qp = crate::ffi::qp::vrnic_ibv_create_qp(pd, attr);
     if qp.is_null() {
         return Err(sys::errno());
     }
     // SAFETY: qp is the QP just made.
     let ud = unsafe { (*qp).qp_type } == IBV_QPT_UD;
     if let Err(e) = init_qp(qp, ud) {
-        crate::ffi::vrnic_ibv_destroy_qp(qp);
+        crate::ffi::qp::vrnic_ibv_destroy_qp(qp);
         return Err(e);
     }
     v.id.qp = qp;
@@ -881,15 +881,15 @@ pub extern "C" fn vrnic_rdma_destroy_qp(id: *mut rdma_cm_id) {
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         if !v.id.qp.is_null() {
-            crate::ffi::vrnic_ibv_destroy_qp(v.id.qp);
+            crate::ffi::qp::vrnic_ibv_destroy_qp(v.id.qp);
             v.id.qp = null_mut();
         }
         if v.made_cqs {
             for cq in [v.id.send_cq, v.id.recv_cq] {
-                crate::ffi::vrnic_ibv_destroy_cq(cq);
+                crate::ffi::cq::vrnic_ibv_destroy_cq(cq);
             }
             for ch in [v.id.send_cq_channel, v.id.recv_cq_channel] {
-                crate::ffi::vrnic_ibv_destroy_comp_channel(ch);
+                crate::ffi::cq::vrnic_ibv_destroy_comp_channel(ch);
             }
             v.id.send_cq = null_mut();
             v.id.recv_cq = null_mut();
@@ -1410,7 +1410,7 @@ pub extern "C" fn vrnic_rdma_destroy_ep(id: *mut rdma_cm_id) {
             v.id.srq = null_mut();
         }
         if v.made_pd && !v.id.pd.is_null() {
-            crate::ffi::vrnic_ibv_dealloc_pd(v.id.pd);
+            crate::ffi::mr::vrnic_ibv_dealloc_pd(v.id.pd);
         }
         vrnic_rdma_destroy_id(id);
     })

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use vrnic_wire::access;
 
+use super::objects::{guard, null_err};
 use crate::abi::*;
-use crate::ffi::{guard, null_err};
 
 /// `max_dm_size` reported by `ibv_query_device_ex`: the largest allocation.
 pub const MAX_DM_SIZE: u64 = 4 << 20;
@@ -184,7 +184,7 @@ pub extern "C" fn vrnic_reg_dm_mr(
         };
         // A registration of the DM's buffer whose addresses start at 0.
         let mr =
-            crate::ffi::vrnic_ibv_reg_mr_iova2(pd, at.cast(), len, 0, acc & !access::ZERO_BASED);
+            super::mr::vrnic_ibv_reg_mr_iova2(pd, at.cast(), len, 0, acc & !access::ZERO_BASED);
         if mr.is_null() {
             return mr;
         }

@@ -36,9 +36,9 @@ use vrnic_wire::{
     SgeList, UdAddr,
 };
 
+use super::objects::{VCq, VQp, context, guard, null_err};
 use crate::abi::*;
 use crate::client::{CompQueue, Conn};
-use crate::ffi::{VCq, VQp, context, guard, null_err};
 
 /// The `ibv_wr_*` state of a QP: the batch being built and who builds it.
 #[derive(Debug, Default)]
@@ -140,7 +140,7 @@ pub extern "C" fn vrnic_create_qp_ex(
             return null_err(libc::EOPNOTSUPP);
         }
         if matches!(x.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
-            let qp = crate::ffi::xrc::create_qp(ctx, x);
+            let qp = super::xrc::create_qp(ctx, x);
             if !qp.is_null() {
                 // SAFETY: qp was just made: a live VQp.
                 let v = unsafe { &mut *qp.cast::<VQp>() };
@@ -159,7 +159,7 @@ pub extern "C" fn vrnic_create_qp_ex(
         ia.cap = x.cap;
         ia.qp_type = x.qp_type;
         ia.sq_sig_all = x.sq_sig_all;
-        let qp = crate::ffi::vrnic_ibv_create_qp(x.pd, &mut ia);
+        let qp = super::qp::vrnic_ibv_create_qp(x.pd, &mut ia);
         if qp.is_null() {
             return qp;
         }
@@ -435,7 +435,7 @@ extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge)
         if n > MAX_SGE || (n > 0 && list.is_null()) {
             return Err(libc::EINVAL);
         }
-        set_sges(w, crate::ffi::sges(list, n as c_int));
+        set_sges(w, super::objects::sges(list, n as c_int));
         Ok(())
     });
 }
@@ -513,7 +513,7 @@ extern "C" fn wr_bind_mw(
     rkey: u32,
     b: *const ibv_mw_bind_info,
 ) {
-    match crate::ffi::mw::bind_fields(mw, rkey, b) {
+    match super::mw::bind_fields(mw, rkey, b) {
         Ok((addr, rkey, acc, len, swap)) => {
             begin(q, SendOpcode::BindMw, addr, rkey, acc, len, swap)
         }
@@ -597,7 +597,7 @@ pub extern "C" fn vrnic_create_cq_ex(
         // Out of `c_int` range is past `max_cqe` and `num_comp_vectors` too (EINVAL there).
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
         let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
-        let cq = crate::ffi::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, vector);
+        let cq = super::cq::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, vector);
         if cq.is_null() {
             return null_mut();
         }

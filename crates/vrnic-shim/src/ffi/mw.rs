@@ -14,8 +14,8 @@ use std::ffi::{c_int, c_uint};
 use vrnic_api::{Reply, Request};
 use vrnic_wire::access;
 
+use super::objects::{context, guard, null_err};
 use crate::abi::*;
-use crate::ffi::{context, guard, null_err};
 
 /// The device capability bits that memory windows earn in `ibv_query_device`.
 pub const CAP_FLAGS: c_uint = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
@@ -141,7 +141,7 @@ pub extern "C" fn vrnic_bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv
             bind_info: b.bind_info,
         };
         let mut bad = std::ptr::null_mut();
-        let rc = crate::ffi::vrnic_post_send(qp, &raw mut wr, &raw mut bad);
+        let rc = super::post::vrnic_post_send(qp, &raw mut wr, &raw mut bad);
         if rc == 0 {
             // SAFETY: mw is ours and live; the app reads rkey only between verbs calls.
             unsafe { (*mw).rkey = key };

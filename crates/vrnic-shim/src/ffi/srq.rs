@@ -18,9 +18,9 @@ use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
 use vrnic_wire::RQ_SLOT;
 
+use super::objects::{context, fail_at, guard, null_err, post_recv_list};
 use crate::abi::*;
 use crate::client::WorkQueue;
-use crate::ffi::{context, fail_at, guard, null_err, post_recv_list};
 
 /// An SRQ: `ibv_srq` first (container_of), then its ring.
 #[repr(C)]
@@ -140,7 +140,7 @@ pub extern "C" fn vrnic_create_srq_ex(
                     return null_err(libc::EINVAL);
                 }
                 // SAFETY: a non-NULL XRC domain and CQ in the app's attributes are ours, live.
-                let x = unsafe { crate::ffi::xrc::handle(ia.xrcd) };
+                let x = unsafe { super::xrc::handle(ia.xrcd) };
                 // SAFETY: as above.
                 Some((x, unsafe { (*ia.cq).handle }))
             }
@@ -255,7 +255,7 @@ pub extern "C" fn vrnic_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Ok(mut m) = c.srqs.lock() {
             m.remove(&h);
         }
-        c.conn.withdraw_events(crate::ffi::SRQ_EVENTS, h);
+        c.conn.withdraw_events(super::objects::SRQ_EVENTS, h);
         // SAFETY: boxed by create; the app gives it up now.
         drop(unsafe { Box::from_raw(srq.cast::<VSrq>()) });
         0

@@ -17,8 +17,8 @@ use std::ffi::c_int;
 use vrnic_api::{Reply, Request};
 use vrnic_wire::QpType;
 
+use super::objects::{context, guard, make_qp, null_err};
 use crate::abi::*;
-use crate::ffi::{context, guard, make_qp, null_err};
 
 /// An XRC domain handle: `ibv_xrcd` first (container_of), then the daemon's handle.
 #[repr(C)]
