@@ -137,8 +137,8 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
     // Not on a vRNIC whose QPs spread over the daemon's engine threads.
     if !i.no_mw {
-        a.device_cap_flags |= super::mw::CAP_FLAGS;
-        a.max_mw = super::mw::MAX_MW;
+        a.device_cap_flags |= limits::MW_CAP_FLAGS;
+        a.max_mw = limits::MAX_MW;
     }
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
@@ -197,7 +197,7 @@ pub extern "C" fn vrnic_query_device_ex(
         // and say ATOMIC WRITE is executed (the bit rxe and mlx5 set for it).
         ex.device_cap_flags_ex =
             u64::from(ex.orig_attr.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
-        ex.max_dm_size = super::dm::MAX_DM_SIZE;
+        ex.max_dm_size = limits::MAX_DM_SIZE;
         ex.phys_port_cnt_ex = 1;
         // Completion timestamps: CLOCK_MONOTONIC nanoseconds (a 1 GHz clock), 64 bits.
         ex.completion_timestamp_mask = u64::MAX;

@@ -10,7 +10,7 @@
 //! whole (all or nothing), with the checks and errnos of `ibv_post_send`. The section is the
 //! per-QP critical region `ibv_wr_post(3)` promises: a second thread's `wr_start` waits until
 //! the first thread's `wr_complete`/`wr_abort`. Memory-window builders (`wr_bind_mw`,
-//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`mw.rs`).
+//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`objects::bind_fields`).
 //! `wr_atomic_write` copies its 8 bytes at the call into an inline WQE (as mlx5 and rxe copy
 //! them into theirs); a data setter after it fails the batch with `EINVAL`. Builders this
 //! device does not support (TSO, XRC outside XRC send QPs) poison the batch: `wr_complete`
@@ -28,45 +28,16 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::thread::ThreadId;
+use std::sync::{Mutex, MutexGuard};
 
 use vrnic_wire::{
     Cqe, InlineData, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
     SgeList, UdAddr,
 };
 
-use super::objects::{VCq, VQp, context, guard, null_err};
+use super::objects::{Batch, VCq, VQp, bind_fields, context, guard, null_err};
 use crate::abi::*;
 use crate::client::{CompQueue, Conn};
-
-/// The `ibv_wr_*` state of a QP: the batch being built and who builds it.
-#[derive(Debug, Default)]
-pub struct WrState {
-    batch: Mutex<Batch>,
-    /// Signalled when a `wr_start` section ends.
-    ended: Condvar,
-}
-
-/// The work requests of one `wr_start` batch.
-#[derive(Debug, Default)]
-struct Batch {
-    wqes: Vec<SendWqe>,
-    /// The first error a builder met (`wr_complete` returns it).
-    err: c_int,
-    /// The thread between `wr_start` and `wr_complete`/`wr_abort`.
-    owner: Option<ThreadId>,
-}
-
-impl Batch {
-    /// Ends the section: drops what was built and lets a waiting `wr_start` in.
-    fn end(&mut self, ended: &Condvar) {
-        self.wqes.clear();
-        self.err = 0;
-        self.owner = None;
-        ended.notify_one();
-    }
-}
 
 /// `IBV_QP_EX_WITH_*` this device executes, by QP type (the operations `ibv_wr_post(3)` lists
 /// for each).
@@ -513,7 +484,7 @@ extern "C" fn wr_bind_mw(
     rkey: u32,
     b: *const ibv_mw_bind_info,
 ) {
-    match super::mw::bind_fields(mw, rkey, b) {
+    match bind_fields(mw, rkey, b) {
         Ok((addr, rkey, acc, len, swap)) => {
             begin(q, SendOpcode::BindMw, addr, rkey, acc, len, swap)
         }

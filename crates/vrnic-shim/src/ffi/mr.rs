@@ -5,6 +5,7 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::Ordering;
 
 use vrnic_api::{PageRun, Reply, Request};
 use vrnic_shm::layout::PAGE;
@@ -177,7 +178,11 @@ fn reg_mr(
             lkey,
             rkey,
         };
-        let p = Box::into_raw(Box::new(VMr { mr: m, access }));
+        let p = Box::into_raw(Box::new(VMr {
+            mr: m,
+            access,
+            dm_mrs: std::ptr::null(),
+        }));
         if let Ok(mut live) = vctx.mrs.lock() {
             live.insert(p as usize);
         }
@@ -360,7 +365,13 @@ pub extern "C" fn vrnic_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if let Ok(mut live) = unsafe { context(ctx) }.mrs.lock() {
             live.remove(&(mr as usize));
         }
-        super::dm::mr_gone(mr as usize);
+        // SAFETY: mr is ours and live until the drop below.
+        let dm_mrs = unsafe { &*mr.cast::<VMr>() }.dm_mrs;
+        if !dm_mrs.is_null() {
+            // SAFETY: an MR over device memory keeps its DM alive (`ibv_free_dm` refuses while
+            // any is left), so the DM's count is live.
+            unsafe { &*dm_mrs }.fetch_sub(1, Ordering::AcqRel);
+        }
         // SAFETY: mr was boxed by reg_mr; the app gives it up now.
         drop(unsafe { Box::from_raw(mr.cast::<VMr>()) });
         0
@@ -428,16 +439,17 @@ pub extern "C" fn vrnic_ibv_rereg_mr(
                 return REREG_ERR_CMD;
             }
             // The app keeps its pointer: it now describes the new registration, and the box
-            // that reg_mr made holds the old one, which goes.
+            // that reg_mr made holds the old one, which goes. (A DM MR's link to its DM stays
+            // with the app's pointer.)
             // SAFETY: fresh is a live VMr that reg_mr just made; it is not `v`.
-            std::mem::swap(v, unsafe { &mut *fresh.cast::<VMr>() });
+            v.swap_registration(unsafe { &mut *fresh.cast::<VMr>() });
             return match vrnic_ibv_dereg_mr(fresh) {
                 0 => 0,
                 e => {
                     // The old registration must stay (memory windows are bound to it): the
                     // app's MR describes it again, and the new one goes.
                     // SAFETY: as above; dereg_mr failed, so fresh is still live.
-                    std::mem::swap(v, unsafe { &mut *fresh.cast::<VMr>() });
+                    v.swap_registration(unsafe { &mut *fresh.cast::<VMr>() });
                     vrnic_ibv_dereg_mr(fresh);
                     set_errno(e);
                     REREG_ERR_CMD

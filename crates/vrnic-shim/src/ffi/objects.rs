@@ -12,11 +12,15 @@ use std::ffi::{c_char, c_int, c_uint};
 use std::mem::offset_of;
 use std::panic::AssertUnwindSafe;
 use std::ptr::null_mut;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::ThreadId;
 
 use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
-use vrnic_wire::{AhAttr, GlobalRoute, MAX_SGE, QpCap, RQ_SLOT, RecvWqe, SQ_SLOT, Sge, SgeList};
+use vrnic_wire::{
+    AhAttr, GlobalRoute, MAX_SGE, QpCap, RQ_SLOT, RecvWqe, SQ_SLOT, SendWqe, Sge, SgeList, access,
+};
 
 use crate::abi::*;
 use crate::client::{Channel, CompQueue, Conn, Device, WorkQueue, vlog};
@@ -86,12 +90,24 @@ pub(crate) struct VMr {
     pub(crate) mr: ibv_mr,
     /// `IBV_ACCESS_*` it was registered with (for `ibv_rereg_mr`).
     pub(crate) access: c_uint,
+    /// For an MR over device memory (`ibv_reg_dm_mr`), its DM's count of MRs, which
+    /// `ibv_dereg_mr` takes this one off; else NULL.
+    pub(crate) dm_mrs: *const AtomicU32,
 }
 
 #[repr(C)]
 pub(crate) struct VChannel {
     pub(crate) ch: ibv_comp_channel,
     pub(crate) chan: Arc<Channel>,
+}
+
+impl VMr {
+    /// Trades registrations with `other` (the MR and its access flags), each keeping its link
+    /// to device memory, as `ibv_rereg_mr` needs for a new translation.
+    pub(crate) fn swap_registration(&mut self, other: &mut VMr) {
+        std::mem::swap(&mut self.mr, &mut other.mr);
+        std::mem::swap(&mut self.access, &mut other.access);
+    }
 }
 
 /// A CQ: `ibv_cq_ex` first (its first part is the `ibv_cq` layout, so every CQ works with
@@ -122,7 +138,7 @@ pub(crate) struct VQp {
     /// `ibv_wr_*` table.
     pub(crate) extended: bool,
     /// The `ibv_wr_start` batch being built, its first error and the thread building it.
-    pub(crate) batch: super::ex::WrState,
+    pub(crate) batch: WrState,
 }
 
 pub(crate) fn vctx_of(ctx: *mut ibv_context) -> *mut VContext {
@@ -334,3 +350,85 @@ pub(crate) const SRQ_EVENTS: &[u32] = &[
     vrnic_api::event::SRQ_ERR,
 ];
 pub(crate) const CQ_EVENTS: &[u32] = &[vrnic_api::event::CQ_ERR];
+
+/// The `ibv_wr_*` state of a QP: the batch being built and who builds it.
+#[derive(Debug, Default)]
+pub struct WrState {
+    pub(crate) batch: Mutex<Batch>,
+    /// Signalled when a `wr_start` section ends.
+    pub(crate) ended: Condvar,
+}
+
+/// The work requests of one `wr_start` batch.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    pub(crate) wqes: Vec<SendWqe>,
+    /// The first error a builder met (`wr_complete` returns it).
+    pub(crate) err: c_int,
+    /// The thread between `wr_start` and `wr_complete`/`wr_abort`.
+    pub(crate) owner: Option<ThreadId>,
+}
+
+impl Batch {
+    /// Ends the section: drops what was built and lets a waiting `wr_start` in.
+    pub(crate) fn end(&mut self, ended: &Condvar) {
+        self.wqes.clear();
+        self.err = 0;
+        self.owner = None;
+        ended.notify_one();
+    }
+}
+
+/// The WQE fields of a bind of `mw` under the new key `rkey` to `info`: `(remote_addr,
+/// rkey, imm_data = access, compare_add = length, swap = window handle << 32 | MR lkey)`
+/// (see `vrnic_wire::SendOpcode::BindMw`). `EINVAL` for no window or binding, a range
+/// without an MR, or a zero-based window (rxe's provider refuses those at the call).
+pub(crate) fn bind_fields(
+    mw: *const ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) -> Result<(u64, u32, u32, u64, u64), c_int> {
+    if mw.is_null() || info.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL window in a work request is one of ours, live (verbs contract).
+    let handle = unsafe { (*mw).handle };
+    // SAFETY: info points to the app's binding, readable for this call.
+    let b = unsafe { info.read() };
+    if b.mw_access_flags & access::ZERO_BASED != 0 {
+        return Err(libc::EINVAL);
+    }
+    let lkey = if b.mr.is_null() {
+        if b.addr != 0 || b.length != 0 {
+            return Err(libc::EINVAL);
+        }
+        0
+    } else {
+        // SAFETY: a non-NULL MR in a binding is one of ours, live.
+        unsafe { (*b.mr).lkey }
+    };
+    Ok((
+        b.addr,
+        rkey,
+        b.mw_access_flags,
+        b.length,
+        u64::from(handle) << 32 | u64::from(lkey),
+    ))
+}
+
+/// An XRC domain handle: `ibv_xrcd` first (container_of), then the daemon's handle.
+#[repr(C)]
+pub(crate) struct VXrcd {
+    pub(crate) xrcd: ibv_xrcd,
+    pub(crate) handle: u32,
+}
+
+/// The daemon's handle of one of our XRC domains (`ibv_srq_init_attr_ex.xrcd`).
+///
+/// # Safety
+///
+/// `x` must be an `ibv_xrcd` this library handed out and that is still open.
+pub(crate) unsafe fn xrcd_handle(x: *mut ibv_xrcd) -> u32 {
+    // SAFETY: the caller's contract: x is the start of a live VXrcd.
+    unsafe { (*x.cast::<VXrcd>()).handle }
+}

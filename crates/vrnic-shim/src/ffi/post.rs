@@ -10,7 +10,7 @@ use vrnic_wire::{
     InlineData, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, UdAddr,
 };
 
-use super::objects::{VQp, context, fail_at, guard, post_recv_list, sges};
+use super::objects::{VQp, bind_fields, context, fail_at, guard, post_recv_list, sges};
 use crate::abi::*;
 
 pub extern "C" fn vrnic_post_send(
@@ -96,7 +96,7 @@ pub extern "C" fn vrnic_post_send(
             if opcode == SendOpcode::BindMw {
                 // SAFETY: for IBV_WR_BIND_MW the app filled the `bind_mw` member (verbs.h).
                 let b = unsafe { w.bind_mw_or_tso.bind_mw };
-                match super::mw::bind_fields(b.mw, b.rkey, &raw const b.bind_info) {
+                match bind_fields(b.mw, b.rkey, &raw const b.bind_info) {
                     Ok(f) => (remote_addr, rkey, imm_data, compare_add, swap) = f,
                     Err(e) => {
                         rc = e;

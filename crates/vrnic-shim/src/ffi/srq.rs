@@ -18,7 +18,7 @@ use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
 use vrnic_wire::RQ_SLOT;
 
-use super::objects::{context, fail_at, guard, null_err, post_recv_list};
+use super::objects::{context, fail_at, guard, null_err, post_recv_list, xrcd_handle};
 use crate::abi::*;
 use crate::client::WorkQueue;
 
@@ -140,7 +140,7 @@ pub extern "C" fn vrnic_create_srq_ex(
                     return null_err(libc::EINVAL);
                 }
                 // SAFETY: a non-NULL XRC domain and CQ in the app's attributes are ours, live.
-                let x = unsafe { super::xrc::handle(ia.xrcd) };
+                let x = unsafe { xrcd_handle(ia.xrcd) };
                 // SAFETY: as above.
                 Some((x, unsafe { (*ia.cq).handle }))
             }

@@ -1,6 +1,6 @@
 //! XRC: `ibv_open_xrcd`/`ibv_close_xrcd` and the two XRC QP types of `ibv_create_qp_ex`
 //! (control path, remoted to the daemon). XRC SRQs are in `srq.rs`, the XRC SRQ number of a
-//! send work request in `ffi.rs` (`ibv_post_send`) and `ex.rs` (`ibv_wr_set_xrc_srqn`).
+//! send work request in `post.rs` (`ibv_post_send`) and `ex.rs` (`ibv_wr_set_xrc_srqn`).
 //!
 //! A domain opened with fd -1 is private; one opened with a file's fd is the domain of that
 //! file (its device and inode, read here by `fstat`) on this vRNIC: every process of the vRNIC
@@ -17,25 +17,8 @@ use std::ffi::c_int;
 use vrnic_api::{Reply, Request};
 use vrnic_wire::QpType;
 
-use super::objects::{context, guard, make_qp, null_err};
+use super::objects::{VXrcd, context, guard, make_qp, null_err, xrcd_handle};
 use crate::abi::*;
-
-/// An XRC domain handle: `ibv_xrcd` first (container_of), then the daemon's handle.
-#[repr(C)]
-struct VXrcd {
-    xrcd: ibv_xrcd,
-    handle: u32,
-}
-
-/// The daemon's handle of one of our XRC domains.
-///
-/// # Safety
-///
-/// `x` must be an `ibv_xrcd` this library handed out and that is still open.
-pub(crate) unsafe fn handle(x: *mut ibv_xrcd) -> u32 {
-    // SAFETY: the caller's contract: x is the start of a live VXrcd.
-    unsafe { (*x.cast::<VXrcd>()).handle }
-}
 
 /// `verbs_context.open_xrcd` (the `ibv_open_xrcd` inline).
 pub extern "C" fn vrnic_open_xrcd(
@@ -97,7 +80,7 @@ pub extern "C" fn vrnic_close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
         // SAFETY: xrcd is one of ours and open.
         let ctx = unsafe { (*xrcd).context };
         // SAFETY: as above.
-        let h = unsafe { handle(xrcd) };
+        let h = unsafe { xrcd_handle(xrcd) };
         // SAFETY: the domain's context outlives it.
         let c = unsafe { context(ctx) };
         match c.conn.call(&Request::CloseXrcd { xrcd: h }) {
@@ -126,7 +109,7 @@ pub(crate) fn create_qp(ctx: *mut ibv_context, x: &mut ibv_qp_init_attr_ex) -> *
             return null_err(libc::EINVAL);
         }
         // SAFETY: a non-NULL XRC domain in the app's attributes is ours, open.
-        let xrcd = unsafe { handle(x.xrcd) };
+        let xrcd = unsafe { xrcd_handle(x.xrcd) };
         let req = Request::CreateQp {
             pd: 0,
             send_cq: 0,
