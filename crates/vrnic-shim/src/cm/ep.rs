@@ -123,11 +123,11 @@ pub extern "C" fn vrnic_rdma_destroy_ep(id: *mut rdma_cm_id) {
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         if !v.id.srq.is_null() {
-            crate::ffi::srq::vrnic_ibv_destroy_srq(v.id.srq);
+            let _ = crate::ffi::srq::destroy_srq(v.id.srq);
             v.id.srq = null_mut();
         }
         if v.made_pd && !v.id.pd.is_null() {
-            crate::ffi::mr::vrnic_ibv_dealloc_pd(v.id.pd);
+            let _ = crate::ffi::mr::dealloc_pd(v.id.pd);
         }
         vrnic_rdma_destroy_id(id);
     })

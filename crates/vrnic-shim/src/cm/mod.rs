@@ -111,7 +111,8 @@ fn cma_device() -> *mut CmaDeviceShadow {
             0
         } else {
             // SAFETY: device() hands out the connection manager's live context.
-            unsafe { crate::ffi::device::max_qp_wr(verbs) }
+            let info = &unsafe { context(verbs) }.conn.info;
+            c_int::try_from(info.max_qp_wr).unwrap_or(c_int::MAX)
         };
         Box::into_raw(Box::new(CmaDeviceShadow {
             dev: null_mut(),
@@ -171,18 +172,12 @@ fn device() -> Result<*mut ibv_context, i32> {
     if *d != 0 {
         return Ok(*d as *mut ibv_context);
     }
-    let mut n = 0;
-    let list = crate::ffi::device::vrnic_ibv_get_device_list(&mut n);
-    if list.is_null() || n < 1 {
-        return Err(libc::ENODEV);
-    }
-    // SAFETY: the list holds n >= 1 devices.
-    let dev = unsafe { *list };
-    let ctx = crate::ffi::table::vrnic_ibv_open_device(dev);
-    crate::ffi::device::vrnic_ibv_free_device_list(list);
-    if ctx.is_null() {
-        return Err(sys::errno());
-    }
+    // The first vRNIC this process reaches, as `ibv_get_device_list` lists it first.
+    let dev = crate::client::discover()
+        .into_iter()
+        .next()
+        .ok_or(libc::ENODEV)?;
+    let ctx = crate::ffi::table::open_device(crate::ffi::device::device_for(dev))?;
     *d = ctx as usize;
     crate::client::set_cm_sink(deliver);
     Ok(ctx)

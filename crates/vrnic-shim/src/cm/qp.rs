@@ -9,10 +9,7 @@ use super::*;
 // ---- QPs on ids --------------------------------------------------------------------------------
 
 pub(super) fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Result<(), i32> {
-    match crate::ffi::qp::vrnic_ibv_modify_qp(qp, a, mask) {
-        0 => Ok(()),
-        e => Err(e),
-    }
+    crate::ffi::qp::modify_qp(qp, a, mask)
 }
 
 /// INIT for a new QP on an id, as librdmacm's `ucma_init_conn_qp`/`ucma_init_ud_qp` do; a UD
@@ -107,10 +104,7 @@ pub(super) fn create_qp_on(
     } else if !v.id.pd.is_null() {
         v.id.pd
     } else {
-        let p = crate::ffi::mr::vrnic_ibv_alloc_pd(v.id.verbs);
-        if p.is_null() {
-            return Err(sys::errno());
-        }
+        let p = crate::ffi::mr::alloc_pd(v.id.verbs)?;
         v.made_pd = true;
         p
     };
@@ -118,25 +112,18 @@ pub(super) fn create_qp_on(
     if attr.send_cq.is_null() && attr.recv_cq.is_null() {
         // As librdmacm: a completion channel and a CQ for each direction.
         let ctx = v.id.verbs;
-        let sc = crate::ffi::cq::vrnic_ibv_create_comp_channel(ctx);
-        let rc = crate::ffi::cq::vrnic_ibv_create_comp_channel(ctx);
-        let scq = crate::ffi::cq::vrnic_ibv_create_cq(
-            ctx,
-            attr.cap.max_send_wr.max(1) as c_int,
-            null_mut(),
-            sc,
-            0,
-        );
-        let rcq = crate::ffi::cq::vrnic_ibv_create_cq(
-            ctx,
-            attr.cap.max_recv_wr.max(1) as c_int,
-            null_mut(),
-            rc,
-            0,
-        );
-        if sc.is_null() || rc.is_null() || scq.is_null() || rcq.is_null() {
+        let made = (|| {
+            let sc = crate::ffi::cq::create_comp_channel(ctx)?;
+            let rc = crate::ffi::cq::create_comp_channel(ctx)?;
+            let n = attr.cap.max_send_wr.max(1) as c_int;
+            let scq = crate::ffi::cq::create_cq(ctx, n, null_mut(), sc, 0)?;
+            let n = attr.cap.max_recv_wr.max(1) as c_int;
+            let rcq = crate::ffi::cq::create_cq(ctx, n, null_mut(), rc, 0)?;
+            Ok::<_, c_int>((sc, rc, scq, rcq))
+        })();
+        let Ok((sc, rc, scq, rcq)) = made else {
             return Err(libc::ENOMEM);
-        }
+        };
         (v.id.send_cq_channel, v.id.recv_cq_channel) = (sc, rc);
         (v.id.send_cq, v.id.recv_cq) = (scq, rcq);
         attr.send_cq = scq;
@@ -155,14 +142,11 @@ pub(super) fn create_qp_on(
     if attr.srq.is_null() && !v.id.srq.is_null() {
         attr.srq = v.id.srq;
     }
-    let qp = crate::ffi::qp::vrnic_ibv_create_qp(pd, attr);
-    if qp.is_null() {
-        return Err(sys::errno());
-    }
+    let qp = crate::ffi::qp::create_qp(pd, attr)?;
     // SAFETY: qp is the QP just made.
     let ud = unsafe { (*qp).qp_type } == IBV_QPT_UD;
     if let Err(e) = init_qp(qp, ud) {
-        crate::ffi::qp::vrnic_ibv_destroy_qp(qp);
+        let _ = crate::ffi::qp::destroy_qp(qp);
         return Err(e);
     }
     v.id.qp = qp;
@@ -237,15 +221,15 @@ pub extern "C" fn vrnic_rdma_destroy_qp(id: *mut rdma_cm_id) {
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         if !v.id.qp.is_null() {
-            crate::ffi::qp::vrnic_ibv_destroy_qp(v.id.qp);
+            let _ = crate::ffi::qp::destroy_qp(v.id.qp);
             v.id.qp = null_mut();
         }
         if v.made_cqs {
             for cq in [v.id.send_cq, v.id.recv_cq] {
-                crate::ffi::cq::vrnic_ibv_destroy_cq(cq);
+                let _ = crate::ffi::cq::destroy_cq(cq);
             }
             for ch in [v.id.send_cq_channel, v.id.recv_cq_channel] {
-                crate::ffi::cq::vrnic_ibv_destroy_comp_channel(ch);
+                let _ = crate::ffi::cq::destroy_comp_channel(ch);
             }
             v.id.send_cq = null_mut();
             v.id.recv_cq = null_mut();

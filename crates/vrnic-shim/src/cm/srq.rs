@@ -20,10 +20,10 @@ pub extern "C" fn vrnic_rdma_create_srq(
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         let pd = if pd.is_null() { v.id.pd } else { pd };
-        let s = crate::ffi::srq::vrnic_ibv_create_srq(pd, attr);
-        if s.is_null() {
-            return -1;
-        }
+        let s = match crate::ffi::srq::create_srq(pd, attr) {
+            Ok(s) => s,
+            Err(e) => return minus_one(e),
+        };
         v.id.srq = s;
         v.id.pd = pd;
         0
@@ -41,10 +41,10 @@ pub extern "C" fn vrnic_rdma_create_srq_ex(
         }
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
-        let s = crate::ffi::srq::vrnic_create_srq_ex(v.id.verbs, attr);
-        if s.is_null() {
-            return -1;
-        }
+        let s = match crate::ffi::srq::create_srq_ex(v.id.verbs, attr) {
+            Ok(s) => s,
+            Err(e) => return minus_one(e),
+        };
         v.id.srq = s;
         0
     })
@@ -59,7 +59,7 @@ pub extern "C" fn vrnic_rdma_destroy_srq(id: *mut rdma_cm_id) {
         // SAFETY: id is ours and live.
         let v = unsafe { vid(id) };
         if !v.id.srq.is_null() {
-            crate::ffi::srq::vrnic_ibv_destroy_srq(v.id.srq);
+            let _ = crate::ffi::srq::destroy_srq(v.id.srq);
             v.id.srq = null_mut();
         }
     })

@@ -23,40 +23,48 @@ use crate::sys;
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
     guard(null_err(libc::EIO), || {
-        if ctx.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        let efd = match sys::EventFd::new() {
-            Ok(e) => e,
-            Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
-        };
-        let chan = Arc::new(Channel {
-            efd,
-            queue: Mutex::new(Default::default()),
-        });
-        let ch = ibv_comp_channel {
-            context: ctx,
-            fd: chan.efd.fd(),
-            refcnt: 0,
-        };
-        Box::into_raw(Box::new(VChannel { ch, chan })).cast()
+        create_comp_channel(ctx).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_create_comp_channel`, for the driver's own callers.
+pub(crate) fn create_comp_channel(ctx: *mut ibv_context) -> Result<*mut ibv_comp_channel, c_int> {
+    if ctx.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let efd = match sys::EventFd::new() {
+        Ok(e) => e,
+        Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
+    let chan = Arc::new(Channel {
+        efd,
+        queue: Mutex::new(Default::default()),
+    });
+    let ch = ibv_comp_channel {
+        context: ctx,
+        fd: chan.efd.fd(),
+        refcnt: 0,
+    };
+    Ok(Box::into_raw(Box::new(VChannel { ch, chan })).cast())
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
-    guard(libc::EIO, || {
-        if ch.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: ch is ours and live.
-        if unsafe { (*ch).refcnt } > 0 {
-            return libc::EBUSY;
-        }
-        // SAFETY: boxed by create_comp_channel; the app gives it up now.
-        drop(unsafe { Box::from_raw(ch.cast::<VChannel>()) });
-        0
-    })
+    guard(libc::EIO, || destroy_comp_channel(ch).err().unwrap_or(0))
+}
+
+/// `ibv_destroy_comp_channel`, for the driver's own callers.
+pub(crate) fn destroy_comp_channel(ch: *mut ibv_comp_channel) -> Result<(), c_int> {
+    if ch.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: ch is ours and live.
+    if unsafe { (*ch).refcnt } > 0 {
+        return Err(libc::EBUSY);
+    }
+    // SAFETY: boxed by create_comp_channel; the app gives it up now.
+    drop(unsafe { Box::from_raw(ch.cast::<VChannel>()) });
+    Ok(())
 }
 
 #[unsafe(no_mangle)]
@@ -68,99 +76,108 @@ pub extern "C" fn vrnic_ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard(null_err(libc::EIO), || {
-        if ctx.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: ctx is ours.
-        let c = unsafe { context(ctx) };
-        if let Err(e) = limits::check_cq(&c.conn.info, cqe.into(), comp_vector.into()) {
-            return null_err(e);
-        }
-        let (h, ring_off, depth) = match c.conn.call(&Request::CreateCq { cqe: cqe as u32 }) {
-            Ok(Reply::Cq { cq, ring, depth }) => (cq, ring, depth),
-            Ok(_) => return null_err(libc::EPROTO),
-            Err(e) => return null_err(e),
-        };
-        let Ok(ring) = Ring::new(&c.conn.region, ring_off, depth, CQ_SLOT) else {
-            let _ = c.conn.call(&Request::DestroyCq { cq: h });
-            return null_err(libc::EPROTO);
-        };
-        // SAFETY: channel is NULL or one of ours.
-        let chan =
-            (!channel.is_null()).then(|| unsafe { (*channel.cast::<VChannel>()).chan.clone() });
-        if !channel.is_null() {
-            // SAFETY: channel is live; refcnt is only touched under the verbs calls.
-            unsafe { (*channel).refcnt += 1 };
-        }
-        // SAFETY: plain C data plus pthread objects, whose all-zero value is their static
-        // initializer in glibc.
-        let mut cq: ibv_cq_ex = unsafe { std::mem::zeroed() };
-        cq.context = ctx;
-        cq.channel = channel;
-        cq.cq_context = cq_context;
-        cq.handle = h;
-        cq.cqe = depth as c_int;
-        let v = Box::new(VCq {
-            cq,
-            q: Mutex::new(CompQueue {
-                ring,
-                cons: 0,
-                empty: 0,
-            }),
-            channel: chan.clone(),
-            events: Arc::default(),
-            delivered: std::sync::atomic::AtomicU32::new(0),
-            cur: Mutex::new(None),
-        });
-        let events = v.events.clone();
-        let p = Box::into_raw(v);
-        if let Some(chan) = chan {
-            c.conn.ensure_notifier();
-            c.conn.watch(p as usize, ring, chan, events);
-        }
-        if let Ok(mut m) = c.cqs.lock() {
-            m.insert(h, p as usize);
-        }
-        p.cast()
+        create_cq(ctx, cqe, cq_context, channel, comp_vector).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_create_cq`, for the driver's own callers (`ibv_create_cq_ex`, the connection manager).
+pub(crate) fn create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut ibv_cq, c_int> {
+    if ctx.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: ctx is ours.
+    let c = unsafe { context(ctx) };
+    limits::check_cq(&c.conn.info, cqe.into(), comp_vector.into())?;
+    let (h, ring_off, depth) = match c.conn.call(&Request::CreateCq { cqe: cqe as u32 }) {
+        Ok(Reply::Cq { cq, ring, depth }) => (cq, ring, depth),
+        Ok(_) => return Err(libc::EPROTO),
+        Err(e) => return Err(e),
+    };
+    let Ok(ring) = Ring::new(&c.conn.region, ring_off, depth, CQ_SLOT) else {
+        let _ = c.conn.call(&Request::DestroyCq { cq: h });
+        return Err(libc::EPROTO);
+    };
+    // SAFETY: channel is NULL or one of ours.
+    let chan = (!channel.is_null()).then(|| unsafe { (*channel.cast::<VChannel>()).chan.clone() });
+    if !channel.is_null() {
+        // SAFETY: channel is live; refcnt is only touched under the verbs calls.
+        unsafe { (*channel).refcnt += 1 };
+    }
+    // SAFETY: plain C data plus pthread objects, whose all-zero value is their static
+    // initializer in glibc.
+    let mut cq: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    cq.context = ctx;
+    cq.channel = channel;
+    cq.cq_context = cq_context;
+    cq.handle = h;
+    cq.cqe = depth as c_int;
+    let v = Box::new(VCq {
+        cq,
+        q: Mutex::new(CompQueue {
+            ring,
+            cons: 0,
+            empty: 0,
+        }),
+        channel: chan.clone(),
+        events: Arc::default(),
+        delivered: std::sync::atomic::AtomicU32::new(0),
+        cur: Mutex::new(None),
+    });
+    let events = v.events.clone();
+    let p = Box::into_raw(v);
+    if let Some(chan) = chan {
+        c.conn.ensure_notifier();
+        c.conn.watch(p as usize, ring, chan, events);
+    }
+    if let Ok(mut m) = c.cqs.lock() {
+        m.insert(h, p as usize);
+    }
+    Ok(p.cast())
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    guard(libc::EIO, || {
-        if cq.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: cq is ours and live.
-        let cqr = unsafe { &*cq };
-        let (ctx, h, channel) = (cqr.context, cqr.handle, cqr.channel);
-        // SAFETY: the CQ's context outlives it.
-        let c = unsafe { context(ctx) };
-        if let Err(e) = c.conn.call(&Request::DestroyCq { cq: h }) {
-            return e;
-        }
-        c.conn.unwatch(cq as usize);
-        if let Ok(mut m) = c.cqs.lock() {
-            m.remove(&h);
-        }
-        c.conn.withdraw_events(CQ_EVENTS, h);
-        if !channel.is_null() {
-            // SAFETY: the channel outlives the CQs attached to it (destroy refuses otherwise).
-            unsafe { (*channel).refcnt -= 1 };
-            // SAFETY: as above.
-            let chan = unsafe { &(*channel.cast::<VChannel>()).chan };
-            let removed = chan.queue.lock().map_or(0, |mut q| {
-                let before = q.len();
-                q.retain(|&p| p != cq as usize);
-                before - q.len()
-            });
-            // The fd no longer reports them either.
-            chan.efd.take_nowait(removed);
-        }
-        // SAFETY: boxed by create_cq; the app gives it up now.
-        drop(unsafe { Box::from_raw(cq.cast::<VCq>()) });
-        0
-    })
+    guard(libc::EIO, || destroy_cq(cq).err().unwrap_or(0))
+}
+
+/// `ibv_destroy_cq`, for the driver's own callers.
+pub(crate) fn destroy_cq(cq: *mut ibv_cq) -> Result<(), c_int> {
+    if cq.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: cq is ours and live.
+    let cqr = unsafe { &*cq };
+    let (ctx, h, channel) = (cqr.context, cqr.handle, cqr.channel);
+    // SAFETY: the CQ's context outlives it.
+    let c = unsafe { context(ctx) };
+    c.conn.call(&Request::DestroyCq { cq: h })?;
+    c.conn.unwatch(cq as usize);
+    if let Ok(mut m) = c.cqs.lock() {
+        m.remove(&h);
+    }
+    c.conn.withdraw_events(CQ_EVENTS, h);
+    if !channel.is_null() {
+        // SAFETY: the channel outlives the CQs attached to it (destroy refuses otherwise).
+        unsafe { (*channel).refcnt -= 1 };
+        // SAFETY: as above.
+        let chan = unsafe { &(*channel.cast::<VChannel>()).chan };
+        let removed = chan.queue.lock().map_or(0, |mut q| {
+            let before = q.len();
+            q.retain(|&p| p != cq as usize);
+            before - q.len()
+        });
+        // The fd no longer reports them either.
+        chan.efd.take_nowait(removed);
+    }
+    // SAFETY: boxed by create_cq; the app gives it up now.
+    drop(unsafe { Box::from_raw(cq.cast::<VCq>()) });
+    Ok(())
 }
 
 #[unsafe(no_mangle)]

@@ -19,7 +19,7 @@ use crate::limits;
 
 static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-fn device_for(d: Device) -> *mut ibv_device {
+pub(crate) fn device_for(d: Device) -> *mut ibv_device {
     let mut list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     for &p in list.iter() {
         // SAFETY: entries are VDevices we leaked; they are never freed.
@@ -105,16 +105,6 @@ pub extern "C" fn vrnic_ibv_get_device_index(dev: *mut ibv_device) -> c_int {
         return -1;
     }
     0
-}
-
-/// `max_qp_wr` of a context (for the connection manager's view of its device).
-///
-/// # Safety
-/// `ctx` is a live context of ours.
-pub(crate) unsafe fn max_qp_wr(ctx: *mut ibv_context) -> c_int {
-    // SAFETY: the caller vouches that ctx is a live context of ours.
-    let c = unsafe { context(ctx) };
-    c_int::try_from(c.conn.info.max_qp_wr).unwrap_or(c_int::MAX)
 }
 
 fn device_attr(conn: &Conn) -> ibv_device_attr {

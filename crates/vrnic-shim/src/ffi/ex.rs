@@ -111,13 +111,14 @@ pub extern "C" fn vrnic_create_qp_ex(
             return null_err(libc::EOPNOTSUPP);
         }
         if matches!(x.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
-            let qp = super::xrc::create_qp(ctx, x);
-            if !qp.is_null() {
-                // SAFETY: qp was just made: a live VQp.
-                let v = unsafe { &mut *qp.cast::<VQp>() };
-                v.extended = extended && !xrc_recv;
-                builders(&mut v.qp);
-            }
+            let qp = match super::xrc::create_qp(ctx, x) {
+                Ok(qp) => qp,
+                Err(e) => return null_err(e),
+            };
+            // SAFETY: qp was just made: a live VQp.
+            let v = unsafe { &mut *qp.cast::<VQp>() };
+            v.extended = extended && !xrc_recv;
+            builders(&mut v.qp);
             return qp;
         }
         // The plain path, from the fields both structs share.
@@ -130,10 +131,10 @@ pub extern "C" fn vrnic_create_qp_ex(
         ia.cap = x.cap;
         ia.qp_type = x.qp_type;
         ia.sq_sig_all = x.sq_sig_all;
-        let qp = super::qp::vrnic_ibv_create_qp(x.pd, &mut ia);
-        if qp.is_null() {
-            return qp;
-        }
+        let qp = match super::qp::create_qp(x.pd, &mut ia) {
+            Ok(qp) => qp,
+            Err(e) => return null_err(e),
+        };
         x.cap = ia.cap;
         // SAFETY: qp was just made: a live VQp.
         let v = unsafe { &mut *qp.cast::<VQp>() };
@@ -568,10 +569,10 @@ pub extern "C" fn vrnic_create_cq_ex(
         // Out of `c_int` range is past `max_cqe` and `num_comp_vectors` too (EINVAL there).
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
         let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
-        let cq = super::cq::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, vector);
-        if cq.is_null() {
-            return null_mut();
-        }
+        let cq = match super::cq::create_cq(ctx, cqe, a.cq_context, a.channel, vector) {
+            Ok(cq) => cq,
+            Err(e) => return null_err(e),
+        };
         // SAFETY: cq was just made: a live VCq.
         let t = unsafe { &mut (*cq.cast::<VCq>()).cq };
         t.start_poll = Some(start_poll);

@@ -22,47 +22,55 @@ use crate::sys::{self, set_errno};
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     guard(null_err(libc::EIO), || {
-        if ctx.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: ctx is ours.
-        let c = unsafe { context(ctx) };
-        match c.conn.call(&Request::AllocPd) {
-            Ok(Reply::Handle(h)) => {
-                let pd = ibv_pd {
-                    context: ctx,
-                    handle: h,
-                };
-                Box::into_raw(Box::new(VPd { pd })).cast()
-            }
-            Ok(_) => null_err(libc::EPROTO),
-            Err(e) => null_err(e),
-        }
+        alloc_pd(ctx).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_alloc_pd`, for the driver's own callers: a PD of context `ctx`.
+pub(crate) fn alloc_pd(ctx: *mut ibv_context) -> Result<*mut ibv_pd, c_int> {
+    if ctx.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: ctx is ours.
+    let c = unsafe { context(ctx) };
+    match c.conn.call(&Request::AllocPd) {
+        Ok(Reply::Handle(h)) => {
+            let pd = ibv_pd {
+                context: ctx,
+                handle: h,
+            };
+            Ok(Box::into_raw(Box::new(VPd { pd })).cast())
+        }
+        Ok(_) => Err(libc::EPROTO),
+        Err(e) => Err(e),
+    }
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    guard(libc::EIO, || {
-        if pd.is_null() {
-            return libc::EINVAL;
+    guard(libc::EIO, || dealloc_pd(pd).err().unwrap_or(0))
+}
+
+/// `ibv_dealloc_pd`, for the driver's own callers.
+pub(crate) fn dealloc_pd(pd: *mut ibv_pd) -> Result<(), c_int> {
+    if pd.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: pd is ours and live.
+    let pdr = unsafe { &*pd };
+    let (ctx, h) = (pdr.context, pdr.handle);
+    // SAFETY: the PD's context outlives it.
+    match unsafe { context(ctx) }
+        .conn
+        .call(&Request::DeallocPd { pd: h })
+    {
+        Ok(_) => {
+            // SAFETY: pd was boxed by alloc_pd; the app gives it up now.
+            drop(unsafe { Box::from_raw(pd.cast::<VPd>()) });
+            Ok(())
         }
-        // SAFETY: pd is ours and live.
-        let pdr = unsafe { &*pd };
-        let (ctx, h) = (pdr.context, pdr.handle);
-        // SAFETY: the PD's context outlives it.
-        match unsafe { context(ctx) }
-            .conn
-            .call(&Request::DeallocPd { pd: h })
-        {
-            Ok(_) => {
-                // SAFETY: pd was boxed by alloc_pd; the app gives it up now.
-                drop(unsafe { Box::from_raw(pd.cast::<VPd>()) });
-                0
-            }
-            Err(e) => e,
-        }
-    })
+        Err(e) => Err(e),
+    }
 }
 
 /// Runs of fresh pages at least this long are prepared (allocated at once) before

@@ -172,7 +172,7 @@ pub(crate) fn make_qp(
     pd: *mut ibv_pd,
     ia: &mut ibv_qp_init_attr,
     req: &Request,
-) -> *mut ibv_qp {
+) -> Result<*mut ibv_qp, c_int> {
     // SAFETY: ctx is ours (the caller's PD's or the XRC domain's).
     let c = unsafe { context(ctx) };
     let (h, qpn, sq, sq_depth, rq, rq_depth, cap, bell) = match c.conn.call(req) {
@@ -186,15 +186,15 @@ pub(crate) fn make_qp(
             cap,
             bell,
         }) => (qp, qpn, sq, sq_depth, rq, rq_depth, cap, bell),
-        Ok(_) => return null_err(libc::EPROTO),
-        Err(e) => return null_err(e),
+        Ok(_) => return Err(libc::EPROTO),
+        Err(e) => return Err(e),
     };
     let (Ok(sq), Ok(rq)) = (
         Ring::new(&c.conn.region, sq, sq_depth, SQ_SLOT),
         Ring::new(&c.conn.region, rq, rq_depth, RQ_SLOT),
     ) else {
         let _ = c.conn.call(&Request::DestroyQp { qp: h });
-        return null_err(libc::EPROTO);
+        return Err(libc::EPROTO);
     };
     ia.cap.max_send_wr = cap.max_send_wr;
     ia.cap.max_recv_wr = cap.max_recv_wr;
@@ -230,7 +230,7 @@ pub(crate) fn make_qp(
     if let Ok(mut m) = c.qps.lock() {
         m.insert(h, p as usize);
     }
-    p.cast()
+    Ok(p.cast())
 }
 
 pub(crate) fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {

@@ -20,68 +20,74 @@ use crate::limits;
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     guard(null_err(libc::EIO), || {
-        if pd.is_null() || init.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: init is a caller-owned ibv_qp_init_attr.
-        let ia = unsafe { &mut *init };
-        if ia.qp_type == IBV_QPT_XRC_SEND {
-            // `ibv_create_qp_ex` with a PD alone comes here (verbs.h): the XRC path.
-            // SAFETY: plain C data; zero is valid.
-            let mut x: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-            x.qp_context = ia.qp_context;
-            x.send_cq = ia.send_cq;
-            x.cap = ia.cap;
-            x.qp_type = ia.qp_type;
-            x.sq_sig_all = ia.sq_sig_all;
-            x.comp_mask = IBV_QP_INIT_ATTR_PD;
-            x.pd = pd;
-            // SAFETY: pd is ours and live.
-            let qp = super::xrc::create_qp(unsafe { &*pd }.context, &mut x);
-            ia.cap = x.cap;
-            return qp;
-        }
-        if ia.send_cq.is_null() || ia.recv_cq.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: a non-NULL SRQ in the app's init attributes is one of ours, live.
-        let srq = (!ia.srq.is_null()).then(|| unsafe { (*ia.srq).handle });
-        let qp_type = match ia.qp_type {
-            IBV_QPT_RC => QpType::Rc,
-            IBV_QPT_UC => QpType::Uc,
-            IBV_QPT_UD => QpType::Ud,
-            _ => return null_err(libc::EOPNOTSUPP),
-        };
-        let cap = QpCap {
-            max_send_wr: ia.cap.max_send_wr,
-            max_recv_wr: ia.cap.max_recv_wr,
-            max_send_sge: ia.cap.max_send_sge,
-            max_recv_sge: ia.cap.max_recv_sge,
-            max_inline_data: ia.cap.max_inline_data,
-        };
-        // SAFETY: pd is ours and live.
-        let pdr = unsafe { &*pd };
-        // SAFETY: the PD's context outlives it.
-        if let Err(e) = limits::check_qp_cap(&unsafe { context(pdr.context) }.conn.info, &cap) {
-            return null_err(e);
-        }
-        // SAFETY: the CQs named in the app's init attributes are ours and live.
-        let scq = unsafe { &*ia.send_cq }.handle;
-        // SAFETY: as above.
-        let rcq = unsafe { &*ia.recv_cq }.handle;
-        let (ctx, pdh) = (pdr.context, pdr.handle);
-        let req = Request::CreateQp {
-            pd: pdh,
-            send_cq: scq,
-            recv_cq: rcq,
-            qp_type,
-            cap,
-            sq_sig_all: ia.sq_sig_all != 0,
-            srq,
-            xrcd: None,
-        };
-        make_qp(ctx, pd, ia, &req)
+        create_qp(pd, init).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_create_qp`, for the driver's own callers (`ibv_create_qp_ex`, the connection manager).
+pub(crate) fn create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> Result<*mut ibv_qp, c_int> {
+    if pd.is_null() || init.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: init is a caller-owned ibv_qp_init_attr.
+    let ia = unsafe { &mut *init };
+    if ia.qp_type == IBV_QPT_XRC_SEND {
+        // `ibv_create_qp_ex` with a PD alone comes here (verbs.h): the XRC path.
+        // SAFETY: plain C data; zero is valid.
+        let mut x: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        x.qp_context = ia.qp_context;
+        x.send_cq = ia.send_cq;
+        x.cap = ia.cap;
+        x.qp_type = ia.qp_type;
+        x.sq_sig_all = ia.sq_sig_all;
+        x.comp_mask = IBV_QP_INIT_ATTR_PD;
+        x.pd = pd;
+        // SAFETY: pd is ours and live.
+        let qp = super::xrc::create_qp(unsafe { &*pd }.context, &mut x);
+        ia.cap = x.cap;
+        return qp;
+    }
+    if ia.send_cq.is_null() || ia.recv_cq.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL SRQ in the app's init attributes is one of ours, live.
+    let srq = (!ia.srq.is_null()).then(|| unsafe { (*ia.srq).handle });
+    let qp_type = match ia.qp_type {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        _ => return Err(libc::EOPNOTSUPP),
+    };
+    let cap = QpCap {
+        max_send_wr: ia.cap.max_send_wr,
+        max_recv_wr: ia.cap.max_recv_wr,
+        max_send_sge: ia.cap.max_send_sge,
+        max_recv_sge: ia.cap.max_recv_sge,
+        max_inline_data: ia.cap.max_inline_data,
+    };
+    // SAFETY: pd is ours and live.
+    let pdr = unsafe { &*pd };
+    // SAFETY: the PD's context outlives it.
+    limits::check_qp_cap(&unsafe { context(pdr.context) }.conn.info, &cap)?;
+    // SAFETY: the CQs named in the app's init attributes are ours and live.
+    let scq = unsafe { &*ia.send_cq }.handle;
+    // SAFETY: as above.
+    let rcq = unsafe { &*ia.recv_cq }.handle;
+    let (ctx, pdh) = (pdr.context, pdr.handle);
+    let req = Request::CreateQp {
+        pd: pdh,
+        send_cq: scq,
+        recv_cq: rcq,
+        qp_type,
+        cap,
+        sq_sig_all: ia.sq_sig_all != 0,
+        srq,
+        xrcd: None,
+    };
+    make_qp(ctx, pd, ia, &req)
 }
 
 fn state_from_c(s: c_uint) -> Option<QpState> {
@@ -165,63 +171,64 @@ pub extern "C" fn vrnic_ibv_modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
-    guard(libc::EIO, || {
-        if qp.is_null() || attr.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: qp is ours and live.
-        let v = unsafe { &*qp.cast::<VQp>() };
-        // SAFETY: attr is caller-owned.
-        let a = unsafe { &*attr };
-        let mask = mask as u32;
-        let mut qa = match attr_from_c(a) {
-            Some(q) => q,
-            None if mask & vrnic_wire::qp_attr::STATE == 0 => {
-                let mut a2 = *a;
-                a2.qp_state = IBV_QPS_RESET;
-                match attr_from_c(&a2) {
-                    Some(q) => q,
-                    None => return libc::EINVAL,
-                }
+    guard(libc::EIO, || modify_qp(qp, attr, mask).err().unwrap_or(0))
+}
+
+/// `ibv_modify_qp`, for the driver's own callers.
+pub(crate) fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
+    if qp.is_null() || attr.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: qp is ours and live.
+    let v = unsafe { &*qp.cast::<VQp>() };
+    // SAFETY: attr is caller-owned.
+    let a = unsafe { &*attr };
+    let mask = mask as u32;
+    let mut qa = match attr_from_c(a) {
+        Some(q) => q,
+        None if mask & vrnic_wire::qp_attr::STATE == 0 => {
+            let mut a2 = *a;
+            a2.qp_state = IBV_QPS_RESET;
+            match attr_from_c(&a2) {
+                Some(q) => q,
+                None => return Err(libc::EINVAL),
             }
-            None => return libc::EINVAL,
-        };
-        if mask & vrnic_wire::qp_attr::STATE == 0 {
-            qa.qp_state = state_from_c(v.state.load(Ordering::Acquire)).unwrap_or_default();
         }
-        if let Err(e) = limits::check_qp_attr(mask, &qa) {
-            return e;
-        }
-        // SAFETY: the QP's context outlives it.
-        let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
-        match conn.call(&Request::ModifyQp {
-            qp: v.qp.qp_base.handle,
-            mask,
-            attr: Box::new(qa),
-        }) {
-            Ok(_) => {
-                if mask & vrnic_wire::qp_attr::STATE != 0 {
-                    v.state.store(a.qp_state, Ordering::Release);
-                    // SAFETY: `state` is a plain field apps read; we own the QP struct.
-                    unsafe { (*qp).state = a.qp_state };
-                    if a.qp_state == IBV_QPS_RESET {
-                        // The daemon dropped what the rings held and published their consumer
-                        // indices before it answered: start the rings afresh from there.
-                        if let (Ok(mut sq), Ok(mut rq)) = (v.sq.lock(), v.rq.lock()) {
-                            sq.prod = sq.ring.cons(&conn.region).load(Ordering::Acquire);
-                            rq.prod = rq.ring.cons(&conn.region).load(Ordering::Acquire);
-                            sq.publish(&conn.region);
-                            rq.publish(&conn.region);
-                        }
-                        // SAFETY: qp is ours and live.
-                        clean_cqs(unsafe { &*qp }, conn);
+        None => return Err(libc::EINVAL),
+    };
+    if mask & vrnic_wire::qp_attr::STATE == 0 {
+        qa.qp_state = state_from_c(v.state.load(Ordering::Acquire)).unwrap_or_default();
+    }
+    limits::check_qp_attr(mask, &qa)?;
+    // SAFETY: the QP's context outlives it.
+    let conn = &unsafe { context(v.qp.qp_base.context) }.conn;
+    match conn.call(&Request::ModifyQp {
+        qp: v.qp.qp_base.handle,
+        mask,
+        attr: Box::new(qa),
+    }) {
+        Ok(_) => {
+            if mask & vrnic_wire::qp_attr::STATE != 0 {
+                v.state.store(a.qp_state, Ordering::Release);
+                // SAFETY: `state` is a plain field apps read; we own the QP struct.
+                unsafe { (*qp).state = a.qp_state };
+                if a.qp_state == IBV_QPS_RESET {
+                    // The daemon dropped what the rings held and published their consumer
+                    // indices before it answered: start the rings afresh from there.
+                    if let (Ok(mut sq), Ok(mut rq)) = (v.sq.lock(), v.rq.lock()) {
+                        sq.prod = sq.ring.cons(&conn.region).load(Ordering::Acquire);
+                        rq.prod = rq.ring.cons(&conn.region).load(Ordering::Acquire);
+                        sq.publish(&conn.region);
+                        rq.publish(&conn.region);
                     }
+                    // SAFETY: qp is ours and live.
+                    clean_cqs(unsafe { &*qp }, conn);
                 }
-                0
             }
-            Err(e) => e,
+            Ok(())
         }
-    })
+        Err(e) => Err(e),
+    }
 }
 
 /// Removes `qp`'s completions from its CQs, once the daemon has answered its move to RESET
@@ -296,25 +303,26 @@ pub extern "C" fn vrnic_ibv_query_qp(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    guard(libc::EIO, || {
-        if qp.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: qp is ours and live.
-        let qpr = unsafe { &*qp };
-        let (ctx, h) = (qpr.context, qpr.handle);
-        // SAFETY: the QP's context outlives it.
-        let c = unsafe { context(ctx) };
-        if let Err(e) = c.conn.call(&Request::DestroyQp { qp: h }) {
-            return e;
-        }
-        clean_cqs(qpr, &c.conn);
-        if let Ok(mut m) = c.qps.lock() {
-            m.remove(&h);
-        }
-        c.conn.withdraw_events(QP_EVENTS, h);
-        // SAFETY: boxed by create_qp; the app gives it up now.
-        drop(unsafe { Box::from_raw(qp.cast::<VQp>()) });
-        0
-    })
+    guard(libc::EIO, || destroy_qp(qp).err().unwrap_or(0))
+}
+
+/// `ibv_destroy_qp`, for the driver's own callers.
+pub(crate) fn destroy_qp(qp: *mut ibv_qp) -> Result<(), c_int> {
+    if qp.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: qp is ours and live.
+    let qpr = unsafe { &*qp };
+    let (ctx, h) = (qpr.context, qpr.handle);
+    // SAFETY: the QP's context outlives it.
+    let c = unsafe { context(ctx) };
+    c.conn.call(&Request::DestroyQp { qp: h })?;
+    clean_cqs(qpr, &c.conn);
+    if let Ok(mut m) = c.qps.lock() {
+        m.remove(&h);
+    }
+    c.conn.withdraw_events(QP_EVENTS, h);
+    // SAFETY: boxed by create_qp; the app gives it up now.
+    drop(unsafe { Box::from_raw(qp.cast::<VQp>()) });
+    Ok(())
 }

@@ -23,57 +23,59 @@ use crate::parked::Parked;
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     guard(null_err(libc::EIO), || {
-        if dev.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: dev came from our device list (VDevice starts with ibv_device).
-        let info = unsafe { &(*dev.cast::<VDevice>()).info };
-        let conn = match Conn::open(info) {
-            Ok(c) => c,
-            Err(e) => return null_err(e),
-        };
-        // SAFETY: verbs_context is plain C data (fn pointers as Option, ints): zero is valid.
-        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        vctx.sz = std::mem::size_of::<verbs_context>();
-        vctx.query_port = Some(vrnic_query_port);
-        vctx.query_device_ex = Some(vrnic_query_device_ex);
-        vctx.create_srq_ex = Some(super::srq::vrnic_create_srq_ex);
-        vctx.create_qp_ex = Some(super::ex::vrnic_create_qp_ex);
-        vctx.open_xrcd = Some(super::xrc::vrnic_open_xrcd);
-        vctx.close_xrcd = Some(super::xrc::vrnic_close_xrcd);
-        vctx.get_srq_num = Some(super::srq::vrnic_get_srq_num);
-        vctx.create_cq_ex = Some(super::ex::vrnic_create_cq_ex);
-        vctx.alloc_dm = Some(super::dm::vrnic_alloc_dm);
-        vctx.free_dm = Some(super::dm::vrnic_free_dm);
-        vctx.reg_dm_mr = Some(super::dm::vrnic_reg_dm_mr);
-        vctx.query_rt_values = Some(super::ex::vrnic_query_rt_values);
-        vctx.context.device = dev;
-        vctx.context.cmd_fd = conn.fd();
-        vctx.context.async_fd = conn.async_q.efd.fd();
-        vctx.context.num_comp_vectors = limits::COMP_VECTORS;
-        vctx.context.abi_compat = usize::MAX as *mut c_void;
-        let ops = &mut vctx.context.ops;
-        ops.poll_cq = Some(vrnic_poll_cq);
-        ops.req_notify_cq = Some(vrnic_req_notify_cq);
-        ops.post_send = Some(vrnic_post_send);
-        ops.post_recv = Some(vrnic_post_recv);
-        ops.post_srq_recv = Some(super::srq::vrnic_post_srq_recv);
-        ops.alloc_mw = Some(super::mw::vrnic_alloc_mw);
-        ops.dealloc_mw = Some(super::mw::vrnic_dealloc_mw);
-        ops.bind_mw = Some(super::mw::vrnic_bind_mw);
-        let b = Box::new(VContext {
-            vctx,
-            conn,
-            qps: Mutex::new(HashMap::new()),
-            cqs: Mutex::new(HashMap::new()),
-            srqs: Mutex::new(HashMap::new()),
-            mrs: Mutex::new(Default::default()),
-            parked: Mutex::new(Parked::default()),
-        });
-        let p = Box::into_raw(b);
-        // SAFETY: p is a live VContext we just leaked; `context` is its embedded ibv_context.
-        unsafe { &raw mut (*p).vctx.context }
+        open_device(dev).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_open_device`, for the driver's own callers (the connection manager).
+pub(crate) fn open_device(dev: *mut ibv_device) -> Result<*mut ibv_context, c_int> {
+    if dev.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: dev came from our device list (VDevice starts with ibv_device).
+    let info = unsafe { &(*dev.cast::<VDevice>()).info };
+    let conn = Conn::open(info)?;
+    // SAFETY: verbs_context is plain C data (fn pointers as Option, ints): zero is valid.
+    let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+    vctx.sz = std::mem::size_of::<verbs_context>();
+    vctx.query_port = Some(vrnic_query_port);
+    vctx.query_device_ex = Some(vrnic_query_device_ex);
+    vctx.create_srq_ex = Some(super::srq::vrnic_create_srq_ex);
+    vctx.create_qp_ex = Some(super::ex::vrnic_create_qp_ex);
+    vctx.open_xrcd = Some(super::xrc::vrnic_open_xrcd);
+    vctx.close_xrcd = Some(super::xrc::vrnic_close_xrcd);
+    vctx.get_srq_num = Some(super::srq::vrnic_get_srq_num);
+    vctx.create_cq_ex = Some(super::ex::vrnic_create_cq_ex);
+    vctx.alloc_dm = Some(super::dm::vrnic_alloc_dm);
+    vctx.free_dm = Some(super::dm::vrnic_free_dm);
+    vctx.reg_dm_mr = Some(super::dm::vrnic_reg_dm_mr);
+    vctx.query_rt_values = Some(super::ex::vrnic_query_rt_values);
+    vctx.context.device = dev;
+    vctx.context.cmd_fd = conn.fd();
+    vctx.context.async_fd = conn.async_q.efd.fd();
+    vctx.context.num_comp_vectors = limits::COMP_VECTORS;
+    vctx.context.abi_compat = usize::MAX as *mut c_void;
+    let ops = &mut vctx.context.ops;
+    ops.poll_cq = Some(vrnic_poll_cq);
+    ops.req_notify_cq = Some(vrnic_req_notify_cq);
+    ops.post_send = Some(vrnic_post_send);
+    ops.post_recv = Some(vrnic_post_recv);
+    ops.post_srq_recv = Some(super::srq::vrnic_post_srq_recv);
+    ops.alloc_mw = Some(super::mw::vrnic_alloc_mw);
+    ops.dealloc_mw = Some(super::mw::vrnic_dealloc_mw);
+    ops.bind_mw = Some(super::mw::vrnic_bind_mw);
+    let b = Box::new(VContext {
+        vctx,
+        conn,
+        qps: Mutex::new(HashMap::new()),
+        cqs: Mutex::new(HashMap::new()),
+        srqs: Mutex::new(HashMap::new()),
+        mrs: Mutex::new(Default::default()),
+        parked: Mutex::new(Parked::default()),
+    });
+    let p = Box::into_raw(b);
+    // SAFETY: p is a live VContext we just leaked; `context` is its embedded ibv_context.
+    Ok(unsafe { &raw mut (*p).vctx.context })
 }
 
 #[unsafe(no_mangle)]

@@ -96,7 +96,10 @@ pub extern "C" fn vrnic_close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
 
 /// `ibv_create_qp_ex` for `IBV_QPT_XRC_SEND` (a PD and a send CQ, no receive side) and
 /// `IBV_QPT_XRC_RECV` (an XRC domain, no PD, CQs or queues).
-pub(crate) fn create_qp(ctx: *mut ibv_context, x: &mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+pub(crate) fn create_qp(
+    ctx: *mut ibv_context,
+    x: &mut ibv_qp_init_attr_ex,
+) -> Result<*mut ibv_qp, c_int> {
     // SAFETY: plain C data; zero is valid.
     let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
     ia.qp_context = x.qp_context;
@@ -106,7 +109,7 @@ pub(crate) fn create_qp(ctx: *mut ibv_context, x: &mut ibv_qp_init_attr_ex) -> *
     let c = unsafe { context(ctx) };
     if x.qp_type == IBV_QPT_XRC_RECV {
         if x.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 || x.xrcd.is_null() {
-            return null_err(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         // SAFETY: a non-NULL XRC domain in the app's attributes is ours, open.
         let xrcd = unsafe { xrcd_handle(x.xrcd) };
@@ -125,7 +128,7 @@ pub(crate) fn create_qp(ctx: *mut ibv_context, x: &mut ibv_qp_init_attr_ex) -> *
         return qp;
     }
     if x.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || x.pd.is_null() || x.send_cq.is_null() {
-        return null_err(libc::EINVAL);
+        return Err(libc::EINVAL);
     }
     let cap = vrnic_wire::QpCap {
         max_send_wr: x.cap.max_send_wr,
@@ -134,9 +137,7 @@ pub(crate) fn create_qp(ctx: *mut ibv_context, x: &mut ibv_qp_init_attr_ex) -> *
         max_recv_sge: 0,
         max_inline_data: x.cap.max_inline_data,
     };
-    if let Err(e) = crate::limits::check_qp_cap(&c.conn.info, &cap) {
-        return null_err(e);
-    }
+    crate::limits::check_qp_cap(&c.conn.info, &cap)?;
     ia.send_cq = x.send_cq;
     ia.cap = x.cap;
     // SAFETY: the PD named in the app's attributes is ours and live.
