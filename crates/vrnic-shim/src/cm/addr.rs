@@ -4,8 +4,6 @@
 
 use super::*;
 
-// ---- addresses -------------------------------------------------------------------------------
-
 /// Reads a `sockaddr` (IPv4 or IPv6).
 pub(super) unsafe fn sockaddr_in(sa: *const libc::sockaddr) -> Result<SocketAddr, i32> {
     if sa.is_null() {

@@ -4,8 +4,6 @@
 
 use super::*;
 
-// ---- channels --------------------------------------------------------------------------------
-
 /// The lowest fd number an event channel gets: three quarters of the way to the process's fd
 /// limit (at most `FD_SETSIZE`, 1024), above the fds an app opens itself.
 ///

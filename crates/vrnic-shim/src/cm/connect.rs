@@ -5,8 +5,6 @@
 
 use super::*;
 
-// ---- connecting ------------------------------------------------------------------------------
-
 pub(super) fn param_from(p: *const rdma_conn_param, v: &VId) -> CmParam {
     let mut out = CmParam {
         responder_resources: 1,

@@ -5,8 +5,6 @@
 
 use super::*;
 
-// ---- addresses and devices -------------------------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
     port_of(id, true)

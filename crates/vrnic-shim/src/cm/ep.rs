@@ -4,8 +4,6 @@
 
 use super::*;
 
-// ---- the synchronous endpoint API --------------------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_get_request(
     listen: *mut rdma_cm_id,

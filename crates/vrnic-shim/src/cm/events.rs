@@ -5,8 +5,6 @@
 
 use super::*;
 
-// ---- events ----------------------------------------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_get_cm_event(
     chan: *mut rdma_event_channel,

@@ -4,8 +4,6 @@
 
 use super::*;
 
-// ---- rdma_getaddrinfo ------------------------------------------------------------------------
-
 /// `getaddrinfo` hints for an `rdma_addrinfo`'s, as librdmacm's `ucma_convert_to_ai`: the
 /// passive and numeric-host flags, the family (but `AF_IB`), the socket type of the QP type and
 /// the protocol of the port space.

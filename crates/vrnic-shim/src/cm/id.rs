@@ -5,8 +5,6 @@
 
 use super::*;
 
-// ---- ids -------------------------------------------------------------------------------------
-
 pub(super) fn new_id(
     handle: u32,
     chan: *mut rdma_event_channel,

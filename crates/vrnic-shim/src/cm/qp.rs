@@ -6,8 +6,6 @@
 
 use super::*;
 
-// ---- QPs on ids --------------------------------------------------------------------------------
-
 pub(super) fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Result<(), i32> {
     crate::ffi::qp::modify_qp(qp, a, mask)
 }

@@ -5,8 +5,6 @@
 
 use super::*;
 
-// ---- SRQs on ids, and what is not supported ---------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_rdma_create_srq(
     id: *mut rdma_cm_id,

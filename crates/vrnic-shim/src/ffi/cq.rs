@@ -18,8 +18,6 @@ use crate::client::{Channel, CompQueue};
 use crate::limits;
 use crate::sys;
 
-// ---- completion channels and CQs -------------------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
     guard(null_err(libc::EIO), || {

@@ -15,8 +15,6 @@ use crate::abi::*;
 use crate::client::{self, Conn, Device};
 use crate::limits;
 
-// ---- devices ---------------------------------------------------------------------------------
-
 static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 pub(crate) fn device_for(d: Device) -> *mut ibv_device {

@@ -10,8 +10,6 @@ use std::sync::Mutex;
 use super::objects::{CQ_EVENTS, QP_EVENTS, SRQ_EVENTS, context, guard, minus_one};
 use crate::abi::*;
 
-// ---- async events ----------------------------------------------------------------------------
-
 /// The object (as its address) an async event names by handle, or 0 if it is gone.
 fn object(table: &Mutex<HashMap<u32, usize>>, handle: u32) -> usize {
     table

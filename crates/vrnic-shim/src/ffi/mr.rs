@@ -17,8 +17,6 @@ use crate::maps;
 use crate::parked::{self, Parked};
 use crate::sys::{self, set_errno};
 
-// ---- protection domains and memory regions ---------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     guard(null_err(libc::EIO), || {

@@ -15,8 +15,6 @@ use crate::abi::*;
 use crate::client::{Conn, vlog};
 use crate::limits;
 
-// ---- queue pairs ----------------------------------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     guard(null_err(libc::EIO), || {

@@ -18,8 +18,6 @@ use crate::client::Conn;
 use crate::limits;
 use crate::parked::Parked;
 
-// ---- contexts --------------------------------------------------------------------------------
-
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     guard(null_err(libc::EIO), || {

@@ -9,8 +9,6 @@ use super::objects::{guard, null_err};
 use crate::abi::*;
 use crate::sys;
 
-// ---- calls this device does not support ------------------------------------------------------
-
 /// `enum ibv_fork_status`: `IBV_FORK_UNNEEDED`.
 const IBV_FORK_UNNEEDED: c_int = 2;
 
