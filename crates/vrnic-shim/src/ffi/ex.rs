@@ -111,7 +111,7 @@ pub extern "C" fn vrnic_create_qp_ex(
             return null_err(libc::EOPNOTSUPP);
         }
         if matches!(x.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
-            let qp = match super::xrc::create_qp(ctx, x) {
+            let qp = match super::qp::create_xrc_qp(ctx, x) {
                 Ok(qp) => qp,
                 Err(e) => return null_err(e),
             };

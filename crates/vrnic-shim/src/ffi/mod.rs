@@ -14,10 +14,10 @@
 //! - the verb families, one file each: `device` (device list, query verbs), `mr` (PDs and
 //!   MRs), `cq` (completion channels, CQs, `poll_cq`, `req_notify_cq`), `qp` (the QP control
 //!   path), `post` (`post_send`, `post_recv`), `events` (async events), `srq`, `ah`, `mw`,
-//!   `xrc`, `resize`, `unsupported`, and, built on the plain verbs they extend, `ex` (on `qp`,
-//!   `cq` and `xrc`) and `dm` (on `mr`); `qp` makes XRC send QPs through `xrc`. No other
-//!   family names another: where one verb posts through another (`ibv_bind_mw` posts a work
-//!   request), it goes through the QP's ops table, as the C inlines do.
+//!   `xrc`, `resize`, `unsupported`, and, built on the plain verbs they extend, `ex` (on `qp`
+//!   and `cq`) and `dm` (on `mr`). No other family names another: where one verb posts
+//!   through another (`ibv_bind_mw` posts a work request), it goes through the QP's ops table,
+//!   as the C inlines do.
 //! - `table`: `ibv_open_device`, which fills a context's ops tables and so names every family,
 //!   and `ibv_close_device`.
 //!

@@ -1,5 +1,6 @@
-//! Queue pairs' control path: `ibv_create_qp`, `ibv_modify_qp`, `ibv_query_qp`,
-//! `ibv_destroy_qp`, and the QP attributes between their C and wire forms.
+//! Queue pairs' control path: `ibv_create_qp` (and the two XRC QP types, for
+//! `ibv_create_qp_ex`), `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_qp`, and the QP
+//! attributes between their C and wire forms.
 #![allow(unsafe_code)]
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
@@ -10,7 +11,9 @@ use std::sync::atomic::Ordering;
 use vrnic_api::{Reply, Request};
 use vrnic_wire::{QpAttr, QpCap, QpState, QpType};
 
-use super::objects::{QP_EVENTS, VCq, VQp, ah_from_c, ah_to_c, context, guard, make_qp, null_err};
+use super::objects::{
+    QP_EVENTS, VCq, VQp, ah_from_c, ah_to_c, context, guard, make_qp, null_err, xrcd_handle,
+};
 use crate::abi::*;
 use crate::client::{Conn, vlog};
 use crate::limits;
@@ -44,7 +47,7 @@ pub(crate) fn create_qp(
         x.comp_mask = IBV_QP_INIT_ATTR_PD;
         x.pd = pd;
         // SAFETY: pd is ours and live.
-        let qp = super::xrc::create_qp(unsafe { &*pd }.context, &mut x);
+        let qp = create_xrc_qp(unsafe { &*pd }.context, &mut x);
         ia.cap = x.cap;
         return qp;
     }
@@ -323,4 +326,69 @@ pub(crate) fn destroy_qp(qp: *mut ibv_qp) -> Result<(), c_int> {
     // SAFETY: boxed by create_qp; the app gives it up now.
     drop(unsafe { Box::from_raw(qp.cast::<VQp>()) });
     Ok(())
+}
+
+/// `ibv_create_qp_ex` for `IBV_QPT_XRC_SEND` (a PD and a send CQ, no receive side) and
+/// `IBV_QPT_XRC_RECV` (an XRC domain, no PD, CQs or queues).
+pub(crate) fn create_xrc_qp(
+    ctx: *mut ibv_context,
+    x: &mut ibv_qp_init_attr_ex,
+) -> Result<*mut ibv_qp, c_int> {
+    // SAFETY: plain C data; zero is valid.
+    let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    ia.qp_context = x.qp_context;
+    ia.qp_type = x.qp_type;
+    ia.sq_sig_all = x.sq_sig_all;
+    // SAFETY: ctx is ours.
+    let c = unsafe { context(ctx) };
+    if x.qp_type == IBV_QPT_XRC_RECV {
+        if x.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 || x.xrcd.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a non-NULL XRC domain in the app's attributes is ours, open.
+        let xrcd = unsafe { xrcd_handle(x.xrcd) };
+        let req = Request::CreateQp {
+            pd: 0,
+            send_cq: 0,
+            recv_cq: 0,
+            qp_type: QpType::XrcRecv,
+            cap: Default::default(),
+            sq_sig_all: false,
+            srq: None,
+            xrcd: Some(xrcd),
+        };
+        let qp = make_qp(ctx, std::ptr::null_mut(), &mut ia, &req);
+        x.cap = ia.cap;
+        return qp;
+    }
+    if x.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || x.pd.is_null() || x.send_cq.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let cap = vrnic_wire::QpCap {
+        max_send_wr: x.cap.max_send_wr,
+        max_recv_wr: 0,
+        max_send_sge: x.cap.max_send_sge,
+        max_recv_sge: 0,
+        max_inline_data: x.cap.max_inline_data,
+    };
+    crate::limits::check_qp_cap(&c.conn.info, &cap)?;
+    ia.send_cq = x.send_cq;
+    ia.cap = x.cap;
+    // SAFETY: the PD named in the app's attributes is ours and live.
+    let pdh = unsafe { (*x.pd).handle };
+    // SAFETY: so is its send CQ.
+    let scq = unsafe { (*x.send_cq).handle };
+    let req = Request::CreateQp {
+        pd: pdh,
+        send_cq: scq,
+        recv_cq: scq,
+        qp_type: QpType::XrcSend,
+        cap,
+        sq_sig_all: x.sq_sig_all != 0,
+        srq: None,
+        xrcd: None,
+    };
+    let qp = make_qp(ctx, x.pd, &mut ia, &req);
+    x.cap = ia.cap;
+    qp
 }
