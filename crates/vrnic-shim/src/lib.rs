@@ -16,30 +16,22 @@
 //! device (the notifier), not at load time.
 //!
 //! Layout: [`abi`] and [`cm_abi`] mirror the C structs of libibverbs and librdmacm; `ffi`
-//! holds the core `extern "C"` verbs (devices, PD, MR, CQ, QP, post/poll), `srq`, `ah` and `ex`
-//! the SRQ, address-handle and extended (`ibv_wr_*`, `ibv_cq_ex`) verbs, `resize`, `mw` and
-//! `dm` `ibv_resize_cq`, memory windows and device memory, `cm` the `rdma_*`
-//! connection manager; `symbols` gives them rdma-core's symbol versions; [`client`] is the safe
-//! core over `vrnic-shm`.
+//! holds every `extern "C"` verb, by family (devices, PD/MR, CQ, QP, post, events, SRQ, AH,
+//! extended verbs, memory windows, device memory, XRC), over its objects and under the
+//! ops-table fill; `cm` the `rdma_*` connection manager; `symbols` gives them rdma-core's
+//! symbol versions; [`client`] is the safe core over `vrnic-shm`.
 #![deny(unsafe_code)]
 
 pub mod abi;
-mod ah;
 pub mod client;
 mod cm;
 pub mod cm_abi;
 mod cq_events;
-mod dm;
-mod ex;
 mod ffi;
 mod limits;
 mod maps;
-mod mw;
 mod parked;
-mod resize;
-mod srq;
 mod symbols;
 mod sys;
-mod xrc;
 
 pub use symbols::EXPORTS;

@@ -30,6 +30,16 @@ pub const DEVICE_CAP_FLAGS: u32 = crate::abi::IBV_DEVICE_RC_RNR_NAK_GEN
 /// daemon's broker), and the port reports the system image GUID.
 pub const PORT_CAP_FLAGS: u32 =
     crate::abi::IBV_PORT_CM_SUP | crate::abi::IBV_PORT_SYS_IMAGE_GUID_SUP;
+/// The device capability bits that memory windows earn in `ibv_query_device`.
+pub const MW_CAP_FLAGS: u32 =
+    crate::abi::IBV_DEVICE_MEM_WINDOW | crate::abi::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+
+/// `max_mw`: windows per vRNIC (the engine's `MAX_MW`).
+pub const MAX_MW: i32 = 65536;
+
+/// `max_dm_size` reported by `ibv_query_device_ex`: the largest allocation.
+pub const MAX_DM_SIZE: u64 = 4 << 20;
+
 /// `subnet_timeout` (4.096 us * 2^18, about 1 s: what subnet managers commonly assign).
 pub const SUBNET_TIMEOUT: u8 = 18;
 

@@ -12,8 +12,8 @@ use std::ffi::c_int;
 
 use vrnic_api::{Reply, Request};
 
+use super::objects::{ah_from_c, context, guard, minus_one, null_err};
 use crate::abi::*;
-use crate::ffi::{ah_from_c, context, guard, minus_one, null_err};
 
 #[repr(C)]
 struct VAh {

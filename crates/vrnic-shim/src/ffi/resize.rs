@@ -10,8 +10,8 @@ use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
 use vrnic_wire::CQ_SLOT;
 
+use super::objects::{VCq, context, guard};
 use crate::abi::*;
-use crate::ffi::{VCq, context, guard};
 
 /// `ibv_resize_cq`: `cqe` in `1..=max_cqe` and not below the completions waiting to be
 /// polled, else `EINVAL` (as rxe; the daemon checks both again). On success `cq->cqe` is the

@@ -18,9 +18,9 @@ use vrnic_api::{Reply, Request};
 use vrnic_shm::Ring;
 use vrnic_wire::RQ_SLOT;
 
+use super::objects::{context, fail_at, guard, null_err, post_recv_list, xrcd_handle};
 use crate::abi::*;
 use crate::client::WorkQueue;
-use crate::ffi::{context, fail_at, guard, null_err, post_recv_list};
 
 /// An SRQ: `ibv_srq` first (container_of), then its ring.
 #[repr(C)]
@@ -38,14 +38,10 @@ fn create(
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
     xrc: Option<(u32, u32)>,
-) -> *mut ibv_srq {
+) -> Result<*mut ibv_srq, c_int> {
     // SAFETY: ctx is ours (the PD's context).
     let c = unsafe { context(ctx) };
-    if let Err(e) =
-        crate::limits::check_srq(&c.conn.info, attr.max_wr, attr.max_sge, attr.srq_limit)
-    {
-        return null_err(e);
-    }
+    crate::limits::check_srq(&c.conn.info, attr.max_wr, attr.max_sge, attr.srq_limit)?;
     // SAFETY: pd is ours and live.
     let pdh = unsafe { (*pd).handle };
     let req = Request::CreateSrq {
@@ -63,12 +59,12 @@ fn create(
             bell,
             srqn,
         }) => (srq, ring, depth, bell, srqn),
-        Ok(_) => return null_err(libc::EPROTO),
-        Err(e) => return null_err(e),
+        Ok(_) => return Err(libc::EPROTO),
+        Err(e) => return Err(e),
     };
     let Ok(ring) = Ring::new(&c.conn.region, ring, depth, RQ_SLOT) else {
         let _ = c.conn.call(&Request::DestroySrq { srq: h });
-        return null_err(libc::EPROTO);
+        return Err(libc::EPROTO);
     };
     attr.max_sge = attr.max_sge.max(1);
     // SAFETY: plain C data plus pthread objects (all-zero is their initializer in glibc).
@@ -86,7 +82,7 @@ fn create(
     if let Ok(mut m) = c.srqs.lock() {
         m.insert(h, p as usize);
     }
-    p.cast()
+    Ok(p.cast())
 }
 
 #[unsafe(no_mangle)]
@@ -95,15 +91,23 @@ pub extern "C" fn vrnic_ibv_create_srq(
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
     guard(null_err(libc::EIO), || {
-        if pd.is_null() || init.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: init is caller-owned.
-        let ia = unsafe { &mut *init };
-        // SAFETY: pd is ours and live.
-        let ctx = unsafe { &*pd }.context;
-        create(ctx, pd, ia.srq_context, &mut ia.attr, None)
+        create_srq(pd, init).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_create_srq`, for the driver's own callers.
+pub(crate) fn create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> Result<*mut ibv_srq, c_int> {
+    if pd.is_null() || init.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: init is caller-owned.
+    let ia = unsafe { &mut *init };
+    // SAFETY: pd is ours and live.
+    let ctx = unsafe { &*pd }.context;
+    create(ctx, pd, ia.srq_context, &mut ia.attr, None)
 }
 
 /// `verbs_context.create_srq_ex` (the `ibv_create_srq_ex` inline).
@@ -112,45 +116,52 @@ pub extern "C" fn vrnic_create_srq_ex(
     init: *mut ibv_srq_init_attr_ex,
 ) -> *mut ibv_srq {
     guard(null_err(libc::EIO), || {
-        if ctx.is_null() || init.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: init is caller-owned.
-        let ia = unsafe { &mut *init };
-        let known = IBV_SRQ_INIT_ATTR_TYPE
-            | IBV_SRQ_INIT_ATTR_PD
-            | IBV_SRQ_INIT_ATTR_XRCD
-            | IBV_SRQ_INIT_ATTR_CQ
-            | IBV_SRQ_INIT_ATTR_TM;
-        if ia.comp_mask & !known != 0 || ia.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || ia.pd.is_null()
-        {
-            return null_err(libc::EINVAL);
-        }
-        let ty = if ia.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 {
-            ia.srq_type
-        } else {
-            IBV_SRQT_BASIC
-        };
-        let xrc = match ty {
-            IBV_SRQT_BASIC => None,
-            IBV_SRQT_XRC => {
-                // An XRC SRQ names its domain and its CQ (rdma-core's `ibv_cmd_create_srq_ex`).
-                let need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-                if ia.comp_mask & need != need || ia.xrcd.is_null() || ia.cq.is_null() {
-                    return null_err(libc::EINVAL);
-                }
-                // SAFETY: a non-NULL XRC domain and CQ in the app's attributes are ours, live.
-                let x = unsafe { crate::xrc::handle(ia.xrcd) };
-                // SAFETY: as above.
-                Some((x, unsafe { (*ia.cq).handle }))
-            }
-            _ => return null_err(libc::EOPNOTSUPP),
-        };
-        if ia.comp_mask & IBV_SRQ_INIT_ATTR_TM != 0 {
-            return null_err(libc::EOPNOTSUPP);
-        }
-        create(ctx, ia.pd, ia.srq_context, &mut ia.attr, xrc)
+        create_srq_ex(ctx, init).unwrap_or_else(null_err)
     })
+}
+
+/// `ibv_create_srq_ex`, for the driver's own callers.
+pub(crate) fn create_srq_ex(
+    ctx: *mut ibv_context,
+    init: *mut ibv_srq_init_attr_ex,
+) -> Result<*mut ibv_srq, c_int> {
+    if ctx.is_null() || init.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: init is caller-owned.
+    let ia = unsafe { &mut *init };
+    let known = IBV_SRQ_INIT_ATTR_TYPE
+        | IBV_SRQ_INIT_ATTR_PD
+        | IBV_SRQ_INIT_ATTR_XRCD
+        | IBV_SRQ_INIT_ATTR_CQ
+        | IBV_SRQ_INIT_ATTR_TM;
+    if ia.comp_mask & !known != 0 || ia.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || ia.pd.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let ty = if ia.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 {
+        ia.srq_type
+    } else {
+        IBV_SRQT_BASIC
+    };
+    let xrc = match ty {
+        IBV_SRQT_BASIC => None,
+        IBV_SRQT_XRC => {
+            // An XRC SRQ names its domain and its CQ (rdma-core's `ibv_cmd_create_srq_ex`).
+            let need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+            if ia.comp_mask & need != need || ia.xrcd.is_null() || ia.cq.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: a non-NULL XRC domain and CQ in the app's attributes are ours, live.
+            let x = unsafe { xrcd_handle(ia.xrcd) };
+            // SAFETY: as above.
+            Some((x, unsafe { (*ia.cq).handle }))
+        }
+        _ => return Err(libc::EOPNOTSUPP),
+    };
+    if ia.comp_mask & IBV_SRQ_INIT_ATTR_TM != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    create(ctx, ia.pd, ia.srq_context, &mut ia.attr, xrc)
 }
 
 #[unsafe(no_mangle)]
@@ -240,26 +251,27 @@ pub extern "C" fn vrnic_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr
 
 #[unsafe(no_mangle)]
 pub extern "C" fn vrnic_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    guard(libc::EIO, || {
-        if srq.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: srq is ours and live.
-        let s = unsafe { &*srq };
-        let (ctx, h) = (s.context, s.handle);
-        // SAFETY: the SRQ's context outlives it.
-        let c = unsafe { context(ctx) };
-        if let Err(e) = c.conn.call(&Request::DestroySrq { srq: h }) {
-            return e;
-        }
-        if let Ok(mut m) = c.srqs.lock() {
-            m.remove(&h);
-        }
-        c.conn.withdraw_events(crate::ffi::SRQ_EVENTS, h);
-        // SAFETY: boxed by create; the app gives it up now.
-        drop(unsafe { Box::from_raw(srq.cast::<VSrq>()) });
-        0
-    })
+    guard(libc::EIO, || destroy_srq(srq).err().unwrap_or(0))
+}
+
+/// `ibv_destroy_srq`, for the driver's own callers.
+pub(crate) fn destroy_srq(srq: *mut ibv_srq) -> Result<(), c_int> {
+    if srq.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: srq is ours and live.
+    let s = unsafe { &*srq };
+    let (ctx, h) = (s.context, s.handle);
+    // SAFETY: the SRQ's context outlives it.
+    let c = unsafe { context(ctx) };
+    c.conn.call(&Request::DestroySrq { srq: h })?;
+    if let Ok(mut m) = c.srqs.lock() {
+        m.remove(&h);
+    }
+    c.conn.withdraw_events(super::objects::SRQ_EVENTS, h);
+    // SAFETY: boxed by create; the app gives it up now.
+    drop(unsafe { Box::from_raw(srq.cast::<VSrq>()) });
+    Ok(())
 }
 
 /// `ibv_context_ops.post_srq_recv`: receive WQEs into the SRQ's ring, as `post_recv` does

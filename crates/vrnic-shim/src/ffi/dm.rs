@@ -12,18 +12,13 @@
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
-use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use vrnic_wire::access;
 
+use super::objects::{VMr, guard, null_err};
 use crate::abi::*;
-use crate::ffi::{guard, null_err};
-
-/// `max_dm_size` reported by `ibv_query_device_ex`: the largest allocation.
-pub const MAX_DM_SIZE: u64 = 4 << 20;
 
 /// Alignment of every allocation (a page, so registrations map whole pages).
 const ALIGN: usize = 4096;
@@ -39,9 +34,6 @@ struct VDm {
     mrs: AtomicU32,
 }
 
-/// DM MRs (`*mut ibv_mr` address) -> their `VDm` (address), to count deregistrations.
-static DM_MRS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
-
 /// `verbs_context.alloc_dm`: `length` in `1..=max_dm_size`, no comp_mask bits, an alignment
 /// up to a page: else `EINVAL`.
 pub extern "C" fn vrnic_alloc_dm(
@@ -56,7 +48,7 @@ pub extern "C" fn vrnic_alloc_dm(
         let a = unsafe { attr.read() };
         if a.comp_mask != 0
             || a.length == 0
-            || a.length as u64 > MAX_DM_SIZE
+            || a.length as u64 > crate::limits::MAX_DM_SIZE
             || a.log_align_req > ALIGN.trailing_zeros()
         {
             return null_err(libc::EINVAL);
@@ -184,35 +176,19 @@ pub extern "C" fn vrnic_reg_dm_mr(
         };
         // A registration of the DM's buffer whose addresses start at 0.
         let mr =
-            crate::ffi::vrnic_ibv_reg_mr_iova2(pd, at.cast(), len, 0, acc & !access::ZERO_BASED);
+            super::mr::vrnic_ibv_reg_mr_iova2(pd, at.cast(), len, 0, acc & !access::ZERO_BASED);
         if mr.is_null() {
             return mr;
         }
         // SAFETY: dm is a live VDm (range checked it is not NULL).
-        unsafe { &*dm.cast::<VDm>() }
-            .mrs
-            .fetch_add(1, Ordering::AcqRel);
-        // As rdma-core's ibv_cmd_reg_dm_mr: the MR's address is its offset in the DM.
-        // SAFETY: mr was just made by us; the app has not seen it yet.
-        unsafe { (*mr).addr = off as usize as *mut c_void };
-        if let Ok(mut m) = DM_MRS.lock() {
-            m.get_or_insert_with(HashMap::new)
-                .insert(mr as usize, dm as usize);
-        }
+        let counted = unsafe { &*dm.cast::<VDm>() };
+        counted.mrs.fetch_add(1, Ordering::AcqRel);
+        // As rdma-core's ibv_cmd_reg_dm_mr: the MR's address is its offset in the DM; and the
+        // MR counts against the DM until it goes (`ibv_dereg_mr`).
+        // SAFETY: mr was just made by us (a VMr); the app has not seen it yet.
+        let v = unsafe { &mut *mr.cast::<VMr>() };
+        v.mr.addr = off as usize as *mut c_void;
+        v.dm_mrs = &raw const counted.mrs;
         mr
     })
-}
-
-/// An MR was deregistered: if it was over device memory, that DM has one MR fewer.
-pub(crate) fn mr_gone(mr: usize) {
-    let dm = DM_MRS
-        .lock()
-        .ok()
-        .and_then(|mut m| m.as_mut().and_then(|m| m.remove(&mr)));
-    if let Some(dm) = dm {
-        // SAFETY: a DM with MRs over it cannot be freed, so it is live.
-        unsafe { &*(dm as *const VDm) }
-            .mrs
-            .fetch_sub(1, Ordering::AcqRel);
-    }
 }

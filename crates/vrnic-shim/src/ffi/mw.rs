@@ -1,7 +1,8 @@
 //! Memory windows: `ibv_alloc_mw`/`ibv_dealloc_mw` (the `alloc_mw`/`dealloc_mw` ops behind
 //! the verbs.h inlines, remoted to the daemon), `ibv_bind_mw` (the `bind_mw` op: a type 1
-//! bind posted as an `IBV_WR_BIND_MW` work request, as rxe's provider does), and the fields a
-//! bind work request carries in its WQE, for `ibv_post_send` and `ibv_wr_bind_mw` alike.
+//! bind posted as an `IBV_WR_BIND_MW` work request, as rxe's provider does, through the QP's
+//! ops table as `ibv_post_send` posts). The fields a bind work request carries in its WQE, for
+//! `ibv_post_send` and `ibv_wr_bind_mw` alike, are `objects::bind_fields`.
 //!
 //! The engine executes the bind when the work request reaches the head of the send queue and
 //! checks everything again (the window's owner, its MR, the range, the access, the key): what
@@ -12,57 +13,13 @@
 use std::ffi::{c_int, c_uint};
 
 use vrnic_api::{Reply, Request};
-use vrnic_wire::access;
 
+use super::objects::{context, guard, null_err};
 use crate::abi::*;
-use crate::ffi::{context, guard, null_err};
-
-/// The device capability bits that memory windows earn in `ibv_query_device`.
-pub const CAP_FLAGS: c_uint = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
-
-/// `max_mw`: windows per vRNIC (the engine's `MAX_MW`).
-pub const MAX_MW: c_int = 65536;
 
 /// `ibv_inc_rkey`: the next consumer key of a window (the low 8 bits), as verbs.h computes it.
 fn inc_rkey(rkey: u32) -> u32 {
     (rkey & 0xffff_ff00) | (rkey.wrapping_add(1) & 0xff)
-}
-
-/// The WQE fields of a bind of `mw` under the new key `rkey` to `info`: `(remote_addr,
-/// rkey, imm_data = access, compare_add = length, swap = window handle << 32 | MR lkey)`
-/// (see `vrnic_wire::SendOpcode::BindMw`). `EINVAL` for no window or binding, a range
-/// without an MR, or a zero-based window (rxe's provider refuses those at the call).
-pub(crate) fn bind_fields(
-    mw: *const ibv_mw,
-    rkey: u32,
-    info: *const ibv_mw_bind_info,
-) -> Result<(u64, u32, u32, u64, u64), c_int> {
-    if mw.is_null() || info.is_null() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: a non-NULL window in a work request is one of ours, live (verbs contract).
-    let handle = unsafe { (*mw).handle };
-    // SAFETY: info points to the app's binding, readable for this call.
-    let b = unsafe { info.read() };
-    if b.mw_access_flags & access::ZERO_BASED != 0 {
-        return Err(libc::EINVAL);
-    }
-    let lkey = if b.mr.is_null() {
-        if b.addr != 0 || b.length != 0 {
-            return Err(libc::EINVAL);
-        }
-        0
-    } else {
-        // SAFETY: a non-NULL MR in a binding is one of ours, live.
-        unsafe { (*b.mr).lkey }
-    };
-    Ok((
-        b.addr,
-        rkey,
-        b.mw_access_flags,
-        b.length,
-        u64::from(handle) << 32 | u64::from(lkey),
-    ))
 }
 
 /// `ibv_context_ops.alloc_mw`: a window of `ty` (`IBV_MW_TYPE_1` or `_2`) in `pd`.
@@ -141,7 +98,16 @@ pub extern "C" fn vrnic_bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv
             bind_info: b.bind_info,
         };
         let mut bad = std::ptr::null_mut();
-        let rc = crate::ffi::vrnic_post_send(qp, &raw mut wr, &raw mut bad);
+        // Posted as `ibv_post_send` posts, through the QP's context's ops table.
+        // SAFETY: qp is ours and live.
+        let ctx = unsafe { (*qp).context };
+        // SAFETY: the QP's context is ours and outlives it.
+        let Some(post_send) = (unsafe { (*ctx).ops.post_send }) else {
+            return libc::EIO;
+        };
+        // SAFETY: our own post_send (the table of our contexts names it), with a live QP and a
+        // one-entry list on this stack.
+        let rc = unsafe { post_send(qp, &raw mut wr, &raw mut bad) };
         if rc == 0 {
             // SAFETY: mw is ours and live; the app reads rkey only between verbs calls.
             unsafe { (*mw).rkey = key };

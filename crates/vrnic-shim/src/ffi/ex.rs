@@ -10,7 +10,7 @@
 //! whole (all or nothing), with the checks and errnos of `ibv_post_send`. The section is the
 //! per-QP critical region `ibv_wr_post(3)` promises: a second thread's `wr_start` waits until
 //! the first thread's `wr_complete`/`wr_abort`. Memory-window builders (`wr_bind_mw`,
-//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`mw.rs`).
+//! `wr_local_inv`, `wr_send_inv`) build the same WQEs as `ibv_post_send` (`objects::bind_fields`).
 //! `wr_atomic_write` copies its 8 bytes at the call into an inline WQE (as mlx5 and rxe copy
 //! them into theirs); a data setter after it fails the batch with `EINVAL`. Builders this
 //! device does not support (TSO, XRC outside XRC send QPs) poison the batch: `wr_complete`
@@ -28,45 +28,16 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::thread::ThreadId;
+use std::sync::{Mutex, MutexGuard};
 
 use vrnic_wire::{
     Cqe, InlineData, MAX_INLINE, MAX_SGE, SendFlags, SendOpcode, SendPayload, SendWqe, Sge,
     SgeList, UdAddr,
 };
 
+use super::objects::{Batch, VCq, VQp, bind_fields, context, guard, null_err};
 use crate::abi::*;
 use crate::client::{CompQueue, Conn};
-use crate::ffi::{VCq, VQp, context, guard, null_err};
-
-/// The `ibv_wr_*` state of a QP: the batch being built and who builds it.
-#[derive(Debug, Default)]
-pub struct WrState {
-    batch: Mutex<Batch>,
-    /// Signalled when a `wr_start` section ends.
-    ended: Condvar,
-}
-
-/// The work requests of one `wr_start` batch.
-#[derive(Debug, Default)]
-struct Batch {
-    wqes: Vec<SendWqe>,
-    /// The first error a builder met (`wr_complete` returns it).
-    err: c_int,
-    /// The thread between `wr_start` and `wr_complete`/`wr_abort`.
-    owner: Option<ThreadId>,
-}
-
-impl Batch {
-    /// Ends the section: drops what was built and lets a waiting `wr_start` in.
-    fn end(&mut self, ended: &Condvar) {
-        self.wqes.clear();
-        self.err = 0;
-        self.owner = None;
-        ended.notify_one();
-    }
-}
 
 /// `IBV_QP_EX_WITH_*` this device executes, by QP type (the operations `ibv_wr_post(3)` lists
 /// for each).
@@ -140,13 +111,14 @@ pub extern "C" fn vrnic_create_qp_ex(
             return null_err(libc::EOPNOTSUPP);
         }
         if matches!(x.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
-            let qp = crate::xrc::create_qp(ctx, x);
-            if !qp.is_null() {
-                // SAFETY: qp was just made: a live VQp.
-                let v = unsafe { &mut *qp.cast::<VQp>() };
-                v.extended = extended && !xrc_recv;
-                builders(&mut v.qp);
-            }
+            let qp = match super::qp::create_xrc_qp(ctx, x) {
+                Ok(qp) => qp,
+                Err(e) => return null_err(e),
+            };
+            // SAFETY: qp was just made: a live VQp.
+            let v = unsafe { &mut *qp.cast::<VQp>() };
+            v.extended = extended && !xrc_recv;
+            builders(&mut v.qp);
             return qp;
         }
         // The plain path, from the fields both structs share.
@@ -159,10 +131,10 @@ pub extern "C" fn vrnic_create_qp_ex(
         ia.cap = x.cap;
         ia.qp_type = x.qp_type;
         ia.sq_sig_all = x.sq_sig_all;
-        let qp = crate::ffi::vrnic_ibv_create_qp(x.pd, &mut ia);
-        if qp.is_null() {
-            return qp;
-        }
+        let qp = match super::qp::create_qp(x.pd, &mut ia) {
+            Ok(qp) => qp,
+            Err(e) => return null_err(e),
+        };
         x.cap = ia.cap;
         // SAFETY: qp was just made: a live VQp.
         let v = unsafe { &mut *qp.cast::<VQp>() };
@@ -435,7 +407,7 @@ extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge)
         if n > MAX_SGE || (n > 0 && list.is_null()) {
             return Err(libc::EINVAL);
         }
-        set_sges(w, crate::ffi::sges(list, n as c_int));
+        set_sges(w, super::objects::sges(list, n as c_int));
         Ok(())
     });
 }
@@ -513,7 +485,7 @@ extern "C" fn wr_bind_mw(
     rkey: u32,
     b: *const ibv_mw_bind_info,
 ) {
-    match crate::mw::bind_fields(mw, rkey, b) {
+    match bind_fields(mw, rkey, b) {
         Ok((addr, rkey, acc, len, swap)) => {
             begin(q, SendOpcode::BindMw, addr, rkey, acc, len, swap)
         }
@@ -597,10 +569,10 @@ pub extern "C" fn vrnic_create_cq_ex(
         // Out of `c_int` range is past `max_cqe` and `num_comp_vectors` too (EINVAL there).
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
         let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
-        let cq = crate::ffi::vrnic_ibv_create_cq(ctx, cqe, a.cq_context, a.channel, vector);
-        if cq.is_null() {
-            return null_mut();
-        }
+        let cq = match super::cq::create_cq(ctx, cqe, a.cq_context, a.channel, vector) {
+            Ok(cq) => cq,
+            Err(e) => return null_err(e),
+        };
         // SAFETY: cq was just made: a live VCq.
         let t = unsafe { &mut (*cq.cast::<VCq>()).cq };
         t.start_poll = Some(start_poll);

@@ -1,6 +1,6 @@
-//! XRC: `ibv_open_xrcd`/`ibv_close_xrcd` and the two XRC QP types of `ibv_create_qp_ex`
-//! (control path, remoted to the daemon). XRC SRQs are in `srq.rs`, the XRC SRQ number of a
-//! send work request in `ffi.rs` (`ibv_post_send`) and `ex.rs` (`ibv_wr_set_xrc_srqn`).
+//! XRC domains: `ibv_open_xrcd`/`ibv_close_xrcd` (control path, remoted to the daemon). The
+//! two XRC QP types are made in `qp.rs`, XRC SRQs in `srq.rs`, and the XRC SRQ number of a
+//! send work request is set in `post.rs` (`ibv_post_send`) and `ex.rs` (`ibv_wr_set_xrc_srqn`).
 //!
 //! A domain opened with fd -1 is private; one opened with a file's fd is the domain of that
 //! file (its device and inode, read here by `fstat`) on this vRNIC: every process of the vRNIC
@@ -15,27 +15,9 @@
 use std::ffi::c_int;
 
 use vrnic_api::{Reply, Request};
-use vrnic_wire::QpType;
 
+use super::objects::{VXrcd, context, guard, null_err, xrcd_handle};
 use crate::abi::*;
-use crate::ffi::{context, guard, make_qp, null_err};
-
-/// An XRC domain handle: `ibv_xrcd` first (container_of), then the daemon's handle.
-#[repr(C)]
-struct VXrcd {
-    xrcd: ibv_xrcd,
-    handle: u32,
-}
-
-/// The daemon's handle of one of our XRC domains.
-///
-/// # Safety
-///
-/// `x` must be an `ibv_xrcd` this library handed out and that is still open.
-pub(crate) unsafe fn handle(x: *mut ibv_xrcd) -> u32 {
-    // SAFETY: the caller's contract: x is the start of a live VXrcd.
-    unsafe { (*x.cast::<VXrcd>()).handle }
-}
 
 /// `verbs_context.open_xrcd` (the `ibv_open_xrcd` inline).
 pub extern "C" fn vrnic_open_xrcd(
@@ -97,7 +79,7 @@ pub extern "C" fn vrnic_close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
         // SAFETY: xrcd is one of ours and open.
         let ctx = unsafe { (*xrcd).context };
         // SAFETY: as above.
-        let h = unsafe { handle(xrcd) };
+        let h = unsafe { xrcd_handle(xrcd) };
         // SAFETY: the domain's context outlives it.
         let c = unsafe { context(ctx) };
         match c.conn.call(&Request::CloseXrcd { xrcd: h }) {
@@ -109,68 +91,4 @@ pub extern "C" fn vrnic_close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
             Err(e) => e,
         }
     })
-}
-
-/// `ibv_create_qp_ex` for `IBV_QPT_XRC_SEND` (a PD and a send CQ, no receive side) and
-/// `IBV_QPT_XRC_RECV` (an XRC domain, no PD, CQs or queues).
-pub(crate) fn create_qp(ctx: *mut ibv_context, x: &mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
-    // SAFETY: plain C data; zero is valid.
-    let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-    ia.qp_context = x.qp_context;
-    ia.qp_type = x.qp_type;
-    ia.sq_sig_all = x.sq_sig_all;
-    // SAFETY: ctx is ours.
-    let c = unsafe { context(ctx) };
-    if x.qp_type == IBV_QPT_XRC_RECV {
-        if x.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 || x.xrcd.is_null() {
-            return null_err(libc::EINVAL);
-        }
-        // SAFETY: a non-NULL XRC domain in the app's attributes is ours, open.
-        let xrcd = unsafe { handle(x.xrcd) };
-        let req = Request::CreateQp {
-            pd: 0,
-            send_cq: 0,
-            recv_cq: 0,
-            qp_type: QpType::XrcRecv,
-            cap: Default::default(),
-            sq_sig_all: false,
-            srq: None,
-            xrcd: Some(xrcd),
-        };
-        let qp = make_qp(ctx, std::ptr::null_mut(), &mut ia, &req);
-        x.cap = ia.cap;
-        return qp;
-    }
-    if x.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || x.pd.is_null() || x.send_cq.is_null() {
-        return null_err(libc::EINVAL);
-    }
-    let cap = vrnic_wire::QpCap {
-        max_send_wr: x.cap.max_send_wr,
-        max_recv_wr: 0,
-        max_send_sge: x.cap.max_send_sge,
-        max_recv_sge: 0,
-        max_inline_data: x.cap.max_inline_data,
-    };
-    if let Err(e) = crate::limits::check_qp_cap(&c.conn.info, &cap) {
-        return null_err(e);
-    }
-    ia.send_cq = x.send_cq;
-    ia.cap = x.cap;
-    // SAFETY: the PD named in the app's attributes is ours and live.
-    let pdh = unsafe { (*x.pd).handle };
-    // SAFETY: so is its send CQ.
-    let scq = unsafe { (*x.send_cq).handle };
-    let req = Request::CreateQp {
-        pd: pdh,
-        send_cq: scq,
-        recv_cq: scq,
-        qp_type: QpType::XrcSend,
-        cap,
-        sq_sig_all: x.sq_sig_all != 0,
-        srq: None,
-        xrcd: None,
-    };
-    let qp = make_qp(ctx, x.pd, &mut ia, &req);
-    x.cap = ia.cap;
-    qp
 }
