@@ -315,8 +315,6 @@ const MOUNT_NAMESPACE_KEYS: &[&str] = &[
     "PrivateTmp",
     "PrivateDevices",
     "PrivateMounts",
-    "PrivateNetwork",
-    "NetworkNamespacePath",
     "ProtectSystem",
     "ProtectHome",
     "ProtectKernelTunables",
@@ -377,17 +375,32 @@ fn the_systemd_unit_verifies_and_makes_no_mount_namespace() {
         program.ends_with("/vrnic") && words.next() == Some("serve"),
         "ExecStart={exec}"
     );
-    // Settings, not the comments that name them.
-    let settings: Vec<&str> = unit
+    // Settings, not the comments that name them; `no` and its kin turn one off.
+    let settings: Vec<(&str, &str)> = unit
         .lines()
         .map(str::trim)
         .filter(|l| !l.starts_with('#') && !l.starts_with(';'))
-        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.trim(), v.trim())))
         .collect();
+    let on = |key: &str| {
+        settings
+            .iter()
+            .any(|(k, v)| *k == key && !["no", "false", "off", "0", ""].contains(v))
+    };
+    let mounts_kept_off = settings
+        .iter()
+        .any(|(k, v)| *k == "PrivateMounts" && ["no", "false", "off", "0"].contains(v));
     for key in MOUNT_NAMESPACE_KEYS {
         assert!(
-            !settings.contains(key),
+            !on(key),
             "the unit sets {key}=, which gives the daemon a mount namespace of its own"
+        );
+    }
+    // A network namespace implies private mounts (systemd 254 and later) unless turned off.
+    for key in ["PrivateNetwork", "NetworkNamespacePath"] {
+        assert!(
+            !on(key) || mounts_kept_off,
+            "the unit sets {key}= without PrivateMounts=no"
         );
     }
 
