@@ -30,10 +30,18 @@ impl AdminClient {
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 bail!("{}", permission_denied(state_dir))
             }
-            Err(e) => bail!(
-                "no daemon running at {} ({e}); start one with `vrnic serve` (or pass --state-dir)",
-                state_dir.display()
-            ),
+            Err(e) => {
+                // A daemon in a mount namespace of its own serves a state dir that is empty
+                // here: name it, and the ways out, rather than "no daemon".
+                if let Some(d) = crate::mntns::unseen_daemons(state_dir).first() {
+                    bail!("{}", crate::mntns::no_daemon_here(state_dir, d));
+                }
+                bail!(
+                    "no daemon running at {} ({e}); start one with `vrnic serve` (or pass \
+                     --state-dir)",
+                    state_dir.display()
+                )
+            }
         }
     }
 
@@ -74,6 +82,12 @@ impl AdminClient {
             bail!("unexpected reply to List");
         };
         Ok((stats, list))
+    }
+
+    /// The daemon's process id, from the connection's peer credentials (`SO_PEERCRED`).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        use std::os::fd::AsRawFd as _;
+        crate::sys::peer_pid(self.stream.get_ref().as_raw_fd())
     }
 
     /// Lets the connection outlive an `exec` (for `vrnic run`, whose command then holds the

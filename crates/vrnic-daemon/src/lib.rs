@@ -24,6 +24,7 @@ pub mod config;
 pub mod heap;
 pub mod keys;
 mod metrics;
+pub mod mntns;
 pub mod persist;
 pub mod server;
 pub mod settings;

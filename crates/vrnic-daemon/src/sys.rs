@@ -42,6 +42,12 @@ pub fn peer_cred(fd: RawFd) -> String {
     )
 }
 
+/// The process id at the other end of a Unix socket (`SO_PEERCRED`), if the kernel tells it:
+/// for the CLI, the daemon's.
+pub fn peer_pid(fd: RawFd) -> Option<u32> {
+    ucred(fd).and_then(|c| u32::try_from(c.pid).ok())
+}
+
 /// The user id at the other end of a Unix socket (`SO_PEERCRED`), if the kernel tells it: who
 /// may do what on the admin socket.
 pub fn peer_uid(fd: RawFd) -> Option<u32> {

@@ -185,13 +185,20 @@ fn pci_devices() -> Vec<Device> {
 
 /// Reads a region's header (by mapping it: a PCI BAR cannot be `read`); why not, in words.
 fn read_header(dir: &Path, region: &Path, socket: Option<PathBuf>) -> Result<Device, String> {
-    if !region.exists() && !dir.exists() {
-        return Err(
-            "no such file or directory (is the vRNIC's directory visible to this \
-                    process? a daemon in a mount namespace of its own makes its vRNICs \
-                    invisible outside it)"
-                .into(),
-        );
+    let missing = |p: &Path| {
+        std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    };
+    if missing(region) {
+        let what = if missing(dir) {
+            "no such file or directory".to_string()
+        } else {
+            format!("{} is missing", region.display())
+        };
+        return Err(format!(
+            "{what} (is the vRNIC's directory visible to this process? a daemon in a mount \
+             namespace of its own, as under `ip netns exec`, makes its vRNICs invisible outside \
+             it: see docs/operations.md, \"Where the daemon runs\")"
+        ));
     }
     let r = Region::open(region).map_err(|e| match &e {
         vrnic_shm::RegionError::Io { source, .. }

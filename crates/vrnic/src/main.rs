@@ -974,6 +974,15 @@ fn run(
     else {
         bail!("unexpected reply")
     };
+    // A daemon in a mount namespace of its own made the vRNIC where this process sees nothing:
+    // say so here, not as the app's "no vRNIC".
+    let region = std::path::Path::new(&v.dir).join(config::REGION_FILE);
+    if std::fs::symlink_metadata(&region).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        bail!(
+            "{}",
+            vrnic_daemon::mntns::no_vnic_here(std::path::Path::new(&v.dir), admin.daemon_pid())
+        );
+    }
     let view = match device_files {
         DeviceFiles::Off => None,
         DeviceFiles::Auto if !presence::permitted() => None,

@@ -419,6 +419,13 @@ impl Server {
         };
         // From here on the state dir is ours: a start that fails unmounts what it mounted.
         let mut unmount_on_failure = UnmountOnDrop(mounted.then(|| dir.clone()));
+        // Mounts that nobody outside this mount namespace sees (`ip netns exec`, a container,
+        // a private-mounts unit): it still serves, but say so, once, with the ways out.
+        if (mounted || config::current_euid() == 0)
+            && let Some(why) = crate::mntns::unseen_mounts(dir)
+        {
+            warn!("{why}");
+        }
         let stale = cleanup_stale(dir);
         if stale > 0 {
             info!("removed {stale} vRNICs left by a daemon that did not shut down cleanly");
