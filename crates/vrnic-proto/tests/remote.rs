@@ -1675,6 +1675,46 @@ fn a_multi_segment_message_that_loses_segments_lands_whole_once() {
     }
 }
 
+/// A READ of many response segments that loses some of them on the way back (a middle one,
+/// the first, the last, two): the responses after a lost one are not taken (the READ never
+/// completes with a hole in it), the READ is asked for again from the missing segment, and it
+/// completes once with every byte read.
+#[test]
+fn a_read_that_loses_response_segments_completes_whole() {
+    for (what, b_to_a) in [
+        ("a middle response", vec![3]),
+        ("the first response", vec![0]),
+        ("the last response", vec![15]),
+        ("two responses", vec![2, 9]),
+    ] {
+        let mut n = Net::new(QpType::Rc);
+        n.lose = [vec![], b_to_a];
+        let len = Message::LEN;
+        let now = n.now;
+        let local = n.a.map(0x10_0000, len, access::LOCAL_WRITE);
+        let remote =
+            n.b.map(0x80_0000, len, access::LOCAL_WRITE | access::REMOTE_READ);
+        let data = pattern(len as usize, 11);
+        n.b.set(&remote, 0x80_0000, 0x80_0000, &data);
+        let sges = vec![sge(0x10_0000, len as u32, local.0.lkey)];
+        n.a.post(
+            now,
+            wqe(1, SendOpcode::RdmaRead, sges, 0x80_0000, remote.0.rkey),
+        );
+        n.run();
+        for _ in 0..20 {
+            n.advance(Duration::from_millis(100));
+        }
+        assert_eq!(
+            statuses(&n.a.cqes()),
+            vec![(1, WcStatus::Success)],
+            "losing {what}"
+        );
+        let got = n.a.get(&local, 0x10_0000, 0x10_0000, len as usize);
+        same(&got, &data, &format!("losing {what}"));
+    }
+}
+
 /// A message of [`Message::LEN`] bytes from a to b, the WR posted (with a receive on b).
 struct Message {
     op: SendOpcode,

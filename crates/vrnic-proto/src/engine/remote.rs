@@ -787,6 +787,11 @@ impl Engine {
                 let (f, w) = (q.link.flights.get(i)?, q.sq.get(i)?.as_ref().ok()?);
                 let off = u64::from(seg.psn.wrapping_sub(f.first_psn) & 0xff_ffff) * SEGMENT;
                 let want = w.payload.len().saturating_sub(off).min(SEGMENT);
+                if off != f.got {
+                    // Only the next one the READ waits for (those before it may still be on
+                    // their way to this engine: an engine thread's inbox).
+                    return None;
+                }
                 match &w.payload {
                     SendPayload::Sges(sges) if w.opcode == SendOpcode::RdmaRead && want == n => {
                         self.sge_runs(q.vnic, sges, off, n, runs).is_some()
@@ -1208,7 +1213,9 @@ impl Engine {
         }
     }
 
-    /// READ response data for the READ at flight `i`, segment `psn`.
+    /// READ response data for the READ at flight `i`, segment `psn`. Taken only in order, as
+    /// the responder sends them: the next segment the READ waits for; any other is dropped
+    /// (never a READ completed with a hole in it).
     fn place_read_response(
         &mut self,
         qp: QpId,
@@ -1228,6 +1235,19 @@ impl Engine {
         let len = w.payload.len();
         let want = len.saturating_sub(off).min(SEGMENT);
         if w.opcode != SendOpcode::RdmaRead || payload.len() as u64 != want {
+            return;
+        }
+        if off != f.got {
+            // A duplicate (a READ asked for again gets its answers twice), or one after a
+            // gap (an earlier one was dropped: a full inbox, a placement that broke, which
+            // asks again itself): dropped; the READ's timer asks again for what is missing.
+            tracing::debug!(
+                ?qp,
+                psn,
+                off,
+                got = f.got,
+                "READ response out of order: dropped"
+            );
             return;
         }
         if let (SendPayload::Sges(sges), Incoming::Bytes(b)) = (&w.payload, payload) {
