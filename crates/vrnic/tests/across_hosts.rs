@@ -378,9 +378,10 @@ fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_aga
     run_pair_on(&ds[0], &ds[1], &server, &client, PAIR).assert_ok();
 }
 
-/// Runs `args -p PORT` as a server on host 0 and as its client on host 1, takes host 1's link
-/// down for `cut` while the transfer runs (one second in), and returns both outputs with the
-/// daemons (to ask them afterwards; after the hosts, so they are dropped first).
+/// Runs `args -p PORT` as a server on host 0 and as its client on host 1 (both daemons with
+/// `extra` options), takes host 1's link down for `cut` while the transfer runs (one second
+/// in, as [`cut_under`]), and returns both outputs with the daemons (to ask them afterwards;
+/// after the hosts, so they are dropped first).
 fn transfer_across_a_cut_with(
     args: &[&str],
     cut: Duration,
@@ -455,8 +456,8 @@ fn a_link_cut_shorter_than_the_retry_budget_keeps_a_pingpong_running() {
 
 /// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
 /// every byte of every round is right (`tests/c/stream_check.c`: 64 MiB of WRITEs and READs
-/// back per round, each round with its own pattern, checked whole on both ends). TCP carries the link
-/// across so short a cut.
+/// back per round, each round with its own pattern, checked whole on both ends). TCP carries
+/// the link across so short a cut.
 ///
 /// Ignored because it fails most runs (3 of 5 on the 2-core test machine, November 2026): a
 /// READ completes with `IBV_WC_SUCCESS` while a 1 MiB run of its destination stays zero
