@@ -3,12 +3,15 @@
  * daemons' peer link), every byte checked. Built against libibverbs-dev and run unmodified
  * under `vrnic run`.
  *
- *   stream_check server PORT         registers a 64 MiB buffer; for each round, waits for the
- *                                    client's word that it has written the buffer and checks
- *                                    every byte against the round's pattern;
- *   stream_check client HOST PORT    three rounds: WRITEs the peer's buffer in 1 MiB work
- *                                    requests (16 in flight), tells the peer, then READs it all
- *                                    back (8 in flight) into a buffer of its own and checks it.
+ *   stream_check server PORT [ROUNDS]       registers a 64 MiB buffer; for each round, waits
+ *                                           for the client's word that it has written the
+ *                                           buffer and checks every byte against the round's
+ *                                           pattern;
+ *   stream_check client HOST PORT [ROUNDS]  ROUNDS rounds (3 unless given; both sides must say
+ *                                           the same): WRITEs the peer's buffer in 1 MiB work
+ *                                           requests (16 in flight), tells the peer, then READs
+ *                                           it all back (8 in flight) into a buffer of its own
+ *                                           and checks it. Each round has its own pattern.
  *
  * Prints "OK <check>" per passed check; "FAIL ..." and exit 1 on the first failure. Every wait
  * is bounded.
@@ -22,7 +25,7 @@
 
 #define LEN (64u << 20)
 #define CHUNK (1u << 20)
-#define ROUNDS 3
+#define DEFAULT_ROUNDS 3
 #define POLL_SECONDS 60
 
 struct info {
@@ -37,6 +40,7 @@ static struct ibv_qp *qp;
 static struct ibv_mr *mr;
 static uint8_t *buf;
 static struct info me, peer;
+static uint32_t rounds = DEFAULT_ROUNDS;
 
 static uint8_t pat(size_t i, uint32_t round) { return (uint8_t)(i * 31 + round * 77 + (i >> 12) * 5); }
 
@@ -131,7 +135,7 @@ static int server(const char *port)
 {
 	int sock = listen_on(port);
 	setup(sock);
-	for (uint32_t round = 0; round < ROUNDS; round++) {
+	for (uint32_t round = 0; round < rounds; round++) {
 		uint32_t r;
 		xfer(sock, &r, 4, 0); /* written */
 		if (r != round)
@@ -140,7 +144,7 @@ static int server(const char *port)
 		xfer(sock, &r, 4, 1); /* checked: the client may READ */
 		xfer(sock, &r, 4, 0); /* read back */
 	}
-	ok("server: every byte");
+	ok("server: every byte, %u rounds", rounds);
 	return 0;
 }
 
@@ -153,7 +157,7 @@ static int client(const char *host, const char *port)
 	struct ibv_mr *bmr = back ? ibv_reg_mr(pd, back, LEN, IBV_ACCESS_LOCAL_WRITE) : NULL;
 	if (!bmr)
 		fail("back mr");
-	for (uint32_t round = 0; round < ROUNDS; round++) {
+	for (uint32_t round = 0; round < rounds; round++) {
 		for (size_t i = 0; i < LEN; i++)
 			buf[i] = pat(i, round);
 		stream(IBV_WR_RDMA_WRITE, buf, 16);
@@ -169,17 +173,27 @@ static int client(const char *host, const char *port)
 		check_all(back, round, "client: READ back");
 		xfer(sock, &r, 4, 1);
 	}
-	ok("client: every byte, both ways");
+	ok("client: every byte, both ways, %u rounds", rounds);
 	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc == 3 && !strcmp(argv[1], "server"))
+	int is_server = argc >= 2 && !strcmp(argv[1], "server");
+	int is_client = argc >= 2 && !strcmp(argv[1], "client");
+	int fixed = is_server ? 3 : 4;
+	if ((is_server || is_client) && argc == fixed + 1) {
+		char *end;
+		unsigned long r = strtoul(argv[fixed], &end, 10);
+		if (*end || r < 1 || r > 1000)
+			fail("ROUNDS must be 1 to 1000, not %s", argv[fixed]);
+		rounds = (uint32_t)r;
+	}
+	if (is_server && (argc == 3 || argc == 4))
 		return server(argv[2]);
-	if (argc == 4 && !strcmp(argv[1], "client"))
+	if (is_client && (argc == 4 || argc == 5))
 		return client(argv[2], argv[3]);
-	fprintf(stderr, "usage: stream_check server PORT | client HOST PORT\n");
+	fprintf(stderr, "usage: stream_check server PORT [ROUNDS] | client HOST PORT [ROUNDS]\n");
 	return 2;
 }

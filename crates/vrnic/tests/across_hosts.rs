@@ -378,14 +378,10 @@ fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_aga
     run_pair_on(&ds[0], &ds[1], &server, &client, PAIR).assert_ok();
 }
 
-/// Runs `args -p PORT` as a server on host 0 and as its client on host 1, takes host 1's link
-/// down for `cut` while the transfer runs (one second in), and returns both outputs with the
-/// daemons (to ask them afterwards; after the hosts, so they are dropped first).
-fn transfer_across_a_cut(args: &[&str], cut: Duration) -> (Output, Output, Hosts, Vec<Daemon>) {
-    transfer_across_a_cut_with(args, cut, &[])
-}
-
-/// [`transfer_across_a_cut`] with `extra` options for both daemons.
+/// Runs `args -p PORT` as a server on host 0 and as its client on host 1 (both daemons with
+/// `extra` options), takes host 1's link down for `cut` while the transfer runs (one second
+/// in, as [`cut_under`]), and returns both outputs with the daemons (to ask them afterwards;
+/// after the hosts, so they are dropped first).
 fn transfer_across_a_cut_with(
     args: &[&str],
     cut: Duration,
@@ -400,38 +396,99 @@ fn transfer_across_a_cut_with(
     server.extend(["-p", &p]);
     let mut client = server.clone();
     client.push(&addr);
-    let server_proc = Proc::spawn(ds[0].run(&server), "server");
+    let (c, s) = cut_under(&hosts, &ds, &server, &client, cut);
+    (c, s, hosts, ds)
+}
+
+/// Runs `server` on host 0 and `client` on host 1, takes host 1's link down for `cut` one
+/// second into the client's run, and returns (client, server) outputs. Panics unless the
+/// client was still running both when the link went down and when it came back: the whole
+/// outage fell inside the transfer.
+fn cut_under(
+    hosts: &Hosts,
+    ds: &[Daemon],
+    server: &[&str],
+    client: &[&str],
+    cut: Duration,
+) -> (Output, Output) {
+    let server_proc = Proc::spawn(ds[0].run(server), "server");
     std::thread::sleep(Duration::from_millis(500));
-    let mut client_proc = Proc::spawn(ds[1].run(&client), "client");
+    let mut client_proc = Proc::spawn(ds[1].run(client), "client");
     std::thread::sleep(Duration::from_millis(1000));
-    if client_proc.exited() {
+    let ended = |client_proc: Proc, when: &str| -> ! {
         let c = client_proc.wait_bounded(PAIR);
         panic!(
-            "the transfer must still run when the link is cut (make it longer)\n{}",
+            "the transfer must still run when the link {when} (make it longer)\n{}",
             c.text()
         );
+    };
+    if client_proc.exited() {
+        ended(client_proc, "goes down");
     }
     hosts.set_link(1, false);
     std::thread::sleep(cut);
     hosts.set_link(1, true);
+    if client_proc.exited() {
+        ended(client_proc, "comes back");
+    }
     let c = client_proc.wait_bounded(PAIR);
     let s = server_proc.wait_bounded(Duration::from_secs(30));
-    (c, s, hosts, ds)
+    (c, s)
 }
 
-/// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
-/// every byte is right (`-c` checks them). TCP carries the link across so short a cut.
+/// A link down for less than the QPs' retry budget (200 ms, one second into the run) does not
+/// end a running `ibv_rc_pingpong -c`: both sides finish. TCP carries the link across so short
+/// a cut. What `-c` checks is only that the first byte of every page arrived (`conformance.rs`);
+/// [`a_link_cut_shorter_than_the_retry_budget_loses_nothing`] checks every byte, and fails.
 #[test]
-fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
+fn a_link_cut_shorter_than_the_retry_budget_keeps_a_pingpong_running() {
     // ibv_rc_pingpong: timeout 14, retry_cnt 7 (about 0.54 s); 200 ms of silence is within.
     // 100,000 round trips of 64 KiB run for seconds here, well past the cut at one second.
     let args = ["ibv_rc_pingpong", "-c", "-s", "65536", "-n", "100000"];
-    let (c, s, _hosts, _ds) = transfer_across_a_cut(&args, Duration::from_millis(200));
+    let (c, s, _hosts, _ds) = transfer_across_a_cut_with(&args, Duration::from_millis(200), &[]);
+    assert!(
+        c.ok() && s.ok(),
+        "client:\n{}\nserver:\n{}",
+        c.text(),
+        s.text()
+    );
+}
+
+/// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
+/// every byte of every round is right (`tests/c/stream_check.c`: 64 MiB of WRITEs and READs
+/// back per round, each round with its own pattern, checked whole on both ends). TCP carries
+/// the link across so short a cut.
+///
+/// Ignored because it fails most runs (3 of 5 on the 2-core test machine, November 2026): a
+/// READ completes with `IBV_WC_SUCCESS` while a 1 MiB run of its destination stays zero
+/// (`FAIL client: READ back, round 0: byte 38797313 is 0, not 31`), or a WRITE or READ ends in
+/// `transport retry counter exceeded` although the cut is shorter than the retry budget. Run it
+/// with `--run-ignored all` when working on that.
+#[test]
+#[ignore = "fails: READ data lost with a successful completion, or retry exceeded, across a 200 ms link cut"]
+fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
+    // stream_check: timeout 14, retry_cnt 7 (about 0.54 s); 200 ms of silence is within. 20
+    // rounds of 128 MiB run for seconds here, well past the cut at one second.
+    let bin = c_program("stream_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(LINKS_UP);
+    let p = port().to_string();
+    let addr = hosts.addr(0);
+    let rounds = "20";
+    let (c, s) = cut_under(
+        &hosts,
+        &ds,
+        &[bin, "server", &p, rounds],
+        &[bin, "client", &addr, &p, rounds],
+        Duration::from_millis(200),
+    );
     assert!(
         c.ok()
             && s.ok()
-            && !c.text().contains("invalid data")
-            && !s.text().contains("invalid data"),
+            && c.stdout
+                .contains("OK client: every byte, both ways, 20 rounds")
+            && s.stdout.contains("OK server: every byte, 20 rounds"),
         "client:\n{}\nserver:\n{}",
         c.text(),
         s.text()
@@ -473,7 +530,8 @@ fn reconnect_within_the_retry_budget(extra: &[&str]) {
 /// A tenant whose large WRITEs go out over the link straight from its region (the kernel
 /// reads them, no copy in the daemon) truncates that region mid-transfer: its daemon lives,
 /// only its vRNIC goes, the other host's app ends instead of hanging, and a pair across the
-/// hosts then passes with every byte checked.
+/// hosts then passes with every byte checked (`tests/c/stream_check.c`, one round: 64 MiB
+/// written and read back).
 #[test]
 fn a_tenant_that_truncates_its_region_under_queued_frames_loses_only_its_vrnic() {
     truncate_mid_write(1);
@@ -528,33 +586,22 @@ fn truncate_mid_write(evil: usize) {
     let other = if evil == 0 { client } else { server };
     let out = other.wait_bounded(Duration::from_secs(60));
     assert!(!out.timed_out, "the other host's app hung\n{}", out.text());
+    let bin = c_program("stream_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
     let pair = run_pair_on(
         &ds[0],
         &ds[1],
-        &[
-            "ibv_rc_pingpong",
-            "-p",
-            &p,
-            "-n",
-            "50",
-            "-c",
-            "-s",
-            "1048576",
-        ],
-        &[
-            "ibv_rc_pingpong",
-            "-p",
-            &p,
-            "-n",
-            "50",
-            "-c",
-            "-s",
-            "1048576",
-            &addr,
-        ],
+        &[bin, "server", &p, "1"],
+        &[bin, "client", &addr, &p, "1"],
         PAIR,
     );
     pair.assert_ok();
+    assert!(
+        pair.client
+            .stdout
+            .contains("OK client: every byte, both ways, 1 rounds"),
+        "{pair}"
+    );
 }
 
 /// A peer that sends garbage on the peer port loses its connection and nothing else: the

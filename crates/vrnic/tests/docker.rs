@@ -67,7 +67,7 @@ fn a_container_cannot_open_another_vrnics_region() {
     let other = d.dir.join("other");
     let sh = format!(
         "echo run:; ls -A /run; echo device:; ls -A /run/vrnic-device; echo state:; \
-         ls -A {sd} 2>&1; cat {o}/region >/dev/null && echo OPENED-REGION; \
+         ls -A {sd} >/dev/null 2>&1 && echo SAW-STATE-DIR; cat {o}/region >/dev/null && echo OPENED-REGION; \
          VRNIC_DEVICE={o} ibv_devinfo; echo other-rc=$?; ibv_devices; echo own-rc=$?",
         sd = d.dir.display(),
         o = other.display()
@@ -77,6 +77,8 @@ fn a_container_cannot_open_another_vrnics_region() {
     let text = out.text();
     assert!(out.ok(), "{text}");
     assert!(!out.stdout.contains("OPENED-REGION"), "{text}");
+    // The daemon's state dir (other vRNICs' directories, the admin socket) is not there at all.
+    assert!(!out.stdout.contains("SAW-STATE-DIR"), "{text}");
     assert!(
         out.stdout.contains("other-rc=") && !out.stdout.contains("other-rc=0"),
         "{text}"

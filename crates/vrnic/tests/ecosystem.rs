@@ -89,7 +89,8 @@ fn a_buffer_registered_again_and_again_costs_about_one_registration() {
 
 /// `ibv_devinfo -v` (unmodified) shows what the driver really does: a numeric firmware version,
 /// the device capabilities the engine has (RNR NAK generation, the port-active event, a system
-/// image GUID) and no others, a port with a connection manager, and table sizes and completion
+/// image GUID) and no others, an active InfiniBand port with a nonzero LID, MTU 4096 and
+/// `subnet_timeout` 18, a connection manager, and table sizes and completion
 /// vectors equal to what `create_*`/`modify_*` accept (`verbs_semantics dev_limits` checks
 /// those limits are enforced).
 #[test]
@@ -141,5 +142,14 @@ fn ibv_devinfo_shows_honest_attributes() {
     assert_eq!(field("max_qp:"), "4096");
     assert_eq!(field("max_srq:"), "4096");
     assert_eq!(field("state:"), "PORT_ACTIVE (4)");
+    assert_eq!(field("max_mtu:"), "4096 (5)");
+    assert_eq!(field("active_mtu:"), "4096 (5)");
+    assert_eq!(field("link_layer:"), "InfiniBand");
+    assert_eq!(field("subnet_timeout:"), "18");
+    let lid = field("port_lid:");
+    assert!(
+        lid.parse::<u16>().is_ok_and(|l| l != 0),
+        "port_lid {lid:?} is not a nonzero LID"
+    );
     assert_eq!(field("sys_image_guid:"), field("node_guid:"));
 }

@@ -78,7 +78,7 @@ fn logged(d: &mut Daemon, line: &str) {
 }
 
 /// Two tenants, red and blue, on one host with the same two virtual IPs. Within each group RC
-/// (bytes checked by `-c`), UD and rping over the virtual IP pass; both groups' rping servers
+/// (`ibv_rc_pingpong -c`: each page's first byte arrives), UD and rping over the virtual IP pass; both groups' rping servers
 /// listen on the same address and port at once and each client reaches its own. Across
 /// groups RC fails with `RETRY_EXC_ERR`, UD gets nothing, rping to a host address only the
 /// other group listens on is `REJECTED`; the log names both vRNICs and groups.

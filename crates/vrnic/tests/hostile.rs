@@ -563,7 +563,7 @@ fn daemon_fds(pid: i32) -> usize {
 }
 
 /// Mixed good and hostile traffic for `SOAK_SECS` seconds (default 600): unmodified pairs
-/// (`ibv_rc_pingpong -c`, `rping -V`) back to back on one thread, while this one attaches
+/// (`ibv_rc_pingpong -c`, `rping -V -v`, its 200 pings counted) back to back on one thread, while this one attaches
 /// hostile clients that write garbage and detach, and kills apps mid-transfer. Every good pair
 /// must pass; at the end the daemon has no more open files than after the warm-up and its
 /// resident memory grew by less than 32 MiB. Not in the default run:
@@ -644,12 +644,26 @@ fn soak_good_pairs_pass_while_hostile_clients_come_and_go() {
                     Duration::from_secs(60),
                 ),
                 1 => {
-                    let a = ["-a", "127.0.0.1", "-p", &p, "-V", "-C", "200", "-S", "1024"];
+                    let a = [
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        &p,
+                        "-V",
+                        "-v",
+                        "-C",
+                        "200",
+                        "-S",
+                        "1024",
+                    ];
                     let mut s = vec!["rping", "-s"];
                     s.extend_from_slice(&a);
                     let mut c = vec!["rping", "-c"];
                     c.extend_from_slice(&a);
-                    run_pair(&d, &s, &c, Duration::from_secs(60))
+                    let pair = run_pair(&d, &s, &c, Duration::from_secs(60));
+                    pair.assert_ok();
+                    common::assert_rping_count(&pair, 200);
+                    pair
                 }
                 _ => {
                     // An app pair killed mid-transfer, then a good pair right after it.

@@ -191,6 +191,7 @@ fn unshare_container_rping_with_a_host_process() {
             "-S".into(),
             "4096".into(),
             "-V".into(),
+            "-v".into(),
         ]
     };
     let sargs = args("-s");
@@ -202,6 +203,7 @@ fn unshare_container_rping_with_a_host_process() {
     let srv = run_cmd(&d, "ctr", &["--container"], &[], &sargs);
     let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &cargs), LIMIT);
     r.assert_ok();
+    common::assert_rping_count(&r, 200);
 }
 
 #[test]

@@ -470,8 +470,8 @@ fn a_daemon_with_the_wrong_key_never_links() {
 
 /// Links are encrypted when either end asks (`--encrypt-links` on host 1 only): `vrnic peers`
 /// says so on both ends, nothing is read into place (payloads come through records), bulk
-/// WRITEs and READs across the hosts arrive with every byte checked, and an
-/// `ibv_rc_pingpong` with its data validated passes.
+/// WRITEs and READs across the hosts arrive with every byte checked (`tests/c/stream_check.c`),
+/// and an `ibv_rc_pingpong -c` passes.
 #[test]
 fn encrypted_links_carry_bulk_transfers_with_every_byte_checked() {
     require("ibv_rc_pingpong");

@@ -66,7 +66,8 @@ fn recorded(d: &Daemon) -> Vec<String> {
 }
 
 /// `ibv_rc_pingpong -c` with its server on vRNIC `s` of `ds` and its client on vRNIC `c` of
-/// `dc`, reaching the server at `addr`; both must pass, every byte checked.
+/// `dc`, reaching the server at `addr`; both must pass (`-c`: the first byte of every page
+/// arrived, as `conformance.rs` says; not every byte).
 fn pingpong((ds, s): (&Daemon, &str), (dc, c): (&Daemon, &str), addr: &str) {
     let p = port().to_string();
     let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];

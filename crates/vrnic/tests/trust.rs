@@ -256,6 +256,18 @@ fn truncated_region_loses_only_its_vrnic(args: &[&str]) {
     d.create("evil");
 }
 
+/// The mount points strictly under `dir`, from `/proc/self/mountinfo`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = format!("{}/", dir.display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("read mountinfo")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn a_tenant_fills_only_its_own_quota() {
     require("ibv_rc_pingpong");
@@ -318,11 +330,17 @@ fn a_tenant_fills_only_its_own_quota() {
     let _ = evil.wait_bounded(Duration::from_secs(20));
     let _ = other.wait_bounded(Duration::from_secs(20));
     assert!(d.alive(), "the daemon died");
+    wait_gone(&d, "evil");
     unrelated_pair_passes(&mut d);
     // A daemon killed while the tenant still holds its files, and a new one on the same state
-    // dir: the old quota is detached with them, the new daemon serves.
-    common::kill_pid(d.pid(), libc::SIGKILL);
-    std::thread::sleep(Duration::from_millis(200));
+    // dir: the old quota is detached (the tenant's vRNIC, made again, has a fresh one), the new
+    // daemon serves.
+    let log = d.kill().text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("evil") && l.contains("removing the vRNIC")),
+        "the daemon never said it removed the tenant's vRNIC\n{log}"
+    );
     let mut c = Command::new(vrnic_bin());
     c.arg("serve").arg("--state-dir").arg(&d.dir);
     let restarted = common::Proc::spawn(c, "restarted daemon");
@@ -330,6 +348,16 @@ fn a_tenant_fills_only_its_own_quota() {
     while !d.cli_output(&["ls"]).ok() && start.elapsed() < CLI {
         std::thread::sleep(Duration::from_millis(50));
     }
+    // `vrnic create` made it persistent: the new daemon makes it again, on a fresh quota (one
+    // mount, nearly all free), not on the old full one.
+    d.wait_ls(CLI, "evil made again", |ls| {
+        ls.lines()
+            .any(|l| l.split_whitespace().next() == Some("evil"))
+    });
+    let mounts = mounts_under(&d.dir);
+    assert_eq!(mounts, [dir.display().to_string()], "quota mounts");
+    let free = stat(&dir);
+    assert!(free >= 1 << 30, "the new quota has {free} bytes free");
     let p = port().to_string();
     let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
     let mut client = server.to_vec();

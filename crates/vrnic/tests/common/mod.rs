@@ -516,6 +516,25 @@ impl std::fmt::Display for Pair {
     }
 }
 
+/// Asserts that an `rping -v` pair (both sides `-v`, `-C n`) exchanged `n` pings: the client
+/// printed `n` lines `ping data: ...` and the server `n` lines `server ping data: ...`. With
+/// `-V` the client also compares every byte of each ping it reads back, and fails the run
+/// (`data mismatch`) on a difference.
+pub fn assert_rping_count(pair: &Pair, n: usize) {
+    let count =
+        |o: &Output, prefix: &str| o.stdout.lines().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(
+        count(&pair.client, "ping data: "),
+        n,
+        "client pings\n{pair}"
+    );
+    assert_eq!(
+        count(&pair.server, "server ping data: "),
+        n,
+        "server pings\n{pair}"
+    );
+}
+
 /// Whether a client failed only because its server was not listening yet.
 fn refused(out: &Output) -> bool {
     // TCP exchanges say "Couldn't connect"; rdma_cm clients report the IB CM's reject of a
