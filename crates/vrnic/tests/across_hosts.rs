@@ -457,15 +457,10 @@ fn a_link_cut_shorter_than_the_retry_budget_keeps_a_pingpong_running() {
 /// A link down for less than the QPs' retry budget loses nothing: the transfer finishes and
 /// every byte of every round is right (`tests/c/stream_check.c`: 64 MiB of WRITEs and READs
 /// back per round, each round with its own pattern, checked whole on both ends). TCP carries
-/// the link across so short a cut.
-///
-/// Ignored because it fails most runs (3 of 5 on the 2-core test machine, November 2026): a
-/// READ completes with `IBV_WC_SUCCESS` while a 1 MiB run of its destination stays zero
-/// (`FAIL client: READ back, round 0: byte 38797313 is 0, not 31`), or a WRITE or READ ends in
-/// `transport retry counter exceeded` although the cut is shorter than the retry budget. Run it
-/// with `--run-ignored all` when working on that.
+/// the link across so short a cut. (It used to fail most runs: a READ whose response segment
+/// was lost with the cut completed when a later one came, with a 1 MiB run of its destination
+/// never written; READ responses are now taken only in order.)
 #[test]
-#[ignore = "fails: READ data lost with a successful completion, or retry exceeded, across a 200 ms link cut"]
 fn a_link_cut_shorter_than_the_retry_budget_loses_nothing() {
     // stream_check: timeout 14, retry_cnt 7 (about 0.54 s); 200 ms of silence is within. 20
     // rounds of 128 MiB run for seconds here, well past the cut at one second.
