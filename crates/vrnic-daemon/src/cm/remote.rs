@@ -56,7 +56,7 @@ impl Cm {
         self.remote_ips.insert(ip.to_canonical(), host);
     }
 
-    /// Forgets `host`'s addresses (its link came up again and announces them anew).
+    /// Forgets `host`'s addresses (it is gone, or what it announced anew replaces them).
     pub fn clear_host_addrs(&mut self, host: HostId) {
         self.remote_ips.retain(|_, h| *h != host);
     }

@@ -487,8 +487,7 @@ impl Server {
             .filter(|(lid, _)| !lids.contains(lid))
             .map(|(&lid, (gid, _))| (lid, *gid))
             .collect();
-        let gone = known.addrs.len() - known.addrs.intersection(&addrs).count();
-        if gone > 0 {
+        if known.addrs.iter().any(|ip| !addrs.contains(ip)) {
             known.addrs.retain(|ip| addrs.contains(ip));
             self.cm.clear_host_addrs(host);
             for &ip in &known.addrs {
@@ -500,8 +499,8 @@ impl Server {
         }
     }
 
-    /// Forgets what `host` announced (its link is up again and announces it all anew, or it
-    /// broke). Connections already routed to it keep their routes.
+    /// Forgets what `host` announced (its link broke, or, in a cluster, its etcd record went).
+    /// Connections already routed to it keep their routes.
     pub(super) fn directory_forget(&mut self, host: HostId) {
         if let Some(known) = self.directory.remote.remove(&host) {
             for (lid, (gid, v)) in known.vnics {

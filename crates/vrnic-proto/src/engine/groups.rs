@@ -59,12 +59,8 @@ impl Engine {
         self.routes.generation += 1;
         self.routes.remote_lids.insert(lid, (host, group));
         self.routes.remote_gids.insert(gid, (host, group, lid));
-        // A responder may be reachable now: the QPs that got no answer (their address led
-        // nowhere, the announcement not yet here) look it up again at once, as a fabric
-        // delivers the next try once the port is up, instead of waiting out their budget.
-        for w in std::mem::take(&mut self.sched.retry_waiters) {
-            self.unlist(w);
-        }
+        // The QPs whose address led nowhere (the announcement was not yet here) look again.
+        self.wake_retry_waiters();
     }
 
     /// The route from vRNIC `from` to the address `ah`: [`Route::Nowhere`] when nobody

@@ -440,6 +440,19 @@ impl Engine {
         }
     }
 
+    /// A responder may be reachable now (a QP reached RTR, here or on a sibling engine, or a
+    /// remote vRNIC was announced): the QPs that got no answer try again at once instead of
+    /// waiting out their budget, as a fabric delivers the next try once the port is up.
+    /// Returns whether any was waiting.
+    pub(super) fn wake_retry_waiters(&mut self) -> bool {
+        let waiting = std::mem::take(&mut self.sched.retry_waiters);
+        let any = !waiting.is_empty();
+        for w in waiting {
+            self.unlist(w);
+        }
+        any
+    }
+
     /// Takes a QP off the waiter list it was in, and wakes it.
     pub(super) fn unlist(&mut self, qp: QpId) {
         if let Some(q) = self.objs.qps.get_mut(&qp) {

@@ -16,12 +16,7 @@ impl Engine {
     /// ready) try again now, as when a QP of this engine reaches RTR, instead of waiting out
     /// their whole retry budget. Returns whether any was waiting.
     pub fn responder_ready_elsewhere(&mut self) -> bool {
-        let waiting = std::mem::take(&mut self.sched.retry_waiters);
-        let any = !waiting.is_empty();
-        for w in waiting {
-            self.unlist(w);
-        }
-        any
+        self.wake_retry_waiters()
     }
 
     /// A request segment that sibling engine `from` executes here for its QP named by `addr`:

@@ -626,9 +626,7 @@ impl Engine {
             }
             QpState::Rtr | QpState::Rts => {
                 // This QP may be the responder someone waits for; and it may have work.
-                for w in std::mem::take(&mut self.sched.retry_waiters) {
-                    self.unlist(w);
-                }
+                self.wake_retry_waiters();
                 self.wake(qp);
             }
             _ => {}
