@@ -31,7 +31,7 @@ const ATTACK: Duration = Duration::from_secs(12);
 /// The most a daemon's resident memory may grow under the attack.
 const RSS_GROWTH_MAX: u64 = 64 << 20;
 /// The prologue the daemons bind into their handshakes.
-const PROLOGUE: &[u8] = b"vrnic peer link 3";
+const PROLOGUE: &[u8] = b"vrnic peer link 4";
 
 /// A control frame of `kind` with `body`.
 fn control(kind: ControlKind, body: &[u8]) -> Vec<u8> {

@@ -40,7 +40,7 @@ use crate::server::linkbuf::LinkBuf;
 use crate::server::outqueue::OutQueue;
 
 /// Bound into every handshake: a handshake of another protocol fails.
-const PROLOGUE: &[u8] = b"vrnic peer link 3";
+const PROLOGUE: &[u8] = b"vrnic peer link 4";
 /// Stream bytes sealed into records per write round (the rest waits for the socket).
 const SEAL_AHEAD: usize = 256 << 10;
 /// Handshakes a listener answers per second, at most (step 2 is the public-key work a
