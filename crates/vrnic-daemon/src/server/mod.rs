@@ -430,12 +430,6 @@ impl Server {
         if stale > 0 {
             info!("removed {stale} vRNICs left by a daemon that did not shut down cleanly");
         }
-        let admin_path = dir.join(ADMIN_SOCKET);
-        let _ = std::fs::remove_file(&admin_path);
-        let mut admin = UnixListener::bind(&admin_path)
-            .with_context(|| format!("bind {}", admin_path.display()))?;
-        open_admin_socket(&admin_path, opts.access_group.as_deref())?;
-
         let poll = Poll::new()?;
         let nofile = sys::raise_nofile_limit();
         debug!(nofile, "open-file limit");
@@ -444,8 +438,6 @@ impl Server {
         vrnic_shm::fault::install().context("install the SIGBUS guard")?;
         poll.registry()
             .register(&mut SourceFd(&signals.fd()), SIGNAL, Interest::READABLE)?;
-        poll.registry()
-            .register(&mut admin, ADMIN, Interest::READABLE)?;
         let mut tokens = HashMap::new();
         let mut next_token = 2;
         let mut token = |t| {
@@ -506,6 +498,16 @@ impl Server {
             }
             None => None,
         };
+        // The admin socket last: its existence is what the CLI, `vrnic run` and the tests
+        // take for "the daemon is up", so everything else (the peer port, the engine threads)
+        // must already listen when it appears.
+        let admin_path = dir.join(ADMIN_SOCKET);
+        let _ = std::fs::remove_file(&admin_path);
+        let mut admin = UnixListener::bind(&admin_path)
+            .with_context(|| format!("bind {}", admin_path.display()))?;
+        open_admin_socket(&admin_path, opts.access_group.as_deref())?;
+        poll.registry()
+            .register(&mut admin, ADMIN, Interest::READABLE)?;
         info!(state_dir = %dir.display(), engine_threads, "vrnic daemon serving");
         unmount_on_failure.0 = None;
         Ok(Server {
