@@ -10,7 +10,9 @@ use common::{VecMem, per_page};
 
 use std::time::{Duration, Instant};
 
-use vrnic_proto::{CtxId, Engine, HostId, Memory, MrKeys, PdId, QpId, Sender, VnicId};
+use vrnic_proto::{
+    CtxId, Engine, HostId, Memory, MrKeys, PdId, QpId, SEGMENT, Sender, VnicId, WINDOW_FULL,
+};
 use vrnic_wire::frame::{AddrRepr, Deth, Frame, FrameRepr, Op, Opcode, SegmentRepr, Transport};
 use vrnic_wire::{
     AhAttr, Cqe, GlobalRoute, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode,
@@ -1989,4 +1991,93 @@ fn an_atomic_write_on_uc_over_the_link_is_loc_qp_op_err_and_sends_nothing() {
     assert_eq!(statuses(&n.a.cqes()), vec![(1, WcStatus::LocQpOpErr)]);
     assert_eq!(n.offered[0], 0);
     assert_eq!(n.b.get(&dst, 0x80_0000, 0x80_0040, 8), [0; 8]);
+}
+
+/// A message longer than the window over a link (6 MiB: 96 full segments, against
+/// [`WINDOW_FULL`]): no more than the window leaves before an answer (what is in flight
+/// crosses the link well within an ACK timeout, and a timeout sends no more than that again),
+/// and the message goes on as its segments are answered, to one successful completion with
+/// every byte in place. SEND, WRITE and READ; with its first window delivered, and lost whole.
+#[test]
+fn a_message_longer_than_the_window_goes_a_window_at_a_time_and_lands_whole() {
+    const LEN: u64 = 6 << 20;
+    const VA: u64 = 0x100_0000;
+    assert!(
+        LEN > u64::from(WINDOW_FULL) * SEGMENT,
+        "longer than the window"
+    );
+    for op in [
+        SendOpcode::Send,
+        SendOpcode::RdmaWrite,
+        SendOpcode::RdmaRead,
+    ] {
+        for lost in [false, true] {
+            let what = format!(
+                "{op:?}, first window {}",
+                if lost { "lost" } else { "delivered" }
+            );
+            let mut n = Net::new(QpType::Rc);
+            let now = n.now;
+            let data = pattern(LEN as usize, 23);
+            let read = op == SendOpcode::RdmaRead;
+            // The source is b's for a READ, a's otherwise; the destination the other's.
+            let (src_acc, dst_acc) = if read {
+                (
+                    access::LOCAL_WRITE | access::REMOTE_READ,
+                    access::LOCAL_WRITE,
+                )
+            } else {
+                (
+                    access::LOCAL_WRITE,
+                    access::LOCAL_WRITE | access::REMOTE_WRITE,
+                )
+            };
+            let (local, remote) = if read {
+                let local = n.a.map(VA, LEN, dst_acc);
+                let remote = n.b.map(VA, LEN, src_acc);
+                n.b.set(&remote, VA, VA, &data);
+                (local, remote)
+            } else {
+                let local = n.a.map(VA, LEN, src_acc);
+                let remote = n.b.map(VA, LEN, dst_acc);
+                n.a.set(&local, VA, VA, &data);
+                (local, remote)
+            };
+            if op == SendOpcode::Send {
+                n.b.recv(now, 7, vec![sge(VA, LEN as u32, remote.0.lkey)]);
+            }
+            let sges = vec![sge(VA, LEN as u32, local.0.lkey)];
+            n.a.post(now, wqe(1, op, sges, VA, remote.0.rkey));
+            let mut held = Vec::new();
+            hold(&mut n.a, now, &mut held);
+            assert!(
+                !held.is_empty() && held.len() as u32 <= WINDOW_FULL,
+                "{what}: {} segments before any answer",
+                held.len()
+            );
+            if !lost {
+                deliver_late(&mut n.b, n.a.id, now, &held);
+            }
+            n.run();
+            for _ in 0..20 {
+                n.advance(Duration::from_millis(100));
+            }
+            assert_eq!(
+                statuses(&n.a.cqes()),
+                vec![(1, WcStatus::Success)],
+                "{what}"
+            );
+            let got = if read {
+                n.a.get(&local, VA, VA, LEN as usize)
+            } else {
+                n.b.get(&remote, VA, VA, LEN as usize)
+            };
+            same(&got, &data, &what);
+            if op == SendOpcode::Send {
+                let cb = n.b.cqes();
+                assert_eq!(statuses(&cb), vec![(7, WcStatus::Success)], "{what}");
+                assert_eq!(u64::from(cb[0].byte_len), LEN, "{what}");
+            }
+        }
+    }
 }

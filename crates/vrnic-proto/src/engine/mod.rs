@@ -25,7 +25,7 @@ use mw::Mw;
 pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
 pub use qos::{BURST, Limit, Policy};
 use remote::Flights;
-pub use remote::{Placement, SEGMENT, Sender, Transmit, TxPayload, WINDOW};
+pub use remote::{Placement, SEGMENT, Sender, Transmit, TxPayload, WINDOW, WINDOW_FULL};
 use responder::Rx;
 pub use sched::Turn;
 use segment::Route;
@@ -292,6 +292,10 @@ struct Link {
     /// answer, and for each WQE sent (wholly or partly) its PSNs.
     sq_sent: usize,
     flights: Flights,
+    /// Requester: the oldest PSN not yet answered (everything before it is acknowledged or
+    /// its data arrived), from which the window is counted. Meaningful while `flights` is
+    /// not empty.
+    una: u32,
     /// Requester: its next WQE waits for those in flight to be answered.
     stalled: bool,
     /// Requester: the PSN an RNR NAK named; its wait ends when that PSN is acknowledged.
@@ -389,13 +393,35 @@ impl Qp {
     /// Whether it has a WQE it may send now: one not yet sent (all of them, on a local route,
     /// until retired), with room in its window and nothing before it to wait for.
     fn has_unsent(&self) -> bool {
-        self.sq.len() > self.link.sq_sent
-            && !self.link.stalled
-            && self
-                .link
-                .flights
-                .front()
-                .is_none_or(|f| (self.attr.sq_psn.wrapping_sub(f.first_psn) & 0xff_ffff) < WINDOW)
+        self.sq.len() > self.link.sq_sent && !self.link.stalled && self.window_open()
+    }
+
+    /// Whether the next segment fits in the window over a peer link: fewer than [`WINDOW`]
+    /// PSNs unanswered, and, for a full segment, fewer than [`WINDOW_FULL`] (so what is in
+    /// flight stays under `WINDOW_FULL` x [`SEGMENT`] bytes however large the messages: the
+    /// path drains it well within a local ACK timeout, and a timeout that does come sends
+    /// again no more than that). Counted from the oldest PSN unanswered, so a message of
+    /// any length moves as its segments are acknowledged. UC has no window (no answers).
+    fn window_open(&self) -> bool {
+        // UC waits for no answer: its flight is only the message being sent.
+        if self.link.flights.is_empty() || self.ty == QpType::Uc {
+            return true;
+        }
+        let d = self.attr.sq_psn.wrapping_sub(self.link.una) & 0xff_ffff;
+        if d >= WINDOW {
+            return false;
+        }
+        if d < WINDOW_FULL {
+            return true;
+        }
+        // A full segment next, or a short one (the last of a message, or a small message).
+        let idx = self.link.sq_sent;
+        let sent = self.link.flights.get(idx).map_or(0, |f| f.sent);
+        let len = match self.sq.get(idx) {
+            Some(Ok(w)) => w.payload.len(),
+            _ => 0,
+        };
+        len.saturating_sub(sent) < SEGMENT
     }
 
     /// Forgets what is in flight over a peer link (its queue was flushed or reset).

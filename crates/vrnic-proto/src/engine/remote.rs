@@ -32,6 +32,13 @@ use super::*;
 pub const SEGMENT: u64 = vrnic_wire::frame::MAX_PAYLOAD as u64;
 /// Most unanswered segments one QP keeps in flight over a peer link.
 pub const WINDOW: u32 = 512;
+/// Most unanswered full segments ([`SEGMENT`] bytes) one QP keeps in flight over a peer link:
+/// 4 MiB. What is in flight has to cross the link (and, with engine threads, the channels
+/// between the threads and the loop) well within the QP's local ACK timeout (67 ms for
+/// perftest's default): 512 full segments (32 MiB) did not on a loaded 2-core host, every
+/// timeout sent the whole window again behind the first copy, and the QP failed with
+/// `RETRY_EXC_ERR` though nothing was lost.
+pub const WINDOW_FULL: u32 = 64;
 
 /// A frame to send: to `host`, these headers, this payload.
 #[derive(Debug)]
@@ -208,7 +215,7 @@ pub(super) struct Flight {
     /// PSN after its last segment sent.
     next_psn: u32,
     /// Bytes sent (READ: asked for).
-    sent: u64,
+    pub(super) sent: u64,
     /// All of it sent.
     whole: bool,
     /// Answered: ACKed (SEND, WRITE), or its data or value arrived (READ, atomics).
@@ -485,6 +492,9 @@ impl Engine {
             return Step::Blocked;
         };
         q.attr.sq_psn = psn_next(psn);
+        if q.link.flights.is_empty() {
+            q.link.una = psn;
+        }
         if uc {
             if last {
                 q.link.flights.clear();
@@ -1305,6 +1315,10 @@ impl Engine {
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
+        let next = psn_next(psn);
+        if psn_cmp(next, q.link.una) > 0 && psn_cmp(next, q.attr.sq_psn) <= 0 {
+            q.link.una = next;
+        }
         if q.link.rnr_psn.is_some_and(|w| psn_cmp(psn, w) >= 0) {
             // What the RNR NAK named got through: the wait is over.
             q.link.rnr_psn = None;
@@ -1353,6 +1367,11 @@ impl Engine {
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return;
         };
+        if let Some(f) = q.link.flights.front()
+            && psn_cmp(f.first_psn, q.link.una) > 0
+        {
+            q.link.una = f.first_psn;
+        }
         if q.link.flights.is_empty() {
             q.link.ack_until = None;
         } else {
@@ -1412,6 +1431,9 @@ impl Engine {
         else {
             return;
         };
+        if psn_cmp(q.link.una, psn) > 0 {
+            q.link.una = psn;
+        }
         q.link.flights.truncate(i + 1);
         let f = &mut q.link.flights[i];
         let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
