@@ -636,6 +636,13 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
                 say!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(());
             }
+            if list.is_empty() {
+                // As `vrnic top` says it: an empty answer would read as a broken command.
+                say!(
+                    "(no vRNICs: one that `vrnic run` made is removed when its command exits; \
+                     `vrnic create NAME` makes one that stays)"
+                );
+            }
             for s in &list {
                 match s.qpn {
                     Some(q) => say!("{} QP {q:#x} (group {})", s.name, s.group),
@@ -706,6 +713,14 @@ fn command(cmd: Cmd, state_dir: std::path::PathBuf) -> Result<()> {
             let kp = if public {
                 vrnic_daemon::keys::KeyPair::load(&file)?
             } else {
+                if std::fs::symlink_metadata(&file).is_ok() {
+                    bail!(
+                        "key file {0} exists: a key file is never overwritten (`vrnic keygen \
+                         --public {0}` prints its public key; remove it first to make a new one)",
+                        file.display()
+                    );
+                }
+                make_key_dir(&file)?;
                 let kp = vrnic_daemon::keys::KeyPair::generate()?;
                 kp.write_new(&file)?;
                 kp
@@ -915,6 +930,26 @@ fn parse_peer_key(
     Ok((addr, key))
 }
 
+/// Makes the directory a new key file goes in when it is missing (`/etc/vrnic` on a fresh
+/// machine, as the README's `vrnic keygen /etc/vrnic/link.key`): mode 700, since it holds
+/// secrets. An existing directory is left as it is.
+fn make_key_dir(file: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("make the key file's directory {}", dir.display()))?;
+    eprintln!("vrnic: made the directory {} (mode 700)", dir.display());
+    Ok(())
+}
+
 fn driver_path() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locate the vrnic binary")?;
     let dir = exe.parent().context("binary has no directory")?;
@@ -924,8 +959,10 @@ fn driver_path() -> Result<PathBuf> {
         }
     }
     bail!(
-        "driver library {DRIVER} not found next to {}; build it with `cargo build --release --workspace`",
-        exe.display()
+        "driver library {DRIVER} not found next to {} nor in {}; build it with `cargo build \
+         --release --workspace`, and install it beside the binary or in lib/vrnic beside its bin",
+        exe.display(),
+        dir.join("../lib/vrnic").display()
     )
 }
 

@@ -1,6 +1,8 @@
 //! What a new user meets in the first hour, each checked by the text they read: `--peer` by
 //! host name with the default port, the legend of `vrnic peers`, a failed `serve` that leaves
-//! nothing mounted, etcd's refusals named with the endpoint, `vrnic bench`'s legend.
+//! nothing mounted, etcd's refusals named with the endpoint, `vrnic bench`'s legend, the
+//! README's `vrnic keygen /etc/vrnic/link.key` on a machine without `/etc/vrnic`, and `vrnic
+//! stats` after the README's runs (their vRNICs gone).
 
 mod common;
 
@@ -127,4 +129,60 @@ fn an_unreachable_etcd_is_named_with_its_cause() {
         log.contains("connection refused (nothing listens there"),
         "{log}"
     );
+}
+
+#[test]
+fn keygen_makes_the_missing_directory_of_its_key_file_and_never_overwrites() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // As the README's `vrnic keygen /etc/vrnic/link.key` on a fresh machine: no such directory.
+    let top = std::env::temp_dir().join(format!("vrnic-keygen-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&top);
+    let file = top.join("etc/vrnic/link.key");
+    let keygen = |args: &[&std::ffi::OsStr]| {
+        let mut c = Command::new(vrnic_bin());
+        c.arg("keygen").args(args);
+        output(c, "vrnic keygen", CLI)
+    };
+    let made = keygen(&[file.as_os_str()]);
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+    let (dir_mode, file_mode) = (mode(&top.join("etc/vrnic")), mode(&file));
+    let again = keygen(&[file.as_os_str()]);
+    let public = keygen(&["--public".as_ref(), file.as_os_str()]);
+    let _ = std::fs::remove_dir_all(&top);
+    let key = made.stdout.trim();
+    assert!(
+        made.ok() && key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{}",
+        made.text()
+    );
+    assert_eq!(dir_mode.ok(), Some(0o700), "the directory it made");
+    assert_eq!(file_mode.ok(), Some(0o600), "the key file");
+    assert!(
+        !again.ok()
+            && again.stderr.contains("never overwritten")
+            && again.stderr.contains("vrnic keygen --public"),
+        "{}",
+        again.text()
+    );
+    assert!(
+        public.ok() && public.stdout.trim() == key,
+        "{}",
+        public.text()
+    );
+}
+
+#[test]
+fn stats_without_vrnics_says_so() {
+    // The README's `vrnic stats` comes after its runs, whose vRNICs are gone: an empty
+    // answer read as a command that printed nothing.
+    let mut d = Daemon::start();
+    let out = d.cli_output(&["stats"]);
+    let json = d.cli_output(&["stats", "--json"]);
+    let _ = d.stop();
+    assert!(
+        out.ok() && out.stdout.contains("(no vRNICs") && out.stdout.contains("vrnic create"),
+        "{}",
+        out.text()
+    );
+    assert!(json.ok() && json.stdout.trim() == "[]", "{}", json.text());
 }
