@@ -109,6 +109,22 @@ impl OutQueue {
         }
     }
 
+    /// Queues everything `other` holds, in its order, after what this queue holds, and
+    /// empties `other` (its bytes are copied; its region ranges and zeros move as they are).
+    /// How an engine thread's frames, queued off the loop thread, join their link's queue.
+    pub(super) fn append(&mut self, other: &mut OutQueue) {
+        for piece in other.pieces.drain(..) {
+            match piece {
+                Piece::Bytes(n) => {
+                    self.extend(&other.bytes.data()[..n]);
+                    other.bytes.consume(n);
+                }
+                p => self.pieces.push_back(p),
+            }
+        }
+        other.bytes.clear();
+    }
+
     /// The first pieces as `(address, length)`, at most [`sys::WRITEV_MAX`].
     fn gather(&self, out: &mut Vec<(usize, usize)>) {
         out.clear();
@@ -299,6 +315,42 @@ mod tests {
         want.extend([0u8; 5]);
         want.extend(b"tail");
         assert_eq!(got, want, "the region's bytes, read when written");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A queue appended to another goes out after what that one held, in its own order, its
+    /// region ranges still read when written; the appended queue is left empty.
+    #[test]
+    fn an_appended_queue_goes_out_after_what_was_queued_in_its_order() {
+        let dir = std::env::temp_dir().join(format!("vrnic-outq-app-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = region(&dir, 5);
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut link = OutQueue::default();
+        link.extend(b"first");
+        let mut from_thread = OutQueue::default();
+        from_thread.extend(b"hdr");
+        from_thread.push_region(r.clone(), 8192, 10000);
+        from_thread.push_zeros(2);
+        from_thread.extend(b"end");
+        link.append(&mut from_thread);
+        assert!(from_thread.is_empty() && from_thread.held() == 0);
+        link.extend(b"last");
+        drop(r);
+        let mut scratch = Vec::new();
+        let mut sent = 0;
+        while !link.is_empty() {
+            sent += link.write_to(a.as_raw_fd(), &mut scratch).unwrap();
+        }
+        drop(a);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        let mut want = b"firsthdr".to_vec();
+        want.extend([5u8; 10000]);
+        want.extend([0u8; 2]);
+        want.extend(b"endlast");
+        assert_eq!(sent, want.len());
+        assert_eq!(got, want);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

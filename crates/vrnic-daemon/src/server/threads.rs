@@ -7,8 +7,10 @@
 //! shard's engine, which its pass holds for the purpose (`siblings.rs`): one copy per byte,
 //! the same checks as on one engine, no frame between threads.
 //!
-//! Peer links stay the loop's: a frame for another host leaves an engine thread through one
-//! channel to the loop, which queues it on its link; a frame from another host goes from the
+//! Peer links stay the loop's: the frames a pass makes for another host leave an engine thread
+//! through one channel to the loop as a queue of their own (headers as bytes, large reliable
+//! payloads as ranges of their region, which the kernel reads when the link writes them, as
+//! on one thread), which the loop appends to the link's; a frame from another host goes from the
 //! loop into the inbox of the shard its destination QP number names (each shard's engine
 //! gives out the numbers of its own class, [`qpn_shard`]).
 //!
@@ -28,14 +30,18 @@ use vrnic_proto::HostId;
 use vrnic_wire::frame::{Frame, FrameRepr};
 
 use super::datapath::{Frames, Mem};
+use super::outqueue::OutQueue;
+use super::peers::enqueue;
 use super::shard::{Shard, host_shard, qpn_shard};
 use super::siblings::SiblingShards;
 
 /// A frame into a shard from a peer host: that host, and the frame's bytes.
 pub(super) type ShardFrame = (HostId, Vec<u8>);
 
-/// A frame from a shard for a peer host: the host, and the frame's bytes.
-pub(super) type PeerFrame = (HostId, Vec<u8>);
+/// Frames from a shard for a peer host, as one pass queued them: the host, and the frames as
+/// its link queues them (headers and small payloads as bytes, large reliable payloads as
+/// ranges of their region, read by the kernel when the link writes: no copy in the daemon).
+pub(super) type PeerFrame = (HostId, OutQueue);
 
 /// Frames an engine thread takes from its inbox per pass at most (the rest wait for the next).
 const INBOX_BATCH: usize = 256;
@@ -84,20 +90,29 @@ impl ShardFrames<'_> {
 
 impl Frames for ShardFrames<'_> {
     fn send(&mut self, engine: &mut Engine, mem: &mut Mem<'_>) -> bool {
-        let mut sent = false;
+        // One queue per peer host this pass sends to (almost always one).
+        let mut batches: Vec<PeerFrame> = Vec::new();
         while let Some(t) = engine.poll_transmit() {
             if host_shard(t.host).is_some() {
                 // An engine never makes one for a sibling (it calls it instead).
                 warn!("a frame for another engine thread was dropped");
                 continue;
             }
-            let mut bytes = Vec::with_capacity(t.frame_len());
-            if !t.encode(mem, &mut bytes) {
+            let i = match batches.iter().position(|(h, _)| *h == t.host) {
+                Some(i) => i,
+                None => {
+                    batches.push((t.host, OutQueue::default()));
+                    batches.len() - 1
+                }
+            };
+            if !enqueue(&t, mem, &mut batches[i].1) {
                 warn!("an inconsistent frame was not sent");
-                continue;
             }
-            // The loop queues it on the link (or drops it, the link down).
-            sent |= self.to_peers.send((t.host, bytes)).is_ok();
+        }
+        let mut sent = false;
+        for batch in batches {
+            // The loop appends it to the link's queue (or drops it, the link down).
+            sent |= self.to_peers.send(batch).is_ok();
         }
         if sent {
             let _ = self.waker.wake();

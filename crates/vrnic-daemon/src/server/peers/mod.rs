@@ -1559,11 +1559,11 @@ impl Server {
         let sent = match &self.threads {
             // The engine threads' frames, as they queued them, then what each link can take.
             Some(t) => {
-                for (host, bytes) in t.from_shards.try_iter() {
+                for (host, mut frames) in t.from_shards.try_iter() {
                     if let Some(Some(l)) = p.links.get_mut(host.0 as usize)
                         && l.state == State::Up
                     {
-                        l.out.extend(&bytes);
+                        l.out.append(&mut frames);
                     }
                 }
                 p.write_links(now)
@@ -1689,8 +1689,10 @@ impl Peers {
 }
 
 /// Queues `t`'s frame on `out`: a large payload in registered memory as ranges of its region
-/// (the kernel reads them when the link writes), anything else written in place.
-fn enqueue(t: &vrnic_proto::Transmit, mem: &mut Mem, out: &mut OutQueue) -> bool {
+/// (the kernel reads them when the link writes), anything else written in place. The loop
+/// does it for its own engine's frames; an engine thread for its shard's, into a queue the
+/// loop then appends to the link's (`threads.rs`).
+pub(super) fn enqueue(t: &vrnic_proto::Transmit, mem: &mut Mem, out: &mut OutQueue) -> bool {
     let len = t.frame_len();
     let range = t.payload_range();
     // Only a reliable segment's payload may be read at `writev` time: its work request
