@@ -167,7 +167,7 @@ fn perftest_bw_sweeps_across_hosts() {
 
 /// `rping` across hosts through rdma_cm: the client resolves host 0's IP (announced over the
 /// peer link) to host 0, and the two daemons' brokers carry the connection. `-V` checks every
-/// byte the server READs and WRITEs back; the client must print exactly `-C` pings.
+/// byte the server READs and WRITEs back; each side must print exactly `-C` pings.
 #[test]
 fn rping_across_hosts_through_rdma_cm() {
     require("rping");
@@ -175,20 +175,10 @@ fn rping_across_hosts_through_rdma_cm() {
     let ds = hosts.daemons(LINKS_UP);
     let p = port().to_string();
     let addr = hosts.addr(0);
-    let extra = ["-C", "200", "-S", "4096", "-V", "-v"];
-    let mut server = vec!["rping", "-s", "-a", &addr, "-p", &p];
-    server.extend_from_slice(&extra);
-    let mut client = vec!["rping", "-c", "-a", &addr, "-p", &p];
-    client.extend_from_slice(&extra);
-    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
+    let r = common::Rping::new(&addr, &p, &["-C", "200", "-S", "4096", "-V", "-v"]);
+    let pair = run_pair_on(&ds[0], &ds[1], &r.server, &r.client, PAIR);
     pair.assert_ok();
-    let pings = pair
-        .client
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("ping data: "))
-        .count();
-    assert_eq!(pings, 200, "client ping data lines\n{pair}");
+    r.assert_counted(&pair);
 }
 
 /// perftest over rdma_cm (`-R`) across hosts: the connection, and then the traffic.

@@ -529,7 +529,7 @@ fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
 /// rdma_cm across cluster hosts: what it resolves comes from etcd. `rping -V` between a vRNIC
 /// of group red on host 0 (virtual IP 10.9.0.1, given at `vrnic create`) and one of red on
 /// host 1, through the virtual IP; then through host 0's own address (in its host record),
-/// each client printing exactly its pings.
+/// each side printing exactly its pings.
 #[test]
 fn rping_across_cluster_hosts_by_virtual_ip_and_host_address() {
     require("rping");
@@ -548,11 +548,10 @@ fn rping_across_cluster_hosts_by_virtual_ip_and_host_address() {
         (None, None, addr0.as_str()),
     ] {
         let p = port().to_string();
-        let s = ["rping", "-s", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
-        let c = ["rping", "-c", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
+        let r = common::Rping::new(addr, &p, &["-v", "-V", "-C", "5"]);
         let pair = common::pair_of(
-            ds[0].run_on(server_on, &s),
-            || ds[1].run_on(client_on, &c),
+            ds[0].run_on(server_on, &r.server),
+            || ds[1].run_on(client_on, &r.client),
             PAIR,
         );
         pair.assert_ok();

@@ -126,12 +126,7 @@ fn remove_stale() {
 impl Hosts {
     /// `n` hosts, host `i` at 10.77.0.(i+1)/24. Needs root.
     pub fn new(n: usize) -> Hosts {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        assert!(
-            root,
-            "across-host tests need root (network namespaces); scripts/test runs as root"
-        );
+        super::require_root("across-host tests make network namespaces");
         remove_stale();
         let tag = format!(
             "vr{}x{}",

@@ -52,17 +52,21 @@ pub fn port() -> u16 {
     panic!("no free TCP port in {block}..{}", block + 100);
 }
 
-/// The path of a Debian tool; panics with how to install it if it is missing (the suite's
-/// script installs them: a missing tool is a failure, not a skip).
+/// Whether the test runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Fails the test unless it runs as root: `why` says what needs it. Tests that make
 /// namespaces, mounts or users, or play other users, fail without root rather than pass having
 /// run nothing; `scripts/test` runs the suite as root.
 pub fn require_root(why: &str) {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "{why}: run it as root (sudo bash scripts/test)");
+    assert!(is_root(), "{why}: run it as root (sudo bash scripts/test)");
 }
 
+/// The path of a Debian tool; panics with how to install it if it is missing (the suite's
+/// script installs them: a missing tool is a failure, not a skip).
 pub fn require(tool: &str) -> PathBuf {
     for dir in ["/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin"] {
         let p = Path::new(dir).join(tool);
@@ -533,6 +537,47 @@ pub fn assert_rping_count(pair: &Pair, n: usize) {
         n,
         "server pings\n{pair}"
     );
+}
+
+/// The two sides of a verbose `rping` pair: `rping -s -a ADDR -p PORT extra...` and
+/// `rping -c -a ADDR -p PORT extra...`, with `-v` added where `extra` lacks it, so that each
+/// side prints a line per ping for [`Rping::assert_counted`] to count. `rping` exits 0 whenever
+/// it ends disconnected, even after one ping: only the count shows that the run was whole.
+pub struct Rping<'a> {
+    pub server: Vec<&'a str>,
+    pub client: Vec<&'a str>,
+    /// The `-C` count of `extra`.
+    pub count: usize,
+}
+
+impl<'a> Rping<'a> {
+    /// Panics unless `extra` names `-C COUNT` (without it `rping` pings for ever).
+    pub fn new(addr: &'a str, port: &'a str, extra: &[&'a str]) -> Rping<'a> {
+        let count = extra
+            .iter()
+            .position(|a| *a == "-C")
+            .and_then(|i| extra.get(i + 1))
+            .and_then(|c| c.parse().ok())
+            .expect("an rping pair names its -C count");
+        let side = |flag: &'a str| {
+            let mut args = vec!["rping", flag, "-a", addr, "-p", port];
+            args.extend_from_slice(extra);
+            if !extra.contains(&"-v") {
+                args.push("-v");
+            }
+            args
+        };
+        Rping {
+            server: side("-s"),
+            client: side("-c"),
+            count,
+        }
+    }
+
+    /// Both sides exchanged the `-C` count of pings ([`assert_rping_count`]).
+    pub fn assert_counted(&self, pair: &Pair) {
+        assert_rping_count(pair, self.count);
+    }
 }
 
 /// Whether a client failed only because its server was not listening yet.
