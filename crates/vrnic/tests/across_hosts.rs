@@ -23,32 +23,23 @@ const PAIR: Duration = Duration::from_secs(120);
 /// and hosts (to ask them afterwards; the daemons go first).
 fn c_check_across(prog: &str, args: &[&str]) -> (common::Pair, Vec<Daemon>, Hosts) {
     let bin = c_program(prog, &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
     let hosts = Hosts::new(2);
     let ds = hosts.daemons(LINKS_UP);
-    let p = port().to_string();
-    let addr = hosts.addr(0);
-    let mut server = vec![bin, "server", &p];
-    server.extend_from_slice(args);
-    let mut client = vec![bin, "client", &addr, &p];
-    client.extend_from_slice(args);
-    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
-    pair.assert_ok();
+    let pair = common::c_check_pair_across(&ds[0], &ds[1], &hosts.addr(0), &bin, args, PAIR);
     (pair, ds, hosts)
 }
 
 /// `prog args... -p PORT` as a server on host 0's daemon, and as a client of host 0's address
-/// on host 1's daemon; both must exit 0.
-fn across(prog: &str, args: &[&str]) {
+/// on host 1's daemon; both must exit 0. Returns the pair.
+fn across(prog: &str, args: &[&str]) -> common::Pair {
     require(prog);
     let hosts = Hosts::new(2);
     let ds = hosts.daemons(LINKS_UP);
     let p = port().to_string();
-    let mut server = vec![prog, "-p", &p];
-    server.extend_from_slice(args);
-    let mut client = server.clone();
     let addr = hosts.addr(0);
-    client.push(&addr);
+    let mut prog_args = vec![prog];
+    prog_args.extend_from_slice(args);
+    let (server, client) = common::pingpong_sides(&prog_args, &p, &addr);
     let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
     pair.assert_ok();
     for (side, out) in [("server", &pair.server), ("client", &pair.client)] {
@@ -57,6 +48,7 @@ fn across(prog: &str, args: &[&str]) {
             "{side} saw corrupted data\n{pair}"
         );
     }
+    pair
 }
 
 #[test]
@@ -110,17 +102,7 @@ fn srq_pingpong_across_hosts() {
 /// frames (an XRCETH naming the peer's SRQ), lands in that SRQ and completes on its CQ; both
 /// sides must print `success`.
 fn xsrq_across(args: &[&str]) {
-    require("ibv_xsrq_pingpong");
-    let hosts = Hosts::new(2);
-    let ds = hosts.daemons(LINKS_UP);
-    let p = port().to_string();
-    let mut server = vec!["ibv_xsrq_pingpong", "-p", &p];
-    server.extend_from_slice(args);
-    let mut client = server.clone();
-    let addr = hosts.addr(0);
-    client.push(&addr);
-    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
-    pair.assert_ok();
+    let pair = across("ibv_xsrq_pingpong", args);
     for out in [&pair.server, &pair.client] {
         assert!(
             out.stdout.contains("SRQN") && out.stdout.lines().any(|l| l == "success"),
@@ -327,26 +309,12 @@ fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_aga
     let p = port().to_string();
     let addr = hosts.addr(0);
     // A long transfer: killed long before it ends.
-    let server = Proc::spawn(
+    let (server, client) = common::start_transfer(
         ds[0].run(&["ib_write_bw", "-p", &p, "-D", "30"]),
-        "server ib_write_bw",
+        || ds[1].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr]),
+        Duration::from_millis(1500),
+        "ib_write_bw",
     );
-    let start = Instant::now();
-    let client = loop {
-        let c = Proc::spawn(
-            ds[1].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr]),
-            "client ib_write_bw",
-        );
-        std::thread::sleep(Duration::from_millis(1500));
-        let mut c = c;
-        if !c.exited() {
-            break c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "client never started"
-        );
-    };
     let killed = ds[0].kill();
     let _ = killed;
     // ib_write_bw's QPs use timeout 14 and retry_cnt 7: about 0.54 s of budget.
@@ -382,10 +350,7 @@ fn transfer_across_a_cut_with(
     let ds = hosts.daemons_with(LINKS_UP, extra);
     let p = port().to_string();
     let addr = hosts.addr(0);
-    let mut server = args.to_vec();
-    server.extend(["-p", &p]);
-    let mut client = server.clone();
-    client.push(&addr);
+    let (server, client) = common::pingpong_sides(args, &p, &addr);
     let (c, s) = cut_under(&hosts, &ds, &server, &client, cut);
     (c, s, hosts, ds)
 }
@@ -543,19 +508,12 @@ fn truncate_mid_write(evil: usize) {
     let mut client_args = args.to_vec();
     client_args.push(&addr);
     let on = |host: usize| (host == evil).then_some("evil");
-    let server = Proc::spawn(ds[0].run_on(on(0), &args), "server ib_write_bw");
-    let start = Instant::now();
-    let client = loop {
-        let mut c = Proc::spawn(ds[1].run_on(on(1), &client_args), "client ib_write_bw");
-        std::thread::sleep(Duration::from_millis(1500));
-        if !c.exited() {
-            break c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "client never started"
-        );
-    };
+    let (server, client) = common::start_transfer(
+        ds[0].run_on(on(0), &args),
+        || ds[1].run_on(on(1), &client_args),
+        Duration::from_millis(1500),
+        "ib_write_bw",
+    );
     std::fs::OpenOptions::new()
         .write(true)
         .open(ds[evil].dir.join("evil").join("region"))
@@ -572,15 +530,7 @@ fn truncate_mid_write(evil: usize) {
     let out = other.wait_bounded(Duration::from_secs(60));
     assert!(!out.timed_out, "the other host's app hung\n{}", out.text());
     let bin = c_program("stream_check", &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
-    let pair = run_pair_on(
-        &ds[0],
-        &ds[1],
-        &[bin, "server", &p, "1"],
-        &[bin, "client", &addr, &p, "1"],
-        PAIR,
-    );
-    pair.assert_ok();
+    let pair = common::c_check_pair_across(&ds[0], &ds[1], &addr, &bin, &["1"], PAIR);
     assert!(
         pair.client
             .stdout
@@ -627,30 +577,10 @@ fn garbage_on_the_peer_port_closes_only_that_connection() {
 /// RC QPs, interleaved SENDs, WRITEs, READs and answers), every byte checked on both ends.
 #[test]
 fn one_app_talks_to_two_other_hosts_at_once() {
-    let bin = c_program("fanout_check", &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
     let hosts = Hosts::new(3);
     let ds = hosts.daemons(LINKS_UP);
-    let (p1, p2) = (port().to_string(), port().to_string());
-    let s1 = Proc::spawn(ds[1].run(&[bin, "server", &p1, "1"]), "server 1");
-    let s2 = Proc::spawn(ds[2].run(&[bin, "server", &p2, "2"]), "server 2");
     let (a1, a2) = (hosts.addr(1), hosts.addr(2));
-    let c =
-        Proc::spawn(ds[0].run(&[bin, "client", &a1, &p1, &a2, &p2]), "client").wait_bounded(PAIR);
-    let s1 = s1.wait_bounded(Duration::from_secs(30));
-    let s2 = s2.wait_bounded(Duration::from_secs(30));
-    assert!(
-        c.ok() && s1.ok() && s2.ok(),
-        "client:\n{}\nserver 1:\n{}\nserver 2:\n{}",
-        c.text(),
-        s1.text(),
-        s2.text()
-    );
-    assert!(
-        c.stdout.contains("OK client: both peers, every byte"),
-        "{}",
-        c.text()
-    );
+    common::fanout_check(&ds[0], (&ds[1], &a1), (&ds[2], &a2), PAIR);
 }
 
 /// Bulk RDMA WRITEs and READs across hosts (`tests/c/stream_check.c`: 64 MiB each way, three

@@ -19,10 +19,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// Runs `server` then `client` (each `prog args...`) and checks both exit 0.
 fn pair(server: &[&str], client: &[&str]) -> common::Pair {
     require(server[0]);
-    let d = Daemon::start();
-    let p = run_pair(&d, server, client, LIMIT);
-    p.assert_ok();
-    p
+    common::fresh_pair(server, client, LIMIT)
 }
 
 /// `rping` server and client with `extra` (which holds `-C COUNT`), verbose: `rping` exits 0
