@@ -18,17 +18,6 @@ use common::{Daemon, Output, Proc, c_program, port, require, run_pair_on};
 const LINKS_UP: Duration = Duration::from_secs(20);
 const PAIR: Duration = Duration::from_secs(120);
 
-/// Our two-process C check `prog` between two hosts: `server PORT args...` on host 0's daemon,
-/// `client ADDR PORT args...` on host 1's; both must exit 0. Returns the pair, and the daemons
-/// and hosts (to ask them afterwards; the daemons go first).
-fn c_check_across(prog: &str, args: &[&str]) -> (common::Pair, Vec<Daemon>, Hosts) {
-    let bin = c_program(prog, &["-libverbs"]);
-    let hosts = Hosts::new(2);
-    let ds = hosts.daemons(LINKS_UP);
-    let pair = common::c_check_pair_across(&ds[0], &ds[1], &hosts.addr(0), &bin, args, PAIR);
-    (pair, ds, hosts)
-}
-
 /// `prog args... -p PORT` as a server on host 0's daemon, and as a client of host 0's address
 /// on host 1's daemon; both must exit 0. Returns the pair.
 fn across(prog: &str, args: &[&str]) -> common::Pair {
@@ -86,7 +75,8 @@ fn ud_pingpong_across_hosts() {
 /// said over TCP; without a GRH the LID comes from the frame's address word.
 #[test]
 fn ud_completions_name_their_sender_across_hosts() {
-    let (pair, _ds, _hosts) = c_check_across("ex_check", &["ud"]);
+    let bin = c_program("ex_check", &["-libverbs"]);
+    let (pair, _hosts, _ds) = common::hosts::c_check_across_hosts(&bin, &["ud"], PAIR);
     for side in [&pair.server, &pair.client] {
         assert!(side.stdout.contains("ud done"), "{pair}");
         assert!(!side.stdout.contains("FAIL"), "{pair}");
@@ -589,7 +579,8 @@ fn one_app_talks_to_two_other_hosts_at_once() {
 /// receiving host read some into place).
 #[test]
 fn bulk_writes_and_reads_read_into_place_land_every_byte() {
-    let (pair, ds, _hosts) = c_check_across("stream_check", &[]);
+    let bin = c_program("stream_check", &["-libverbs"]);
+    let (pair, _hosts, ds) = common::hosts::c_check_across_hosts(&bin, &[], PAIR);
     assert!(
         pair.client
             .stdout

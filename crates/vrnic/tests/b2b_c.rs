@@ -78,15 +78,7 @@ fn bandwidth_then_latency_tests_reopening_the_device_on_two_engine_threads() {
 /// a buffer refilled at its completion went out with the next message's bytes.
 #[test]
 fn bandwidth_then_latency_tests_in_one_process_across_hosts() {
-    let hosts = common::hosts::Hosts::new(2);
-    let ds = hosts.daemons_with(Duration::from_secs(20), &[]);
-    let pair = common::c_check_pair_across(
-        &ds[0],
-        &ds[1],
-        &hosts.addr(0),
-        bin(),
-        &["2", "once"],
-        Duration::from_secs(240),
-    );
+    let (pair, _hosts, _ds) =
+        common::hosts::c_check_across_hosts(bin(), &["2", "once"], Duration::from_secs(240));
     all_passed(&pair, 2);
 }

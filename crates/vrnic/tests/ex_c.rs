@@ -134,15 +134,7 @@ fn atomic_write_across_engine_threads() {
 /// The same across two hosts: each ATOMIC_WRITE crosses the peer link as IBA 1.5's opcode.
 #[test]
 fn atomic_write_across_hosts() {
-    let hosts = common::hosts::Hosts::new(2);
-    let ds = hosts.daemons_with(Duration::from_secs(20), &[]);
-    let pair = common::c_check_pair_across(
-        &ds[0],
-        &ds[1],
-        &hosts.addr(0),
-        ex_check(),
-        &["aw"],
-        Duration::from_secs(120),
-    );
+    let (pair, _hosts, _ds) =
+        common::hosts::c_check_across_hosts(ex_check(), &["aw"], Duration::from_secs(120));
     passed(&pair, "aw", AW_SERVER, AW_CLIENT);
 }

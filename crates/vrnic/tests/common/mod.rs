@@ -821,6 +821,20 @@ pub fn c_check_pair(bin: &Path, mode: &str) -> Pair {
     c_check_pair_on(&Daemon::start(), bin, &[mode], Duration::from_secs(60))
 }
 
+/// [`c_check_pair`], and each side printed ` MODE done` and no `FAIL`.
+pub fn c_check_done(bin: &Path, mode: &str) -> Pair {
+    let pair = c_check_pair(bin, mode);
+    for side in [&pair.server, &pair.client] {
+        assert!(
+            side.stdout.contains(&format!(" {mode} done")),
+            "{}",
+            side.stdout
+        );
+        assert!(!side.stdout.contains("FAIL"), "{}", side.stdout);
+    }
+    pair
+}
+
 /// [`c_check_pair_across`] with both sides on `d` (the client reaches 127.0.0.1).
 pub fn c_check_pair_on(d: &Daemon, bin: &Path, args: &[&str], limit: Duration) -> Pair {
     c_check_pair_across(d, d, "127.0.0.1", bin, args, limit)
