@@ -18,37 +18,17 @@ use common::{Daemon, Output, Proc, c_program, port, require, run_pair_on};
 const LINKS_UP: Duration = Duration::from_secs(20);
 const PAIR: Duration = Duration::from_secs(120);
 
-/// Our two-process C check `prog` between two hosts: `server PORT args...` on host 0's daemon,
-/// `client ADDR PORT args...` on host 1's; both must exit 0. Returns the pair, and the daemons
-/// and hosts (to ask them afterwards; the daemons go first).
-fn c_check_across(prog: &str, args: &[&str]) -> (common::Pair, Vec<Daemon>, Hosts) {
-    let bin = c_program(prog, &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
-    let hosts = Hosts::new(2);
-    let ds = hosts.daemons(LINKS_UP);
-    let p = port().to_string();
-    let addr = hosts.addr(0);
-    let mut server = vec![bin, "server", &p];
-    server.extend_from_slice(args);
-    let mut client = vec![bin, "client", &addr, &p];
-    client.extend_from_slice(args);
-    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
-    pair.assert_ok();
-    (pair, ds, hosts)
-}
-
 /// `prog args... -p PORT` as a server on host 0's daemon, and as a client of host 0's address
-/// on host 1's daemon; both must exit 0.
-fn across(prog: &str, args: &[&str]) {
+/// on host 1's daemon; both must exit 0. Returns the pair.
+fn across(prog: &str, args: &[&str]) -> common::Pair {
     require(prog);
     let hosts = Hosts::new(2);
     let ds = hosts.daemons(LINKS_UP);
     let p = port().to_string();
-    let mut server = vec![prog, "-p", &p];
-    server.extend_from_slice(args);
-    let mut client = server.clone();
     let addr = hosts.addr(0);
-    client.push(&addr);
+    let mut prog_args = vec![prog];
+    prog_args.extend_from_slice(args);
+    let (server, client) = common::pingpong_sides(&prog_args, &p, &addr);
     let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
     pair.assert_ok();
     for (side, out) in [("server", &pair.server), ("client", &pair.client)] {
@@ -57,6 +37,7 @@ fn across(prog: &str, args: &[&str]) {
             "{side} saw corrupted data\n{pair}"
         );
     }
+    pair
 }
 
 #[test]
@@ -94,7 +75,8 @@ fn ud_pingpong_across_hosts() {
 /// said over TCP; without a GRH the LID comes from the frame's address word.
 #[test]
 fn ud_completions_name_their_sender_across_hosts() {
-    let (pair, _ds, _hosts) = c_check_across("ex_check", &["ud"]);
+    let bin = c_program("ex_check", &["-libverbs"]);
+    let (pair, _hosts, _ds) = common::hosts::c_check_across_hosts(&bin, &["ud"], PAIR);
     for side in [&pair.server, &pair.client] {
         assert!(side.stdout.contains("ud done"), "{pair}");
         assert!(!side.stdout.contains("FAIL"), "{pair}");
@@ -110,17 +92,7 @@ fn srq_pingpong_across_hosts() {
 /// frames (an XRCETH naming the peer's SRQ), lands in that SRQ and completes on its CQ; both
 /// sides must print `success`.
 fn xsrq_across(args: &[&str]) {
-    require("ibv_xsrq_pingpong");
-    let hosts = Hosts::new(2);
-    let ds = hosts.daemons(LINKS_UP);
-    let p = port().to_string();
-    let mut server = vec!["ibv_xsrq_pingpong", "-p", &p];
-    server.extend_from_slice(args);
-    let mut client = server.clone();
-    let addr = hosts.addr(0);
-    client.push(&addr);
-    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
-    pair.assert_ok();
+    let pair = across("ibv_xsrq_pingpong", args);
     for out in [&pair.server, &pair.client] {
         assert!(
             out.stdout.contains("SRQN") && out.stdout.lines().any(|l| l == "success"),
@@ -167,7 +139,7 @@ fn perftest_bw_sweeps_across_hosts() {
 
 /// `rping` across hosts through rdma_cm: the client resolves host 0's IP (announced over the
 /// peer link) to host 0, and the two daemons' brokers carry the connection. `-V` checks every
-/// byte the server READs and WRITEs back; the client must print exactly `-C` pings.
+/// byte the server READs and WRITEs back; each side must print exactly `-C` pings.
 #[test]
 fn rping_across_hosts_through_rdma_cm() {
     require("rping");
@@ -175,20 +147,10 @@ fn rping_across_hosts_through_rdma_cm() {
     let ds = hosts.daemons(LINKS_UP);
     let p = port().to_string();
     let addr = hosts.addr(0);
-    let extra = ["-C", "200", "-S", "4096", "-V", "-v"];
-    let mut server = vec!["rping", "-s", "-a", &addr, "-p", &p];
-    server.extend_from_slice(&extra);
-    let mut client = vec!["rping", "-c", "-a", &addr, "-p", &p];
-    client.extend_from_slice(&extra);
-    let pair = run_pair_on(&ds[0], &ds[1], &server, &client, PAIR);
+    let r = common::Rping::new(&addr, &p, &["-C", "200", "-S", "4096", "-V", "-v"]);
+    let pair = run_pair_on(&ds[0], &ds[1], &r.server, &r.client, PAIR);
     pair.assert_ok();
-    let pings = pair
-        .client
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("ping data: "))
-        .count();
-    assert_eq!(pings, 200, "client ping data lines\n{pair}");
+    r.assert_counted(&pair);
 }
 
 /// perftest over rdma_cm (`-R`) across hosts: the connection, and then the traffic.
@@ -337,26 +299,12 @@ fn a_daemon_killed_mid_transfer_fails_the_survivors_qps_and_a_restart_serves_aga
     let p = port().to_string();
     let addr = hosts.addr(0);
     // A long transfer: killed long before it ends.
-    let server = Proc::spawn(
+    let (server, client) = common::start_transfer(
         ds[0].run(&["ib_write_bw", "-p", &p, "-D", "30"]),
-        "server ib_write_bw",
+        || ds[1].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr]),
+        Duration::from_millis(1500),
+        "ib_write_bw",
     );
-    let start = Instant::now();
-    let client = loop {
-        let c = Proc::spawn(
-            ds[1].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr]),
-            "client ib_write_bw",
-        );
-        std::thread::sleep(Duration::from_millis(1500));
-        let mut c = c;
-        if !c.exited() {
-            break c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "client never started"
-        );
-    };
     let killed = ds[0].kill();
     let _ = killed;
     // ib_write_bw's QPs use timeout 14 and retry_cnt 7: about 0.54 s of budget.
@@ -392,10 +340,7 @@ fn transfer_across_a_cut_with(
     let ds = hosts.daemons_with(LINKS_UP, extra);
     let p = port().to_string();
     let addr = hosts.addr(0);
-    let mut server = args.to_vec();
-    server.extend(["-p", &p]);
-    let mut client = server.clone();
-    client.push(&addr);
+    let (server, client) = common::pingpong_sides(args, &p, &addr);
     let (c, s) = cut_under(&hosts, &ds, &server, &client, cut);
     (c, s, hosts, ds)
 }
@@ -553,19 +498,12 @@ fn truncate_mid_write(evil: usize) {
     let mut client_args = args.to_vec();
     client_args.push(&addr);
     let on = |host: usize| (host == evil).then_some("evil");
-    let server = Proc::spawn(ds[0].run_on(on(0), &args), "server ib_write_bw");
-    let start = Instant::now();
-    let client = loop {
-        let mut c = Proc::spawn(ds[1].run_on(on(1), &client_args), "client ib_write_bw");
-        std::thread::sleep(Duration::from_millis(1500));
-        if !c.exited() {
-            break c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "client never started"
-        );
-    };
+    let (server, client) = common::start_transfer(
+        ds[0].run_on(on(0), &args),
+        || ds[1].run_on(on(1), &client_args),
+        Duration::from_millis(1500),
+        "ib_write_bw",
+    );
     std::fs::OpenOptions::new()
         .write(true)
         .open(ds[evil].dir.join("evil").join("region"))
@@ -582,15 +520,7 @@ fn truncate_mid_write(evil: usize) {
     let out = other.wait_bounded(Duration::from_secs(60));
     assert!(!out.timed_out, "the other host's app hung\n{}", out.text());
     let bin = c_program("stream_check", &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
-    let pair = run_pair_on(
-        &ds[0],
-        &ds[1],
-        &[bin, "server", &p, "1"],
-        &[bin, "client", &addr, &p, "1"],
-        PAIR,
-    );
-    pair.assert_ok();
+    let pair = common::c_check_pair_across(&ds[0], &ds[1], &addr, &bin, &["1"], PAIR);
     assert!(
         pair.client
             .stdout
@@ -637,30 +567,10 @@ fn garbage_on_the_peer_port_closes_only_that_connection() {
 /// RC QPs, interleaved SENDs, WRITEs, READs and answers), every byte checked on both ends.
 #[test]
 fn one_app_talks_to_two_other_hosts_at_once() {
-    let bin = c_program("fanout_check", &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
     let hosts = Hosts::new(3);
     let ds = hosts.daemons(LINKS_UP);
-    let (p1, p2) = (port().to_string(), port().to_string());
-    let s1 = Proc::spawn(ds[1].run(&[bin, "server", &p1, "1"]), "server 1");
-    let s2 = Proc::spawn(ds[2].run(&[bin, "server", &p2, "2"]), "server 2");
     let (a1, a2) = (hosts.addr(1), hosts.addr(2));
-    let c =
-        Proc::spawn(ds[0].run(&[bin, "client", &a1, &p1, &a2, &p2]), "client").wait_bounded(PAIR);
-    let s1 = s1.wait_bounded(Duration::from_secs(30));
-    let s2 = s2.wait_bounded(Duration::from_secs(30));
-    assert!(
-        c.ok() && s1.ok() && s2.ok(),
-        "client:\n{}\nserver 1:\n{}\nserver 2:\n{}",
-        c.text(),
-        s1.text(),
-        s2.text()
-    );
-    assert!(
-        c.stdout.contains("OK client: both peers, every byte"),
-        "{}",
-        c.text()
-    );
+    common::fanout_check(&ds[0], (&ds[1], &a1), (&ds[2], &a2), PAIR);
 }
 
 /// Bulk RDMA WRITEs and READs across hosts (`tests/c/stream_check.c`: 64 MiB each way, three
@@ -669,7 +579,8 @@ fn one_app_talks_to_two_other_hosts_at_once() {
 /// receiving host read some into place).
 #[test]
 fn bulk_writes_and_reads_read_into_place_land_every_byte() {
-    let (pair, ds, _hosts) = c_check_across("stream_check", &[]);
+    let bin = c_program("stream_check", &["-libverbs"]);
+    let (pair, _hosts, ds) = common::hosts::c_check_across_hosts(&bin, &[], PAIR);
     assert!(
         pair.client
             .stdout

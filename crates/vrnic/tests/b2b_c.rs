@@ -12,28 +12,20 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::Daemon;
 
-fn bin() -> &'static str {
+fn bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    let bin = BIN.get_or_init(|| common::c_program("b2b_check", &["-libverbs"]));
-    bin.to_str().expect("utf-8 path")
+    BIN.get_or_init(|| common::c_program("b2b_check", &["-libverbs"]))
 }
 
 fn b2b(serve: &[&str], mode: &str) {
     let d = Daemon::start_with(serve);
-    let p = common::port().to_string();
-    let rounds = "3";
-    let pair = common::run_pair(
-        &d,
-        &[bin(), "server", &p, rounds, mode],
-        &[bin(), "client", "127.0.0.1", &p, rounds, mode],
-        Duration::from_secs(240),
-    );
+    let pair = common::c_check_pair_on(&d, bin(), &["3", mode], Duration::from_secs(240));
     all_passed(&pair, 3);
 }
 
@@ -86,17 +78,7 @@ fn bandwidth_then_latency_tests_reopening_the_device_on_two_engine_threads() {
 /// a buffer refilled at its completion went out with the next message's bytes.
 #[test]
 fn bandwidth_then_latency_tests_in_one_process_across_hosts() {
-    let hosts = common::hosts::Hosts::new(2);
-    let ds = hosts.daemons_with(Duration::from_secs(20), &[]);
-    let p = common::port().to_string();
-    let addr = hosts.addr(0);
-    let rounds = "2";
-    let pair = common::run_pair_on(
-        &ds[0],
-        &ds[1],
-        &[bin(), "server", &p, rounds, "once"],
-        &[bin(), "client", &addr, &p, rounds, "once"],
-        Duration::from_secs(240),
-    );
+    let (pair, _hosts, _ds) =
+        common::hosts::c_check_across_hosts(bin(), &["2", "once"], Duration::from_secs(240));
     all_passed(&pair, 2);
 }

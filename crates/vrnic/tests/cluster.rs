@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::hosts::{Etcd, Hosts, PEER_PORT};
-use common::{Daemon, Output, Proc, port, require, run_pair_on};
+use common::{Daemon, Output, Proc, port, require};
 
 const LINKS_UP: Duration = Duration::from_secs(30);
 const PAIR: Duration = Duration::from_secs(120);
@@ -107,12 +107,7 @@ fn cluster_with(n: usize, extra: &[&str]) -> (Hosts, Etcd, Vec<Daemon>) {
 /// vRNIC of `client`; both must pass, every byte checked on both ends.
 fn rc_pair(server: &Daemon, client: &Daemon, addr: &str) {
     let bin = common::c_program("stream_check", &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
-    let p = port().to_string();
-    let s = [bin, "server", &p, "1"];
-    let c = [bin, "client", addr, &p, "1"];
-    let pair = run_pair_on(server, client, &s, &c, PAIR);
-    pair.assert_ok();
+    let pair = common::c_check_pair_across(server, client, addr, &bin, &["1"], PAIR);
     assert!(
         pair.client
             .stdout
@@ -193,25 +188,12 @@ fn three_daemons_reach_each_other_lose_a_dead_one_and_take_it_back() {
     });
     let p = port().to_string();
     let addr1 = hosts.addr(1);
-    let server = Proc::spawn(
+    let (server, client) = common::start_transfer(
         ds[1].run(&["ib_write_bw", "-p", &p, "-D", "30"]),
-        "server ib_write_bw",
+        || ds[2].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr1]),
+        Duration::from_millis(1500),
+        "ib_write_bw",
     );
-    let started = Instant::now();
-    let client = loop {
-        let mut c = Proc::spawn(
-            ds[2].run(&["ib_write_bw", "-p", &p, "-D", "30", &addr1]),
-            "client ib_write_bw",
-        );
-        std::thread::sleep(Duration::from_millis(1500));
-        if !c.exited() {
-            break c;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the client never started"
-        );
-    };
     let killed = Instant::now();
     let _ = ds[1].kill();
     let out = client.wait_bounded(Duration::from_secs(30));
@@ -306,25 +288,12 @@ fn etcd_stopped_mid_run_keeps_running_pairs_and_refuses_new_ones_until_it_return
     let out = ds[1].cli_output(&["create", "keep"]);
     assert!(out.ok(), "{}", out.text());
     let p = port().to_string();
-    let server = Proc::spawn(
+    let (server, mut client) = common::start_transfer(
         ds[0].run(&["ib_write_bw", "-p", &p, "-D", "6"]),
-        "server ib_write_bw",
+        || ds[1].run(&["ib_write_bw", "-p", &p, "-D", "6", &addr0]),
+        Duration::from_millis(1000),
+        "ib_write_bw",
     );
-    let started = Instant::now();
-    let mut client = loop {
-        let mut c = Proc::spawn(
-            ds[1].run(&["ib_write_bw", "-p", &p, "-D", "6", &addr0]),
-            "client ib_write_bw",
-        );
-        std::thread::sleep(Duration::from_millis(1000));
-        if !c.exited() {
-            break c;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the client never started"
-        );
-    };
     etcd.stop();
     let stopped = Instant::now();
     // The outage began under the transfer: etcd is gone (its process reaped), the client runs.
@@ -529,7 +498,7 @@ fn a_hello_from_an_address_its_index_is_not_registered_with_is_refused() {
 /// rdma_cm across cluster hosts: what it resolves comes from etcd. `rping -V` between a vRNIC
 /// of group red on host 0 (virtual IP 10.9.0.1, given at `vrnic create`) and one of red on
 /// host 1, through the virtual IP; then through host 0's own address (in its host record),
-/// each client printing exactly its pings.
+/// each side printing exactly its pings.
 #[test]
 fn rping_across_cluster_hosts_by_virtual_ip_and_host_address() {
     require("rping");
@@ -548,20 +517,13 @@ fn rping_across_cluster_hosts_by_virtual_ip_and_host_address() {
         (None, None, addr0.as_str()),
     ] {
         let p = port().to_string();
-        let s = ["rping", "-s", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
-        let c = ["rping", "-c", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
+        let r = common::Rping::new(addr, &p, &["-v", "-V", "-C", "5"]);
         let pair = common::pair_of(
-            ds[0].run_on(server_on, &s),
-            || ds[1].run_on(client_on, &c),
+            ds[0].run_on(server_on, &r.server),
+            || ds[1].run_on(client_on, &r.client),
             PAIR,
         );
         pair.assert_ok();
-        let pings = pair
-            .client
-            .stdout
-            .lines()
-            .filter(|l| l.starts_with("ping data: "))
-            .count();
-        assert_eq!(pings, 5, "{pair}");
+        r.assert_counted(&pair);
     }
 }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::hosts::Hosts;
-use common::{Daemon, Pair, Proc, kill_group, port, run_pair, run_pair_on, wait_listening};
+use common::{Daemon, Pair, Proc, kill_group, port, run_pair, run_pair_on};
 
 fn verbs_check() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -61,17 +61,9 @@ fn plain(line: &str) -> String {
     out
 }
 
+/// `verbs_check MODE` as a pair on `d`; both sides must pass.
 fn check_pair(d: &Daemon, mode: &str) -> Pair {
-    let bin = verbs_check().to_str().expect("utf-8 path");
-    let p = port().to_string();
-    let pair = run_pair(
-        d,
-        &[bin, "server", &p, mode],
-        &[bin, "client", "127.0.0.1", &p, mode],
-        Duration::from_secs(120),
-    );
-    pair.assert_ok();
-    pair
+    common::c_check_pair_on(d, verbs_check(), &[mode], Duration::from_secs(120))
 }
 
 /// Two sides on two engine threads: SEND and WRITE at every size and alignment land exactly,
@@ -168,16 +160,8 @@ fn ud_xrc_and_memory_windows_hold_across_engine_threads() {
         ("mw_check", "type1", "type1 done"),
     ] {
         let bin = common::c_program(prog, &["-libverbs"]);
-        let bin = bin.to_str().expect("utf-8 path");
         let d = daemon(2);
-        let p = port().to_string();
-        let pair = run_pair(
-            &d,
-            &[bin, "server", &p, mode],
-            &[bin, "client", "127.0.0.1", &p, mode],
-            Duration::from_secs(120),
-        );
-        pair.assert_ok();
+        let pair = common::c_check_pair_on(&d, &bin, &[mode], Duration::from_secs(120));
         for side in [&pair.server, &pair.client] {
             assert!(side.stdout.contains(done), "{prog} {mode}\n{pair}");
             assert!(!side.stdout.contains("FAIL"), "{prog} {mode}\n{pair}");
@@ -204,12 +188,15 @@ fn a_killed_app_fails_its_peer_on_another_engine_thread() {
     let d = daemon(2);
     let p = port();
     let ps = p.to_string();
-    let args = ["ib_send_bw", "-n", "100000000", "-p", &ps];
-    let server = Proc::spawn(d.run(&args), "ib_send_bw server");
-    let server = wait_listening(server, p, Duration::from_secs(30));
-    let mut client_args = args.to_vec();
-    client_args.push("localhost");
-    let mut client = Proc::spawn(d.run(&client_args), "ib_send_bw client");
+    let (args, client_args) =
+        common::pingpong_sides(&["ib_send_bw", "-n", "100000000"], &ps, "localhost");
+    let (server, mut client) = common::start_pair(
+        d.run(&args),
+        d.run(&client_args),
+        p,
+        Duration::from_secs(30),
+        "ib_send_bw",
+    );
     std::thread::sleep(Duration::from_millis(1500));
     assert!(!client.exited(), "the client ended before the kill");
     kill_group(client.pid(), libc::SIGKILL);
@@ -345,34 +332,9 @@ fn one_process_s_qps_spread_over_every_engine_thread() {
 /// (`tests/c/fanout_check.c`); and memory windows are not offered (`ibv_devinfo -v`: max_mw 0).
 #[test]
 fn one_process_s_qps_on_two_engine_threads_land_every_byte() {
-    let bin = common::c_program("fanout_check", &["-libverbs"]);
-    let bin = bin.to_str().expect("utf-8 path");
     let d = spread_daemon(2);
-    let (p1, p2) = (port().to_string(), port().to_string());
-    let up = Duration::from_secs(30);
-    let s1 = Proc::spawn(d.run(&[bin, "server", &p1, "1"]), "server 1");
-    let s1 = wait_listening(s1, p1.parse().expect("a port"), up);
-    let s2 = Proc::spawn(d.run(&[bin, "server", &p2, "2"]), "server 2");
-    let s2 = wait_listening(s2, p2.parse().expect("a port"), up);
-    let c = Proc::spawn(
-        d.run(&[bin, "client", "127.0.0.1", &p1, "127.0.0.1", &p2]),
-        "client",
-    )
-    .wait_bounded(Duration::from_secs(120));
-    let s1 = s1.wait_bounded(Duration::from_secs(30));
-    let s2 = s2.wait_bounded(Duration::from_secs(30));
-    assert!(
-        c.ok() && s1.ok() && s2.ok(),
-        "client:\n{}\nserver 1:\n{}\nserver 2:\n{}",
-        c.text(),
-        s1.text(),
-        s2.text()
-    );
-    assert!(
-        c.stdout.contains("OK client: both peers, every byte"),
-        "{}",
-        c.text()
-    );
+    let local = (&d, "127.0.0.1");
+    common::fanout_check(&d, local, local, Duration::from_secs(120));
     let info = Proc::spawn(d.run(&["ibv_devinfo", "-v"]), "ibv_devinfo")
         .wait_bounded(Duration::from_secs(30));
     assert!(info.ok(), "{}", info.text());

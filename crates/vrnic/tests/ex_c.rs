@@ -127,31 +127,14 @@ fn atomic_write_lands_whole_and_fails_as_rxe_does() {
 #[test]
 fn atomic_write_across_engine_threads() {
     let d = Daemon::start_with(&["--engine-threads", "2"]);
-    let p = common::port().to_string();
-    let bin = ex_check().to_str().expect("utf-8 path");
-    let pair = common::run_pair(
-        &d,
-        &[bin, "server", &p, "aw"],
-        &[bin, "client", "127.0.0.1", &p, "aw"],
-        Duration::from_secs(120),
-    );
+    let pair = common::c_check_pair_on(&d, ex_check(), &["aw"], Duration::from_secs(120));
     passed(&pair, "aw", AW_SERVER, AW_CLIENT);
 }
 
 /// The same across two hosts: each ATOMIC_WRITE crosses the peer link as IBA 1.5's opcode.
 #[test]
 fn atomic_write_across_hosts() {
-    let hosts = common::hosts::Hosts::new(2);
-    let ds = hosts.daemons_with(Duration::from_secs(20), &[]);
-    let p = common::port().to_string();
-    let bin = ex_check().to_str().expect("utf-8 path");
-    let addr = hosts.addr(0);
-    let pair = common::run_pair_on(
-        &ds[0],
-        &ds[1],
-        &[bin, "server", &p, "aw"],
-        &[bin, "client", &addr, &p, "aw"],
-        Duration::from_secs(120),
-    );
+    let (pair, _hosts, _ds) =
+        common::hosts::c_check_across_hosts(ex_check(), &["aw"], Duration::from_secs(120));
     passed(&pair, "aw", AW_SERVER, AW_CLIENT);
 }

@@ -21,42 +21,63 @@ const CROSS: Duration = Duration::from_secs(8);
 type On<'a> = (&'a Daemon, &'a str);
 
 /// `rping -V -v -C count` between vRNIC `s` (listening on `addr`) and `c`, for each
-/// `(s, c, count)` of `runs` at once: every server starts, then every client; returns each
-/// pair.
-fn rpings(runs: &[(On, On, &str)], addr: &str, port: &str) -> Vec<Pair> {
+/// `(s, c, count)` of `runs` at once: every server starts, then every client; each pair must
+/// pass with its pings counted on both sides ([`common::Rping`]).
+fn rpings(runs: &[(On, On, &str)], addr: &str, port: &str) {
+    let runs: Vec<(On, On, common::Rping)> = runs
+        .iter()
+        .map(|&(s, c, count)| {
+            (
+                s,
+                c,
+                common::Rping::new(addr, port, &["-v", "-V", "-C", count]),
+            )
+        })
+        .collect();
     let servers: Vec<Proc> = runs
         .iter()
-        .map(|&((d, s), _, count)| {
-            let args = [
-                "rping", "-s", "-a", addr, "-p", port, "-v", "-V", "-C", count,
-            ];
-            Proc::spawn(d.run_on(Some(s), &args), "rping server")
-        })
+        .map(|((d, s), _, r)| Proc::spawn(d.run_on(Some(s), &r.server), "rping server"))
         .collect();
     // The broker holds a request a while for its listener; the servers are up well within it.
     std::thread::sleep(Duration::from_millis(300));
     let clients: Vec<Proc> = runs
         .iter()
-        .map(|&(_, (d, c), count)| {
-            let args = [
-                "rping", "-c", "-a", addr, "-p", port, "-v", "-V", "-C", count,
-            ];
-            Proc::spawn(d.run_on(Some(c), &args), "rping client")
-        })
+        .map(|(_, (d, c), r)| Proc::spawn(d.run_on(Some(c), &r.client), "rping client"))
         .collect();
     let clients: Vec<Output> = clients.into_iter().map(|c| c.wait_bounded(PAIR)).collect();
-    servers
-        .into_iter()
-        .zip(clients)
-        .map(|(s, client)| Pair {
+    for ((s, client), (_, _, r)) in servers.into_iter().zip(clients).zip(&runs) {
+        let pair = Pair {
             server: s.wait_bounded(Duration::from_secs(10)),
             client,
-        })
-        .collect()
+        };
+        pair.assert_ok();
+        r.assert_counted(&pair);
+    }
 }
 
-fn lines(o: &Output, prefix: &str) -> usize {
-    o.stdout.lines().filter(|l| l.starts_with(prefix)).count()
+/// A connection request across groups: an `rping` server on blue's `b1` (on every address)
+/// and, half a second later, a client on red's `r1` aimed at it (`127.0.0.1`). Returns the
+/// server (still running: it saw nothing), the client's output and how long the client took.
+fn rping_across_groups(d: &Daemon) -> (Proc, Output, Duration) {
+    let p = port().to_string();
+    let server = Proc::spawn(
+        d.run_on(
+            Some("b1"),
+            &["rping", "-s", "-a", "0.0.0.0", "-p", &p, "-C", "1"],
+        ),
+        "blue rping server",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let client = Proc::spawn(
+        d.run_on(
+            Some("r1"),
+            &["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "1", "-v"],
+        ),
+        "red rping client",
+    )
+    .wait_bounded(PAIR);
+    (server, client, start.elapsed())
 }
 
 /// Asserts that a pair's client failed with `RETRY_EXC_ERR` (ibv_rc_pingpong prints status 12).
@@ -115,12 +136,7 @@ fn groups_on_one_host() {
     // Both groups' servers on 10.9.0.1, one port, at once; 3 pings in red, 5 in blue.
     let p = port().to_string();
     let runs = [((&d, "r1"), (&d, "r2"), "3"), ((&d, "b1"), (&d, "b2"), "5")];
-    let outs = rpings(&runs, "10.9.0.1", &p);
-    for (out, n) in outs.iter().zip([3, 5]) {
-        out.assert_ok();
-        assert_eq!(lines(&out.client, "ping data: "), n, "{out}");
-        assert_eq!(lines(&out.server, "server ping data: "), n, "{out}");
-    }
+    rpings(&runs, "10.9.0.1", &p);
 
     // Across groups.
     let p = port().to_string();
@@ -135,26 +151,9 @@ fn groups_on_one_host() {
         ud.client.timed_out && !ud.server.ok(),
         "datagrams across groups are dropped: nobody completes\n{ud}"
     );
-    let p = port().to_string();
-    let server = Proc::spawn(
-        d.run_on(
-            Some("b1"),
-            &["rping", "-s", "-a", "0.0.0.0", "-p", &p, "-C", "1"],
-        ),
-        "blue rping server",
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let start = Instant::now();
-    let client = Proc::spawn(
-        d.run_on(
-            Some("r1"),
-            &["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "1", "-v"],
-        ),
-        "red rping client",
-    )
-    .wait_bounded(PAIR);
+    let (server, client, took) = rping_across_groups(&d);
     assert!(
-        !client.ok() && client.text().contains("REJECTED") && start.elapsed() < PAIR,
+        !client.ok() && client.text().contains("REJECTED") && took < PAIR,
         "{}",
         client.text()
     );
@@ -203,23 +202,7 @@ fn a_connection_request_across_groups_is_logged() {
     let mut d = Daemon::start();
     create(&d, "r1", "red", "10.9.0.1");
     create(&d, "b1", "blue", "10.9.0.1");
-    let p = port().to_string();
-    let server = Proc::spawn(
-        d.run_on(
-            Some("b1"),
-            &["rping", "-s", "-a", "0.0.0.0", "-p", &p, "-C", "1"],
-        ),
-        "blue rping server",
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let client = Proc::spawn(
-        d.run_on(
-            Some("r1"),
-            &["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "1"],
-        ),
-        "red rping client",
-    )
-    .wait_bounded(PAIR);
+    let (server, client, _) = rping_across_groups(&d);
     assert!(!client.ok(), "{}", client.text());
     drop(server);
     logged(
@@ -275,12 +258,7 @@ fn groups_across_hosts() {
         ((&ds[0], "r1"), (&ds[1], "r2"), "3"),
         ((&ds[0], "b1"), (&ds[1], "b2"), "5"),
     ];
-    let outs = rpings(&runs, "10.9.0.1", &p);
-    for (out, n) in outs.iter().zip([3, 5]) {
-        out.assert_ok();
-        assert_eq!(lines(&out.client, "ping data: "), n, "{out}");
-        assert_eq!(lines(&out.server, "server ping data: "), n, "{out}");
-    }
+    rpings(&runs, "10.9.0.1", &p);
 
     let p = port().to_string();
     let s = ["ibv_rc_pingpong", "-p", &p, "-n", "5"];

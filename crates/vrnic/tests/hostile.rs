@@ -644,25 +644,11 @@ fn soak_good_pairs_pass_while_hostile_clients_come_and_go() {
                     Duration::from_secs(60),
                 ),
                 1 => {
-                    let a = [
-                        "-a",
-                        "127.0.0.1",
-                        "-p",
-                        &p,
-                        "-V",
-                        "-v",
-                        "-C",
-                        "200",
-                        "-S",
-                        "1024",
-                    ];
-                    let mut s = vec!["rping", "-s"];
-                    s.extend_from_slice(&a);
-                    let mut c = vec!["rping", "-c"];
-                    c.extend_from_slice(&a);
-                    let pair = run_pair(&d, &s, &c, Duration::from_secs(60));
+                    let extra = ["-V", "-v", "-C", "200", "-S", "1024"];
+                    let r = common::Rping::new("127.0.0.1", &p, &extra);
+                    let pair = run_pair(&d, &r.server, &r.client, Duration::from_secs(60));
                     pair.assert_ok();
-                    common::assert_rping_count(&pair, 200);
+                    r.assert_counted(&pair);
                     pair
                 }
                 _ => {

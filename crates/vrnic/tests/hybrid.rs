@@ -38,11 +38,9 @@ fn run_cmd(
     c
 }
 
-/// The `run --container` tests make namespaces, mounts and `pivot_root`: without root they
-/// fail, rather than pass having run nothing.
-fn require_root() {
-    common::require_root("this test makes namespaces and mounts");
-}
+/// What the `run --container` tests need root for (they fail without it, rather than pass
+/// having run nothing).
+const ROOT: &str = "this test makes namespaces, mounts and pivot_root";
 
 #[test]
 fn region_only_context_talks_to_a_socket_context() {
@@ -175,41 +173,22 @@ fn region_only_attach_to_an_unserved_region_fails_cleanly() {
 #[test]
 fn unshare_container_rping_with_a_host_process() {
     require("rping");
-    require_root();
+    common::require_root(ROOT);
     let d = Daemon::start();
     let p = port().to_string();
-    let args = |side: &'static str| {
-        vec![
-            "rping".to_string(),
-            side.to_string(),
-            "-a".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            p.clone(),
-            "-C".into(),
-            "200".into(),
-            "-S".into(),
-            "4096".into(),
-            "-V".into(),
-            "-v".into(),
-        ]
-    };
-    let sargs = args("-s");
-    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
-    let cargs = args("-c");
-    let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
+    let rping = common::Rping::new("127.0.0.1", &p, &["-C", "200", "-S", "4096", "-V", "-v"]);
     // The server in its own network namespace: rdma_cm addressing goes through the daemon's
     // broker, not the kernel's network.
-    let srv = run_cmd(&d, "ctr", &["--container"], &[], &sargs);
-    let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &cargs), LIMIT);
+    let srv = run_cmd(&d, "ctr", &["--container"], &[], &rping.server);
+    let r = pair_of(srv, || run_cmd(&d, "host", &[], &[], &rping.client), LIMIT);
     r.assert_ok();
-    common::assert_rping_count(&r, 200);
+    rping.assert_counted(&r);
 }
 
 #[test]
 fn unshare_container_rc_pingpong_with_a_host_process() {
     require("ibv_rc_pingpong");
-    require_root();
+    common::require_root(ROOT);
     let d = Daemon::start();
     let p = port().to_string();
     let args = [
@@ -234,7 +213,7 @@ fn unshare_container_rc_pingpong_with_a_host_process() {
 #[test]
 fn unshare_container_sees_only_its_own_vrnic() {
     require("ibv_devinfo");
-    require_root();
+    common::require_root(ROOT);
     let d = Daemon::start();
     d.create("mine");
     d.create("other");

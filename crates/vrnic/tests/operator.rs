@@ -150,9 +150,13 @@ fn a_killed_qp_flushes_its_work_its_peer_fails_and_its_vrnics_other_qp_carries_o
     let other_args = ["ibv_rc_pingpong", "-n", "300000", "-p", &p2];
     let mut other_client = other_args.to_vec();
     other_client.push("127.0.0.1");
-    let other = Proc::spawn(d.run_on(Some("s"), &other_args), "other server");
-    let other = common::wait_listening(other, p2.parse().expect("port"), LIMIT);
-    let other_c = Proc::spawn(d.run_on(Some("c"), &other_client), "other client");
+    let (other, other_c) = common::start_pair(
+        d.run_on(Some("s"), &other_args),
+        d.run_on(Some("c"), &other_client),
+        p2.parse().expect("port"),
+        LIMIT,
+        "other",
+    );
     std::thread::sleep(Duration::from_millis(300));
 
     // Refused while in use: nothing happens to the vRNIC.

@@ -70,9 +70,8 @@ fn recorded(d: &Daemon) -> Vec<String> {
 /// arrived, as `conformance.rs` says; not every byte).
 fn pingpong((ds, s): (&Daemon, &str), (dc, c): (&Daemon, &str), addr: &str) {
     let p = port().to_string();
-    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
-    let mut client = server.to_vec();
-    client.push(addr);
+    let (server, client) =
+        common::pingpong_sides(&["ibv_rc_pingpong", "-c", "-n", "100"], &p, addr);
     let pair = pair_on((ds, s), &server, (dc, c), &client, PAIR);
     pair.assert_ok();
     assert!(!pair.client.text().contains("invalid data"), "{pair}");

@@ -19,39 +19,17 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// Runs `server` then `client` (each `prog args...`) and checks both exit 0.
 fn pair(server: &[&str], client: &[&str]) -> common::Pair {
     require(server[0]);
-    let d = Daemon::start();
-    let p = run_pair(&d, server, client, LIMIT);
-    p.assert_ok();
-    p
+    common::fresh_pair(server, client, LIMIT)
 }
 
 /// `rping` server and client with `extra` (which holds `-C COUNT`), verbose: `rping` exits 0
-/// whenever it ends disconnected, even after one ping, so the client must print exactly COUNT
-/// `ping data:` lines.
+/// whenever it ends disconnected, even after one ping, so each side must print exactly COUNT
+/// ping lines ([`common::Rping`]).
 fn rping(addr: &str, extra: &[&str]) {
     let p = port().to_string();
-    let count: usize = extra
-        .iter()
-        .position(|a| *a == "-C")
-        .and_then(|i| extra.get(i + 1))
-        .and_then(|c| c.parse().ok())
-        .expect("every rping test names its -C count");
-    let mut extra = extra.to_vec();
-    if !extra.contains(&"-v") {
-        extra.push("-v");
-    }
-    let mut s = vec!["rping", "-s", "-a", addr, "-p", &p];
-    s.extend_from_slice(&extra);
-    let mut c = vec!["rping", "-c", "-a", addr, "-p", &p];
-    c.extend_from_slice(&extra);
-    let out = pair(&s, &c);
-    let pings = out
-        .client
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("ping data: "))
-        .count();
-    assert_eq!(pings, count, "client ping data lines\n{out}");
+    let r = common::Rping::new(addr, &p, extra);
+    let out = pair(&r.server, &r.client);
+    r.assert_counted(&out);
 }
 
 #[test]

@@ -5,13 +5,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CLI, Daemon, Proc, kill_group, port, require, run_pair, wait_listening};
+use common::{CLI, Daemon, Proc, kill_group, port, require, run_pair};
 
 /// How long the survivor of a kill may take to notice and exit.
 const SURVIVOR: Duration = Duration::from_secs(30);
 
-/// Starts `ibv_rc_pingpong -p PORT args...` as a server on vRNIC `server_nic` and, once it
-/// listens, its client on `client_nic`; each `vrnic run` leads its own process group.
+/// Starts `ibv_rc_pingpong args... -p PORT` as a server on vRNIC `server_nic` and, once it
+/// listens, its client on `client_nic` ([`common::start_pair`]); each `vrnic run` leads its
+/// own process group.
 fn start_pair(
     d: &Daemon,
     (server_nic, client_nic): (Option<&str>, Option<&str>),
@@ -19,14 +20,16 @@ fn start_pair(
 ) -> (Proc, Proc) {
     let p = port();
     let ps = p.to_string();
-    let mut server_args = vec!["ibv_rc_pingpong", "-p", &ps];
-    server_args.extend_from_slice(args);
-    let server = Proc::spawn(d.run_on(server_nic, &server_args), "pingpong server");
-    let server = wait_listening(server, p, Duration::from_secs(10));
-    let mut client_args = server_args.clone();
-    client_args.push("localhost");
-    let client = Proc::spawn(d.run_on(client_nic, &client_args), "pingpong client");
-    (server, client)
+    let mut args = args.to_vec();
+    args.insert(0, "ibv_rc_pingpong");
+    let (server, client) = common::pingpong_sides(&args, &ps, "localhost");
+    common::start_pair(
+        d.run_on(server_nic, &server),
+        d.run_on(client_nic, &client),
+        p,
+        Duration::from_secs(10),
+        "pingpong",
+    )
 }
 
 #[test]

@@ -177,15 +177,14 @@ fn perftest(d: &Daemon, vrnic: Option<&str>, test: &[&str]) -> String {
     client.extend(test);
     let pair = if let Some(v) = vrnic {
         let limit = Duration::from_secs(120);
-        let srv = common::Proc::spawn(d.run_on(Some(v), &server), "ucx_perftest server");
-        let srv = common::wait_listening(srv, p.parse().expect("port"), limit);
-        let client = output(d.run_on(Some(v), &client), "ucx_perftest client", limit);
-        let server = srv.wait_bounded(if client.ok() {
-            limit
-        } else {
-            Duration::from_secs(5)
-        });
-        common::Pair { server, client }
+        let (server, client) = common::start_pair(
+            d.run_on(Some(v), &server),
+            d.run_on(Some(v), &client),
+            p.parse().expect("port"),
+            limit,
+            "ucx_perftest",
+        );
+        common::finish_pair(server, client, limit)
     } else {
         run_pair(d, &server, &client, Duration::from_secs(120))
     };
@@ -483,15 +482,12 @@ fn ibstat_and_ibstatus_show_the_vrnic() {
 /// librdmacm (`cma_id_private`'s device and `sync` flag, the kept event of a synchronous id).
 fn rsocket_pair(prog: &str, extra: &[&str]) -> common::Pair {
     require(prog);
-    let d = Daemon::start();
     let p = port().to_string();
     let mut server = vec![prog, "-p", &p];
     server.extend(extra);
     let mut client = vec![prog, "-s", "127.0.0.1", "-p", &p];
     client.extend(extra);
-    let pair = run_pair(&d, &server, &client, Duration::from_secs(120));
-    pair.assert_ok();
-    pair
+    common::fresh_pair(&server, &client, Duration::from_secs(120))
 }
 
 #[test]

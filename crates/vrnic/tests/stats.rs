@@ -37,10 +37,7 @@ fn flow(s: &Value, dir: &str, class: &str) -> (u64, u64) {
 /// client on `c`, both of `d`; both must pass.
 fn run_pair(d: &Daemon, s: &str, c: &str, args: &[&str]) {
     let p = port().to_string();
-    let mut server = args.to_vec();
-    server.extend(["-p", &p]);
-    let mut client = server.clone();
-    client.push("127.0.0.1");
+    let (server, client) = common::pingpong_sides(args, &p, "127.0.0.1");
     pair((d, s), &server, (d, c), &client, LIMIT).assert_ok();
 }
 
@@ -278,11 +275,15 @@ fn top_shows_the_rates_and_quits_on_q() {
     assert!(out.ok(), "{}", out.text());
     let p = port().to_string();
     let args = ["ib_write_bw", "-s", "65536", "-D", "4", "-p", &p];
-    let server = common::Proc::spawn(d.run_on(Some("t0"), &args), "server");
-    let server = common::wait_listening(server, p.parse().expect("port"), LIMIT);
     let mut client_args = args.to_vec();
     client_args.push("127.0.0.1");
-    let client = common::Proc::spawn(d.run_on(Some("t1"), &client_args), "client");
+    let (server, client) = common::start_pair(
+        d.run_on(Some("t0"), &args),
+        d.run_on(Some("t1"), &client_args),
+        p.parse().expect("port"),
+        LIMIT,
+        "ib_write_bw",
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let out = d.cli_output(&["top", "--batch", "1", "--interval", "1"]);
     assert!(out.ok(), "{}", out.text());

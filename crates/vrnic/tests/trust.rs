@@ -219,11 +219,15 @@ fn truncated_region_loses_only_its_vrnic(args: &[&str]) {
     d.create("evil");
     let p = port().to_string();
     let server = ["ibv_rc_pingpong", "-p", &p, "-n", "100000000", "-s", "4096"];
-    let srv = common::Proc::spawn(d.run_on(Some("evil"), &server), "evil server");
-    let srv = common::wait_listening(srv, p.parse().unwrap(), LIMIT);
     let mut client = server.to_vec();
     client.push("localhost");
-    let peer = common::Proc::spawn(d.run(&client), "peer client");
+    let (srv, peer) = common::start_pair(
+        d.run_on(Some("evil"), &server),
+        d.run(&client),
+        p.parse().expect("port"),
+        LIMIT,
+        "evil's",
+    );
     std::thread::sleep(Duration::from_millis(500));
     let region = d.dir.join("evil").join("region");
     std::fs::OpenOptions::new()
@@ -562,11 +566,15 @@ fn other_tenants_idle_qps_and_floods_leave_a_pair_its_round_trip() {
         "-p",
         &p,
     ];
-    let srv = common::Proc::spawn(d.run(&flood), "flood server");
-    let srv = common::wait_listening(srv, p.parse().unwrap(), LIMIT);
     let mut fc = flood.to_vec();
     fc.push("localhost");
-    let cli = common::Proc::spawn(d.run(&fc), "flood client");
+    let (srv, cli) = common::start_pair(
+        d.run(&flood),
+        d.run(&fc),
+        p.parse().expect("port"),
+        LIMIT,
+        "flood",
+    );
     d.wait_ls(LIMIT, "flooders connected", |ls| {
         ls.lines()
             .skip(1)

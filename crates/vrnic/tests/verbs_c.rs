@@ -20,15 +20,7 @@ fn verbs_check() -> &'static PathBuf {
 }
 
 fn check(mode: &str) {
-    let pair = common::c_check_pair(verbs_check(), mode);
-    for side in [&pair.server, &pair.client] {
-        assert!(
-            side.stdout.contains(&format!(" {mode} done")),
-            "{}",
-            side.stdout
-        );
-        assert!(!side.stdout.contains("FAIL"), "{}", side.stdout);
-    }
+    common::c_check_done(verbs_check(), mode);
 }
 
 #[test]
@@ -86,16 +78,12 @@ fn rereg_pd_and_translation_then_a_qp_pair_brought_up_again_carries_exact_bytes(
 fn phases(mode: &str) {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     let bin = BIN.get_or_init(|| common::c_program("phases_check", &["-libverbs"]));
-    let bin = bin.to_str().expect("utf-8 path");
-    let d = Daemon::start();
-    let p = common::port().to_string();
-    let pair = common::run_pair(
-        &d,
-        &[bin, "server", &p, "50", mode],
-        &[bin, "client", "127.0.0.1", &p, "50", mode],
+    let pair = common::c_check_pair_on(
+        &Daemon::start(),
+        bin,
+        &["50", mode],
         Duration::from_secs(300),
     );
-    pair.assert_ok();
     for side in [&pair.server, &pair.client] {
         assert!(side.stdout.contains("OK phases done"), "{pair}");
         assert_eq!(

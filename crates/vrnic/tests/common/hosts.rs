@@ -6,12 +6,12 @@
 //! authenticated as the README's recipe makes them. Everything is created by the test under
 //! unique names and removed on drop; no address outside these namespaces is used.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{CLI, Daemon, Proc, vrnic_bin};
+use super::{CLI, Daemon, Pair, Proc, c_check_pair_across, vrnic_bin};
 
 /// The port daemons listen on for peer links (inside their own namespaces).
 pub const PEER_PORT: u16 = 7700;
@@ -29,6 +29,22 @@ pub struct Hosts {
     keys: PathBuf,
     /// Each host's public key.
     publics: Vec<String>,
+}
+
+/// A two-process C check across two fresh hosts (their daemons' links up within 20 s):
+/// `BIN server PORT args...` on host 0 and its client on host 1, reaching host 0's address,
+/// within `limit` ([`c_check_pair_across`]); both must exit 0. Returns the pair, and the
+/// hosts and their daemons, to ask them afterwards (bound as `let (pair, _hosts, ds)`, the
+/// daemons are dropped before the hosts that run them).
+pub fn c_check_across_hosts(
+    bin: &Path,
+    args: &[&str],
+    limit: Duration,
+) -> (Pair, Hosts, Vec<Daemon>) {
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons(Duration::from_secs(20));
+    let pair = c_check_pair_across(&ds[0], &ds[1], &hosts.addr(0), bin, args, limit);
+    (pair, hosts, ds)
 }
 
 /// Makes a key file at `path` with `vrnic keygen`; returns its public key.
@@ -126,12 +142,7 @@ fn remove_stale() {
 impl Hosts {
     /// `n` hosts, host `i` at 10.77.0.(i+1)/24. Needs root.
     pub fn new(n: usize) -> Hosts {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        assert!(
-            root,
-            "across-host tests need root (network namespaces); scripts/test runs as root"
-        );
+        super::require_root("across-host tests make network namespaces");
         remove_stale();
         let tag = format!(
             "vr{}x{}",

@@ -52,17 +52,21 @@ pub fn port() -> u16 {
     panic!("no free TCP port in {block}..{}", block + 100);
 }
 
-/// The path of a Debian tool; panics with how to install it if it is missing (the suite's
-/// script installs them: a missing tool is a failure, not a skip).
+/// Whether the test runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Fails the test unless it runs as root: `why` says what needs it. Tests that make
 /// namespaces, mounts or users, or play other users, fail without root rather than pass having
 /// run nothing; `scripts/test` runs the suite as root.
 pub fn require_root(why: &str) {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "{why}: run it as root (sudo bash scripts/test)");
+    assert!(is_root(), "{why}: run it as root (sudo bash scripts/test)");
 }
 
+/// The path of a Debian tool; panics with how to install it if it is missing (the suite's
+/// script installs them: a missing tool is a failure, not a skip).
 pub fn require(tool: &str) -> PathBuf {
     for dir in ["/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin"] {
         let p = Path::new(dir).join(tool);
@@ -535,6 +539,47 @@ pub fn assert_rping_count(pair: &Pair, n: usize) {
     );
 }
 
+/// The two sides of a verbose `rping` pair: `rping -s -a ADDR -p PORT extra...` and
+/// `rping -c -a ADDR -p PORT extra...`, with `-v` added where `extra` lacks it, so that each
+/// side prints a line per ping for [`Rping::assert_counted`] to count. `rping` exits 0 whenever
+/// it ends disconnected, even after one ping: only the count shows that the run was whole.
+pub struct Rping<'a> {
+    pub server: Vec<&'a str>,
+    pub client: Vec<&'a str>,
+    /// The `-C` count of `extra`.
+    pub count: usize,
+}
+
+impl<'a> Rping<'a> {
+    /// Panics unless `extra` names `-C COUNT` (without it `rping` pings for ever).
+    pub fn new(addr: &'a str, port: &'a str, extra: &[&'a str]) -> Rping<'a> {
+        let count = extra
+            .iter()
+            .position(|a| *a == "-C")
+            .and_then(|i| extra.get(i + 1))
+            .and_then(|c| c.parse().ok())
+            .expect("an rping pair names its -C count");
+        let side = |flag: &'a str| {
+            let mut args = vec!["rping", flag, "-a", addr, "-p", port];
+            args.extend_from_slice(extra);
+            if !extra.contains(&"-v") {
+                args.push("-v");
+            }
+            args
+        };
+        Rping {
+            server: side("-s"),
+            client: side("-c"),
+            count,
+        }
+    }
+
+    /// Both sides exchanged the `-C` count of pings ([`assert_rping_count`]).
+    pub fn assert_counted(&self, pair: &Pair) {
+        assert_rping_count(pair, self.count);
+    }
+}
+
 /// Whether a client failed only because its server was not listening yet.
 fn refused(out: &Output) -> bool {
     // TCP exchanges say "Couldn't connect"; rdma_cm clients report the IB CM's reject of a
@@ -599,26 +644,107 @@ pub fn unrelated_pair_passes(d: &mut Daemon) {
     assert!(d.alive(), "the daemon died");
     require("ibv_rc_pingpong");
     let p = port().to_string();
-    let server = ["ibv_rc_pingpong", "-p", &p, "-c", "-n", "100"];
-    let mut client = server.to_vec();
-    client.push("localhost");
+    let (server, client) = pingpong_sides(&["ibv_rc_pingpong", "-c", "-n", "100"], &p, "localhost");
     run_pair(d, &server, &client, Duration::from_secs(60)).assert_ok();
     assert!(d.alive(), "the daemon died");
+}
+
+/// The sides of a pair of ibverbs-utils or perftest programs: `args... -p PORT` for the
+/// server and `args... -p PORT ADDR` for its client (which names its server last).
+pub fn pingpong_sides<'a>(
+    args: &[&'a str],
+    port: &'a str,
+    addr: &'a str,
+) -> (Vec<&'a str>, Vec<&'a str>) {
+    let mut server = args.to_vec();
+    server.extend(["-p", port]);
+    let mut client = server.clone();
+    client.push(addr);
+    (server, client)
+}
+
+/// Runs a pair ([`run_pair`]) on a fresh daemon, each side on a fresh vRNIC, and checks both
+/// exit 0.
+pub fn fresh_pair(server: &[&str], client: &[&str], limit: Duration) -> Pair {
+    let d = Daemon::start();
+    let pair = run_pair(&d, server, client, limit);
+    pair.assert_ok();
+    pair
 }
 
 /// Runs `prog extra... -p PORT` as a server and `prog extra... -p PORT localhost` as its client,
 /// each on a fresh vRNIC of a fresh daemon, and checks both exit 0.
 pub fn server_client(prog: &str, extra: &[&str], limit: Duration) -> Pair {
     require(prog);
-    let d = Daemon::start();
     let p = port().to_string();
-    let mut server = vec![prog, "-p", &p];
-    server.extend_from_slice(extra);
-    let mut client = server.clone();
-    client.push("localhost");
-    let pair = run_pair(&d, &server, &client, limit);
-    pair.assert_ok();
-    pair
+    let mut args = vec![prog];
+    args.extend_from_slice(extra);
+    let (server, client) = pingpong_sides(&args, &p, "localhost");
+    fresh_pair(&server, &client, limit)
+}
+
+/// Spawns `server`, waits (at most `up`) until it listens on TCP `port` ([`wait_listening`]),
+/// then spawns `client`: a pair, both still running, for a test that acts while they run
+/// (kills one, reads counters, shrinks a region) or then waits for them ([`finish_pair`]).
+/// `what` names them in messages (`WHAT server`, `WHAT client`).
+pub fn start_pair(
+    server: Command,
+    client: Command,
+    port: u16,
+    up: Duration,
+    what: &str,
+) -> (Proc, Proc) {
+    let server = wait_listening(Proc::spawn(server, &format!("{what} server")), port, up);
+    let client = Proc::spawn(client, &format!("{what} client"));
+    (server, client)
+}
+
+/// Waits for a pair [`start_pair`] started: the client for at most `limit`, then the server
+/// ([`pair_of`]'s bounds).
+pub fn finish_pair(server: Proc, client: Proc, limit: Duration) -> Pair {
+    let client = client.wait_bounded(limit);
+    server_after(server, client, limit)
+}
+
+/// Waits for the server of a client that ended: at most `limit` after a client that passed,
+/// 5 s after one that failed (the server would wait for that client for ever).
+fn server_after(server: Proc, client: Output, limit: Duration) -> Pair {
+    let server = server.wait_bounded(if client.ok() {
+        limit
+    } else {
+        Duration::from_secs(5)
+    });
+    Pair { server, client }
+}
+
+/// Spawns `server`, then the client that `client` makes, and hands both back once a client
+/// has run for `settle` without ending: a transfer under way, for a fault to hit. For servers
+/// whose port cannot be watched from here, as [`start_pair`] does (on another host: another
+/// network namespace). A client that ends sooner (its server did not listen yet) is started
+/// again, for at most 20 s; then it panics with what the last one printed. `what` names them
+/// in messages.
+pub fn start_transfer(
+    server: Command,
+    mut client: impl FnMut() -> Command,
+    settle: Duration,
+    what: &str,
+) -> (Proc, Proc) {
+    let server = Proc::spawn(server, &format!("{what} server"));
+    let start = Instant::now();
+    loop {
+        let mut c = Proc::spawn(client(), &format!("{what} client"));
+        std::thread::sleep(settle);
+        if !c.exited() {
+            return (server, c);
+        }
+        if start.elapsed() >= Duration::from_secs(20) {
+            let out = c.wait_bounded(Duration::ZERO);
+            panic!(
+                "the {what} client never started: each ended within {settle:?}, for 20 s\n{}",
+                out.text()
+            );
+        }
+    }
 }
 
 /// Whether some socket listens on TCP `port` (IPv4 or IPv6), from `/proc/net/tcp{,6}`. Unlike a
@@ -692,17 +818,81 @@ pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
 /// Runs a two-process C check (`BIN server PORT MODE` and `BIN client 127.0.0.1 PORT MODE`) on
 /// a fresh daemon, each side on its own vRNIC, and checks both exit 0.
 pub fn c_check_pair(bin: &Path, mode: &str) -> Pair {
+    c_check_pair_on(&Daemon::start(), bin, &[mode], Duration::from_secs(60))
+}
+
+/// [`c_check_pair`], and each side printed ` MODE done` and no `FAIL`.
+pub fn c_check_done(bin: &Path, mode: &str) -> Pair {
+    let pair = c_check_pair(bin, mode);
+    for side in [&pair.server, &pair.client] {
+        assert!(
+            side.stdout.contains(&format!(" {mode} done")),
+            "{}",
+            side.stdout
+        );
+        assert!(!side.stdout.contains("FAIL"), "{}", side.stdout);
+    }
+    pair
+}
+
+/// [`c_check_pair_across`] with both sides on `d` (the client reaches 127.0.0.1).
+pub fn c_check_pair_on(d: &Daemon, bin: &Path, args: &[&str], limit: Duration) -> Pair {
+    c_check_pair_across(d, d, "127.0.0.1", bin, args, limit)
+}
+
+/// Runs a two-process C check, `BIN server PORT args...` on a fresh vRNIC of `on_server` and
+/// `BIN client ADDR PORT args...` on one of `on_client` (ADDR: the server's host), within
+/// `limit` ([`run_pair_on`]), and checks both exit 0.
+pub fn c_check_pair_across(
+    on_server: &Daemon,
+    on_client: &Daemon,
+    addr: &str,
+    bin: &Path,
+    args: &[&str],
+    limit: Duration,
+) -> Pair {
     let bin = bin.to_str().expect("utf-8 path");
-    let d = Daemon::start();
     let p = port().to_string();
-    let pair = run_pair(
-        &d,
-        &[bin, "server", &p, mode],
-        &[bin, "client", "127.0.0.1", &p, mode],
-        Duration::from_secs(60),
-    );
+    let mut server = vec![bin, "server", &p];
+    server.extend_from_slice(args);
+    let mut client = vec![bin, "client", addr, &p];
+    client.extend_from_slice(args);
+    let pair = run_pair_on(on_server, on_client, &server, &client, limit);
     pair.assert_ok();
     pair
+}
+
+/// `tests/c/fanout_check.c`, one app talking to two peers at once: `server PORT 1` on a fresh
+/// vRNIC of `s1` and `server PORT 2` on one of `s2`, then one client on `c` reaching them at
+/// `a1` and `a2` (it retries its TCP connects until they listen), the client within `limit`,
+/// the servers 30 s after it. All three must exit 0, the client having checked every byte
+/// with both peers.
+pub fn fanout_check(
+    c: &Daemon,
+    (s1, a1): (&Daemon, &str),
+    (s2, a2): (&Daemon, &str),
+    limit: Duration,
+) {
+    let bin = c_program("fanout_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let (p1, p2) = (port().to_string(), port().to_string());
+    let s1 = Proc::spawn(s1.run(&[bin, "server", &p1, "1"]), "server 1");
+    let s2 = Proc::spawn(s2.run(&[bin, "server", &p2, "2"]), "server 2");
+    let c = Proc::spawn(c.run(&[bin, "client", a1, &p1, a2, &p2]), "client").wait_bounded(limit);
+    let s1 = s1.wait_bounded(Duration::from_secs(30));
+    let s2 = s2.wait_bounded(Duration::from_secs(30));
+    assert!(
+        c.ok() && s1.ok() && s2.ok(),
+        "client:\n{}\nserver 1:\n{}\nserver 2:\n{}",
+        c.text(),
+        s1.text(),
+        s2.text()
+    );
+    assert!(
+        c.stdout.contains("OK client: both peers, every byte"),
+        "{}",
+        c.text()
+    );
 }
 
 /// `vrnic create NAME --group GROUP --ip IP` on `d`, checked.
@@ -751,10 +941,5 @@ pub fn pair_of(server: Command, mut client: impl FnMut() -> Command, limit: Dura
         }
         break out;
     };
-    let server = srv.wait_bounded(if client.ok() {
-        limit
-    } else {
-        Duration::from_secs(5)
-    });
-    Pair { server, client }
+    server_after(srv, client, limit)
 }
