@@ -83,6 +83,7 @@ fn round_trip(ctx: &Ctx, d: &Daemon) -> Result<f64> {
     let side = |i| Side {
         daemon: d,
         cpus: ctx.app(i),
+        vnic: None,
     };
     let out = pair(
         ctx,

@@ -113,6 +113,7 @@ impl Hosts {
         let side = |d, i| Side {
             daemon: d,
             cpus: ctx.app(i),
+            vnic: None,
         };
         for size in BW_SIZES {
             let args: Vec<String> = ["ib_write_bw", "-s", &size.to_string(), "-D", secs]

@@ -44,7 +44,7 @@ mod ucx;
 mod vnics;
 
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -138,6 +138,14 @@ pub struct BenchArgs {
     /// The across-host runs' peer link: keys and a handshake only, encrypted too, or neither.
     #[arg(long, value_enum, default_value_t = Links::Authenticated)]
     links: Links,
+    /// The perftest pairs on two vRNICs made with this bandwidth limit (`vrnic create
+    /// --max-bw LIMIT`, e.g. `1T`), instead of a fresh vRNIC per app: far above what they
+    /// reach, it measures what an idle QoS limiter costs (against a run without it).
+    #[arg(long, value_name = "LIMIT")]
+    max_bw: Option<String>,
+    /// The same with a message-rate limit (`vrnic create --max-rate LIMIT`, e.g. `1T`).
+    #[arg(long, value_name = "LIMIT")]
+    max_rate: Option<String>,
 }
 
 /// Cores for the engine and for the apps (`--pin engine=LIST,apps=LIST`).
@@ -310,6 +318,8 @@ struct JsonOptions<'a> {
     vnics: u32,
     idle_qps: u32,
     flood_pairs: u32,
+    max_bw: Option<&'a str>,
+    max_rate: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -421,6 +431,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
     let flood_pairs = args.flood_pairs.unwrap_or(if quick { 1 } else { 4 });
     let pin = args.pin.clone().unwrap_or_default();
     pin.check()?;
+    // `vrnic create` options of the perftest pairs' vRNICs.
+    let limits: Vec<String> = [("--max-bw", &args.max_bw), ("--max-rate", &args.max_rate)]
+        .into_iter()
+        .filter_map(|(o, v)| Some([o.to_string(), v.clone()?]))
+        .flatten()
+        .collect();
     if pin.engine.is_empty() != pin.apps.is_empty() {
         eprintln!("vrnic bench: --pin gives cores to only one side; the other runs anywhere");
     }
@@ -461,10 +477,25 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
     if has(Section::Perftest) || has(Section::Ctrl) {
         let d = ctx.daemon(&[])?;
+        let capped = if limits.is_empty() {
+            None
+        } else {
+            // Both sides' vRNICs limited (the client's limit holds what it sends; a READ's
+            // responses count against the requester too).
+            let names = ["bench-srv".to_string(), "bench-cli".to_string()];
+            for n in &names {
+                let mut a = vec!["create", n.as_str()];
+                a.extend(limits.iter().map(String::as_str));
+                ctx.scratch
+                    .output(d.cli(&a), "vrnic create", Duration::from_secs(30))
+                    .with_context(|| format!("vrnic {}", a.join(" ")))?;
+            }
+            Some(names)
+        };
         for r in 0..runs {
             if has(Section::Perftest) {
                 progress(t0, &format!("run {}/{runs}: perftest", r + 1));
-                perftest::measure(&ctx, &d, &mut report);
+                perftest::measure(&ctx, &d, capped.as_ref(), &mut report);
             }
             if has(Section::Ctrl) {
                 progress(t0, &format!("run {}/{runs}: control path", r + 1));
@@ -562,7 +593,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
 
     println!(
-        "vrnic bench{}: medians of {runs} run{} on {} cores{}; limits measured in the same run",
+        "vrnic bench{}: medians of {runs} run{} on {} cores{}{}; limits measured in the same run",
         if quick { " --quick" } else { "" },
         if runs == 1 { "" } else { "s" },
         Machine::probe().cpus,
@@ -574,6 +605,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 cpu_list(&pin.engine),
                 cpu_list(&pin.apps)
             )
+        },
+        if limits.is_empty() {
+            String::new()
+        } else {
+            format!("; perftest pairs' vRNICs made with {}", limits.join(" "))
         }
     );
     print!("{}", report.table());
@@ -594,6 +630,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 vnics,
                 idle_qps,
                 flood_pairs,
+                max_bw: args.max_bw.as_deref(),
+                max_rate: args.max_rate.as_deref(),
             },
             report: &report,
         };

@@ -53,10 +53,22 @@ pub const PROGRAMS: [&str; 8] = [
     "ibv_rc_pingpong",
 ];
 
-/// One side of a pair: its daemon, and its cores.
+/// One side of a pair: its daemon, its cores, and its vRNIC (`None`: a fresh one for the
+/// app, as `vrnic run` makes).
 pub struct Side<'a> {
     pub daemon: &'a Daemon,
     pub cpus: Option<String>,
+    pub vnic: Option<&'a str>,
+}
+
+impl Side<'_> {
+    /// `args` under `vrnic run` on this side.
+    fn run(&self, args: &[String]) -> std::process::Command {
+        match self.vnic {
+            Some(name) => self.daemon.run_on(name, self.cpus.clone(), args),
+            None => self.daemon.run(self.cpus.clone(), args),
+        }
+    }
 }
 
 /// What perftest prints when its own clock calibration fails: it times `usleep` steps against
@@ -115,19 +127,15 @@ fn pair_once(
     let mut cargs = sargs.clone();
     cargs.push(host.into());
     let name = &args[0];
-    let mut srv = ctx.scratch.spawn(
-        server.daemon.run(server.cpus.clone(), &sargs),
-        &format!("{name} server"),
-        Stop::Kill,
-    )?;
+    let mut srv = ctx
+        .scratch
+        .spawn(server.run(&sargs), &format!("{name} server"), Stop::Kill)?;
     wait_listening(&mut srv, p, Duration::from_secs(30))?;
     let out = loop {
         let left = limit.saturating_sub(start.elapsed());
-        let c = ctx.scratch.spawn(
-            client.daemon.run(client.cpus.clone(), &cargs),
-            &format!("{name} client"),
-            Stop::Kill,
-        )?;
+        let c = ctx
+            .scratch
+            .spawn(client.run(&cargs), &format!("{name} client"), Stop::Kill)?;
         let f = c.finish(left);
         let refused = !f.ok()
             && !f.timed_out
@@ -201,12 +209,14 @@ pub fn rows(out: &str) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// One run of every program into `report`.
-pub fn measure(ctx: &Ctx, d: &Daemon, report: &mut Report) {
+/// One run of every program into `report`; the server on vRNIC `vnics[0]` and the client on
+/// `vnics[1]` if given (made beforehand, e.g. with QoS limits), else each on a fresh one.
+pub fn measure(ctx: &Ctx, d: &Daemon, vnics: Option<&[String; 2]>, report: &mut Report) {
     let limit = Duration::from_secs(if ctx.quick { 120 } else { 300 });
-    let side = |i| Side {
+    let side = |i: usize| Side {
         daemon: d,
         cpus: ctx.app(i),
+        vnic: vnics.map(|v| v[i].as_str()),
     };
     let run = |args: &[&str]| -> Result<String> {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
