@@ -2081,3 +2081,37 @@ fn a_message_longer_than_the_window_goes_a_window_at_a_time_and_lands_whole() {
         }
     }
 }
+
+/// A vRNIC's meter counts what its QPs did (the data path counts on the QP alone), and keeps
+/// it when the QP is destroyed: a WRITE's requester and responder sides, and its completion.
+#[test]
+fn a_vrnics_meter_keeps_its_qps_counts_after_they_are_destroyed() {
+    let mut n = Net::new(QpType::Rc);
+    let m = Message::post(&mut n, SendOpcode::RdmaWrite);
+    n.run();
+    m.landed_once(&mut n, "a WRITE");
+    let write = vrnic_proto::CLASSES
+        .iter()
+        .position(|&c| c == "write")
+        .unwrap();
+    let check = |n: &Net, what: &str| {
+        let a = n.a.e.meter(n.a.vnic).expect("a's vRNIC");
+        let b = n.b.e.meter(n.b.vnic).expect("b's vRNIC");
+        assert_eq!(
+            (a.sent[write].wrs, a.sent[write].bytes),
+            (1, Message::LEN),
+            "{what}"
+        );
+        assert_eq!(a.completions[0], 1, "{what}: one successful completion");
+        assert_eq!(
+            (b.received[write].wrs, b.received[write].bytes),
+            (1, Message::LEN),
+            "{what}"
+        );
+    };
+    check(&n, "with its QPs");
+    let now = n.now;
+    n.a.e.destroy_qp(now, n.a.ctx, n.a.qp).unwrap();
+    n.b.e.destroy_qp(now, n.b.ctx, n.b.qp).unwrap();
+    check(&n, "after its QPs were destroyed");
+}

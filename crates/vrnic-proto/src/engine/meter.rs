@@ -1,7 +1,9 @@
 //! Metering: what each vRNIC moved and how its work requests ended, counted exactly by the
-//! engine that executes them. The counters are plain integers in the vRNIC's engine state (one
-//! thread owns an engine, so there is no atomic on the data path); a vRNIC served by several
-//! engines (`--spread-qps`) is the sum of its slices' meters ([`Meter::add`]).
+//! engine that executes them. The counters are plain integers in each QP's engine state (one
+//! thread owns an engine, so there is no atomic on the data path, and an event costs no lookup
+//! beyond its QP's); a vRNIC's meter is the sum of its QPs', those destroyed folded into the
+//! vRNIC's own ([`Engine::meter`](super::Engine::meter)), and a vRNIC served by several engines
+//! (`--spread-qps`) is the sum of its slices' meters ([`Meter::add`]).
 
 use vrnic_wire::{SendOpcode, WcStatus};
 

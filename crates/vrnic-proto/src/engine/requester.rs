@@ -96,10 +96,6 @@ impl Engine {
             self.out.completions.push_back((q.send_cq, c, false));
         }
         q.meter.sent(w.opcode, u64::from(byte_len));
-        let vnic = q.vnic;
-        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
-            v.meter.sent(w.opcode, u64::from(byte_len));
-        }
     }
 
     /// The route of connected QP `qp` if it leads somewhere; if it leads nowhere (its RTR came

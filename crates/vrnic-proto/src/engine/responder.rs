@@ -480,21 +480,20 @@ impl Engine {
         let Some(q) = self.objs.qps.get_mut(&peer) else {
             return;
         };
+        // The vRNIC's count is the sum of its QPs' ([`Engine::meter`]): no second lookup.
         count(&mut q.meter);
-        let vnic = q.vnic;
-        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
-            count(&mut v.meter);
-        }
     }
 
     /// A UD datagram dropped at QP `peer` of `vnic` (wrong Q_Key, no receive).
     fn meter_ud_drop(&mut self, peer: QpId, vnic: VnicId) {
-        if let Some(q) = self.objs.qps.get_mut(&peer) {
-            q.meter.ud_dropped = q.meter.ud_dropped.wrapping_add(1);
-        }
-        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
-            v.meter.ud_dropped = v.meter.ud_dropped.wrapping_add(1);
-        }
+        let m = match self.objs.qps.get_mut(&peer) {
+            Some(q) => &mut q.meter,
+            None => match self.objs.vnics.get_mut(&vnic) {
+                Some(v) => &mut v.meter,
+                None => return,
+            },
+        };
+        m.ud_dropped = m.ud_dropped.wrapping_add(1);
     }
 
     /// Completes a receive taken by a message from `req`'s requester: `byte_len` bytes on
@@ -526,12 +525,8 @@ impl Engine {
                 0
             };
             let n = byte_len.unwrap_or(0).saturating_sub(grh);
-            let vnic = p.vnic;
             if let Some(q) = self.objs.qps.get_mut(&peer) {
                 q.meter.received(req.op, true, n);
-            }
-            if let Some(v) = self.objs.vnics.get_mut(&vnic) {
-                v.meter.received(req.op, true, n);
             }
         }
         if let Some(n) = byte_len {

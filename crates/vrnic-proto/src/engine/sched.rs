@@ -136,28 +136,39 @@ impl Engine {
     #[must_use]
     pub fn poll_completion(&mut self) -> Option<(CqId, Cqe, bool)> {
         let c = self.out.completions.pop_front()?;
-        if let Some(v) = self
-            .objs
-            .cqs
-            .get(&c.0)
-            .and_then(|cq| self.objs.vnics.get_mut(&cq.vnic))
-        {
-            v.meter.completed(c.1.status);
-        }
-        if let Some(q) = self
+        // Counted on its QP, which the vRNIC's count sums ([`Engine::meter`]); on the CQ's
+        // vRNIC itself when the QP is gone or of another vRNIC.
+        let vnic = self.objs.cqs.get(&c.0).map(|cq| cq.vnic);
+        let q = self
             .objs
             .by_qpn
             .get(&c.1.qp_num)
-            .and_then(|id| self.objs.qps.get_mut(id))
-        {
-            q.meter.completed(c.1.status);
+            .and_then(|id| self.objs.qps.get_mut(id));
+        match q {
+            Some(q) if Some(q.vnic) == vnic => q.meter.completed(c.1.status),
+            q => {
+                if let Some(q) = q {
+                    q.meter.completed(c.1.status);
+                }
+                if let Some(v) = vnic.and_then(|v| self.objs.vnics.get_mut(&v)) {
+                    v.meter.completed(c.1.status);
+                }
+            }
         }
         Some(c)
     }
 
-    /// What vRNIC `vnic` moved and how its work requests ended, counted by this engine.
+    /// What vRNIC `vnic` moved and how its work requests ended, counted by this engine: what
+    /// its QPs counted (the data path counts on the QP alone, one lookup per event), those
+    /// destroyed included (folded into the vRNIC's own count then), and what was counted on
+    /// the vRNIC itself (a completion or drop whose QP was gone). Its QPs are summed on each
+    /// call: stats are asked for rarely, events counted millions of times a second.
     pub fn meter(&self, vnic: VnicId) -> Option<Meter> {
-        self.objs.vnics.get(&vnic).map(|v| v.meter)
+        let mut m = self.objs.vnics.get(&vnic)?.meter;
+        for q in self.objs.qps.values().filter(|q| q.vnic == vnic) {
+            m.add(&q.meter);
+        }
+        Some(m)
     }
 
     /// The same for QP number `qpn` of `vnic`, since it was created (`None`: this engine has

@@ -652,6 +652,10 @@ impl Engine {
             return Err(EINVAL);
         };
         self.objs.by_qpn.remove(&q.qpn);
+        // Its counts stay the vRNIC's ([`Engine::meter`]).
+        if let Some(v) = self.objs.vnics.get_mut(&q.vnic) {
+            v.meter.add(&q.meter);
+        }
         self.unbind_qp_windows(qp);
         if let Some(p) = self.objs.pds.get_mut(&q.pd) {
             p.users = p.users.saturating_sub(1);

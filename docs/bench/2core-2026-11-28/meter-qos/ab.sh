@@ -2,9 +2,9 @@
 # Idle QoS limiter A/B: vrnic bench --quick --sections perftest, alternated, without and with
 # --max-bw 1T --max-rate 1T on the pairs' vRNICs. Figures: the "ib_write_bw -s 2 message rate".
 set -u
-V=${V:-/work/target-qos2/release/vrnic}
+V=${V:-$(realpath "$(dirname "$0")/../../../../target/release/vrnic")}
 N=${N:-6}
-out=/tmp/qos2/ab; mkdir -p $out
+out=${TMPDIR:-/tmp}/vrnic-meter-qos/ab; mkdir -p $out
 for i in $(seq 1 $N); do
   # The order alternates each round: A B, B A, ...
   if [ $((i % 2)) -eq 1 ]; then order="A B"; else order="B A"; fi

@@ -2,10 +2,10 @@
 # Idle limiter, finer A/B on one daemon: ib_write_bw -s 2 -D 2 between two uncapped vRNICs (A)
 # and between two made with --max-bw 1T --max-rate 1T (B), alternated, ROUNDS each.
 set -u
-V=${V:-/work/target-qos2/release/vrnic}
+V=${V:-$(realpath "$(dirname "$0")/../../../../target/release/vrnic")}
 R=${R:-8}
-S=/tmp/qos2/finestate; rm -rf $S; mkdir -p $S
-$V --state-dir $S serve > /tmp/qos2/finedaemon.log 2>&1 &
+S=${TMPDIR:-/tmp}/vrnic-meter-qos/finestate; rm -rf $S; mkdir -p $S
+$V --state-dir $S serve > ${TMPDIR:-/tmp}/vrnic-meter-qos/finedaemon.log 2>&1 &
 D=$!
 for i in $(seq 100); do [ -S $S/vrnic.sock ] && break; sleep 0.1; done
 $V --state-dir $S create a_s >/dev/null; $V --state-dir $S create a_c >/dev/null
@@ -13,15 +13,15 @@ $V --state-dir $S create b_s --max-bw 1T --max-rate 1T >/dev/null
 $V --state-dir $S create b_c --max-bw 1T --max-rate 1T >/dev/null
 one() { # $1: a or b
   local P=$((20000 + RANDOM % 10000))
-  $V --state-dir $S run --vrnic ${1}_s -- ib_write_bw -s 2 -D 2 -p $P > /tmp/qos2/fsrv.log 2>&1 &
+  $V --state-dir $S run --vrnic ${1}_s -- ib_write_bw -s 2 -D 2 -p $P > ${TMPDIR:-/tmp}/vrnic-meter-qos/fsrv.log 2>&1 &
   local SV=$!
   sleep 0.5
   for t in 1 2 3 4 5; do
-    $V --state-dir $S run --vrnic ${1}_c -- ib_write_bw -s 2 -D 2 -p $P localhost > /tmp/qos2/fcli.log 2>&1 && break
+    $V --state-dir $S run --vrnic ${1}_c -- ib_write_bw -s 2 -D 2 -p $P localhost > ${TMPDIR:-/tmp}/vrnic-meter-qos/fcli.log 2>&1 && break
     sleep 0.3
   done
   wait $SV
-  awk '$1=="2"{print $5}' /tmp/qos2/fcli.log | tail -1
+  awk '$1=="2"{print $5}' ${TMPDIR:-/tmp}/vrnic-meter-qos/fcli.log | tail -1
 }
 for r in $(seq 1 $R); do
   if [ $((r % 2)) -eq 1 ]; then o="a b"; else o="b a"; fi
