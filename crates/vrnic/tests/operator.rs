@@ -168,7 +168,7 @@ fn a_killed_qp_flushes_its_work_its_peer_fails_and_its_vrnics_other_qp_carries_o
     );
     let out = d.cli_output(&["qp", "kill", "c", "0xabcdef"]);
     assert!(
-        !out.ok() && out.stderr.contains("no QP number"),
+        !out.ok() && out.stderr.contains("vRNIC c has no QP number 0xabcdef"),
         "{}",
         out.text()
     );
@@ -205,7 +205,14 @@ fn rm_force_tells_each_app_its_device_is_gone() {
     let (mut watch, rx) = spawn_lines(cmd);
     until(&rx, LIMIT, |l| l.contains("async event FD"));
     let out = d.cli_output(&["rm", "w"]);
-    assert!(!out.ok() && out.stderr.contains("in use"), "{}", out.text());
+    assert!(
+        !out.ok()
+            && out
+                .stderr
+                .contains("in use (1 attached context, 1 `vrnic run` holding it)"),
+        "{}",
+        out.text()
+    );
     assert!(d.ls().lines().any(|l| l.starts_with("w ")), "{}", d.ls());
     let out = d.cli_output(&["rm", "--force", "w"]);
     assert!(out.ok(), "{}", out.text());

@@ -301,12 +301,14 @@ impl Server {
                     Some((&id, v)) => {
                         let users = v.holders + v.contexts.len();
                         if users > 0 && !force {
+                            let n = |k: usize, one: &str, many: &str| {
+                                format!("{k} {}", if k == 1 { one } else { many })
+                            };
                             AdminReply::Err(format!(
-                                "vRNIC {name} is in use ({} attached contexts, {} `vrnic run`s \
-                                 holding it); `vrnic rm --force {name}` detaches them \
-                                 (their apps get IBV_EVENT_DEVICE_FATAL)",
-                                v.contexts.len(),
-                                v.holders
+                                "vRNIC {name} is in use ({}, {} holding it); `vrnic rm --force \
+                                 {name}` detaches them (their apps get IBV_EVENT_DEVICE_FATAL)",
+                                n(v.contexts.len(), "attached context", "attached contexts"),
+                                n(v.holders, "`vrnic run`", "`vrnic run`s")
                             ))
                         } else {
                             if users > 0 {

@@ -285,7 +285,8 @@ impl Server {
                 return Ok(());
             }
         }
-        Err(format!("vRNIC has no QP number {qpn:#x}"))
+        let name = self.vnics.get(&id).map_or("?", |v| v.name.as_str());
+        Err(format!("vRNIC {name} has no QP number {qpn:#x}"))
     }
 
     pub(super) fn remove_vnic(&mut self, id: VnicId) {
