@@ -480,7 +480,15 @@ fn reconnect_within_the_retry_budget(extra: &[&str]) {
 /// written and read back).
 #[test]
 fn a_tenant_that_truncates_its_region_under_queued_frames_loses_only_its_vrnic() {
-    truncate_mid_write(1);
+    truncate_mid_write(1, &[]);
+}
+
+/// The same where the sender's frames were queued by an engine thread (`--engine-threads 2`:
+/// a pass hands the loop its frames with their payloads as ranges of the tenant's region, read
+/// when the link writes them).
+#[test]
+fn a_tenant_that_truncates_its_region_under_frames_an_engine_thread_queued_loses_only_its_vrnic() {
+    truncate_mid_write(1, &["--engine-threads", "2"]);
 }
 
 /// The same for the tenant whose memory the WRITEs land in, read from the link straight into
@@ -488,15 +496,16 @@ fn a_tenant_that_truncates_its_region_under_queued_frames_loses_only_its_vrnic()
 /// poisons that region alone).
 #[test]
 fn a_tenant_that_truncates_its_region_under_payloads_read_into_place_loses_only_its_vrnic() {
-    truncate_mid_write(0);
+    truncate_mid_write(0, &[]);
 }
 
 /// An `ib_write_bw` of 1 MiB from host 1 to host 0 whose side on host `evil` runs on a vRNIC
-/// named "evil", which truncates its region once the transfer runs.
-fn truncate_mid_write(evil: usize) {
+/// named "evil", which truncates its region once the transfer runs (both daemons with
+/// `extra` options).
+fn truncate_mid_write(evil: usize, extra: &[&str]) {
     require("ib_write_bw");
     let hosts = Hosts::new(2);
-    let mut ds = hosts.daemons(LINKS_UP);
+    let mut ds = hosts.daemons_with(LINKS_UP, extra);
     ds[evil].create("evil");
     let p = port().to_string();
     let addr = hosts.addr(0);
