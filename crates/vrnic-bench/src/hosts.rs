@@ -33,8 +33,9 @@ const LAT: [&str; 2] = ["ib_write_lat", "ib_send_lat"];
 const VETH: &str = "veth";
 
 impl Hosts {
-    /// Makes the namespaces, the veth and the daemons, and waits until their link is up.
-    pub fn new(ctx: &Ctx, links: Links) -> Result<Hosts> {
+    /// Makes the namespaces, the veth and the daemons (with `threads` engine threads, else the
+    /// daemon's default), and waits until their link is up.
+    pub fn new(ctx: &Ctx, links: Links, threads: Option<u32>) -> Result<Hosts> {
         procs::remove_stale_netns();
         let tag = format!("{NETNS_PREFIX}{}", std::process::id());
         let names = [format!("{tag}a"), format!("{tag}b")];
@@ -75,6 +76,9 @@ impl Hosts {
                 "--peer".into(),
                 format!("{}:{PEER_PORT}", ADDRS[1 - i]),
             ];
+            if let Some(t) = threads {
+                extra.extend(["--engine-threads".to_string(), t.to_string()]);
+            }
             match links {
                 Links::Insecure => extra.push("--insecure-links".into()),
                 Links::Authenticated | Links::Encrypted => {

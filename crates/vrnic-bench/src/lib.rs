@@ -112,7 +112,7 @@ pub struct BenchArgs {
     pairs: Option<Vec<u32>>,
     /// Engine threads of the scale runs' daemons (`vrnic serve --engine-threads`), a daemon
     /// for each count, running on all the engine cores [default: the daemon's own default, on
-    /// the first engine core].
+    /// the first engine core]; the across-host daemons take the first count.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=64))]
     engine_threads: Option<Vec<u32>>,
     /// vRNICs of the many-vRNICs runs, each held by a process of its own [default: 1024;
@@ -554,7 +554,13 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 args.links
             ),
         );
-        match hosts::Hosts::new(&ctx, args.links) {
+        let threads = engine_threads.first().copied().flatten();
+        if let Some(t) = threads {
+            report.notes.push(format!(
+                "across hosts: each daemon with --engine-threads {t}"
+            ));
+        }
+        match hosts::Hosts::new(&ctx, args.links, threads) {
             Ok(h) => {
                 for r in 0..runs {
                     progress(t0, &format!("run {}/{runs}: across hosts", r + 1));

@@ -612,6 +612,33 @@ fn bulk_writes_and_reads_read_into_place_land_every_byte() {
     }
 }
 
+/// The same bulk WRITEs and READs across daemons that run two engine threads: a segment from a
+/// peer host is taken by the loop under the lock of the shard its QP number names, so its
+/// payload is read into place there too (until 2026-11-28 every frame was copied into that
+/// shard's inbox and out again, and nothing was read into place: `PLACED_IN` stayed 0), and
+/// every byte lands where it belongs on both ends.
+#[test]
+fn bulk_writes_and_reads_with_engine_threads_are_read_into_place_and_land_every_byte() {
+    let bin = c_program("stream_check", &["-libverbs"]);
+    let hosts = Hosts::new(2);
+    let ds = hosts.daemons_with(LINKS_UP, &["--engine-threads", "2"]);
+    let pair = common::c_check_pair_across(&ds[0], &ds[1], &hosts.addr(0), &bin, &[], PAIR);
+    assert!(
+        pair.client
+            .stdout
+            .contains("OK client: every byte, both ways")
+            && pair.server.stdout.contains("OK server: every byte"),
+        "{pair}"
+    );
+    for (host, what) in [(0, "WRITE payloads"), (1, "READ responses")] {
+        let placed = ds[host].peer_column("PLACED_IN")[0];
+        assert!(
+            placed >= 1 << 20,
+            "host {host} (two engine threads) read {placed} bytes of {what} into place"
+        );
+    }
+}
+
 /// The payloads of large RDMA WRITEs and READ responses are read from the link straight into
 /// the destination's registered memory during an unmodified `ib_write_bw` (on the server's
 /// host) or `ib_read_bw` (on the client's) of 1 MiB. How much of it depends on timing (a

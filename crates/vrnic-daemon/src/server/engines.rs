@@ -20,7 +20,7 @@ use super::*;
 
 use super::datapath::{Frames, Mem, NoFrames};
 use super::shard::{BellInbox, Lane, Slice};
-use super::shard::{Shard, host_shard, shard_host};
+use super::shard::{Shard, host_shard, qpn_shard, shard_host};
 use super::threads::ShardFrames;
 use std::sync::MutexGuard;
 use vrnic_proto::HostId;
@@ -35,6 +35,12 @@ impl Server {
     /// The one shard, which the loop runs itself (peer links exist only then).
     pub(super) fn shard0(&self) -> Arc<ShardCell> {
         self.shards[0].clone()
+    }
+
+    /// The shard whose engine serves the QP numbered `qpn` (its number's class, whatever the
+    /// vRNIC: a number that names no QP there is that engine's to refuse).
+    pub(super) fn cell_of_qpn(&self, qpn: u32) -> Arc<ShardCell> {
+        self.shards[qpn_shard(qpn, self.shards.len())].clone()
     }
 
     /// The shard for a new vRNIC: the one serving the fewest, ties taken in turn (so that

@@ -10,45 +10,36 @@
 //! Peer links stay the loop's: the frames a pass makes for another host leave an engine thread
 //! through one channel to the loop as a queue of their own (headers as bytes, large reliable
 //! payloads as ranges of their region, which the kernel reads when the link writes them, as
-//! on one thread), which the loop appends to the link's; a frame from another host goes from the
-//! loop into the inbox of the shard its destination QP number names (each shard's engine
-//! gives out the numbers of its own class, [`qpn_shard`]).
+//! on one thread), which the loop appends to the link's. A frame from another host is taken by
+//! the loop itself, under the lock of the shard its destination QP number names (each shard's
+//! engine gives out the numbers of its own class, `qpn_shard`), its large payloads read from
+//! the socket straight into place, as with one thread (`peers/`, `inbound.rs`): no queue
+//! between the loop and a shard, no copy of a frame; the shard's thread is then woken to send
+//! what its engine answers.
 //!
 //! An engine thread spins (yielding the CPU each idle pass) while it has traffic, then, after
 //! [`SPIN_QUIET`], sets its regions' engine-sleeping words, looks once more, and parks until
-//! the loop wakes it (a doorbell or a control call on one of its vRNICs), a frame from a peer
-//! host arrives in its inbox, another thread leaves it work, or its engine's next timer is
-//! due. What its passes produce for contexts (events, wake-ups) waits in its outbox, and a mio
+//! the loop wakes it (a doorbell, a control call or a segment from a peer host for one of its
+//! vRNICs), another thread leaves it work, or its engine's next timer is due. What its passes produce for contexts (events, wake-ups) waits in its outbox, and a mio
 //! `Waker` tells the loop thread to hand it on.
 
 use super::*;
 
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::Receiver;
 use std::thread::JoinHandle;
 
 use vrnic_proto::HostId;
-use vrnic_wire::frame::{Frame, FrameRepr};
 
 use super::datapath::{Frames, Mem};
 use super::outqueue::OutQueue;
 use super::peers::enqueue;
-use super::shard::{Shard, host_shard, qpn_shard};
+use super::shard::host_shard;
 use super::siblings::SiblingShards;
-
-/// A frame into a shard from a peer host: that host, and the frame's bytes.
-pub(super) type ShardFrame = (HostId, Vec<u8>);
 
 /// Frames from a shard for a peer host, as one pass queued them: the host, and the frames as
 /// its link queues them (headers and small payloads as bytes, large reliable payloads as
 /// ranges of their region, read by the kernel when the link writes: no copy in the daemon).
 pub(super) type PeerFrame = (HostId, OutQueue);
-
-/// Frames an engine thread takes from its inbox per pass at most (the rest wait for the next).
-const INBOX_BATCH: usize = 256;
-/// Frames an inbox holds at most. The loop drops a frame that finds it full, as a congested
-/// link would: RC sends it again when its ACK does not come, UC and UD are unreliable. So a
-/// peer flooding a slower shard costs that shard a bounded queue, never the daemon's memory.
-const INBOX_CAP: usize = 4096;
 
 /// Engine threads by default: 1, the daemon's loop thread running the engine itself. More
 /// threads serve more busy pairs at once; a pair whose two vRNICs are on different threads
@@ -60,8 +51,6 @@ pub fn default_engine_threads() -> usize {
 
 /// What the loop holds of the engine threads.
 pub(super) struct Threads {
-    /// Each shard's inbox.
-    pub(super) inboxes: Vec<SyncSender<ShardFrame>>,
     /// Frames the shards made for peer hosts, and the loop's end of that channel.
     pub(super) to_peers: std::sync::mpsc::Sender<PeerFrame>,
     pub(super) from_shards: Receiver<PeerFrame>,
@@ -121,38 +110,12 @@ impl Frames for ShardFrames<'_> {
     }
 }
 
-/// Hands the frames waiting in `inbox` (at most [`INBOX_BATCH`]) to the shard's engine.
-/// Returns whether there were any.
-fn take_inbox(sh: &mut Shard, inbox: &Receiver<ShardFrame>, now: Instant) -> bool {
-    let mut any = false;
-    for _ in 0..INBOX_BATCH {
-        let (from, bytes) = match inbox.try_recv() {
-            Ok(f) => f,
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-        };
-        any = true;
-        // Our own engines made them; decoded strictly all the same.
-        let Ok(frame) = Frame::new_checked(&bytes[..]) else {
-            continue;
-        };
-        let Ok(repr) = FrameRepr::parse(&frame) else {
-            continue;
-        };
-        sh.take_segment(now, from, repr, &bytes[repr.payload_range()]);
-    }
-    any
-}
-
 impl Threads {
     /// Starts one engine thread per shard; `waker` tells the loop that an outbox has something.
     pub(super) fn start(cells: &[Arc<ShardCell>], waker: Arc<mio::Waker>) -> Result<Threads> {
-        let (inboxes, receivers): (Vec<_>, Vec<_>) = cells
-            .iter()
-            .map(|_| std::sync::mpsc::sync_channel(INBOX_CAP))
-            .unzip();
         let (to_peers, from_shards) = std::sync::mpsc::channel();
         let mut handles = Vec::new();
-        for (cell, inbox) in cells.iter().zip(receivers) {
+        for cell in cells {
             let cell = cell.clone();
             let cells = cells.to_vec();
             let to_peers = to_peers.clone();
@@ -164,7 +127,7 @@ impl Threads {
                         to_peers: &to_peers,
                         waker: &waker,
                     };
-                    engine_thread(&cell, &cells, frames, &inbox, &waker)
+                    engine_thread(&cell, &cells, frames, &waker)
                 })
                 .context("start an engine thread")?;
             handles.push(handle);
@@ -174,24 +137,11 @@ impl Threads {
             let _ = cell.thread.set(h.thread().clone());
         }
         Ok(Threads {
-            inboxes,
             to_peers,
             from_shards,
             waker,
             handles,
         })
-    }
-
-    /// Hands a frame that came from peer host `from` to the shard of its destination QP
-    /// (dropped when that shard's inbox is full, as a congested link: RC sends it again).
-    pub(super) fn to_shard(&self, cells: &[Arc<ShardCell>], from: HostId, qpn: u32, frame: &[u8]) {
-        let to = qpn_shard(qpn, cells.len());
-        let (Some(inbox), Some(cell)) = (self.inboxes.get(to), cells.get(to)) else {
-            return;
-        };
-        if inbox.try_send((from, frame.to_vec())).is_ok() {
-            cell.wake();
-        }
     }
 
     /// Stops and joins every engine thread.
@@ -206,13 +156,12 @@ impl Threads {
     }
 }
 
-/// An engine thread: its shard's passes (with the siblings it reaches, `siblings.rs`), the
-/// frames peer links sent it, its sleep.
+/// An engine thread: its shard's passes (with the siblings it reaches, `siblings.rs`), its
+/// sleep.
 fn engine_thread(
     cell: &ShardCell,
     cells: &[Arc<ShardCell>],
     mut frames: ShardFrames,
-    inbox: &Receiver<ShardFrame>,
     waker: &mio::Waker,
 ) {
     let mut last_work = Instant::now();
@@ -228,8 +177,7 @@ fn engine_thread(
                 sh.set_sleeping(false);
                 asleep = false;
             }
-            let mut worked = take_inbox(sh, inbox, now);
-            worked |= sh.engine_pass(now, &mut frames, Some(&mut sibs));
+            let mut worked = sh.engine_pass(now, &mut frames, Some(&mut sibs));
             if sh.engine.has_transmit() {
                 worked |= frames.send(&mut sh.engine, &mut Mem::new(&sh.lanes));
             }

@@ -1073,15 +1073,16 @@ impl Server {
     /// One read from link `i`: into place (the rest of a payload, then the bytes after it)
     /// or into its byte queue. `None`: nothing to read now.
     fn read_once(&mut self, now: Instant, i: usize) -> Result<Option<usize>, Close> {
-        // The lanes are wanted only to read a payload into place (one shard only): the lock
-        // is taken for that alone.
+        // The lanes are wanted only to read a payload into place: the lock of the shard of its
+        // destination QP is taken for that alone.
         let placing = self
             .peers
             .as_ref()
             .and_then(|p| p.links.get(i))
-            .is_some_and(|l| l.as_ref().is_some_and(|l| l.placing.is_some()));
-        let cell = self.shards[0].clone();
-        let sh = placing.then(|| cell.lock());
+            .and_then(|l| l.as_ref().and_then(|l| l.placing.as_ref()))
+            .map(|p| p.seg.dest_qpn);
+        let cell = placing.map(|qpn| self.cell_of_qpn(qpn));
+        let sh = cell.as_ref().map(|c| c.lock());
         let none = FxHashMap::default();
         let (Some(p), vnics) = (&mut self.peers, sh.as_ref().map_or(&none, |sh| &sh.lanes)) else {
             return Ok(None);
@@ -1175,7 +1176,7 @@ impl Server {
                     break Ok(());
                 };
                 {
-                    let cell = self.shard0();
+                    let cell = self.cell_of_qpn(p.seg.dest_qpn);
                     let mut sh = cell.lock();
                     let sh = &mut *sh;
                     sh.engine.handle_placed_segment(
@@ -1187,6 +1188,7 @@ impl Server {
                         !p.broken,
                         &mut Mem::new(&sh.lanes),
                     );
+                    cell.wake();
                 }
                 placed_bytes += p.placed;
                 if let Some(peers) = &mut self.peers {
@@ -1246,12 +1248,8 @@ impl Server {
     /// Sets up the payload of the segment at the head of `buf` (a frame of `len` bytes, not all
     /// of it there) to be read into place, with the bytes of it already in `buf` copied there.
     /// Returns the placement and how many bytes of `buf` it took; `None` if the engine takes
-    /// this segment only with its payload in a buffer (or its headers are not all in yet), and
-    /// always with engine threads: the frame then goes whole to its shard's inbox.
+    /// this segment only with its payload in a buffer (or its headers are not all in yet).
     fn start_placing(&mut self, host: HostId, buf: &[u8], len: usize) -> Option<(Placing, usize)> {
-        if self.threads.is_some() {
-            return None;
-        }
         // A malformed head is the whole-frame decoder's to refuse once the frame is in.
         let head = FrameRepr::parse_head(buf).ok()?;
         let FrameRepr::Segment {
@@ -1271,7 +1269,7 @@ impl Server {
             .map(|p| std::mem::take(&mut p.runs))
             .unwrap_or_default();
         runs.clear();
-        let cell = self.shard0();
+        let cell = self.cell_of_qpn(segment.dest_qpn);
         let mut sh = cell.lock();
         let Some(placement) = sh.engine.placement(host, &addr, &segment, &mut runs) else {
             if let Some(p) = &mut self.peers {
@@ -1343,15 +1341,13 @@ impl Server {
                 self.link_up(host);
                 Ok(State::Up)
             }
-            (State::Up, FrameRepr::Segment { segment, .. }) if self.threads.is_some() => {
-                // Into the inbox of the shard its destination QP number names.
-                if let Some(t) = &self.threads {
-                    t.to_shard(&self.shards, host, segment.dest_qpn, bytes);
-                }
-                Ok(State::Up)
-            }
-            (State::Up, repr @ FrameRepr::Segment { .. }) => {
-                self.shard0().lock().take_segment(now, host, repr, body);
+            (State::Up, repr @ FrameRepr::Segment { segment, .. }) => {
+                // Taken by the engine of the shard its destination QP number names, here and
+                // now, as that shard's own pass would (its thread, if it has one, woken to
+                // send what it answers and publish what it completed).
+                let cell = self.cell_of_qpn(segment.dest_qpn);
+                cell.lock().take_segment(now, host, repr, body);
+                cell.wake();
                 Ok(State::Up)
             }
             (State::Up, FrameRepr::Control(c))
