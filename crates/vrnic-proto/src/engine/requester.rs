@@ -342,7 +342,7 @@ impl Engine {
             _ => Payload::Empty,
         };
         let last = done + n >= len || atomic;
-        let req = Request {
+        let mut req = Request {
             op,
             transport: match (uc, xrc) {
                 (true, _) => QpType::Uc,
@@ -380,13 +380,20 @@ impl Engine {
         back.clear();
         let outcome = match self.sibling_route(route) {
             Some(host) => self
-                .via_sibling(sib, host, addr, &req, &mut back, |e, answer, back, m| {
-                    match answer {
-                        // Its receive queue is the sibling's: only the timer wakes this QP.
-                        Some((_, Response::RnrNak { timer })) => e.rnr(now, qp, timer, None),
-                        _ => e.answered(now, qp, wqe, answer, done, n, back, m),
-                    }
-                })
+                .via_sibling(
+                    sib,
+                    host,
+                    addr,
+                    &mut req,
+                    &mut back,
+                    |e, answer, back, m| {
+                        match answer {
+                            // Its receive queue is the sibling's: only the timer wakes this QP.
+                            Some((_, Response::RnrNak { timer })) => e.rnr(now, qp, timer, None),
+                            _ => e.answered(now, qp, wqe, answer, done, n, back, m),
+                        }
+                    },
+                )
                 .unwrap_or(Outcome::Busy),
             None => {
                 let answer = self.deliver(route, &req, mem, &mut back);
@@ -659,7 +666,7 @@ impl Engine {
                 Payload::Runs(&src)
             }
         };
-        let req = Request {
+        let mut req = Request {
             op: Op::Send,
             transport: QpType::Ud,
             xrc_srqn: 0,
@@ -683,9 +690,10 @@ impl Engine {
         if let Some(host) = self.sibling_route(route) {
             let addr = self.addr_to(vnic, qpn, route, &attr);
             let mut back = std::mem::take(&mut self.scratch.scratch_dst);
-            let ran = self.via_sibling(sib, host, addr, &req, &mut back, |_, answer, _, _| {
+            let dqpn = req.dst_qpn;
+            let ran = self.via_sibling(sib, host, addr, &mut req, &mut back, |_, answer, _, _| {
                 if answer.is_none() {
-                    tracing::trace!(qpn, dqpn = req.dst_qpn, "UD datagram dropped at a sibling");
+                    tracing::trace!(qpn, dqpn, "UD datagram dropped at a sibling");
                 }
             });
             self.scratch.scratch_src = src;

@@ -19,28 +19,29 @@ impl Engine {
         self.wake_retry_waiters()
     }
 
-    /// A request segment that sibling engine `from` executes here for its QP named by `addr`:
-    /// admitted as a segment from that engine is, then handled as a request of this engine's
-    /// own. `None`: dropped (refused, or no QP ready to take it), as on a fabric.
+    /// A request segment that the sibling engine its source names (`Src::Remote`) executes
+    /// here for its QP named by `addr`: admitted as a segment from that engine is, then
+    /// handled as a request of this engine's own. `None`: dropped (refused, or no QP ready to
+    /// take it), as on a fabric.
     fn sibling_request(
         &mut self,
-        from: HostId,
         addr: &AddrRepr,
         req: &Request,
         mem: &mut dyn Memory,
         back: &mut Vec<(Loc, u64)>,
     ) -> Option<(QpId, Response)> {
+        let Src::Remote(from) = req.src else {
+            return None;
+        };
         let deth = (req.transport == QpType::Ud).then_some(req.src_qpn);
         let qp = self.admitted_to(from, addr, req.dst_qpn, deth)?;
-        let req = Request {
-            src: Src::Remote(from),
-            ..*req
-        };
-        self.handle_request(qp, &req, mem, back).map(|r| (qp, r))
+        let r = self.handle_request(qp, req, mem, back)?;
+        Some((qp, r))
     }
 
     /// Hands request `req`, of the QP whose address word is `addr`, to sibling engine `host`
-    /// through `sib`, then runs `then` on this engine with the answer (and a READ's runs in
+    /// through `sib` (its source made this engine's, in place: the request is not copied),
+    /// then runs `then` on this engine with the answer (and a READ's runs in
     /// `back`) and a memory that reaches both engines' regions, before the sibling is let go.
     /// `None`, having done nothing, if the sibling is busy.
     pub(super) fn via_sibling<T>(
@@ -48,11 +49,12 @@ impl Engine {
         sib: &mut dyn Siblings,
         host: HostId,
         addr: AddrRepr,
-        req: &Request,
+        req: &mut Request,
         back: &mut Vec<(Loc, u64)>,
         then: impl FnOnce(&mut Engine, Option<(QpId, Response)>, &[(Loc, u64)], &mut dyn Memory) -> T,
     ) -> Option<T> {
-        let me = self.me();
+        req.src = Src::Remote(self.me());
+        let req = &*req;
         // A SEND's first segment, a WRITE with immediate's last, or a datagram takes a
         // receive at the responder.
         let takes = match req.op {
@@ -68,7 +70,7 @@ impl Engine {
             recv_for,
             &mut |other: &mut Engine, m: &mut dyn Memory| {
                 back.clear();
-                let answer = other.sibling_request(me, &addr, req, m, back);
+                let answer = other.sibling_request(&addr, req, m, back);
                 if let Some(f) = then.take() {
                     out = Some(f(self, answer, back, m));
                 }
