@@ -2,7 +2,7 @@
 //! by a thread of its own; a work request for another shard's vRNIC executed by the thread that
 //! took it, inside that shard's engine. Each pair below runs
 //! with its two vRNICs on different engine threads (a new vRNIC goes to the shard serving the
-//! fewest, and the daemon's log names it), and asserts real outcomes: exact bytes (our checks,
+//! fewest when none is busy, and the daemon's log names it), and asserts real outcomes: exact bytes (our checks,
 //! `ibv_rc_pingpong -c`), protection errors, completion events, unmodified perftest.
 
 mod common;
@@ -216,6 +216,50 @@ fn a_killed_app_fails_its_peer_on_another_engine_thread() {
     assert!(
         used.len() >= 2 && used[0] != used[1],
         "the two sides on one engine thread: {used:?}"
+    );
+}
+
+/// Placement by activity: on a daemon with two engine threads, each serving one vRNIC, while
+/// the client's vRNIC floods its peer with WRITEs (its thread executes every one, to its end
+/// in the other's engine), a new vRNIC goes to the thread that has room, not to the flooding
+/// one, which the vRNIC counts and the turn order alone would pick (x on thread 1, y on 0, and
+/// the third vRNIC's turn starts at thread 1).
+#[test]
+fn a_new_vrnic_goes_to_the_engine_thread_with_the_least_work() {
+    common::require("ib_write_bw");
+    let d = daemon(2);
+    for name in ["x", "y"] {
+        let out = d.cli_output(&["create", name]);
+        assert!(out.ok(), "{}", out.text());
+    }
+    let p = port();
+    let ps = p.to_string();
+    let (server, client) = common::start_pair(
+        d.run_on(
+            Some("y"),
+            &["ib_write_bw", "-s", "64", "-D", "4", "-p", &ps],
+        ),
+        d.run_on(
+            Some("x"),
+            &["ib_write_bw", "-s", "64", "-D", "4", "-p", &ps, "localhost"],
+        ),
+        p,
+        Duration::from_secs(30),
+        "ib_write_bw",
+    );
+    // The flood under way for a few of the daemon's 200 ms looks.
+    std::thread::sleep(Duration::from_millis(2000));
+    let out = d.cli_output(&["create", "z"]);
+    assert!(out.ok(), "{}", out.text());
+    common::finish_pair(server, client, Duration::from_secs(60)).assert_ok();
+    let used = engines_used(d);
+    assert!(
+        used.len() == 3 && used[0] != used[1],
+        "x and y on two threads: {used:?}"
+    );
+    assert_eq!(
+        used[2], used[1],
+        "the new vRNIC went to the flooding thread (x's), not y's: {used:?}"
     );
 }
 

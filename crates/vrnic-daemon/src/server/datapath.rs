@@ -332,6 +332,7 @@ impl Shard {
                 work |= self.take_new_work(now, Look::Newcomers);
             }
         }
+        self.wrs += wrs as u64;
         work | self.publish()
     }
 

@@ -25,6 +25,32 @@ use super::threads::ShardFrames;
 use std::sync::MutexGuard;
 use vrnic_proto::HostId;
 
+/// How often the shards' activity is looked at, and the window it is counted over.
+pub(super) const ACTIVITY_WINDOW: Duration = Duration::from_millis(200);
+/// Work requests in a window below which a shard counts as idle (about 5,000 a second):
+/// placement by activity weighs floods, not a trickle of control traffic.
+const ACTIVE_WRS: u64 = 1024;
+
+/// The shards' recent activity, for placing new vRNICs ([`Server::pick_shard`]).
+#[derive(Debug)]
+pub(super) struct Activity {
+    /// Each shard's work-request count at the last look, and its growth over the window
+    /// before it.
+    mark: Vec<u64>,
+    recent: Vec<u64>,
+    at: Instant,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            mark: Vec::new(),
+            recent: Vec::new(),
+            at: Instant::now(),
+        }
+    }
+}
+
 impl Server {
     /// The shard serving `vnic`.
     pub(super) fn cell_of(&self, vnic: VnicId) -> Option<Arc<ShardCell>> {
@@ -43,19 +69,46 @@ impl Server {
         self.shards[qpn_shard(qpn, self.shards.len())].clone()
     }
 
-    /// The shard for a new vRNIC: the one serving the fewest, ties taken in turn (so that
-    /// vRNICs that come and go in pairs still reach every shard).
+    /// The shard for a new vRNIC: the one whose passes executed the fewest work requests
+    /// in the last [`ACTIVITY_WINDOW`] (counted in units of [`ACTIVE_WRS`], so that a
+    /// trickle of work does not count), then the one serving the fewest, ties taken in turn
+    /// (so that vRNICs that come and go in pairs still reach every shard). A new busy pair
+    /// so goes to threads that have room, not beside a flood on the thread with fewest
+    /// vRNICs.
     pub(super) fn pick_shard(&self) -> usize {
         let n = self.shards.len();
         let mut load = vec![0usize; n];
         for v in self.vnics.values() {
             load[v.shard] += 1;
         }
+        // A look older than two windows (the loop slept: no traffic woke it) says nothing.
+        let fresh = self.activity.at.elapsed() < 2 * ACTIVITY_WINDOW;
+        let busy = |i: usize| match self.activity.recent.get(i) {
+            Some(w) if fresh => w / ACTIVE_WRS,
+            _ => 0,
+        };
         let first = self.next_vnic as usize % n;
         (0..n)
             .map(|k| (first + k) % n)
-            .min_by_key(|&i| load[i])
+            .min_by_key(|&i| (busy(i), load[i]))
             .unwrap_or(0)
+    }
+
+    /// Every [`ACTIVITY_WINDOW`], with engine threads: the work requests each shard's passes
+    /// executed since the last look.
+    pub(super) fn sample_activity(&mut self, now: Instant) {
+        if self.shards.len() < 2 || now.duration_since(self.activity.at) < ACTIVITY_WINDOW {
+            return;
+        }
+        self.activity.at = now;
+        let a = &mut self.activity;
+        a.mark.resize(self.shards.len(), 0);
+        a.recent.resize(self.shards.len(), 0);
+        for (i, cell) in self.shards.iter().enumerate() {
+            let wrs = cell.lock().wrs;
+            a.recent[i] = wrs.saturating_sub(a.mark[i]);
+            a.mark[i] = wrs;
+        }
     }
 
     /// The shards holding a slice of `vnic`: its home shard first, then, with `--spread-qps`,

@@ -285,6 +285,8 @@ pub struct Server {
     /// Region-only contexts (served by polling their mailboxes).
     guests: Vec<CtxId>,
     last_scan: Instant,
+    /// What each shard's passes did lately (engine threads only).
+    activity: engines::Activity,
     /// The `SIGBUS` guard's epoch when the loop last looked for poisoned regions.
     fault_epoch: u64,
     /// Until when the sockets are looked at every pass ([`CONTROL_HOT`]).
@@ -533,6 +535,7 @@ impl Server {
             mounted,
             guests: Vec::new(),
             last_scan: Instant::now(),
+            activity: engines::Activity::default(),
             fault_epoch: vrnic_shm::fault::epoch(),
             control_hot_until: Instant::now(),
             peers,
@@ -641,6 +644,7 @@ impl Server {
                 }
             }
             let now = Instant::now();
+            self.sample_activity(now);
             if now.duration_since(self.last_scan) >= GUEST_SCAN {
                 self.last_scan = now;
                 self.scan_guests(now);

@@ -309,6 +309,9 @@ pub(super) struct Shard {
     /// Its regions' engine-sleeping words are set.
     pub(super) sleeping: bool,
     pub(super) out: Outbox,
+    /// Work requests its passes executed (its own QPs', each to its end, wherever the
+    /// responder is): the activity new vRNICs are placed by (`engines.rs`).
+    pub(super) wrs: u64,
 }
 
 impl Shard {
@@ -324,6 +327,7 @@ impl Shard {
             watched: Vec::new(),
             sleeping: false,
             out: Outbox::default(),
+            wrs: 0,
         }
     }
 
