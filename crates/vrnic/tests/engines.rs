@@ -179,6 +179,69 @@ fn ud_xrc_and_memory_windows_hold_across_engine_threads() {
     }
 }
 
+/// Two requesters, each a process on a vRNIC of its own, run 20,000 FETCH_AND_ADDs each (16 in
+/// flight) on one word of a third (`tests/c/atomic_check.c`): the word counts every add and
+/// the originals are 0..39,999 each once, on one engine thread and on three, where each
+/// requester's thread executes its atomics inside the responder's engine at the same time as
+/// the other's (atomic against every requester on the address, whichever thread).
+fn two_requesters_hammer_one_word(threads: usize) {
+    let bin = common::c_program("atomic_check", &["-libverbs"]);
+    let bin = bin.to_str().expect("utf-8 path");
+    let d = daemon(threads);
+    let p = port().to_string();
+    let n = "20000";
+    let server = Proc::spawn(d.run(&[bin, "server", &p, "2", n]), "atomic_check server");
+    let clients: Vec<Proc> = (0..2)
+        .map(|i| {
+            Proc::spawn(
+                d.run(&[bin, "client", "localhost", &p, n]),
+                &format!("atomic_check client {i}"),
+            )
+        })
+        .collect();
+    let limit = Duration::from_secs(120);
+    for c in clients {
+        let out = c.wait_bounded(limit);
+        assert!(
+            out.ok() && out.stdout.contains("OK CMP_AND_SWP with a stale compare"),
+            "client\n{}",
+            out.text()
+        );
+    }
+    let out = server.wait_bounded(limit);
+    assert!(
+        out.ok()
+            && out
+                .stdout
+                .contains("OK the word counts every FETCH_AND_ADD")
+            && out
+                .stdout
+                .contains("OK every original distinct: 0..39999 each once"),
+        "server\n{}",
+        out.text()
+    );
+    if threads > 1 {
+        let mut used = engines_used(d);
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(
+            used.len(),
+            3,
+            "the three vRNICs not on three threads: {used:?}"
+        );
+    }
+}
+
+#[test]
+fn atomics_of_two_requesters_on_one_word_on_one_engine_thread() {
+    two_requesters_hammer_one_word(1);
+}
+
+#[test]
+fn atomics_of_two_requesters_on_one_word_across_three_engine_threads() {
+    two_requesters_hammer_one_word(3);
+}
+
 /// An app killed mid-transfer fails its peer on another engine thread at once, as a peer on
 /// its own thread fails: an `ib_send_bw` server, whose QP only waits for receives (no timer
 /// runs), sees its QP fail and exits instead of waiting for ever.
