@@ -11,6 +11,24 @@
  *   destroy_events  after ibv_destroy_qp returns, no async event names that QP (UCX moves a
  *                   QP on an SRQ to ERR and destroys it at once; LAST_WQE_REACHED with a NULL
  *                   element crashed its async thread)
+ *   hooks           registration makes no mapping call that memory hooks see
+ *   rereg_loop      a buffer registered, used and deregistered again and again costs a
+ *                   fraction of its first registration
+ *   huge_zeros      registering an untouched, page-aligned buffer of MADV_HUGEPAGE memory (UCX
+ *                   allocates its pools so) puts no page of it in the region: the driver used
+ *                   to read its first and last pages, which mapped the huge zero page over
+ *                   their 2 MiB, and then copied those 4 MiB of zeros into region pages
+ *   touch_after     the app's touches of a buffer it wrote and then registered cost no page
+ *                   fault: the driver enters the region pages it copied the buffer into in
+ *                   the page tables when it maps them over the buffer (an MPI rank registers
+ *                   a buffer on its first send, then reads and writes it; a fault per page
+ *                   cost about a microsecond each)
+ *   maps_reads      registering fresh buffers, and again after deregistering them, reads no
+ *                   byte of /proc/self/maps where the kernel answers PROCMAP_QUERY (Linux 6.11):
+ *                   the driver asks for the areas of the buffer instead of reading the text of
+ *                   every area of the process (an MPI rank has hundreds, each registered
+ *                   buffer adds one, and formatting them cost more than the rest of a
+ *                   registration)
  *
  * Prints "OK <check>" per passed check; exits 1 with "FAIL ..." on the first failure. Every wait
  * is bounded.
@@ -24,7 +42,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdarg.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -71,6 +94,56 @@ void *mremap(void *a, size_t old, size_t len, int flags, ...)
 	if (flags & MREMAP_FIXED)
 		hook_seen(to, len);
 	return (void *)syscall(SYS_mremap, a, old, len, flags, to);
+}
+
+/* ---- reads of /proc/self/maps: this program's open/open64/read/close preempt libc's ---- */
+
+#define MAPS_FDS 64
+static _Atomic int maps_fd_open[MAPS_FDS]; /* fd numbers below MAPS_FDS open on the maps */
+static _Atomic long maps_bytes, maps_opens;
+
+static int open_path(const char *path, int flags, va_list ap)
+{
+	mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
+	int fd = (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+	if (fd >= 0 && fd < MAPS_FDS)
+		maps_fd_open[fd] = !strcmp(path, "/proc/self/maps");
+	if (fd >= 0 && !strcmp(path, "/proc/self/maps"))
+		maps_opens++;
+	return fd;
+}
+
+int open(const char *path, int flags, ...)
+{
+	va_list ap;
+	va_start(ap, flags);
+	int fd = open_path(path, flags, ap);
+	va_end(ap);
+	return fd;
+}
+
+int open64(const char *path, int flags, ...)
+{
+	va_list ap;
+	va_start(ap, flags);
+	int fd = open_path(path, flags, ap);
+	va_end(ap);
+	return fd;
+}
+
+ssize_t read(int fd, void *buf, size_t n)
+{
+	ssize_t r = syscall(SYS_read, fd, buf, n);
+	if (r > 0 && fd >= 0 && fd < MAPS_FDS && maps_fd_open[fd])
+		maps_bytes += r;
+	return r;
+}
+
+int close(int fd)
+{
+	if (fd >= 0 && fd < MAPS_FDS)
+		maps_fd_open[fd] = 0;
+	return (int)syscall(SYS_close, fd);
 }
 
 static void open_dev(void)
@@ -425,6 +498,155 @@ static void case_rereg_loop(void)
 	ibv_destroy_cq(cq);
 }
 
+/* KiB of the vRNIC's region file ($VRNIC_DEVICE/region, sparse) that hold memory. */
+static long long region_kib(void)
+{
+	const char *dev = getenv("VRNIC_DEVICE");
+	char path[4096];
+	struct stat st;
+	if (!dev)
+		fail("VRNIC_DEVICE not set (run under vrnic run)");
+	snprintf(path, sizeof path, "%s/region", dev);
+	if (stat(path, &st))
+		fail("stat %s", path);
+	return (long long)st.st_blocks / 2;
+}
+
+/* The first line of a file under /sys into w[128] (empty where it cannot be read). */
+static const char *sys_line(const char *path, char *w)
+{
+	w[0] = 0;
+	FILE *f = fopen(path, "r");
+	if (f) {
+		if (!fgets(w, 128, f))
+			w[0] = 0;
+		fclose(f);
+	}
+	w[strcspn(w, "\n")] = 0;
+	return w;
+}
+
+static void case_huge_zeros(void)
+{
+	char thp_w[128], zero_w[128];
+	const char *thp = sys_line("/sys/kernel/mm/transparent_hugepage/enabled", thp_w);
+	const char *zero = sys_line("/sys/kernel/mm/transparent_hugepage/use_zero_page", zero_w);
+	if (strstr(thp, "[never]") || !strstr(thp, "[") || strcmp(zero, "1")) {
+		ok("no transparent huge zero page here (enabled: %s; use_zero_page: %s)", thp, zero);
+		ok("0 KiB of zeros copied (not asked of this kernel)");
+		return;
+	}
+	size_t huge = 2u << 20, len = 8u << 20;
+	uint8_t *raw = map_pages((len + huge) / PG);
+	uint8_t *b = (uint8_t *)(((uintptr_t)raw + huge - 1) / huge * huge);
+	if (madvise(b, len, MADV_HUGEPAGE))
+		fail("madvise MADV_HUGEPAGE");
+	long long before = region_kib();
+	struct ibv_mr *mr = reg(b, len);
+	long long grew = region_kib() - before;
+	for (size_t i = 0; i < len; i += 4093)
+		if (b[i])
+			fail("byte %zu of the untouched buffer reads %u", i, b[i]);
+	if (grew >= 1024)
+		fail("registering 8 MiB of untouched MADV_HUGEPAGE memory put %lld KiB in the region",
+		     grew);
+	ok("8 MiB of untouched MADV_HUGEPAGE memory registered: the region grew by %lld KiB", grew);
+	ok("0 KiB of zeros copied");
+	if (ibv_dereg_mr(mr))
+		fail("dereg_mr");
+}
+
+/* Minor page faults of this process so far. */
+static long minor_faults(void)
+{
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru))
+		fail("getrusage");
+	return ru.ru_minflt;
+}
+
+static void case_touch_after(void)
+{
+	size_t pages = 256;
+	uint8_t *b = map_pages(pages);
+	fill(b, pages, 9);
+	struct ibv_mr *mr = reg(b, pages * PG);
+	long f0 = minor_faults();
+	for (size_t p = 0; p < pages; p++)
+		b[p * PG + 1] ^= 0xff; /* a read and a write of every page */
+	long faults = minor_faults() - f0;
+	for (size_t p = 0; p < pages; p++)
+		b[p * PG + 1] ^= 0xff;
+	if (!holds(b, 0, pages, 9))
+		fail("the registered buffer lost its bytes");
+	if (faults >= (long)pages / 8)
+		fail("touching the %zu pages of a registered buffer took %ld page faults", pages, faults);
+	ok("touching the %zu pages of a registered buffer took %ld page faults", pages, faults);
+	ok("no fault per page after registration");
+	if (ibv_dereg_mr(mr))
+		fail("dereg_mr");
+}
+
+/* struct procmap_query of <linux/fs.h> (Linux 6.11; older headers lack it). */
+struct maps_query {
+	uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+		vma_offset, inode;
+	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+	uint64_t vma_name_addr, build_id_addr;
+};
+#define MAPS_QUERY _IOWR('f', 17, struct maps_query)
+
+/* Whether this kernel answers PROCMAP_QUERY on /proc/self/maps. */
+static int has_procmap_query(void)
+{
+	int fd = open("/proc/self/maps", O_RDONLY);
+	if (fd < 0)
+		fail("open /proc/self/maps");
+	struct maps_query q = {.size = sizeof q, .query_addr = (uintptr_t)&has_procmap_query};
+	int r = ioctl(fd, MAPS_QUERY, &q);
+	close(fd);
+	return r == 0;
+}
+
+static void case_maps_reads(void)
+{
+	int query = has_procmap_query();
+	/* An MPI rank's worth of areas, so that reading them as text would cost what it costs there. */
+	for (int i = 0; i < 200; i++)
+		if (mmap(NULL, PG, i % 2 ? PROT_READ : PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+			fail("mmap");
+	int bufs = 16, pages = 16;
+	long bytes0 = maps_bytes, opens0 = maps_opens;
+	for (int i = 0; i < bufs; i++) {
+		uint8_t *b = map_pages(pages);
+		fill(b, pages, (uint8_t)i);
+		/* fresh pages moved onto the region; then parked, and taken back */
+		struct ibv_mr *mr = reg(b, pages * PG);
+		if (ibv_dereg_mr(mr))
+			fail("dereg_mr");
+		mr = reg(b, pages * PG);
+		if (ibv_dereg_mr(mr))
+			fail("dereg_mr");
+		if (!holds(b, 0, pages, (uint8_t)i))
+			fail("buffer %d lost its bytes", i);
+	}
+	long bytes = maps_bytes - bytes0, opens = maps_opens - opens0;
+	if (!query) {
+		ok("kernel without PROCMAP_QUERY: %d x (reg, dereg, reg, dereg) read %ld bytes of "
+		   "/proc/self/maps (the text, as before Linux 6.11)",
+		   bufs, bytes);
+		ok("0 bytes of /proc/self/maps read (not asked of this kernel)");
+		return;
+	}
+	if (bytes)
+		fail("%d x (reg, dereg, reg, dereg) read %ld bytes of /proc/self/maps (%ld opens)", bufs,
+		     bytes, opens);
+	ok("%d x (reg, dereg, reg, dereg): 0 bytes of /proc/self/maps read (%ld opens for "
+	   "PROCMAP_QUERY)",
+	   bufs, opens);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -440,6 +662,12 @@ int main(int argc, char **argv)
 		case_hooks();
 	else if (!strcmp(c, "rereg_loop"))
 		case_rereg_loop();
+	else if (!strcmp(c, "huge_zeros"))
+		case_huge_zeros();
+	else if (!strcmp(c, "touch_after"))
+		case_touch_after();
+	else if (!strcmp(c, "maps_reads"))
+		case_maps_reads();
 	else
 		fail("unknown case %s", c);
 	ok("%s done", c);

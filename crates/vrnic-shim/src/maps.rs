@@ -9,7 +9,8 @@
 //! file at the offset the daemon gave them. Everything else is no longer the registration's:
 //! its region pages can be released at once and the addresses are left alone.
 //!
-//! Safe code only: the file is read as text.
+//! Safe code only: the areas come from `sys::vmas` (one `PROCMAP_QUERY` per area the runs
+//! touch, Linux 6.11), or, on older kernels, from the file read as text.
 
 use std::os::unix::fs::MetadataExt;
 
@@ -47,19 +48,44 @@ pub struct Split {
 /// If the maps cannot be read, every page counts as mapped (the caller then behaves as before
 /// this check existed).
 pub fn split(runs: &[PageRun], region: &std::fs::File) -> Split {
-    let areas = match (
-        std::fs::read_to_string("/proc/self/maps"),
-        region.metadata(),
-    ) {
-        (Ok(text), Ok(meta)) => region_areas(&text, meta.dev(), meta.ino()),
-        _ => {
-            return Split {
-                mapped: runs.to_vec(),
-                ..Split::default()
-            };
-        }
+    let all_mapped = || Split {
+        mapped: runs.to_vec(),
+        ..Split::default()
+    };
+    let Ok(meta) = region.metadata() else {
+        return all_mapped();
+    };
+    let areas = match queried_areas(runs, meta.dev(), meta.ino()) {
+        Some(areas) => areas,
+        None => match std::fs::read_to_string("/proc/self/maps") {
+            Ok(text) => region_areas(&text, meta.dev(), meta.ino()),
+            Err(_) => return all_mapped(),
+        },
     };
     split_with(runs, &areas)
+}
+
+/// The areas over `runs` that map the file `dev`/`ino`, asked of the kernel area by area
+/// (`None` where it cannot answer that way).
+fn queried_areas(runs: &[PageRun], dev: u64, ino: u64) -> Option<Vec<Area>> {
+    let want = (libc::major(dev), libc::minor(dev));
+    let mut out: Vec<Area> = Vec::new();
+    for r in runs {
+        let hi = r.va + u64::from(r.pages) * PAGE;
+        for v in crate::sys::vmas(r.va, hi, false)? {
+            if v.ino != ino || v.dev != want || out.iter().any(|a| a.lo == v.lo) {
+                continue;
+            }
+            out.push(Area {
+                lo: v.lo,
+                hi: v.hi,
+                off: v.off,
+                readable: v.readable,
+                shared: v.shared,
+            });
+        }
+    }
+    Some(out)
 }
 
 fn split_with(runs: &[PageRun], areas: &[Area]) -> Split {

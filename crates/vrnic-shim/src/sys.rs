@@ -203,35 +203,11 @@ impl Untouched {
     pub fn open(addr: usize, len: usize) -> Option<Untouched> {
         let page = 4096usize;
         let end = addr.checked_add(len)?;
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        // Private anonymous areas, merged where they touch, must cover the range.
-        let mut covered = addr;
-        for line in maps.lines() {
-            let mut f = line.split_whitespace();
-            let range = f.next()?;
-            let perms = f.next()?;
-            let (_offset, _dev, inode) = (f.next()?, f.next()?, f.next()?);
-            let path = f.next().unwrap_or("");
-            let (lo, hi) = range.split_once('-')?;
-            let (lo, hi) = (
-                usize::from_str_radix(lo, 16).ok()?,
-                usize::from_str_radix(hi, 16).ok()?,
-            );
-            if hi <= covered || lo > covered {
-                continue;
-            }
-            let anonymous = perms.ends_with('p')
-                && inode == "0"
-                && (path.is_empty() || path == "[heap]" || path == "[stack]");
-            if !anonymous {
-                return None;
-            }
-            covered = hi;
-            if covered >= end {
-                break;
-            }
-        }
-        if covered < end {
+        let private = match vmas(addr as u64, end as u64, true) {
+            Some(areas) => covered_by_private_anonymous(&areas, addr as u64, end as u64),
+            None => private_anonymous_in_text(addr, end)?,
+        };
+        if !private {
             return None;
         }
         Some(Untouched {
@@ -266,6 +242,194 @@ impl Untouched {
         // Bit 63: present; bit 62: swapped.
         self.buf[i - self.first] & (3 << 62) == 0
     }
+}
+
+/// Whether `areas` (in address order) cover `lo..hi` without a gap, each of them private
+/// anonymous memory: not shared, not backed by a file, and plain or the heap or a stack (not
+/// `[vdso]` nor a named anonymous area).
+fn covered_by_private_anonymous(areas: &[Vma], lo: u64, hi: u64) -> bool {
+    let mut covered = lo;
+    for a in areas {
+        if a.hi <= covered {
+            continue;
+        }
+        if a.lo > covered || a.shared || a.file_backed || !a.plain {
+            return false;
+        }
+        covered = a.hi;
+        if covered >= hi {
+            return true;
+        }
+    }
+    covered >= hi
+}
+
+/// [`covered_by_private_anonymous`] from the text of `/proc/self/maps`, for kernels without
+/// `PROCMAP_QUERY`: `None` where it cannot be read.
+fn private_anonymous_in_text(addr: usize, end: usize) -> Option<bool> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    // Private anonymous areas, merged where they touch, must cover the range.
+    let mut covered = addr;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let range = f.next()?;
+        let perms = f.next()?;
+        let (_offset, _dev, inode) = (f.next()?, f.next()?, f.next()?);
+        let path = f.next().unwrap_or("");
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).ok()?,
+            usize::from_str_radix(hi, 16).ok()?,
+        );
+        if hi <= covered || lo > covered {
+            continue;
+        }
+        let anonymous = perms.ends_with('p')
+            && inode == "0"
+            && (path.is_empty() || path == "[heap]" || path == "[stack]");
+        if !anonymous {
+            return Some(false);
+        }
+        covered = hi;
+        if covered >= end {
+            break;
+        }
+    }
+    Some(covered >= end)
+}
+
+/// One memory area of this process, as `PROCMAP_QUERY` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vma {
+    /// First address.
+    pub lo: u64,
+    /// One past the last address.
+    pub hi: u64,
+    /// File offset mapped at `lo`.
+    pub off: u64,
+    pub readable: bool,
+    pub shared: bool,
+    /// Backed by a file (or by shared anonymous memory, which is a file of tmpfs).
+    pub file_backed: bool,
+    /// The file's device (major, minor) and inode (0 for anonymous memory).
+    pub dev: (u32, u32),
+    pub ino: u64,
+    /// Unnamed, or named `[heap]` or `[stack]`: plain memory, not `[vdso]`, `[vvar]` or an
+    /// area named with `PR_SET_VMA_ANON_NAME`.
+    pub plain: bool,
+}
+
+/// `struct procmap_query` of `<linux/fs.h>` (Linux 6.11).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 104);
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | (104 << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
+const PROCMAP_QUERY_VMA_READABLE: u64 = 0x01;
+const PROCMAP_QUERY_VMA_SHARED: u64 = 0x08;
+const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+
+/// Longest area name asked for: `[heap]` and `[stack]` are what [`Vma::plain`] needs.
+const VMA_NAME_MAX: usize = 16;
+
+/// The kernel has no `PROCMAP_QUERY` (before Linux 6.11): read `/proc/self/maps` as text.
+#[derive(Debug)]
+struct Unsupported;
+
+/// The area covering `addr`, or else the next one above it (`None`: none), asked of `maps`
+/// (this process's `/proc/self/maps`, open) by one `ioctl` (two where `names` is asked and the
+/// area's name is a long one): the kernel looks the address up in its tree of areas, where
+/// reading the file as text formats every area of the process (some hundreds in an MPI rank,
+/// and each registered buffer adds its own). Without `names`, [`Vma::plain`] is false.
+fn vma_at(maps: &std::fs::File, addr: u64, names: bool) -> Result<Option<Vma>, Unsupported> {
+    use std::os::fd::AsRawFd;
+    let mut name = [0u8; VMA_NAME_MAX];
+    let mut ask_name = names;
+    loop {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
+            query_addr: addr,
+            ..ProcmapQuery::default()
+        };
+        if ask_name {
+            q.vma_name_size = VMA_NAME_MAX as u32;
+            q.vma_name_addr = name.as_mut_ptr() as u64;
+        }
+        // SAFETY: PROCMAP_QUERY reads and writes one `procmap_query` through the pointer, which
+        // is valid and sized in its `size` field, and writes at most `vma_name_size` bytes to
+        // `vma_name_addr`, the local buffer of that size (or nothing when the size is 0).
+        let r = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q) };
+        if r < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::ENOENT) => return Ok(None),
+                // A longer name than the plain ones: ask again without it.
+                Some(libc::ENAMETOOLONG) if ask_name => {
+                    ask_name = false;
+                    continue;
+                }
+                _ => return Err(Unsupported),
+            }
+        }
+        let named = if ask_name {
+            let n = (q.vma_name_size as usize).min(VMA_NAME_MAX);
+            let s = &name[..n];
+            let s = s.split(|&b| b == 0).next().unwrap_or(&[]);
+            Some(s.to_vec())
+        } else {
+            None
+        };
+        let plain = matches!(named.as_deref(), Some(b"" | b"[heap]" | b"[stack]"));
+        return Ok(Some(Vma {
+            lo: q.vma_start,
+            hi: q.vma_end,
+            off: q.vma_offset,
+            readable: q.vma_flags & PROCMAP_QUERY_VMA_READABLE != 0,
+            shared: q.vma_flags & PROCMAP_QUERY_VMA_SHARED != 0,
+            file_backed: q.inode != 0 || q.dev_major != 0 || q.dev_minor != 0,
+            dev: (q.dev_major, q.dev_minor),
+            ino: q.inode,
+            plain,
+        }));
+    }
+}
+
+/// The areas of this process that overlap `lo..hi`, in address order, one `PROCMAP_QUERY` each
+/// (with their names where `names`: [`Vma::plain`]); `None` where the kernel cannot answer that
+/// way (the caller reads `/proc/self/maps` as text).
+pub fn vmas(lo: u64, hi: u64, names: bool) -> Option<Vec<Vma>> {
+    let maps = std::fs::File::open("/proc/self/maps").ok()?;
+    let mut out = Vec::new();
+    let mut at = lo;
+    while at < hi {
+        match vma_at(&maps, at, names) {
+            Ok(Some(v)) if v.lo < hi && v.hi > at => {
+                at = v.hi;
+                out.push(v);
+            }
+            Ok(_) => break,
+            Err(Unsupported) => return None,
+        }
+    }
+    Some(out)
 }
 
 /// `words` as their bytes (native order: the page map is in the machine's order).
@@ -317,4 +481,89 @@ pub fn monotonic_ns() -> u64 {
 pub fn yield_cpu() {
     // SAFETY: sched_yield has no preconditions.
     unsafe { libc::sched_yield() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn area(lo: u64, hi: u64) -> Vma {
+        Vma {
+            lo,
+            hi,
+            off: 0,
+            readable: true,
+            shared: false,
+            file_backed: false,
+            dev: (0, 0),
+            ino: 0,
+            plain: true,
+        }
+    }
+
+    #[test]
+    fn private_anonymous_cover_needs_touching_plain_private_areas() {
+        let two = [area(0x1000, 0x3000), area(0x3000, 0x8000)];
+        assert!(covered_by_private_anonymous(&two, 0x2000, 0x7000));
+        let gap = [area(0x1000, 0x3000), area(0x4000, 0x8000)];
+        assert!(!covered_by_private_anonymous(&gap, 0x2000, 0x7000));
+        let short = [area(0x1000, 0x3000)];
+        assert!(!covered_by_private_anonymous(&short, 0x2000, 0x7000));
+        for odd in [
+            Vma {
+                shared: true,
+                ..area(0x3000, 0x8000)
+            },
+            Vma {
+                file_backed: true,
+                ..area(0x3000, 0x8000)
+            },
+            Vma {
+                plain: false,
+                ..area(0x3000, 0x8000)
+            },
+        ] {
+            assert!(!covered_by_private_anonymous(
+                &[area(0x1000, 0x3000), odd],
+                0x2000,
+                0x7000
+            ));
+        }
+    }
+
+    #[test]
+    fn procmap_query_agrees_with_the_text_of_proc_self_maps() {
+        let len = 16 * 4096;
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let (lo, hi) = (p as u64, p as u64 + len as u64);
+        // Kernels before 6.11 have no PROCMAP_QUERY: then only the text answers.
+        if let Some(areas) = vmas(lo, hi, true) {
+            assert!(covered_by_private_anonymous(&areas, lo, hi), "{areas:?}");
+            let code = vmas_of_this_function();
+            assert!(code.file_backed && !code.plain && !code.shared, "{code:?}");
+        }
+        assert_eq!(
+            private_anonymous_in_text(lo as usize, hi as usize),
+            Some(true)
+        );
+        // SAFETY: the mapping made above, unused from here on.
+        unsafe { libc::munmap(p, len) };
+    }
+
+    /// The area holding this library's code (a file mapping), where the kernel answers.
+    fn vmas_of_this_function() -> Vma {
+        let at = vmas_of_this_function as usize as u64;
+        vmas(at, at + 1, true).expect("PROCMAP_QUERY answered a moment ago")[0]
+    }
 }

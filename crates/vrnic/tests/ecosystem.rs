@@ -2,8 +2,10 @@
 //! program (`tests/c/eco_check.c`) under `vrnic run`: deregistering memory the app has partly
 //! unmapped (their registration caches do so at `MPI_Finalize`), no async event for a
 //! destroyed QP (UCX's async thread dereferences the event's QP), registration invisible to
-//! memory hooks (the program interposes `mmap`/`munmap`/`mremap` as UCX's ucm does), and a
-//! buffer registered again and again at a fraction of the first registration's cost.
+//! memory hooks (the program interposes `mmap`/`munmap`/`mremap` as UCX's ucm does), a
+//! buffer registered again and again at a fraction of the first registration's cost, and
+//! registration that asks the kernel for the buffer's areas rather than reading all of
+//! `/proc/self/maps` (the program interposes `open`/`read`/`close` and counts its bytes).
 
 mod common;
 
@@ -85,6 +87,44 @@ fn a_buffer_registered_again_and_again_costs_about_one_registration() {
             "a round costs a fraction of the first registration",
         ],
     );
+}
+
+/// Registration maps region pages over the buffer; each page the app touched then faulted on
+/// its next touch (about a microsecond each, 140 us for 512 KiB here), which an MPI rank pays
+/// right after the first send of a fresh buffer. The copied pages are entered in the page
+/// tables with the remap (`MADV_POPULATE_WRITE`): touching 256 registered pages costs no fault
+/// per page.
+#[test]
+fn touching_a_registered_buffer_costs_no_fault_per_page() {
+    case_on(
+        &[],
+        "touch_after",
+        &["no fault per page after registration"],
+    );
+}
+
+/// UCX allocates its pools as `MADV_HUGEPAGE` memory and registers them whole. The driver read
+/// the first and last page of each run it moved (to give a page it shares with other data an
+/// entry, so that the freeze protects it), which mapped the huge zero page over their 2 MiB:
+/// 1024 pages then counted as touched, and 4 MiB of zeros were copied into fresh region pages
+/// at each such registration (about 2 ms). A page wholly the buffer's is not read now: an
+/// untouched 8 MiB registers with no page put in the region (where the host has no
+/// transparent huge zero page the case says so and does not count).
+#[test]
+fn an_untouched_huge_page_buffer_registers_without_copying_zeros() {
+    case_on(&[], "huge_zeros", &["0 KiB of zeros copied"]);
+}
+
+/// An MPI rank maps hundreds of areas (its libraries, and one more per registered buffer):
+/// reading `/proc/self/maps` as text to learn about one buffer's pages formatted all of them,
+/// about 0.3 ms in an Open MPI rank, once or twice per registration, and HPC Challenge's
+/// PTRANS and MPIFFT time transfers from buffers registered on their first use. Where the
+/// kernel answers `PROCMAP_QUERY` (Linux 6.11), registering fresh buffers and registering them
+/// again after a deregistration reads no byte of it (on older kernels the case says so and
+/// does not count).
+#[test]
+fn registration_asks_the_kernel_for_the_buffers_areas_instead_of_reading_proc_self_maps() {
+    case_on(&[], "maps_reads", &["0 bytes of /proc/self/maps read"]);
 }
 
 /// `ibv_devinfo -v` (unmodified) shows what the driver really does: a numeric firmware version,

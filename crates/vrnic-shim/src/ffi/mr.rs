@@ -71,6 +71,9 @@ pub(crate) fn dealloc_pd(pd: *mut ibv_pd) -> Result<(), c_int> {
     }
 }
 
+/// Most copied pieces of one run entered in the page tables after the remap (`move_run`).
+const POPULATE_PIECES: usize = 64;
+
 /// Runs of fresh pages at least this long are prepared (allocated at once) before
 /// the app's bytes are copied in; shorter ones are left to faults (one system call would save
 /// a few).
@@ -147,10 +150,18 @@ fn reg_mr(
         };
         for r in runs.iter().filter(|r| r.fresh) {
             let bytes = u64::from(r.pages) * PAGE;
-            // The run's first and last pages may hold other data that other threads write: they
-            // are read first, so that a page never touched has an entry (the zero page) and is
-            // protected with the rest.
-            for p in [r.va, r.va + bytes - PAGE] {
+            // A page the buffer shares with other data (its first, where the buffer starts
+            // inside it, and its last, where it ends inside it) may be written by other threads:
+            // it is read first, so that a page never touched has an entry (the zero page) and is
+            // protected with the rest. A page wholly the buffer's is not read: in memory that
+            // transparent huge pages may back (UCX's pools are `MADV_HUGEPAGE`), a read maps
+            // the huge zero page over its 2 MiB, whose 512 entries then count as touched and
+            // were copied, zeros, into fresh region pages.
+            let shared_first = r.va == first && !(addr as u64).is_multiple_of(PAGE);
+            let shared_last =
+                r.va + bytes == end && !(addr as u64 + len as u64).is_multiple_of(PAGE);
+            let boundary = [(shared_first, r.va), (shared_last, r.va + bytes - PAGE)];
+            for (_, p) in boundary.into_iter().filter(|&(shared, _)| shared) {
                 // SAFETY: inside the app's buffer, which mincore proved mapped (page rounded).
                 unsafe { std::ptr::read_volatile(p as *const u8) };
             }
@@ -199,7 +210,8 @@ fn reg_mr(
 /// Puts the bytes of the app's pages of run `r` into its region pages and maps those over the
 /// app's, the pages the app never touched skipped (they read as zeros, as fresh region pages
 /// do: the daemon punches pages it frees; copying them would only make the file system
-/// allocate them now). Allocates nothing: it runs while the pages are frozen.
+/// allocate them now), and enters the copied ones in the page tables, so that the app's next
+/// touch of each is not a fault. Allocates nothing: it runs while the pages are frozen.
 ///
 /// # Safety
 /// `r.va..` for `r.pages` pages is the app's mapped buffer being registered, whose pages the
@@ -212,6 +224,10 @@ unsafe fn move_run(
     let bytes = u64::from(r.pages) * PAGE;
     let mut untouched = untouched;
     let mut skip = |p: u64| untouched.as_mut().is_some_and(|u| u.page(p as usize));
+    // The copied pieces, entered in the page tables once mapped (the first ones, where a run is
+    // very fragmented; a fixed array: nothing is allocated while the pages are frozen).
+    let mut copied = [(0u64, 0u64); POPULATE_PIECES];
+    let mut pieces = 0;
     let mut page = 0u64;
     while page < u64::from(r.pages) {
         if skip(page) {
@@ -221,6 +237,10 @@ unsafe fn move_run(
         let mut n = 1;
         while page + n < u64::from(r.pages) && !skip(page + n) {
             n += 1;
+        }
+        if let Some(slot) = copied.get_mut(pieces) {
+            *slot = (page, n);
+            pieces += 1;
         }
         let (va, dst) = (r.va + page * PAGE, r.off + page * PAGE);
         // SAFETY: these pages lie inside the caller's mapped range; they are the app's private
@@ -240,7 +260,15 @@ unsafe fn move_run(
     }
     // SAFETY: the pages are the app's registered buffer; their bytes were copied into the
     // region pages, so the app sees the same contents after the remap.
-    unsafe { conn.region.map_over(r.va as usize, r.off, bytes) }
+    unsafe { conn.region.map_over(r.va as usize, r.off, bytes) }?;
+    for &(page, n) in &copied[..pieces] {
+        // SAFETY: these pages now map region pages the copy above wrote.
+        unsafe {
+            conn.region
+                .populate_over((r.va + page * PAGE) as usize, (n * PAGE) as usize)
+        };
+    }
+    Ok(())
 }
 
 /// Takes the parked runs with pages in `first..end` out of `parked` and returns the pages of
