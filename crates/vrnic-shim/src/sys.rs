@@ -563,7 +563,7 @@ mod tests {
 
     /// The area holding this library's code (a file mapping), where the kernel answers.
     fn vmas_of_this_function() -> Vma {
-        let at = vmas_of_this_function as usize as u64;
+        let at = vmas_of_this_function as *const () as usize as u64;
         vmas(at, at + 1, true).expect("PROCMAP_QUERY answered a moment ago")[0]
     }
 }
