@@ -588,40 +588,13 @@ fn one_app_talks_to_two_other_hosts_at_once() {
     common::fanout_check(&ds[0], (&ds[1], &a1), (&ds[2], &a2), PAIR);
 }
 
-/// Bulk RDMA WRITEs and READs across hosts (`tests/c/stream_check.c`: 64 MiB each way, three
-/// rounds, 16 WRITEs or 8 READs in flight), every byte checked on both ends: payloads read from
-/// the link straight into place land where they belong (and they did go that way: each
-/// receiving host read some into place).
-#[test]
-fn bulk_writes_and_reads_read_into_place_land_every_byte() {
-    let bin = c_program("stream_check", &["-libverbs"]);
-    let (pair, _hosts, ds) = common::hosts::c_check_across_hosts(&bin, &[], PAIR);
-    assert!(
-        pair.client
-            .stdout
-            .contains("OK client: every byte, both ways")
-            && pair.server.stdout.contains("OK server: every byte"),
-        "{pair}"
-    );
-    for (host, what) in [(0, "WRITE payloads"), (1, "READ responses")] {
-        let placed = ds[host].peer_column("PLACED_IN")[0];
-        assert!(
-            placed >= 1 << 20,
-            "host {host} read {placed} bytes of {what} into place"
-        );
-    }
-}
-
-/// The same bulk WRITEs and READs across daemons that run two engine threads: a segment from a
-/// peer host is taken by the loop under the lock of the shard its QP number names, so its
-/// payload is read into place there too (until 2026-11-28 every frame was copied into that
-/// shard's inbox and out again, and nothing was read into place: `PLACED_IN` stayed 0), and
-/// every byte lands where it belongs on both ends.
-#[test]
-fn bulk_writes_and_reads_with_engine_threads_are_read_into_place_and_land_every_byte() {
+/// `tests/c/stream_check.c` across two fresh hosts whose daemons take `serve_args` (64 MiB each
+/// way, three rounds, 16 WRITEs or 8 READs in flight): every byte checked on both ends, and each
+/// receiving host read at least 1 MiB of its payloads from the link straight into place.
+fn bulk_stream_lands_every_byte_read_into_place(serve_args: &[&str]) {
     let bin = c_program("stream_check", &["-libverbs"]);
     let hosts = Hosts::new(2);
-    let ds = hosts.daemons_with(LINKS_UP, &["--engine-threads", "2"]);
+    let ds = hosts.daemons_with(LINKS_UP, serve_args);
     let pair = common::c_check_pair_across(&ds[0], &ds[1], &hosts.addr(0), &bin, &[], PAIR);
     assert!(
         pair.client
@@ -634,9 +607,25 @@ fn bulk_writes_and_reads_with_engine_threads_are_read_into_place_and_land_every_
         let placed = ds[host].peer_column("PLACED_IN")[0];
         assert!(
             placed >= 1 << 20,
-            "host {host} (two engine threads) read {placed} bytes of {what} into place"
+            "host {host} (serve {serve_args:?}) read {placed} bytes of {what} into place"
         );
     }
+}
+
+/// Bulk RDMA WRITEs and READs across hosts: payloads read from the link straight into place
+/// land where they belong (and they did go that way: each receiving host read some into place).
+#[test]
+fn bulk_writes_and_reads_read_into_place_land_every_byte() {
+    bulk_stream_lands_every_byte_read_into_place(&[]);
+}
+
+/// The same across daemons that run two engine threads: a segment from a peer host is taken by
+/// the loop under the lock of the shard its QP number names, so its payload is read into place
+/// there too (until 2026-11-28 every frame was copied into that shard's inbox and out again,
+/// and nothing was read into place: `PLACED_IN` stayed 0).
+#[test]
+fn bulk_writes_and_reads_with_engine_threads_are_read_into_place_and_land_every_byte() {
+    bulk_stream_lands_every_byte_read_into_place(&["--engine-threads", "2"]);
 }
 
 /// The payloads of large RDMA WRITEs and READ responses are read from the link straight into
