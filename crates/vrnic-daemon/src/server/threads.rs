@@ -20,8 +20,9 @@
 //! An engine thread spins (yielding the CPU each idle pass) while it has traffic, then, after
 //! [`SPIN_QUIET`], sets its regions' engine-sleeping words, looks once more, and parks until
 //! the loop wakes it (a doorbell, a control call or a segment from a peer host for one of its
-//! vRNICs), another thread leaves it work, or its engine's next timer is due. What its passes produce for contexts (events, wake-ups) waits in its outbox, and a mio
-//! `Waker` tells the loop thread to hand it on.
+//! vRNICs), another thread leaves it work, or its engine's next timer is due. What its passes
+//! produce for contexts (events, wake-ups) waits in its outbox, and a mio `Waker` tells the
+//! loop thread to hand it on.
 
 use super::*;
 
