@@ -499,6 +499,15 @@ fn a_tenant_that_truncates_its_region_under_payloads_read_into_place_loses_only_
     truncate_mid_write(0, &[]);
 }
 
+/// The same where the receiving daemon runs engine threads: the loop reads the payloads into
+/// place under the lock of the shard their QP number names (the path that replaced the
+/// shards' inboxes), and the truncated region still costs only its own vRNIC.
+#[test]
+fn a_tenant_that_truncates_its_region_under_payloads_read_into_place_with_engine_threads_loses_only_its_vrnic()
+ {
+    truncate_mid_write(0, &["--engine-threads", "2"]);
+}
+
 /// An `ib_write_bw` of 1 MiB from host 1 to host 0 whose side on host `evil` runs on a vRNIC
 /// named "evil", which truncates its region once the transfer runs (both daemons with
 /// `extra` options).
