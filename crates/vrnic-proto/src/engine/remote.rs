@@ -1027,6 +1027,7 @@ impl Engine {
                 }
             }
             Some(Response::RnrNak { timer }) => {
+                let timer = timer.code();
                 self.answer_now(qp, req.psn, Syndrome::RnrNak { timer });
             }
             Some(Response::Nak(Nak::Sequence)) => {
@@ -1173,7 +1174,9 @@ impl Engine {
                 }
                 // Wait out the responder's timer; nothing here can wake it sooner.
                 match self.rnr(now, qp, timer, None) {
-                    super::requester::Outcome::Fail(status) => self.fail_qp(qp, Some(status)),
+                    super::requester::Outcome::Fail(status) => {
+                        self.fail_qp(qp, Some(status.status()))
+                    }
                     _ => self.park(qp),
                 }
             }

@@ -7,17 +7,40 @@ use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_next};
 use super::*;
 
 /// What to do with the head WQE after a step.
+///
+/// Every payload is 64 bits wide, so that an outcome is a (tag, word) pair returned in two
+/// registers, not through memory copied whole right after it was written field by field (a
+/// store-forwarding stall per work request; see [`Response`]).
 pub(super) enum Outcome {
-    /// Retire it with a completion of this byte length; the step moved `moved` bytes.
-    Complete { byte_len: u32, moved: u64 },
+    /// Retire it with a completion (of the WQE's length; 0 for a memory-window operation);
+    /// the step moved this many bytes.
+    Complete(u64),
     /// Fail the QP; the head completes with this status.
-    Fail(WcStatus),
+    Fail(Failed),
     /// Moved this many bytes of a message that continues in a later step.
     Partial(u64),
     /// Cannot progress now (waiting).
     Blocked,
     /// Its destination's engine is busy: the head WQE waits for the next pass, untouched.
     Busy,
+}
+
+/// A completion status, 64 bits wide (see [`Outcome`]).
+#[derive(Clone, Copy)]
+pub(super) struct Failed(u64);
+
+impl Failed {
+    /// The status.
+    pub(super) fn status(self) -> WcStatus {
+        WcStatus::from_u8(self.0 as u8).unwrap_or(WcStatus::GeneralErr)
+    }
+}
+
+impl Outcome {
+    /// Fails the QP with `status`.
+    pub(super) fn fail(status: WcStatus) -> Self {
+        Outcome::Fail(Failed(status as u64))
+    }
 }
 
 impl Engine {
@@ -175,17 +198,22 @@ impl Engine {
             None => return Step::Blocked,
         };
         let outcome = self.step_wqe(now, qp, &wqe, mem, sib);
+        let byte_len = if wqe.opcode.is_local() {
+            0
+        } else {
+            wqe.payload.len() as u32
+        };
         // The WQE goes back to the head: completing or failing takes it from there.
         if let Some(q) = self.objs.qps.get_mut(&qp) {
             q.sq.push_front(Ok(wqe));
         }
         match outcome {
-            Outcome::Complete { byte_len, moved } => {
+            Outcome::Complete(moved) => {
                 self.complete_head(qp, byte_len);
                 Step::Done(moved)
             }
             Outcome::Fail(status) => {
-                self.fail_qp(qp, Some(status));
+                self.fail_qp(qp, Some(status.status()));
                 Step::Done(0)
             }
             Outcome::Partial(n) => Step::Partial(n),
@@ -210,20 +238,20 @@ impl Engine {
         let done = q.progress.map_or(0, |p| p.done);
         let len = wqe.payload.len();
         if len > u64::from(MAX_MSG_SIZE) {
-            return Outcome::Fail(WcStatus::LocLenErr);
+            return Outcome::fail(WcStatus::LocLenErr);
         }
         // Local side: where the payload comes from (or, for READ/atomics, goes to).
         let needs_write = wqe.opcode.reads_back();
         if ty == QpType::XrcRecv {
             // An XRC receive QP has no send queue (the driver refuses such posts first).
-            return Outcome::Fail(WcStatus::LocQpOpErr);
+            return Outcome::fail(WcStatus::LocQpOpErr);
         }
         if ty == QpType::Uc && wqe.opcode.needs_reliable() {
             // UC has no responses: READ, atomics and ATOMIC WRITE are invalid on it.
-            return Outcome::Fail(WcStatus::LocQpOpErr);
+            return Outcome::fail(WcStatus::LocQpOpErr);
         }
         if !atomic_write_ok(wqe) {
-            return Outcome::Fail(WcStatus::LocQpOpErr);
+            return Outcome::fail(WcStatus::LocQpOpErr);
         }
         match &wqe.payload {
             // Checked at its first chunk; again only if memory changed since.
@@ -231,9 +259,9 @@ impl Engine {
                 if !self.head_translated(qp, done)
                     && !self.check_head_sges(qp, (vnic, pd), sges, needs_write, len) =>
             {
-                return Outcome::Fail(WcStatus::LocProtErr);
+                return Outcome::fail(WcStatus::LocProtErr);
             }
-            SendPayload::Inline(_) if needs_write => return Outcome::Fail(WcStatus::LocQpOpErr),
+            SendPayload::Inline(_) if needs_write => return Outcome::fail(WcStatus::LocQpOpErr),
             _ => {}
         }
         if ty == QpType::Ud {
@@ -249,11 +277,11 @@ impl Engine {
             && matches!(route, Route::Remote(_))
             && self.sibling_route(route).is_none()
         {
-            return Outcome::Fail(WcStatus::LocQpOpErr);
+            return Outcome::fail(WcStatus::LocQpOpErr);
         }
         if needs_write && wqe.opcode != SendOpcode::RdmaRead && len != 8 {
             // The local buffer must hold exactly the 8-byte original value.
-            return Outcome::Fail(WcStatus::LocLenErr);
+            return Outcome::fail(WcStatus::LocLenErr);
         }
         self.step_connected(now, qp, wqe, mem, sib)
     }
@@ -273,11 +301,8 @@ impl Engine {
             }
         };
         match result {
-            Ok(()) => Outcome::Complete {
-                byte_len: 0,
-                moved: 0,
-            },
-            Err(status) => Outcome::Fail(status),
+            Ok(()) => Outcome::Complete(0),
+            Err(status) => Outcome::fail(status),
         }
     }
 
@@ -386,13 +411,7 @@ impl Engine {
                     addr,
                     &mut req,
                     &mut back,
-                    |e, answer, back, m| {
-                        match answer {
-                            // Its receive queue is the sibling's: only the timer wakes this QP.
-                            Some((_, Response::RnrNak { timer })) => e.rnr(now, qp, timer, None),
-                            _ => e.answered(now, qp, wqe, answer, done, n, back, m),
-                        }
-                    },
+                    |e, answer, back, m| e.answered(now, qp, wqe, answer, done, n, back, m),
                 )
                 .unwrap_or(Outcome::Busy),
             None => {
@@ -412,7 +431,7 @@ impl Engine {
         now: Instant,
         qp: QpId,
         wqe: &SendWqe,
-        answer: Option<(QpId, Response)>,
+        answer: Option<Response>,
         done: u64,
         n: u64,
         back: &[(Loc, u64)],
@@ -422,21 +441,18 @@ impl Engine {
         let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
-        let (vnic, uc) = (q.vnic, q.ty == QpType::Uc);
+        let (vnic, uc, dst_qpn) = (q.vnic, q.ty == QpType::Uc, q.attr.dest_qp_num);
         let accepted = |e: &mut Engine| {
             if let Some(q) = e.objs.qps.get_mut(&qp) {
                 q.attr.sq_psn = psn_next(q.attr.sq_psn);
                 q.wait = Wait::None;
             }
         };
-        let Some((peer, response)) = answer else {
+        let Some(response) = answer else {
             if uc {
                 // Nobody acknowledges UC: the message is simply lost.
                 accepted(self);
-                return Outcome::Complete {
-                    byte_len: len as u32,
-                    moved: len,
-                };
+                return Outcome::Complete(len);
             }
             return self.lost(now, qp);
         };
@@ -447,10 +463,7 @@ impl Engine {
                     self.continue_at(qp, done + n);
                     return Outcome::Partial(n);
                 }
-                Outcome::Complete {
-                    byte_len: len as u32,
-                    moved: n,
-                }
+                Outcome::Complete(n)
             }
             Response::ReadData => {
                 accepted(self);
@@ -462,17 +475,14 @@ impl Engine {
                     let copied = copy_runs(mem, back, &local, n);
                     self.scratch.scratch_local = local;
                     if copied.is_err() {
-                        return Outcome::Fail(WcStatus::GeneralErr);
+                        return Outcome::fail(WcStatus::GeneralErr);
                     }
                 }
                 if done + n < len {
                     self.continue_at(qp, done + n);
                     return Outcome::Partial(n);
                 }
-                Outcome::Complete {
-                    byte_len: len as u32,
-                    moved: n,
-                }
+                Outcome::Complete(n)
             }
             Response::AtomicAck(old) => {
                 accepted(self);
@@ -483,20 +493,25 @@ impl Engine {
                     let written = scatter_bytes(mem, &old.to_le_bytes(), &local);
                     self.scratch.scratch_local = local;
                     if written.is_err() {
-                        return Outcome::Fail(WcStatus::GeneralErr);
+                        return Outcome::fail(WcStatus::GeneralErr);
                     }
                 }
-                Outcome::Complete {
-                    byte_len: 8,
-                    moved: 8,
-                }
+                Outcome::Complete(8)
             }
             Response::RnrNak { timer } => {
-                let on = match self.objs.qps.get(&peer).and_then(|p| p.srq.or(p.xrc_srq)) {
-                    Some(s) => RecvQueue::Srq(s),
-                    None => RecvQueue::Qp(peer),
+                // A receive posted to the responder's queue wakes the QP early where that
+                // queue is this engine's; a sibling's is not watched here, only the timer
+                // wakes it.
+                let on = match q.route {
+                    Route::Local(_) => self.objs.by_qpn.get(&dst_qpn).map(|&peer| {
+                        match self.objs.qps.get(&peer).and_then(|p| p.srq.or(p.xrc_srq)) {
+                            Some(s) => RecvQueue::Srq(s),
+                            None => RecvQueue::Qp(peer),
+                        }
+                    }),
+                    _ => None,
                 };
-                self.rnr(now, qp, timer, Some(on))
+                self.rnr(now, qp, timer.code(), on)
             }
             Response::Nak(Nak::Sequence) => {
                 // Go back to the message's first PSN and try again, as after a lost packet.
@@ -507,9 +522,9 @@ impl Engine {
                 }
                 self.lost(now, qp)
             }
-            Response::Nak(Nak::InvalidRequest) => Outcome::Fail(WcStatus::RemInvReqErr),
-            Response::Nak(Nak::RemoteAccess) => Outcome::Fail(WcStatus::RemAccessErr),
-            Response::Nak(Nak::RemoteOperational) => Outcome::Fail(WcStatus::RemOpErr),
+            Response::Nak(Nak::InvalidRequest) => Outcome::fail(WcStatus::RemInvReqErr),
+            Response::Nak(Nak::RemoteAccess) => Outcome::fail(WcStatus::RemAccessErr),
+            Response::Nak(Nak::RemoteOperational) => Outcome::fail(WcStatus::RemOpErr),
         }
     }
 
@@ -532,7 +547,7 @@ impl Engine {
             return Outcome::Blocked;
         };
         match q.wait {
-            Wait::Retry { until } if now >= until => return Outcome::Fail(WcStatus::RetryExcErr),
+            Wait::Retry { until } if now >= until => return Outcome::fail(WcStatus::RetryExcErr),
             Wait::Retry { .. } => {}
             _ => {
                 let us = state::ack_timeout_us(q.attr.timeout)
@@ -564,7 +579,7 @@ impl Engine {
             Wait::Rnr { until, retries, .. } if now >= until => {
                 let retries = retries.saturating_add(1);
                 if limit != 7 && retries > limit {
-                    return Outcome::Fail(WcStatus::RnrRetryExcErr);
+                    return Outcome::fail(WcStatus::RnrRetryExcErr);
                 }
                 q.wait = Wait::Rnr {
                     until: rearm,
@@ -596,7 +611,7 @@ impl Engine {
         req: &Request,
         mem: &mut dyn Memory,
         back: &mut Vec<(Loc, u64)>,
-    ) -> Option<(QpId, Response)> {
+    ) -> Option<Response> {
         let Route::Local(vid) = route else {
             return None;
         };
@@ -604,8 +619,7 @@ impl Engine {
         if self.objs.qps.get(&peer)?.vnic != vid {
             return None;
         }
-        let r = self.handle_request(peer, req, mem, back)?;
-        Some((peer, r))
+        self.handle_request(peer, req, mem, back)
     }
 
     /// A UD send: one segment to the QP the address handle and QP number name; nothing
@@ -623,11 +637,11 @@ impl Engine {
         };
         let (pd, qpn, own_qkey, vnic) = (q.pd, q.qpn, q.attr.qkey, q.vnic);
         if !matches!(wqe.opcode, SendOpcode::Send | SendOpcode::SendWithImm) {
-            return Outcome::Fail(WcStatus::LocQpOpErr);
+            return Outcome::fail(WcStatus::LocQpOpErr);
         }
         let (attr, mut route) = match self.objs.ahs.get(&AhId(wqe.ud.ah)) {
             Some(a) if a.pd == pd => (a.attr, a.route),
-            _ => return Outcome::Fail(WcStatus::LocQpOpErr),
+            _ => return Outcome::fail(WcStatus::LocQpOpErr),
         };
         if route == Route::Nowhere {
             // Made before its destination was known here (a vRNIC of another host announced
@@ -640,7 +654,7 @@ impl Engine {
         }
         let route = self.classed(route, wqe.ud.remote_qpn);
         if len > UD_MTU {
-            return Outcome::Fail(WcStatus::LocLenErr);
+            return Outcome::fail(WcStatus::LocLenErr);
         }
         // A Q_Key with the high bit set means the sender's own (IB spec 10.2.4).
         let qkey = if wqe.ud.remote_qkey & 0x8000_0000 != 0 {
@@ -699,20 +713,14 @@ impl Engine {
             self.scratch.scratch_src = src;
             self.scratch.scratch_dst = back;
             return match ran {
-                Some(()) => Outcome::Complete {
-                    byte_len: len as u32,
-                    moved: len,
-                },
+                Some(()) => Outcome::Complete(len),
                 None => Outcome::Busy,
             };
         }
         if let Route::Remote(host) = route {
             self.scratch.scratch_src = src;
             self.transmit_datagram(host, qp, wqe, qkey, &attr);
-            return Outcome::Complete {
-                byte_len: len as u32,
-                moved: len,
-            };
+            return Outcome::Complete(len);
         }
         let mut back = std::mem::take(&mut self.scratch.scratch_dst);
         if self.deliver(route, &req, mem, &mut back).is_none() {
@@ -720,10 +728,7 @@ impl Engine {
         }
         self.scratch.scratch_src = src;
         self.scratch.scratch_dst = back;
-        Outcome::Complete {
-            byte_len: len as u32,
-            moved: len,
-        }
+        Outcome::Complete(len)
     }
 }
 

@@ -3,7 +3,9 @@
 //! executed — bytes placed, a receive taken and completed, READ data located, an atomic
 //! performed, an ATOMIC WRITE stored — and answered.
 
-use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_cmp, psn_next};
+use super::segment::{
+    Nak, Op, Payload, Request, Response, RnrTimer, Route, Src, psn_cmp, psn_next,
+};
 use super::*;
 
 /// A SEND in progress at a responder: the receive it lands in (taken at its first segment,
@@ -147,7 +149,11 @@ impl Engine {
         let Some(p) = self.objs.qps.get(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
-        let (pvnic, ppd, timer) = (p.vnic, self.responder_pd(p), p.attr.min_rnr_timer);
+        let (pvnic, ppd, timer) = (
+            p.vnic,
+            self.responder_pd(p),
+            RnrTimer::new(p.attr.min_rnr_timer),
+        );
         let cq = self.responder_cq(p);
         let uc = p.ty == QpType::Uc;
         if req.first {
@@ -245,7 +251,7 @@ impl Engine {
         let Some(p) = self.objs.qps.get(&peer) else {
             return Response::Nak(Nak::InvalidRequest);
         };
-        let timer = p.attr.min_rnr_timer;
+        let timer = RnrTimer::new(p.attr.min_rnr_timer);
         let uc = p.ty == QpType::Uc;
         if req.last && req.imm.is_some() && self.recv_empty(peer) {
             return if uc {

@@ -29,14 +29,13 @@ impl Engine {
         req: &Request,
         mem: &mut dyn Memory,
         back: &mut Vec<(Loc, u64)>,
-    ) -> Option<(QpId, Response)> {
+    ) -> Option<Response> {
         let Src::Remote(from) = req.src else {
             return None;
         };
         let deth = (req.transport == QpType::Ud).then_some(req.src_qpn);
         let qp = self.admitted_to(from, addr, req.dst_qpn, deth)?;
-        let r = self.handle_request(qp, req, mem, back)?;
-        Some((qp, r))
+        self.handle_request(qp, req, mem, back)
     }
 
     /// Hands request `req`, of the QP whose address word is `addr`, to sibling engine `host`
@@ -51,7 +50,7 @@ impl Engine {
         addr: AddrRepr,
         req: &mut Request,
         back: &mut Vec<(Loc, u64)>,
-        then: impl FnOnce(&mut Engine, Option<(QpId, Response)>, &[(Loc, u64)], &mut dyn Memory) -> T,
+        then: impl FnOnce(&mut Engine, Option<Response>, &[(Loc, u64)], &mut dyn Memory) -> T,
     ) -> Option<T> {
         req.src = Src::Remote(self.me());
         let req = &*req;
