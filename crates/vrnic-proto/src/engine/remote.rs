@@ -322,7 +322,7 @@ impl Engine {
             return Step::Blocked;
         };
         let idx = q.link.sq_sent;
-        let (vnic, pd, uc, xrc) = (q.vnic, q.pd, q.ty == QpType::Uc, q.ty == QpType::XrcSend);
+        let (vnic, uc, xrc) = (q.vnic, q.ty == QpType::Uc, q.ty == QpType::XrcSend);
         let wqe = match q.sq.get(idx) {
             Some(Ok(w)) => w.clone(),
             Some(Err(_)) if idx == 0 => {
@@ -339,19 +339,7 @@ impl Engine {
         let sent = q.link.flights.get(idx).map_or(0, |f| f.sent);
         let len = wqe.payload.len();
         if sent == 0 {
-            let needs_write = wqe.opcode.reads_back();
-            let atomic = needs_write && wqe.opcode != SendOpcode::RdmaRead;
-            let local = match &wqe.payload {
-                _ if len > u64::from(MAX_MSG_SIZE) => Some(WcStatus::LocLenErr),
-                _ if uc && wqe.opcode.needs_reliable() => Some(WcStatus::LocQpOpErr),
-                _ if !super::requester::atomic_write_ok(&wqe) => Some(WcStatus::LocQpOpErr),
-                SendPayload::Sges(sges) if !self.check_sges(vnic, pd, sges, needs_write) => {
-                    Some(WcStatus::LocProtErr)
-                }
-                SendPayload::Inline(_) if needs_write => Some(WcStatus::LocQpOpErr),
-                _ if atomic && len != 8 => Some(WcStatus::LocLenErr),
-                _ => None,
-            };
+            let local = self.refused_locally(qp, &wqe, None);
             if let Some(status) = local {
                 if idx > 0 {
                     // In order: it fails when it is the head.

@@ -234,35 +234,10 @@ impl Engine {
         let Some(q) = self.objs.qps.get(&qp) else {
             return Outcome::Blocked;
         };
-        let (vnic, pd, ty, route) = (q.vnic, q.pd, q.ty, q.route);
+        let (ty, route) = (q.ty, q.route);
         let done = q.progress.map_or(0, |p| p.done);
-        let len = wqe.payload.len();
-        if len > u64::from(MAX_MSG_SIZE) {
-            return Outcome::fail(WcStatus::LocLenErr);
-        }
-        // Local side: where the payload comes from (or, for READ/atomics, goes to).
-        let needs_write = wqe.opcode.reads_back();
-        if ty == QpType::XrcRecv {
-            // An XRC receive QP has no send queue (the driver refuses such posts first).
-            return Outcome::fail(WcStatus::LocQpOpErr);
-        }
-        if ty == QpType::Uc && wqe.opcode.needs_reliable() {
-            // UC has no responses: READ, atomics and ATOMIC WRITE are invalid on it.
-            return Outcome::fail(WcStatus::LocQpOpErr);
-        }
-        if !atomic_write_ok(wqe) {
-            return Outcome::fail(WcStatus::LocQpOpErr);
-        }
-        match &wqe.payload {
-            // Checked at its first chunk; again only if memory changed since.
-            SendPayload::Sges(sges)
-                if !self.head_translated(qp, done)
-                    && !self.check_head_sges(qp, (vnic, pd), sges, needs_write, len) =>
-            {
-                return Outcome::fail(WcStatus::LocProtErr);
-            }
-            SendPayload::Inline(_) if needs_write => return Outcome::fail(WcStatus::LocQpOpErr),
-            _ => {}
+        if let Some(status) = self.refused_locally(qp, wqe, Some(done)) {
+            return Outcome::fail(status);
         }
         if ty == QpType::Ud {
             return self.step_ud(qp, wqe, mem, sib);
@@ -279,11 +254,59 @@ impl Engine {
         {
             return Outcome::fail(WcStatus::LocQpOpErr);
         }
-        if needs_write && wqe.opcode != SendOpcode::RdmaRead && len != 8 {
-            // The local buffer must hold exactly the 8-byte original value.
-            return Outcome::fail(WcStatus::LocLenErr);
-        }
         self.step_connected(now, qp, wqe, mem, sib)
+    }
+
+    /// The requester's checks of send WQE `wqe` of `qp` that hold whatever its route (one
+    /// engine, a sibling, a peer link): its length, an operation its QP's type cannot do, the
+    /// SGEs' lkeys, PD, access and bounds, an atomic's 8-byte buffer. `Some(status)`: it
+    /// fails with that status before anything leaves. `head`: for the head WQE, the bytes of
+    /// it already moved (its SGEs are translated as they are checked, and the translation
+    /// kept for its later chunks); `None` for a WQE behind the head (a peer link's window),
+    /// checked alone.
+    pub(super) fn refused_locally(
+        &mut self,
+        qp: QpId,
+        wqe: &SendWqe,
+        head: Option<u64>,
+    ) -> Option<WcStatus> {
+        let q = self.objs.qps.get(&qp)?;
+        let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
+        let len = wqe.payload.len();
+        let needs_write = wqe.opcode.reads_back();
+        if len > u64::from(MAX_MSG_SIZE) {
+            return Some(WcStatus::LocLenErr);
+        }
+        if ty == QpType::XrcRecv {
+            // An XRC receive QP has no send queue (the driver refuses such posts first).
+            return Some(WcStatus::LocQpOpErr);
+        }
+        if ty == QpType::Uc && wqe.opcode.needs_reliable() {
+            // UC has no responses: READ, atomics and ATOMIC WRITE are invalid on it.
+            return Some(WcStatus::LocQpOpErr);
+        }
+        if !atomic_write_ok(wqe) {
+            return Some(WcStatus::LocQpOpErr);
+        }
+        match (&wqe.payload, head) {
+            // The head: checked at its first chunk, again only if memory changed since.
+            (SendPayload::Sges(sges), Some(done))
+                if !self.head_translated(qp, done)
+                    && !self.check_head_sges(qp, (vnic, pd), sges, needs_write, len) =>
+            {
+                return Some(WcStatus::LocProtErr);
+            }
+            (SendPayload::Sges(sges), None) if !self.check_sges(vnic, pd, sges, needs_write) => {
+                return Some(WcStatus::LocProtErr);
+            }
+            (SendPayload::Inline(_), _) if needs_write => return Some(WcStatus::LocQpOpErr),
+            _ => {}
+        }
+        if ty != QpType::Ud && needs_write && wqe.opcode != SendOpcode::RdmaRead && len != 8 {
+            // An atomic's local buffer must hold exactly the 8-byte original value.
+            return Some(WcStatus::LocLenErr);
+        }
+        None
     }
 
     /// A memory-window operation at the head of an RC or UC QP: a bind (`MW_BIND_ERR` if it
