@@ -23,7 +23,7 @@ use std::time::Duration;
 use vrnic_api::{DeviceInfo, Reply, Request, event};
 use vrnic_shm::layout::hdr;
 use vrnic_shm::{Mailbox, Region, Ring};
-use vrnic_wire::{CQ_SLOT, Cqe, RQ_HEADER, RQ_SLOT, RecvWqe, SQ_HEADER, SQ_SLOT, SendWqe};
+use vrnic_wire::{CQ_SLOT, CQE_SEQ, Cqe, RQ_HEADER, RQ_SLOT, RecvWqe, SQ_HEADER, SQ_SLOT, SendWqe};
 
 use crate::cq_events::CqEvents;
 use crate::sys::{self, EventFd};
@@ -875,6 +875,9 @@ pub struct WorkQueue {
     /// Most work requests outstanding: the `max_send_wr`/`max_recv_wr`/`max_wr` the app was
     /// told at creation (the ring itself may be deeper: its depth is a power of two).
     limit: u32,
+    /// The daemon's retired index as last read from the region (see
+    /// [`has_room`](Self::has_room)): never ahead of the daemon's.
+    cons_seen: u32,
 }
 
 impl WorkQueue {
@@ -887,6 +890,7 @@ impl WorkQueue {
             prod: 0,
             bell,
             limit,
+            cons_seen: 0,
         }
     }
 
@@ -897,12 +901,26 @@ impl WorkQueue {
         self.limit = limit.clamp(1, ring.depth());
     }
 
-    /// How many more work requests may be posted: the limit less those outstanding (posted
-    /// and not yet retired by the daemon, whose retired index is the consumer). Posting past
-    /// it is `ENOMEM`, as on a device whose queue is full.
-    pub fn room(&self, region: &Region) -> u32 {
-        let cons = self.ring.cons(region).load(Ordering::Acquire);
-        self.limit.saturating_sub(self.prod.wrapping_sub(cons))
+    /// Whether `n` more work requests may be posted: the limit less those outstanding
+    /// (posted and not yet retired by the daemon, whose retired index is the consumer).
+    /// Posting past it is `ENOMEM`, as on a device whose queue is full. The retired index is
+    /// read from the region only when the last one read leaves too little room, so a post
+    /// does not take the cache line the daemon writes as it retires work.
+    pub fn has_room(&mut self, region: &Region, n: u32) -> bool {
+        let room = |cons: u32| self.limit.saturating_sub(self.prod.wrapping_sub(cons));
+        if room(self.cons_seen) >= n {
+            return true;
+        }
+        self.cons_seen = self.ring.cons(region).load(Ordering::Acquire);
+        room(self.cons_seen) >= n
+    }
+
+    /// Starts the ring afresh from the daemon's retired index (a QP moved to RESET: the
+    /// daemon dropped what the ring held and published that index before it answered).
+    pub fn restart(&mut self, region: &Region) {
+        self.cons_seen = self.ring.cons(region).load(Ordering::Acquire);
+        self.prod = self.cons_seen;
+        self.publish(region);
     }
 
     /// Writes a send WQE into the next slot (not yet published): only the bytes it uses, all
@@ -949,12 +967,21 @@ pub struct CompQueue {
 }
 
 impl CompQueue {
+    /// Whether the slot at the consumer index holds a completion: its sequence word says it
+    /// was written at this index (`CQE_SEQ`). The slot is all a poll reads: not the
+    /// producer index, a second cache line the daemon writes per completion.
+    fn ready(&self, region: &Region) -> bool {
+        self.ring
+            .slot_word(region, self.cons, CQE_SEQ)
+            .load(Ordering::Acquire)
+            == vrnic_wire::cqe_seq(self.cons)
+    }
+
     /// Takes up to `max` completions, calling `out` for each.
     pub fn poll(&mut self, region: &Region, max: usize, mut out: impl FnMut(usize, &Cqe)) -> usize {
-        let prod = self.ring.prod(region).load(Ordering::Acquire);
         let mut n = 0;
         let mut raw = [0u8; CQ_SLOT];
-        while n < max && self.cons != prod {
+        while n < max && self.ready(region) {
             self.ring.read_slot(region, self.cons, &mut raw);
             self.cons = self.cons.wrapping_add(1);
             // The daemon is trusted by the driver; a slot that does not parse is skipped.
@@ -975,9 +1002,8 @@ impl CompQueue {
     /// The completion at the consumer index, left in the ring: `start_poll`/`next_poll` read
     /// it, [`consume`](Self::consume) retires it. Slots that do not parse are skipped.
     pub fn peek(&mut self, region: &Region) -> Option<Cqe> {
-        let prod = self.ring.prod(region).load(Ordering::Acquire);
         let mut raw = [0u8; CQ_SLOT];
-        while self.cons != prod {
+        while self.ready(region) {
             self.ring.read_slot(region, self.cons, &mut raw);
             if let Ok(cqe) = Cqe::parse(&raw) {
                 self.empty = 0;
@@ -1013,7 +1039,12 @@ impl CompQueue {
             if Cqe::parse(&raw).is_ok_and(|c| c.qp_num == qpn) {
                 removed += 1;
             } else if removed > 0 {
-                self.ring.write_slot(region, i.wrapping_add(removed), &raw);
+                // Moved up, with the sequence word of its new index.
+                let to = i.wrapping_add(removed);
+                self.ring.write_slot(region, to, &raw);
+                self.ring
+                    .slot_word(region, to, CQE_SEQ)
+                    .store(vrnic_wire::cqe_seq(to), Ordering::Release);
             }
         }
         if removed > 0 {
@@ -1036,7 +1067,7 @@ impl CompQueue {
 
     /// Whether no completion waits to be polled.
     pub fn is_empty(&self, region: &Region) -> bool {
-        self.ring.prod(region).load(Ordering::Acquire) == self.cons
+        !self.ready(region)
     }
 
     /// Counts an empty poll. On a machine with few cores, an app spinning on an empty CQ can
@@ -1100,6 +1131,8 @@ mod tests {
         for (k, &qp) in qps.iter().enumerate() {
             let i = start + k as u32;
             ring.write_slot(&r, i, &cqe(u64::from(i), qp));
+            ring.slot_word(&r, i, CQE_SEQ)
+                .store(vrnic_wire::cqe_seq(i), Ordering::Release);
         }
         ring.prod(&r)
             .store(start + qps.len() as u32, Ordering::Release);
@@ -1116,6 +1149,76 @@ mod tests {
         q.poll(&r, 16, |_, c| got.push((c.wr_id, c.qp_num)));
         assert_eq!(got, vec![(6, 2), (8, 3), (10, 2)]);
         assert_eq!(q.clean(&r, 2), 0, "an empty ring has nothing to clean");
+        std::fs::remove_file(p).unwrap();
+    }
+
+    /// A poll takes the slot at the consumer index only when its sequence word names that
+    /// index: not a zeroed ring, not a slot still holding the last lap's completion, not one
+    /// whose word is not yet stored, not a zeroed slot at index `u32::MAX` (whose index plus
+    /// one wraps to 0 in 32 bits); and it goes on across the end of the `u32` index space.
+    /// The producer index is not what it reads (left at 0 here throughout).
+    #[test]
+    fn a_poll_takes_only_slots_whose_sequence_word_names_their_index() {
+        let p = std::env::temp_dir().join(format!("vrnic-seq-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let ring = Ring::new(&r, layout::HEAP_OFF, 4, CQ_SLOT).unwrap();
+        ring.reset(&r);
+        let mut q = CompQueue {
+            ring,
+            cons: 0,
+            empty: 0,
+        };
+        let mut got = Vec::new();
+        assert_eq!(q.poll(&r, 16, |_, c| got.push(c.wr_id)), 0, "a zeroed ring");
+        assert!(q.is_empty(&r));
+        // Written, its sequence word not yet stored: not taken.
+        ring.write_slot(&r, 0, &cqe(7, 1));
+        assert_eq!(q.poll(&r, 16, |_, c| got.push(c.wr_id)), 0);
+        ring.slot_word(&r, 0, CQE_SEQ)
+            .store(vrnic_wire::cqe_seq(0), Ordering::Release);
+        assert!(!q.is_empty(&r));
+        assert_eq!(q.peek(&r).map(|c| c.wr_id), Some(7));
+        assert_eq!(q.poll(&r, 16, |_, c| got.push(c.wr_id)), 1);
+        assert_eq!(got, vec![7]);
+        // Slot 0 again at index 4: its last lap's word does not count.
+        q.cons = 4;
+        assert_eq!(
+            q.poll(&r, 16, |_, c| got.push(c.wr_id)),
+            0,
+            "last lap's slot"
+        );
+        // A zeroed slot at index u32::MAX.
+        r.write_bytes(
+            layout::HEAP_OFF + layout::ring::SLOTS + 3 * CQ_SLOT as u64,
+            &[0; CQ_SLOT],
+        )
+        .unwrap();
+        q.cons = u32::MAX;
+        assert_eq!(
+            q.poll(&r, 16, |_, c| got.push(c.wr_id)),
+            0,
+            "a zeroed slot at u32::MAX"
+        );
+        // Across the end of the index space: indices u32::MAX - 1, u32::MAX, 0, 1.
+        let start = u32::MAX - 1;
+        q.cons = start;
+        got.clear();
+        for k in 0..4u32 {
+            let i = start.wrapping_add(k);
+            ring.write_slot(&r, i, &cqe(u64::from(k), 1));
+            ring.slot_word(&r, i, CQE_SEQ)
+                .store(vrnic_wire::cqe_seq(i), Ordering::Release);
+        }
+        assert_eq!(q.poll(&r, 16, |_, c| got.push(c.wr_id)), 4);
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        assert_eq!(q.cons, 2);
+        assert_eq!(
+            ring.cons(&r).load(Ordering::Acquire),
+            2,
+            "the consumer index published"
+        );
+        assert_eq!(ring.prod(&r).load(Ordering::Acquire), 0);
         std::fs::remove_file(p).unwrap();
     }
 }

@@ -472,6 +472,22 @@ impl Region {
         Ok(unsafe { AtomicU32::from_ptr(p.cast()) })
     }
 
+    /// A 64-bit atomic word in the region. `off` must be 8-byte aligned.
+    pub fn atomic_u64(&self, off: u64) -> Result<&AtomicU64, RegionError> {
+        let p = self.check(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(RegionError::Bounds {
+                off,
+                len: 8,
+                size: self.mapped(),
+            });
+        }
+        // SAFETY: as in `atomic_u32`, with 8-byte alignment checked: in bounds, aligned (the
+        // mapping is page aligned), no invalid bit patterns, concurrent writers tolerated, and
+        // the mapping outlives the borrow of self (it moves only in `grow`).
+        Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
+    }
+
     /// Stores `value` (its bytes in memory order) at `off`, 8-byte aligned, as one atomic store
     /// with release ordering: a reader of the word (the app's CPU, any thread) sees all of the
     /// old bytes or all of the new, never a mix, and once it sees the new ones it also sees

@@ -5,7 +5,7 @@
 //! then publishes `cons`. Both indices live in the region and so can be garbage: the reading side
 //! always validates `prod - cons <= depth` with its own private copy of the index it owns.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{self, ring};
 use crate::map::{Region, RegionError};
@@ -127,6 +127,21 @@ impl Ring {
         region
             .write_bytes(self.slot_off(index), data)
             .expect("slot inside the region");
+    }
+
+    /// The 8-byte word at byte `at` of slot `index` (masked): a word the producer stores on
+    /// its own after the rest of the slot (a completion's sequence word). Panics if `at` is
+    /// not an 8-aligned offset inside a slot (a caller's bug).
+    pub fn slot_word<'r>(&self, region: &'r Region, index: u32, at: usize) -> &'r AtomicU64 {
+        assert!(
+            at.is_multiple_of(8) && at + 8 <= self.slot,
+            "a word inside one slot"
+        );
+        // Invariant: as in read_slot (the slots start page aligned and the slot size is a
+        // multiple of 8, so the word is aligned).
+        region
+            .atomic_u64(self.slot_off(index) + at as u64)
+            .expect("slot inside the region")
     }
 
     /// Zeroes the header words (done by the daemon when it creates the ring).

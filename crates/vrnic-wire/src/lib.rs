@@ -46,6 +46,18 @@ pub const SQ_SLOT: usize = 512;
 pub const RQ_SLOT: usize = 512;
 /// Size of one completion-queue slot in bytes.
 pub const CQ_SLOT: usize = 64;
+/// Byte offset in a completion slot of its sequence word (64 bits): the ring index the
+/// completion was written at, plus one (as a `u64`: never 0, so a zeroed slot never reads as
+/// written, and never the same for two laps of a slot). The daemon stores it (Release) after
+/// the rest of the slot ([`Cqe::encode`] leaves it out); the driver polls a CQ by this word
+/// of the slot at its consumer index, not by the ring's producer index, so a completion costs
+/// the polling core one cache line (the slot) instead of two (the index, then the slot).
+pub const CQE_SEQ: usize = 56;
+
+/// The sequence word of a completion written at ring index `index` (see [`CQE_SEQ`]).
+pub fn cqe_seq(index: u32) -> u64 {
+    u64::from(index) + 1
+}
 /// Bytes of a send slot before its SGE list or inline data.
 pub const SQ_HEADER: usize = 64;
 /// Bytes of a receive slot before its SGE list.
@@ -64,6 +76,7 @@ const _: () = assert!(SQ_HEADER + MAX_INLINE <= SQ_SLOT);
 const _: () = assert!(RQ_HEADER + MAX_SGE * SGE_SIZE <= RQ_SLOT);
 const _: () = assert!(SQ_SLOT.is_power_of_two() && RQ_SLOT.is_power_of_two());
 const _: () = assert!(CQ_SLOT.is_power_of_two());
+const _: () = assert!(CQE_SEQ % 8 == 0 && CQE_SEQ + 8 <= CQ_SLOT);
 
 /// A decoding failure: the slot bytes describe no valid work request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -632,7 +645,8 @@ impl Cqe {
         })
     }
 
-    /// Encodes into a slot.
+    /// Encodes into a slot (its sequence word, at [`CQE_SEQ`], left zero: the producer
+    /// stores it on its own, last).
     pub fn encode(&self, slot: &mut [u8; CQ_SLOT]) {
         slot.fill(0);
         put_u64(slot, 0, self.wr_id);

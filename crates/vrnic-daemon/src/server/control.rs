@@ -677,6 +677,7 @@ impl Server {
                     ctx: id,
                     ring,
                     prod: 0,
+                    cons_seen: 0,
                     broken: false,
                 };
                 if guards.len() == 1 {

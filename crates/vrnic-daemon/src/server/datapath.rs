@@ -710,13 +710,17 @@ impl Shard {
                 return;
             }
             let region = &v.region;
-            let cons = slot.ring.cons(region).load(Ordering::Acquire);
-            if slot.prod.wrapping_sub(cons) >= slot.ring.depth() {
-                // Overflow (or a garbage consumer index): the CQ is in error, as on a device.
-                warn!(cq = cq.0, "completion queue overrun; CQ in error");
-                slot.broken = true;
-                out.events.push((slot.ctx, vrnic_api::event::CQ_ERR, cq.0));
-                return;
+            let depth = slot.ring.depth();
+            if slot.prod.wrapping_sub(slot.cons_seen) >= depth {
+                slot.cons_seen = slot.ring.cons(region).load(Ordering::Acquire);
+                if slot.prod.wrapping_sub(slot.cons_seen) >= depth {
+                    // Overflow (or a garbage consumer index): the CQ is in error, as on a
+                    // device.
+                    warn!(cq = cq.0, "completion queue overrun; CQ in error");
+                    slot.broken = true;
+                    out.events.push((slot.ctx, vrnic_api::event::CQ_ERR, cq.0));
+                    return;
+                }
             }
             let mut raw = [0u8; CQ_SLOT];
             let stamped = Cqe {
@@ -724,7 +728,12 @@ impl Shard {
                 ..*cqe
             };
             stamped.encode(&mut raw);
-            slot.ring.write_slot(region, slot.prod, &raw);
+            // The slot, then its sequence word (what the driver polls), then the index.
+            slot.ring
+                .write_slot_head(region, slot.prod, &raw[..CQE_SEQ]);
+            slot.ring
+                .slot_word(region, slot.prod, CQE_SEQ)
+                .store(vrnic_wire::cqe_seq(slot.prod), Ordering::Release);
             slot.prod = slot.prod.wrapping_add(1);
             slot.ring.prod(region).store(slot.prod, Ordering::Release);
             // Store-then-load against the driver's arm-then-poll: without a full fence both

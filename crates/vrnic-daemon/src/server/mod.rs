@@ -42,7 +42,7 @@ use vrnic_proto::{
 };
 use vrnic_shm::layout::{self, hdr};
 use vrnic_shm::{Mailbox, MailboxState, Region, Ring};
-use vrnic_wire::{CQ_SLOT, Cqe, RQ_HEADER, RQ_SLOT, RecvWqe, SQ_HEADER, SQ_SLOT, SendWqe};
+use vrnic_wire::{CQ_SLOT, CQE_SEQ, Cqe, RQ_HEADER, RQ_SLOT, RecvWqe, SQ_HEADER, SQ_SLOT, SendWqe};
 
 use crate::config::{self, ADMIN_SOCKET, REGION_FILE, VNIC_SOCKET};
 use crate::heap::Heap;

@@ -217,6 +217,10 @@ pub(super) struct CqSlot {
     pub(super) ctx: CtxId,
     pub(super) ring: Ring,
     pub(super) prod: u32,
+    /// The driver's consumer index as last read from the region: read again only when the
+    /// ring looks full by it, so a completion does not take the cache line the driver
+    /// writes on every poll. Never ahead of the driver's (it only ever came from there).
+    pub(super) cons_seen: u32,
     pub(super) broken: bool,
 }
 

@@ -341,7 +341,7 @@ fn post_batch(v: &VQp, b: &Batch) -> c_int {
     let Ok(mut sq) = v.sq.lock() else {
         return libc::EIO;
     };
-    if (sq.room(&conn.region) as usize) < b.wqes.len() {
+    if !u32::try_from(b.wqes.len()).is_ok_and(|n| sq.has_room(&conn.region, n)) {
         return libc::ENOMEM;
     }
     for w in &b.wqes {

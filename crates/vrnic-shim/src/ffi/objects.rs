@@ -318,7 +318,7 @@ pub(crate) fn post_recv_list(
             rc = libc::EINVAL;
             break;
         }
-        if rq.room(&conn.region) == 0 {
+        if !rq.has_room(&conn.region, 1) {
             rc = libc::ENOMEM;
             break;
         }

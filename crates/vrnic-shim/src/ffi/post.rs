@@ -62,7 +62,7 @@ pub extern "C" fn vrnic_post_send(
                 rc = libc::EINVAL;
                 break;
             }
-            if sq.room(&conn.region) == 0 {
+            if !sq.has_room(&conn.region, 1) {
                 rc = libc::ENOMEM;
                 break;
             }

@@ -217,10 +217,8 @@ pub(crate) fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) ->
                     // The daemon dropped what the rings held and published their consumer
                     // indices before it answered: start the rings afresh from there.
                     if let (Ok(mut sq), Ok(mut rq)) = (v.sq.lock(), v.rq.lock()) {
-                        sq.prod = sq.ring.cons(&conn.region).load(Ordering::Acquire);
-                        rq.prod = rq.ring.cons(&conn.region).load(Ordering::Acquire);
-                        sq.publish(&conn.region);
-                        rq.publish(&conn.region);
+                        sq.restart(&conn.region);
+                        rq.restart(&conn.region);
                     }
                     // SAFETY: qp is ours and live.
                     clean_cqs(unsafe { &*qp }, conn);
