@@ -76,7 +76,7 @@ const _: () = assert!(SQ_HEADER + MAX_INLINE <= SQ_SLOT);
 const _: () = assert!(RQ_HEADER + MAX_SGE * SGE_SIZE <= RQ_SLOT);
 const _: () = assert!(SQ_SLOT.is_power_of_two() && RQ_SLOT.is_power_of_two());
 const _: () = assert!(CQ_SLOT.is_power_of_two());
-const _: () = assert!(CQE_SEQ % 8 == 0 && CQE_SEQ + 8 <= CQ_SLOT);
+const _: () = assert!(CQE_SEQ.is_multiple_of(8) && CQE_SEQ + 8 <= CQ_SLOT);
 
 /// A decoding failure: the slot bytes describe no valid work request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
