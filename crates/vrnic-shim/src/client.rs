@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use vrnic_api::{DeviceInfo, Reply, Request, event};
 use vrnic_shm::layout::hdr;
-use vrnic_shm::{Mailbox, Region, Ring};
+use vrnic_shm::{Mailbox, Region, Ring, Spin};
 use vrnic_wire::{CQ_SLOT, CQE_SEQ, Cqe, RQ_HEADER, RQ_SLOT, RecvWqe, SQ_HEADER, SQ_SLOT, SendWqe};
 
 use crate::cq_events::CqEvents;
@@ -962,11 +962,17 @@ pub struct CompQueue {
     pub ring: Ring,
     /// Private consumer index.
     pub cons: u32,
-    /// Empty polls in a row (to yield the CPU now and then).
-    pub empty: u32,
+    /// When an empty poll gives the CPU away (`vrnic_shm::Spin`).
+    pub spin: Spin,
 }
 
 impl CompQueue {
+    /// The empty-poll policy of a new CQ: a yield every 8 empty polls while that runs
+    /// another thread, at most every 1,024 while it does not.
+    pub fn spin() -> Spin {
+        Spin::new(8, 1024)
+    }
+
     /// Whether the slot at the consumer index holds a completion: its sequence word says it
     /// was written at this index (`CQE_SEQ`). The slot is all a poll reads: not the
     /// producer index, a second cache line the daemon writes per completion.
@@ -992,7 +998,7 @@ impl CompQueue {
         }
         if n > 0 {
             self.publish(region);
-            self.empty = 0;
+            self.spin.worked();
         } else {
             self.idle();
         }
@@ -1006,7 +1012,7 @@ impl CompQueue {
         while self.ready(region) {
             self.ring.read_slot(region, self.cons, &mut raw);
             if let Ok(cqe) = Cqe::parse(&raw) {
-                self.empty = 0;
+                self.spin.worked();
                 return Some(cqe);
             }
             self.cons = self.cons.wrapping_add(1);
@@ -1071,12 +1077,10 @@ impl CompQueue {
     }
 
     /// Counts an empty poll. On a machine with few cores, an app spinning on an empty CQ can
-    /// starve the engine that would fill it: give the CPU away now and then.
+    /// starve the engine that would fill it: the CPU is given away every few empty polls
+    /// while that lets another thread run, and rarely while it does not (a core of its own).
     fn idle(&mut self) {
-        self.empty = self.empty.wrapping_add(1);
-        if self.empty.is_multiple_of(8) {
-            sys::yield_cpu();
-        }
+        self.spin.idle();
     }
 
     /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
@@ -1140,7 +1144,7 @@ mod tests {
         let mut q = CompQueue {
             ring,
             cons: start,
-            empty: 0,
+            spin: CompQueue::spin(),
         };
         assert_eq!(q.clean(&r, 1), 3);
         assert_eq!(q.cons, start + 3);
@@ -1167,7 +1171,7 @@ mod tests {
         let mut q = CompQueue {
             ring,
             cons: 0,
-            empty: 0,
+            spin: CompQueue::spin(),
         };
         let mut got = Vec::new();
         assert_eq!(q.poll(&r, 16, |_, c| got.push(c.wr_id)), 0, "a zeroed ring");

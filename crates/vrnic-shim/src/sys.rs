@@ -477,12 +477,6 @@ pub fn monotonic_ns() -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
-/// Yields the CPU (to the engine thread, on a small machine).
-pub fn yield_cpu() {
-    // SAFETY: sched_yield has no preconditions.
-    unsafe { libc::sched_yield() };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

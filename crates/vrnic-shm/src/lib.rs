@@ -3,7 +3,7 @@
 //!
 //! This is the only crate that touches shared memory. Everything in a region can be written by
 //! an untrusted party at any time, so the API never hands out `&[u8]` or `&T` into it (except
-//! `&AtomicU32`, whose every bit pattern is valid and which is made for concurrent access): bytes
+//! `&AtomicU32` and `&AtomicU64`, whose every bit pattern is valid and which is made for concurrent access): bytes
 //! are copied in and out, once, through bounds-checked calls, and indices read from the region
 //! are values the caller must validate.
 //!
@@ -32,11 +32,13 @@ pub mod layout;
 mod mailbox;
 mod map;
 mod ring;
+mod spin;
 
 pub use copy::copy_slice;
 pub use mailbox::{Mailbox, MailboxState, WaitError};
 pub use map::{Region, RegionError, remap_private};
 pub use ring::Ring;
+pub use spin::Spin;
 
 /// Waits on `word` while it still holds `expected`, for at most `timeout_ms`; wakes early on
 /// [`futex_wake`]. Works across processes that map the same file (a shared futex). Returns

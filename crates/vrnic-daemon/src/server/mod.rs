@@ -83,6 +83,14 @@ const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
 /// How long the loop keeps spinning after the last work before it sleeps.
 const SPIN_QUIET: Duration = Duration::from_millis(2);
+
+/// The empty-pass policy of a thread that runs engine passes (the loop with one engine, an
+/// engine thread): while spinning, the CPU is given away after every empty pass as long as
+/// that lets another thread run (an app on the same core), and at most every 32nd while it
+/// does not (a core of its own), so that a doorbell is not left waiting for a system call.
+fn idle_spin() -> vrnic_shm::Spin {
+    vrnic_shm::Spin::new(1, 32)
+}
 /// How long after the last control call the loop looks at the sockets every pass instead of
 /// every 32nd (a driver's next call comes within a few microseconds of its last answer).
 pub(super) const CONTROL_HOT: Duration = Duration::from_millis(1);
@@ -561,6 +569,8 @@ impl Server {
         // its budget with more in the socket, which an edge-triggered poll would not report
         // again): with engine threads, the next poll does not wait.
         let mut links_busy = false;
+        // Between empty passes of the one-thread loop: see `idle_spin`.
+        let mut spin = idle_spin();
         loop {
             let now = Instant::now();
             let idle = now.duration_since(last_work);
@@ -677,8 +687,9 @@ impl Server {
                 let worked = self.engine_pass(now);
                 if self.flush_peers(now) || worked || self.peers_backlogged() {
                     last_work = Instant::now();
+                    spin.worked();
                 } else {
-                    std::thread::yield_now();
+                    spin.idle();
                 }
             }
             let epoch = vrnic_shm::fault::epoch();

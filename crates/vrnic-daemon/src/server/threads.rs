@@ -168,6 +168,7 @@ fn engine_thread(
     let mut last_work = Instant::now();
     let mut asleep = false;
     let mut sibs = SiblingShards::new(cells, cell.index, waker);
+    let mut spin = super::idle_spin();
     while !cell.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         // How long to wait before the next pass: `None` none, zero a yield.
@@ -218,8 +219,10 @@ fn engine_thread(
             wait
         };
         match wait {
-            None => {}
-            Some(Duration::ZERO) => std::thread::yield_now(),
+            None => spin.worked(),
+            Some(Duration::ZERO) => {
+                spin.idle();
+            }
             Some(t) => std::thread::park_timeout(t),
         }
     }

@@ -120,7 +120,7 @@ pub(crate) fn create_cq(
         q: Mutex::new(CompQueue {
             ring,
             cons: 0,
-            empty: 0,
+            spin: CompQueue::spin(),
         }),
         channel: chan.clone(),
         events: Arc::default(),
