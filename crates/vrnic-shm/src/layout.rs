@@ -3,8 +3,10 @@
 
 /// Magic at offset 0.
 pub const MAGIC: [u8; 8] = *b"VRNICRG1";
-/// Format version.
-pub const VERSION: u32 = 2;
+/// Format version. 3: a completion slot's sequence word (`vrnic_wire::CQE_SEQ`), which a
+/// driver polls instead of the ring's producer index (a driver of version 2 on a daemon of
+/// version 3 would work, the other way round it would wait forever: both refuse the other).
+pub const VERSION: u32 = 3;
 /// Page size of the heap (and of the remapping of registered memory).
 pub const PAGE: u64 = 4096;
 /// Default region size: sparse, so only touched pages cost memory.
