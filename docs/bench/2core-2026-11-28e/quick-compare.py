@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""quick-compare.py DIR: the medians of `vrnic bench --quick` runs quick-base-N.txt and
-quick-new-N.txt in DIR, measurement by measurement, and their ratio (new / base)."""
+"""quick-compare.py DIR [KIND]: the medians of `vrnic bench --quick` runs KIND-base-N.txt and
+KIND-final-N.txt in DIR (KIND: quick, the default, or quick-pinned), measurement by
+measurement, and their ratio (final / base)."""
 import glob, re, statistics, sys
 
 def read(path):
@@ -12,10 +13,11 @@ def read(path):
     return out
 
 d = sys.argv[1]
-runs = {b: [read(p) for p in sorted(glob.glob(f"{d}/quick-{b}-*.txt"))] for b in ("base", "new")}
+kind = sys.argv[2] if len(sys.argv) > 2 else "quick"
+runs = {b: [read(p) for p in sorted(glob.glob(f"{d}/{kind}-{b}-*.txt"))] for b in ("base", "final")}
 for name, (_, unit) in runs["base"][0].items():
     vals = {b: [r[name][0] for r in runs[b] if name in r] for b in runs}
-    if not vals["base"] or not vals["new"]:
+    if not vals["base"] or not vals["final"]:
         continue
-    mb, mn = statistics.median(vals["base"]), statistics.median(vals["new"])
-    print(f"{name:55s} {mb:>12,.2f} {mn:>12,.2f} {unit:5s} new/base {mn / mb if mb else float('nan'):.2f}")
+    mb, mn = statistics.median(vals["base"]), statistics.median(vals["final"])
+    print(f"{name:55s} {mb:>12,.2f} {mn:>12,.2f} {unit:5s} final/base {mn / mb if mb else float('nan'):.2f}")
