@@ -316,6 +316,20 @@ impl Region {
         }
     }
 
+    /// As [`Region::check`], for a word of `len` bytes, which must also be `len`-aligned (a
+    /// misaligned `off` is refused as out of bounds).
+    fn check_word(&self, off: u64, len: u64) -> Result<*mut u8, RegionError> {
+        let p = self.check(off, len)?;
+        if !off.is_multiple_of(len) {
+            return Err(RegionError::Bounds {
+                off,
+                len,
+                size: self.mapped(),
+            });
+        }
+        Ok(p)
+    }
+
     /// Where `len` bytes at `off` sit in this process (address, length), for the kernel to
     /// read or fill them by vectored I/O, checked like every access. Nothing here dereferences
     /// it; a caller hands it to a system call while it holds the region, and a range the
@@ -457,14 +471,7 @@ impl Region {
 
     /// An atomic word in the region. `off` must be 4-byte aligned.
     pub fn atomic_u32(&self, off: u64) -> Result<&AtomicU32, RegionError> {
-        let p = self.check(off, 4)?;
-        if !off.is_multiple_of(4) {
-            return Err(RegionError::Bounds {
-                off,
-                len: 4,
-                size: self.mapped(),
-            });
-        }
+        let p = self.check_word(off, 4)?;
         // SAFETY: p is in bounds and 4-byte aligned (the mapping is page aligned); AtomicU32 has
         // no invalid bit patterns and tolerates concurrent writers, and the mapping outlives the
         // returned borrow of self (it moves only in `grow`, whose caller must not use such a
@@ -474,14 +481,7 @@ impl Region {
 
     /// A 64-bit atomic word in the region. `off` must be 8-byte aligned.
     pub fn atomic_u64(&self, off: u64) -> Result<&AtomicU64, RegionError> {
-        let p = self.check(off, 8)?;
-        if !off.is_multiple_of(8) {
-            return Err(RegionError::Bounds {
-                off,
-                len: 8,
-                size: self.mapped(),
-            });
-        }
+        let p = self.check_word(off, 8)?;
         // SAFETY: as in `atomic_u32`, with 8-byte alignment checked: in bounds, aligned (the
         // mapping is page aligned), no invalid bit patterns, concurrent writers tolerated, and
         // the mapping outlives the borrow of self (it moves only in `grow`).
@@ -494,14 +494,7 @@ impl Region {
     /// every write this thread made to the region before (what an ATOMIC WRITE promises). A
     /// misaligned `off` is refused as out of bounds, writing nothing.
     pub fn store_u64(&self, off: u64, value: [u8; 8]) -> Result<(), RegionError> {
-        let p = self.check(off, 8)?;
-        if !off.is_multiple_of(8) {
-            return Err(RegionError::Bounds {
-                off,
-                len: 8,
-                size: self.mapped(),
-            });
-        }
+        let p = self.check_word(off, 8)?;
         // SAFETY: p is in bounds and 8-byte aligned (the mapping is page aligned, `off` a
         // multiple of 8); AtomicU64 has no invalid bit patterns and tolerates concurrent
         // accesses; the reference lives for this statement only, inside our live mapping.
