@@ -37,12 +37,15 @@ pub fn vrnic_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vrnic")))
 }
 
-/// A free TCP port for a server/client pair: unique within this test process (a counter) and
-/// apart from other test processes running at the same time (a block of 100 chosen by pid),
-/// and checked free by binding it once.
+/// A free TCP port for a server/client pair. Each test process reserves a block of 100 ports of
+/// its own for its lifetime (an exclusive `flock` on `/tmp/vrnic-test-ports-BLOCK.lock`, held
+/// until the process exits), below the kernel's ephemeral range (so no connection's local port
+/// can take it between the check and the server's `listen`); ports go out of the block in turn
+/// and each is checked free by binding it once. Blocks chosen by pid alone collided between two
+/// concurrent tests whose pids agreed modulo the block count.
 pub fn port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let block = 18600 + (std::process::id() % 400) as u16 * 100;
+    let block = port_block();
     for _ in 0..100 {
         let p = block + NEXT.fetch_add(1, Ordering::Relaxed) % 100;
         if std::net::TcpListener::bind(("0.0.0.0", p)).is_ok() {
@@ -50,6 +53,42 @@ pub fn port() -> u16 {
         }
     }
     panic!("no free TCP port in {block}..{}", block + 100);
+}
+
+/// The first port of this process's block ([`port`]), reserved on first use.
+fn port_block() -> u16 {
+    use std::os::fd::AsRawFd;
+    static BLOCK: std::sync::OnceLock<(std::fs::File, u16)> = std::sync::OnceLock::new();
+    const FIRST: u32 = 10_000;
+    BLOCK
+        .get_or_init(|| {
+            // Blocks end below the ephemeral range's first port (32768 by default).
+            let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+                .unwrap_or(32_768);
+            let blocks = (ephemeral.saturating_sub(FIRST) / 100).max(1);
+            let start = std::process::id() % blocks;
+            for i in 0..blocks {
+                let n = (start + i) % blocks;
+                let path = format!("/tmp/vrnic-test-ports-{n}.lock");
+                let Ok(file) = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                else {
+                    continue;
+                };
+                // SAFETY: flock on a descriptor this function owns (`file` is kept open in the
+                // static for the process's life, which holds the lock).
+                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                    return (file, (FIRST + n * 100) as u16);
+                }
+            }
+            panic!("every test port block in {FIRST}..{ephemeral} is held by another process");
+        })
+        .1
 }
 
 /// Whether the test runs as root (effective uid 0).
