@@ -75,10 +75,10 @@ impl Side<'_> {
 /// the cycle counter and gives up when they do not fit a line (r^2 < 0.9), which a busy
 /// 2-core machine causes by running the sampler late. Nothing was measured wrong, so the
 /// pair is run again.
-const CLOCK_CALIBRATION_FAILED: &str = "Correlation coefficient r^2";
+pub(crate) const CLOCK_CALIBRATION_FAILED: &str = "Correlation coefficient r^2";
 
 /// How many times a pair is run when perftest's clock calibration fails.
-const CALIBRATION_TRIES: u32 = 3;
+pub(crate) const CALIBRATION_TRIES: u32 = 3;
 
 /// Runs `args -p PORT` under `vrnic run` as a server, waits until it listens, then `args -p
 /// PORT HOST` as its client (retried while it only could not connect yet), everything within

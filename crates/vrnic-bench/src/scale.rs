@@ -10,9 +10,12 @@
 //! (that sum is kept in the JSON, not shown). Messages a client sent between its header and its
 //! stop count as if sent after the barrier (a few of `-n ITERS`).
 //! The limit is memcpy of the pairs' working set (N x 128 KiB, read and written by the
-//! engine) by as many threads as the daemon has engine threads, each its share, at once, on the
-//! engine cores (one thread for the daemon's default), measured in the same run; past the
-//! caches it is memory bandwidth.
+//! engine) by as many threads as the daemon has engine threads, but no more than there are
+//! pairs (a QP's requests are executed in order, by one thread at a time), each its share, at
+//! once, on the engine cores (one thread for the daemon's default), measured in the same run;
+//! past the caches it is memory bandwidth. (One pair against memcpy by 8 threads compared it
+//! with 16 KiB copies that stay in each core's L1: a limit no pair can have.) A pair count
+//! whose perftest could not calibrate its clock is run again, as the perftest section does.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,9 @@ use anyhow::{Result, bail};
 
 use super::Ctx;
 use super::limits;
-use super::perftest::{MIB_PER_MB, rows, start_pairs};
+use super::perftest::{
+    CALIBRATION_TRIES, CLOCK_CALIBRATION_FAILED, MIB_PER_MB, rows, start_pairs,
+};
 use super::procs::{Daemon, Proc};
 use super::report::{Better, Limit, Report, num};
 
@@ -34,7 +39,13 @@ fn threads_part(threads: Option<u32>) -> String {
     })
 }
 
-/// The limit's name for `n` pairs and `t` engine threads.
+/// The copiers of the limit of `n` pairs on `t` engine threads: one per thread, at most one
+/// per pair.
+fn copiers(n: u32, t: u32) -> u32 {
+    t.min(n).max(1)
+}
+
+/// The limit's name for `n` pairs and `t` copiers ([`copiers`]).
 fn limit_name(n: u32, t: u32) -> String {
     if t == 1 {
         format!("memcpy of {n} x 128 KiB")
@@ -60,21 +71,47 @@ fn sum_name(n: u32, threads: Option<u32>) -> String {
 
 /// One run of every pair count into `report`, on daemon `d` with `threads` engine threads.
 pub fn measure(ctx: &Ctx, d: &Daemon, counts: &[u32], threads: Option<u32>, report: &mut Report) {
-    let sizes: Vec<u64> = counts.iter().map(|&n| u64::from(n) * SIZE).collect();
     let t = threads.unwrap_or(1);
-    match limits::memcpy_by(ctx, &sizes, t) {
-        Ok(list) => {
-            for (&n, (_, mbps)) in counts.iter().zip(list) {
-                let what = limit_name(n, t);
-                report
-                    .sample("limits", &what, None, "MB/s", Better::Higher, mbps)
-                    .pairs = Some(n);
+    let mut groups: Vec<u32> = counts.iter().map(|&n| copiers(n, t)).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    for c in groups {
+        let these: Vec<u32> = counts
+            .iter()
+            .copied()
+            .filter(|&n| copiers(n, t) == c)
+            .collect();
+        let sizes: Vec<u64> = these.iter().map(|&n| u64::from(n) * SIZE).collect();
+        match limits::memcpy_by(ctx, &sizes, c) {
+            Ok(list) => {
+                for (&n, (_, mbps)) in these.iter().zip(list) {
+                    let what = limit_name(n, c);
+                    report
+                        .sample("limits", &what, None, "MB/s", Better::Higher, mbps)
+                        .pairs = Some(n);
+                }
             }
+            Err(e) => report.error("memcpy for the scale runs", e),
         }
-        Err(e) => report.error("memcpy for the scale runs", e),
     }
     for &n in counts {
-        match pairs(ctx, d, n) {
+        let mut tries = 1;
+        let result = loop {
+            match pairs(ctx, d, n) {
+                Err(e)
+                    if tries < CALIBRATION_TRIES
+                        && format!("{e:#}").contains(CLOCK_CALIBRATION_FAILED) =>
+                {
+                    eprintln!(
+                        "vrnic bench: {n} pairs: perftest's clock calibration failed (try \
+                         {tries}); again"
+                    );
+                    tries += 1;
+                }
+                r => break r,
+            }
+        };
+        match result {
             Ok((wall, sum)) => {
                 let f = report.sample(
                     "scale",
@@ -182,15 +219,17 @@ fn barrier(clients: &mut [Proc], limit: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Sets each count's limit (memcpy of the working set by as many threads as engine threads),
-/// notes, for each daemon, the largest count against its best count's aggregate, and, with
-/// several engine-thread counts, each one's best aggregate against the first's.
+/// Sets each count's limit (memcpy of the working set by as many threads as engine threads,
+/// at most one per pair), notes, for each daemon, the largest count against its best count's
+/// aggregate, and, with several engine-thread counts, each one's best aggregate against the
+/// first's and, at each count of at least as many pairs as threads, its aggregate against the
+/// first's at that count (the issue's target: 0.8 x the ratio of thread counts).
 pub fn set_limits(report: &mut Report, counts: &[u32], threads: &[Option<u32>]) {
     let mut bests: Vec<(Option<u32>, f64)> = Vec::new();
     for &t in threads {
         let mut best: Option<(u32, f64)> = None;
         for &n in counts {
-            let what = limit_name(n, t.unwrap_or(1));
+            let what = limit_name(n, copiers(n, t.unwrap_or(1)));
             if let Some(mc) = report.median("limits", &what, None) {
                 let l = Limit {
                     what,
@@ -233,6 +272,29 @@ pub fn set_limits(report: &mut Report, counts: &[u32], threads: &[Option<u32>]) 
                 threads_part(*t0),
                 num(*b0)
             ));
+        }
+        for &(t, _) in rest {
+            let (Some(tn), Some(tf)) = (t, t0.or(Some(1))) else {
+                continue;
+            };
+            for &n in counts.iter().filter(|&&n| n >= tn) {
+                let (Some(a), Some(a0)) = (
+                    report.median("scale", &name(n, t), None),
+                    report.median("scale", &name(n, *t0), None),
+                ) else {
+                    continue;
+                };
+                report.notes.push(format!(
+                    "scale: {n} pairs{} {} MB/s, {:.2}x{} ({} MB/s); the issue's target is >= \
+                     {:.1}x",
+                    threads_part(t),
+                    num(a),
+                    a / a0,
+                    threads_part(*t0),
+                    num(a0),
+                    0.8 * f64::from(tn) / f64::from(tf)
+                ));
+            }
         }
     }
 }
