@@ -23,9 +23,7 @@ use anyhow::{Result, bail};
 
 use super::Ctx;
 use super::limits;
-use super::perftest::{
-    CALIBRATION_TRIES, CLOCK_CALIBRATION_FAILED, MIB_PER_MB, rows, start_pairs,
-};
+use super::perftest::{CALIBRATION_TRIES, CLOCK_CALIBRATION_FAILED, MIB_PER_MB, rows, start_pairs};
 use super::procs::{Daemon, Proc};
 use super::report::{Better, Limit, Report, num};
 

@@ -285,11 +285,16 @@ impl Shard {
         mut sibs: Option<&mut SiblingShards<'_>>,
     ) -> bool {
         // What a look costs grows with the vRNICs (a header page each, and a cache line to
-        // take back from every app that posts).
-        let start = Instant::now();
+        // take back from every app that posts). Timed from `now`, which the caller has just
+        // read, and only when turns follow: an idle pass reads no clock of its own (a clock
+        // read is a good part of an idle pass, which is what a new request waits for).
         let mut work = self.take_new_work(now, Look::Full);
-        let look = start.elapsed();
         self.engine.handle_timeout(now);
+        let look = if work || self.engine.has_turns() {
+            now.elapsed()
+        } else {
+            Duration::ZERO
+        };
         // Turns between looks (counted in turns of nominal length, so that no turn reads the
         // clock): while a light tenant competes, after every turn unless a look costs more
         // than a turn; among busy tenants only, few enough that looking takes at most about

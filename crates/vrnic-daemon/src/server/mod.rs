@@ -653,7 +653,8 @@ impl Server {
                     bail!("{why}");
                 }
             }
-            let now = Instant::now();
+            // Read again only after a poll (which may have waited).
+            let now = if poll_now { Instant::now() } else { now };
             self.sample_activity(now);
             if now.duration_since(self.last_scan) >= GUEST_SCAN {
                 self.last_scan = now;
