@@ -38,11 +38,12 @@ pub fn vrnic_bin() -> PathBuf {
 }
 
 /// A free TCP port for a server/client pair. Each test process reserves a block of 100 ports of
-/// its own for its lifetime (an exclusive `flock` on `/tmp/vrnic-test-ports-BLOCK.lock`, held
-/// until the process exits), below the kernel's ephemeral range (so no connection's local port
-/// can take it between the check and the server's `listen`); ports go out of the block in turn
-/// and each is checked free by binding it once. Blocks chosen by pid alone collided between two
-/// concurrent tests whose pids agreed modulo the block count.
+/// its own for its lifetime (it binds the abstract Unix socket `vrnic-test-ports-BLOCK`, which
+/// only one process can hold and which goes with the process: no file is left), below the
+/// kernel's ephemeral range (so no connection's local port can take it between the check and
+/// the server's `listen`); ports go out of the block in turn and each is checked free by
+/// binding it once. Blocks chosen by pid alone collided between two concurrent tests whose pids
+/// agreed modulo the block count.
 pub fn port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let block = port_block();
@@ -57,8 +58,9 @@ pub fn port() -> u16 {
 
 /// The first port of this process's block ([`port`]), reserved on first use.
 fn port_block() -> u16 {
-    use std::os::fd::AsRawFd;
-    static BLOCK: std::sync::OnceLock<(std::fs::File, u16)> = std::sync::OnceLock::new();
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    static BLOCK: std::sync::OnceLock<(UnixListener, u16)> = std::sync::OnceLock::new();
     const FIRST: u32 = 10_000;
     BLOCK
         .get_or_init(|| {
@@ -71,19 +73,11 @@ fn port_block() -> u16 {
             let start = std::process::id() % blocks;
             for i in 0..blocks {
                 let n = (start + i) % blocks;
-                let path = format!("/tmp/vrnic-test-ports-{n}.lock");
-                let Ok(file) = std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path)
-                else {
-                    continue;
-                };
-                // SAFETY: flock on a descriptor this function owns (`file` is kept open in the
-                // static for the process's life, which holds the lock).
-                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                    return (file, (FIRST + n * 100) as u16);
+                let name = format!("vrnic-test-ports-{n}");
+                let held = SocketAddr::from_abstract_name(name.as_bytes())
+                    .and_then(|a| UnixListener::bind_addr(&a));
+                if let Ok(l) = held {
+                    return (l, (FIRST + n * 100) as u16);
                 }
             }
             panic!("every test port block in {FIRST}..{ephemeral} is held by another process");
