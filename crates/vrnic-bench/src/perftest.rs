@@ -75,10 +75,10 @@ impl Side<'_> {
 /// the cycle counter and gives up when they do not fit a line (r^2 < 0.9), which a busy
 /// 2-core machine causes by running the sampler late. Nothing was measured wrong, so the
 /// pair is run again.
-pub(crate) const CLOCK_CALIBRATION_FAILED: &str = "Correlation coefficient r^2";
+const CLOCK_CALIBRATION_FAILED: &str = "Correlation coefficient r^2";
 
 /// How many times a pair is run when perftest's clock calibration fails.
-pub(crate) const CALIBRATION_TRIES: u32 = 3;
+const CALIBRATION_TRIES: u32 = 3;
 
 /// Runs `args -p PORT` under `vrnic run` as a server, waits until it listens, then `args -p
 /// PORT HOST` as its client (retried while it only could not connect yet), everything within
@@ -93,17 +93,24 @@ pub fn pair(
     limit: Duration,
 ) -> Result<String> {
     let start = Instant::now();
+    calibrated(&args[0], || {
+        let left = limit.saturating_sub(start.elapsed());
+        pair_once(ctx, &server, &client, host, args, left)
+    })
+}
+
+/// Runs `run` again while it fails only because perftest could not calibrate its clock, up to
+/// [`CALIBRATION_TRIES`] times in all; `what` names it in the note of each retry.
+pub(crate) fn calibrated<T>(what: &str, mut run: impl FnMut() -> Result<T>) -> Result<T> {
     let mut tries = 1;
     loop {
-        let left = limit.saturating_sub(start.elapsed());
-        match pair_once(ctx, &server, &client, host, args, left) {
+        match run() {
             Err(e)
                 if tries < CALIBRATION_TRIES
                     && format!("{e:#}").contains(CLOCK_CALIBRATION_FAILED) =>
             {
                 eprintln!(
-                    "vrnic bench: {}: perftest's clock calibration failed (try {tries}); again",
-                    args[0]
+                    "vrnic bench: {what}: perftest's clock calibration failed (try {tries}); again"
                 );
                 tries += 1;
             }

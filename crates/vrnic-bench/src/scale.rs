@@ -23,7 +23,7 @@ use anyhow::{Result, bail};
 
 use super::Ctx;
 use super::limits;
-use super::perftest::{CALIBRATION_TRIES, CLOCK_CALIBRATION_FAILED, MIB_PER_MB, rows, start_pairs};
+use super::perftest::{MIB_PER_MB, calibrated, rows, start_pairs};
 use super::procs::{Daemon, Proc};
 use super::report::{Better, Limit, Report, num};
 
@@ -93,22 +93,7 @@ pub fn measure(ctx: &Ctx, d: &Daemon, counts: &[u32], threads: Option<u32>, repo
         }
     }
     for &n in counts {
-        let mut tries = 1;
-        let result = loop {
-            match pairs(ctx, d, n) {
-                Err(e)
-                    if tries < CALIBRATION_TRIES
-                        && format!("{e:#}").contains(CLOCK_CALIBRATION_FAILED) =>
-                {
-                    eprintln!(
-                        "vrnic bench: {n} pairs: perftest's clock calibration failed (try \
-                         {tries}); again"
-                    );
-                    tries += 1;
-                }
-                r => break r,
-            }
-        };
+        let result = calibrated(&format!("{n} pairs"), || pairs(ctx, d, n));
         match result {
             Ok((wall, sum)) => {
                 let f = report.sample(
