@@ -336,6 +336,33 @@ impl Drop for UnmountOnDrop {
     }
 }
 
+/// Listens on a Unix socket at `path` that appears there only once it listens and `prepare`
+/// (its owner and mode) has run: bound and prepared under a hidden name beside it, then renamed
+/// into place. Whoever sees the file can connect: a socket bound under its own name exists for
+/// a moment before `listen`, and a client that connects then is refused (`ECONNREFUSED`), which
+/// a loaded machine stretches to milliseconds. An old file at `path` is replaced.
+pub(super) fn listen_in_place(
+    path: &std::path::Path,
+    prepare: impl FnOnce(&std::path::Path) -> Result<()>,
+) -> Result<UnixListener> {
+    let name = path.file_name().context("a socket path names a file")?;
+    let mut hidden = std::ffi::OsString::from(".");
+    hidden.push(name);
+    hidden.push(".new");
+    let at = path.with_file_name(hidden);
+    let _ = std::fs::remove_file(&at);
+    let listener = UnixListener::bind(&at).with_context(|| format!("bind {}", at.display()))?;
+    let placed = prepare(&at).and_then(|()| {
+        std::fs::rename(&at, path)
+            .with_context(|| format!("move {} to {}", at.display(), path.display()))
+    });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&at);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// Opens root's admin socket to the members of `group` (owner root, the group's, mode 660),
 /// or leaves it to root alone (mode 600) when there is no such group. A daemon not run as root
 /// leaves it to its own user (its state dir is closed to others anyway).
@@ -512,10 +539,9 @@ impl Server {
         // take for "the daemon is up", so everything else (the peer port, the engine threads)
         // must already listen when it appears.
         let admin_path = dir.join(ADMIN_SOCKET);
-        let _ = std::fs::remove_file(&admin_path);
-        let mut admin = UnixListener::bind(&admin_path)
-            .with_context(|| format!("bind {}", admin_path.display()))?;
-        open_admin_socket(&admin_path, opts.access_group.as_deref())?;
+        let mut admin = listen_in_place(&admin_path, |at| {
+            open_admin_socket(at, opts.access_group.as_deref())
+        })?;
         poll.registry()
             .register(&mut admin, ADMIN, Interest::READABLE)?;
         info!(state_dir = %dir.display(), engine_threads, "vrnic daemon serving");
@@ -756,5 +782,42 @@ impl Server {
             p.flush_refusals();
         }
         info!("vrnic daemon stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+
+    /// The socket's name appears only once it listens: `prepare` runs on a socket that already
+    /// takes connections under a hidden name while its own name is still free, and a failed
+    /// `prepare` leaves neither name behind.
+    #[test]
+    fn a_socket_appears_under_its_name_only_once_it_listens() {
+        let dir = std::env::temp_dir().join(format!("vrnic-listen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vrnic.sock");
+        std::fs::write(&path, b"stale").unwrap();
+        let l = super::listen_in_place(&path, |at| {
+            assert_ne!(at, path.as_path());
+            UnixStream::connect(at).expect("listens before it is named");
+            assert!(std::fs::read(&path).is_ok_and(|b| b == b"stale"));
+            Ok(())
+        })
+        .unwrap();
+        UnixStream::connect(&path).expect("connects at its name");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["vrnic.sock"]);
+        drop(l);
+
+        let other = dir.join("sock");
+        let r = super::listen_in_place(&other, |_| anyhow::bail!("no group"));
+        assert_eq!(r.unwrap_err().to_string(), "no group");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -210,7 +210,7 @@ impl Server {
         );
         let heap_off = layout::HEAP_OFF;
         let heap = Heap::new(heap_off, region.size() - heap_off, layout::PAGE);
-        let mut listener = match UnixListener::bind(dir.join(VNIC_SOCKET)) {
+        let mut listener = match super::listen_in_place(&dir.join(VNIC_SOCKET), |_| Ok(())) {
             Ok(l) => l,
             Err(e) => {
                 drop(region);
