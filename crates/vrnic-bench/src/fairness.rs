@@ -37,6 +37,18 @@ pub fn flood_name(p: u32) -> String {
     format!("ibv_rc_pingpong 64 B round trip, {p} ib_read_bw -e -q 16 1 MiB pair{s} flooding")
 }
 
+/// The flood's rate alone (the reference of the next).
+pub fn flood_alone_name(p: u32) -> String {
+    let s = if p == 1 { "" } else { "s" };
+    format!("{p} ib_read_bw -e -q 16 1 MiB pair{s} flooding: READ bytes moved, alone")
+}
+
+/// The flood's rate while an unrelated ping-pong runs: what its short turns cost it.
+pub fn flood_beside_name(p: u32) -> String {
+    let s = if p == 1 { "" } else { "s" };
+    format!("{p} ib_read_bw -e -q 16 1 MiB pair{s} flooding: READ bytes moved, beside a ping-pong")
+}
+
 /// The count of idle QPs `vrnic ls` showed (in the JSON, not the table).
 pub fn held_name(n: u32) -> String {
     format!("{n} idle QPs on another vRNIC: QPs held (vrnic ls)")
@@ -59,8 +71,26 @@ pub fn measure(ctx: &Ctx, d: &Daemon, idle_qps: u32, pairs: u32, report: &mut Re
         );
     }
     sample(report, &idle_qps_name(idle_qps), beside);
-    let flooded = beside_flood(ctx, d, pairs);
-    sample(report, &flood_name(pairs), flooded);
+    match beside_flood(ctx, d, pairs) {
+        Ok(f) => {
+            sample(report, &flood_name(pairs), Ok(f.us));
+            rate(report, &flood_alone_name(pairs), f.alone);
+            rate(report, &flood_beside_name(pairs), f.beside);
+        }
+        Err(e) => sample(report, &flood_name(pairs), Err(e)),
+    }
+}
+
+/// A rate of the flood into `report` (shown), or its error.
+fn rate(report: &mut Report, name: &str, r: Result<f64>) {
+    match r {
+        Ok(mbs) => {
+            report
+                .sample("fairness", name, None, "MB/s", Better::Higher, mbs)
+                .shown = true;
+        }
+        Err(e) => report.error(&format!("fairness: {name}"), e),
+    }
 }
 
 /// A round trip into `report` (shown), or its error.
@@ -122,8 +152,9 @@ fn beside_idle_qps(ctx: &Ctx, d: &Daemon, n: u32, held: &mut u32) -> Result<f64>
     Ok(us)
 }
 
-/// The round trip while `pairs` pairs of `ib_read_bw -e -q 16 -s 1048576` flood.
-fn beside_flood(ctx: &Ctx, d: &Daemon, pairs: u32) -> Result<f64> {
+/// The round trip while `pairs` pairs of `ib_read_bw -e -q 16 -s 1048576` flood, and the
+/// flood's rate before it (alone) and after it (beside a ping-pong like the measured one).
+fn beside_flood(ctx: &Ctx, d: &Daemon, pairs: u32) -> Result<Flooded> {
     // Far more than the measurement lasts: the flooders are killed after it.
     let args = |p: u16| -> Vec<String> {
         [
@@ -143,13 +174,94 @@ fn beside_flood(ctx: &Ctx, d: &Daemon, pairs: u32) -> Result<f64> {
     };
     let (_servers, mut clients) = start_pairs(ctx, d, pairs, args, "flood")?;
     wait_flooding(&mut clients, Duration::from_secs(120))?;
+    let alone = flood_rate(ctx, d);
     let us = round_trip(ctx, d)?;
+    let beside = light_pair(ctx, d).and_then(|_light| flood_rate(ctx, d));
     for (i, c) in clients.iter_mut().enumerate() {
         if c.exited() {
             bail!("flooding client {i} ended before the round trip was measured");
         }
     }
-    Ok(us)
+    Ok(Flooded { us, alone, beside })
+}
+
+/// A round trip beside the flood, and the flood's own rate alone and beside a ping-pong.
+struct Flooded {
+    us: f64,
+    alone: Result<f64>,
+    beside: Result<f64>,
+}
+
+/// How long the flood's rate is counted.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// The bytes READs moved on the daemon's vRNICs per second (MB/s) over [`RATE_WINDOW`]: the
+/// daemon's exact counters (`vrnic stats`, READs served as responder) before and after it.
+fn flood_rate(ctx: &Ctx, d: &Daemon) -> Result<f64> {
+    let before = read_bytes(ctx, d)?;
+    let start = Instant::now();
+    std::thread::sleep(RATE_WINDOW);
+    let after = read_bytes(ctx, d)?;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(after.saturating_sub(before) as f64 / secs / 1e6)
+}
+
+/// The bytes of READs served on every vRNIC of `d`, from `vrnic stats --json`.
+fn read_bytes(ctx: &Ctx, d: &Daemon) -> Result<u64> {
+    let out = ctx.scratch.output(
+        d.cli(&["stats", "--json"]),
+        "vrnic stats",
+        Duration::from_secs(30),
+    )?;
+    served_read_bytes(&out)
+}
+
+/// The sum of `received.read.bytes` over the vRNICs of `vrnic stats --json`'s output.
+fn served_read_bytes(json: &str) -> Result<u64> {
+    let v: serde_json::Value = serde_json::from_str(json)?;
+    let Some(vnics) = v.as_array() else {
+        bail!("vrnic stats --json: not an array");
+    };
+    vnics
+        .iter()
+        .map(|s| {
+            s.pointer("/received/read/bytes")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| anyhow::anyhow!("vrnic stats --json: no received.read.bytes"))
+        })
+        .sum()
+}
+
+/// An unrelated ping-pong that runs until dropped (the light tenant beside the flood while
+/// its rate is counted), once its client has exchanged addresses with its server.
+fn light_pair(ctx: &Ctx, d: &Daemon) -> Result<(Vec<Proc>, Vec<Proc>)> {
+    let args = |p: u16| -> Vec<String> {
+        [
+            "ibv_rc_pingpong",
+            "-s",
+            "64",
+            "-n",
+            "1000000000",
+            "-p",
+            &p.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let (servers, mut clients) = start_pairs(ctx, d, 1, args, "light ping-pong")?;
+    let start = Instant::now();
+    while !clients[0].printed("remote address") {
+        if clients[0].exited() {
+            bail!("the light ping-pong's client exited before it began");
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("the light ping-pong did not connect within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Its loop is under way once both sides have their addresses.
+    std::thread::sleep(Duration::from_millis(50));
+    Ok((servers, clients))
 }
 
 /// Waits (at most `limit`) until every flooding client printed perftest's result header; an
@@ -200,10 +312,29 @@ pub fn set_limits(report: &mut Report, idle_qps: u32, pairs: u32) {
             said.push(format!("{}x beside {beside}", num(r)));
         }
     }
+    let alone = report.median("fairness", &flood_alone_name(pairs), None);
+    let mut kept = None;
+    if let Some(alone) = alone {
+        let l = Limit {
+            what: "the flood alone".into(),
+            value: alone,
+            measured: true,
+        };
+        report.limit("fairness", &flood_beside_name(pairs), None, l);
+        kept = report
+            .get("fairness", &flood_beside_name(pairs), None)
+            .and_then(|f| f.ratio);
+    }
     if !said.is_empty() {
+        let cost = kept.map_or(String::new(), |k| {
+            format!(
+                "; beside a ping-pong the flood keeps {:.0}% of its rate alone",
+                k * 100.0
+            )
+        });
         report.notes.push(format!(
             "fairness: the unrelated pair's round trip is {} of its idle {} us; the issue's \
-             target is within 2x",
+             target is within 2x{cost}",
             said.join(", "),
             num(idle)
         ));
@@ -237,6 +368,41 @@ mod tests {
               within 2x"
             ]
         );
+    }
+
+    #[test]
+    fn the_flood_beside_a_ping_pong_stands_beside_the_flood_alone() {
+        let mut r = Report::default();
+        r.sample("fairness", IDLE, None, "us", Better::Lower, 10.0);
+        r.sample("fairness", &flood_name(4), None, "us", Better::Lower, 20.0);
+        for (name, mbs) in [
+            (flood_alone_name(4), 8000.0),
+            (flood_beside_name(4), 6000.0),
+        ] {
+            r.sample("fairness", &name, None, "MB/s", Better::Higher, mbs);
+        }
+        set_limits(&mut r, 64, 4);
+        let ratio = |name: &str| r.get("fairness", name, None).and_then(|f| f.ratio);
+        assert_eq!(ratio(&flood_alone_name(4)), None);
+        assert_eq!(ratio(&flood_beside_name(4)), Some(0.75));
+        assert!(
+            r.notes[0].ends_with(
+                "2.00x beside 4 flooding pairs of its idle 10.0 us; the issue's target is within \
+                 2x; beside a ping-pong the flood keeps 75% of its rate alone"
+            ),
+            "{}",
+            r.notes[0]
+        );
+    }
+
+    #[test]
+    fn served_read_bytes_add_up_over_vrnics_and_a_missing_count_is_an_error() {
+        let two = r#"[{"received":{"read":{"wrs":1,"bytes":1048576}}},
+                      {"received":{"read":{"wrs":0,"bytes":0}}},
+                      {"received":{"read":{"wrs":2,"bytes":2097152}}}]"#;
+        assert_eq!(served_read_bytes(two).unwrap(), 3 << 20);
+        assert!(served_read_bytes(r#"[{"received":{}}]"#).is_err());
+        assert!(served_read_bytes("{}").is_err());
     }
 
     #[test]
