@@ -167,7 +167,8 @@ pub use engine::{
     BURST, CHUNK, CHUNK_ALONE, CLASSES, Engine, Flow, GRH_LEN, Limit, MAX_AH, MAX_CQ, MAX_CQE,
     MAX_MR, MAX_MW, MAX_PD, MAX_QP, MAX_QP_WR, MAX_REFUSALS, MAX_SRQ, MAX_XRCD, MW_TYPE_1,
     MW_TYPE_2, Meter, PAGE, PASS_BYTES, PASS_WRS, Placement, Policy, QP_WRS, Refusal, Refused,
-    SEGMENT, SOLO_TURNS, Sender, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW, WINDOW_FULL,
+    SEGMENT, SOLO_TURNS, STEP, Sender, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
+    WINDOW_FULL,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.
@@ -283,6 +284,29 @@ impl Siblings for NoSiblings {
         _: Option<u32>,
         _: &mut dyn FnMut(&mut Engine, &mut dyn Memory),
     ) -> bool {
+        false
+    }
+}
+
+/// What a driver tells an engine between the steps of a turn ([`Engine::turn_with`]): whether
+/// a light tenant, one whose recent turns did all their work while others waited
+/// ([`Engine::is_light`]), has posted work the engine has not taken yet. While a light tenant
+/// competes, a turn moves memory in steps of at most [`STEP`] bytes and asks after each: a yes
+/// ends the turn, so the newcomer waits for one step of a busy tenant's copying, not for its
+/// whole turn, and a busy tenant's turn is cut only when a light one has work. It is asked
+/// after every step of a busy turn: a driver answers from a few loads (a doorbell word, the
+/// producer indices of the light tenants' rings it watches), never a full look.
+pub trait Newcomers {
+    /// Whether a light tenant has work posted that the engine has not taken.
+    fn arrived(&mut self) -> bool;
+}
+
+/// No driver to ask (a test, or a caller that looks only between turns): turns end at their
+/// byte and work-request budgets alone.
+pub struct NoNewcomers;
+
+impl Newcomers for NoNewcomers {
+    fn arrived(&mut self) -> bool {
         false
     }
 }

@@ -1099,7 +1099,9 @@ fn uc_write_with_a_bad_rkey_is_dropped_silently() {
 
 // ---- bounded work, bad WQEs, limits -------------------------------------------------------
 
-use vrnic_proto::{CHUNK, CHUNK_ALONE, MemoryRefused, QP_WRS, SOLO_TURNS};
+use vrnic_proto::{
+    CHUNK, CHUNK_ALONE, MemoryRefused, Newcomers, NoSiblings, QP_WRS, SOLO_TURNS, STEP,
+};
 
 /// Counts what one `process` call moves.
 struct Counting<'a> {
@@ -1308,6 +1310,27 @@ impl Tenants {
         let t = self.e.turn(self.now, &mut self.mem)?;
         Some((t.vnic, t.bytes))
     }
+
+    /// The same, asking `news` between steps as the daemon does.
+    fn turn_asking(&mut self, news: &mut dyn Newcomers) -> Option<(VnicId, u64)> {
+        let t = self
+            .e
+            .turn_with(self.now, &mut self.mem, &mut NoSiblings, news)?;
+        Some((t.vnic, t.bytes))
+    }
+}
+
+/// A driver's answers to "has a light tenant new work?", in order (then no), counted.
+struct Answers {
+    yes_at: Option<usize>,
+    asked: usize,
+}
+
+impl Newcomers for Answers {
+    fn arrived(&mut self) -> bool {
+        self.asked += 1;
+        self.yes_at == Some(self.asked)
+    }
 }
 
 #[test]
@@ -1354,6 +1377,57 @@ fn a_vrnic_whose_work_arrives_goes_next_and_the_flood_steps_stay_short_while_it_
         t.turn();
     }
     assert_eq!(t.turn(), Some((flood, CHUNK_ALONE)));
+}
+
+#[test]
+fn a_light_tenants_new_work_cuts_a_busy_turn_after_the_step_under_way() {
+    let mut t = Tenants::new(2);
+    let (flood, pair) = (t.vnic(0), t.vnic(1));
+    for _ in 0..8 {
+        t.write(0, BUF as u32);
+    }
+    for _ in 0..=SOLO_TURNS {
+        t.turn();
+    }
+    // Alone: one long step, nothing asked (no light tenant).
+    let mut quiet = Answers {
+        yes_at: Some(1),
+        asked: 0,
+    };
+    assert_eq!(t.turn_asking(&mut quiet), Some((flood, CHUNK_ALONE)));
+    assert_eq!(quiet.asked, 0);
+    assert!(!t.e.is_light(pair) && !t.e.is_light(flood));
+    t.write(1, 64);
+    assert_eq!(t.turn(), Some((pair, 64)));
+    assert!(t.e.is_light(pair) && !t.e.is_light(flood));
+    // Beside a light tenant: steps of STEP, asked after each; a turn with no news moves CHUNK.
+    let mut none = Answers {
+        yes_at: None,
+        asked: 0,
+    };
+    assert_eq!(t.turn_asking(&mut none), Some((flood, CHUNK)));
+    assert_eq!(none.asked as u64, CHUNK / STEP);
+    // News after the first step: the turn ends there, and the flood keeps its place in line.
+    let mut news = Answers {
+        yes_at: Some(1),
+        asked: 0,
+    };
+    assert_eq!(t.turn_asking(&mut news), Some((flood, STEP)));
+    assert_eq!(news.asked, 1);
+    t.write(1, 64);
+    assert_eq!(t.turn(), Some((pair, 64)), "the light tenant goes next");
+    assert_eq!(t.turn(), Some((flood, CHUNK)));
+    // Quiet for SOLO_TURNS turns: no longer light, long steps again, nothing asked.
+    for _ in 0..SOLO_TURNS {
+        t.turn();
+    }
+    assert!(!t.e.is_light(pair));
+    let mut quiet = Answers {
+        yes_at: Some(1),
+        asked: 0,
+    };
+    assert_eq!(t.turn_asking(&mut quiet), Some((flood, CHUNK_ALONE)));
+    assert_eq!(quiet.asked, 0);
 }
 
 #[test]

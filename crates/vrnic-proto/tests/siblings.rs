@@ -13,8 +13,8 @@ use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use vrnic_proto::{
-    CtxId, Engine, GroupId, HostId, Loc, Memory, MemoryRefused, MrKeys, PdId, QpId, Siblings,
-    VnicId,
+    CtxId, Engine, GroupId, HostId, Loc, Memory, MemoryRefused, MrKeys, NoNewcomers, PdId, QpId,
+    Siblings, VnicId,
 };
 use vrnic_wire::{
     AhAttr, Cqe, QpAttr, QpCap, QpState, QpType, RecvWqe, SendFlags, SendOpcode, SendPayload,
@@ -297,7 +297,7 @@ impl Pair {
                     busy: &self.busy,
                     calls: &self.calls,
                 };
-                while let Some(t) = me.turn_with(self.now, &mut own, &mut sib) {
+                while let Some(t) = me.turn_with(self.now, &mut own, &mut sib, &mut NoNewcomers) {
                     moved |= t.did;
                 }
                 assert!(
@@ -490,7 +490,10 @@ fn a_busy_sibling_only_delays_in_order_and_nothing_twice() {
             busy: &p.busy,
             calls: &p.calls,
         };
-        while e0.turn_with(now, &mut own, &mut sib).is_some() {}
+        while e0
+            .turn_with(now, &mut own, &mut sib, &mut NoNewcomers)
+            .is_some()
+        {}
         assert!(
             e0.has_deferred(),
             "a QP whose sibling is busy waits, deferred"

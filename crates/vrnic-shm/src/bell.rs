@@ -53,6 +53,14 @@ pub fn ring(region: &Region, index: u32) {
     }
 }
 
+/// Whether a doorbell of the region is rung and not yet taken ([`drain`]): one load, for an
+/// engine that looks between the steps of a turn whether a light tenant has posted.
+pub fn pending(region: &Region) -> bool {
+    region
+        .atomic_u32(hdr::BELL_ANY)
+        .is_ok_and(|a| a.load(Ordering::Relaxed) != 0)
+}
+
 /// Takes every rung doorbell of the region, calling `f` with each index (any order). The
 /// work is bounded by the bitmap's size however the tenant set it.
 pub fn drain(region: &Region, mut f: impl FnMut(u32)) {

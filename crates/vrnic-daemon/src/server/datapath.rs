@@ -9,7 +9,7 @@ use super::shard::{Bell, Lane, QpSlot, Shard};
 use super::siblings::SiblingShards;
 
 use std::sync::atomic::AtomicU64;
-use vrnic_proto::{HostId, MemoryRefused, PASS_BYTES, PASS_WRS, Sender};
+use vrnic_proto::{HostId, MemoryRefused, NoSiblings, PASS_BYTES, PASS_WRS, Sender};
 use vrnic_wire::frame::FrameRepr;
 
 /// The engine's view of region memory: every vRNIC's region of its shard, by id, and, while
@@ -308,12 +308,21 @@ impl Shard {
             .div_duration_f64(TURN_NOMINAL)
             .ceil()
             .max(1.0) as u32;
+        self.list_light();
         let (mut wrs, mut bytes, mut since) = (0usize, 0u64, 0u32);
         while wrs < PASS_WRS && bytes < PASS_BYTES {
             let mem = &mut Mem::new(&self.lanes);
+            let mut peek = Peek {
+                lanes: &self.lanes,
+                qps: &self.qps,
+                light_lanes: &self.light_lanes,
+                light_qps: &self.light_qps,
+            };
             let turn = match sibs.as_deref_mut() {
-                Some(s) => self.engine.turn_with(now, mem, &mut s.reach(&self.lanes)),
-                None => self.engine.turn(now, mem),
+                Some(s) => self
+                    .engine
+                    .turn_with(now, mem, &mut s.reach(&self.lanes), &mut peek),
+                None => self.engine.turn_with(now, mem, &mut NoSiblings, &mut peek),
             };
             let Some(t) = turn else {
                 break;
@@ -339,6 +348,29 @@ impl Shard {
         }
         self.wrs += wrs as u64;
         work | self.publish()
+    }
+
+    /// Lists the light tenants' home lanes and watched QPs for [`Peek`], if a light tenant
+    /// competes (else none: turns are long and nothing is asked between their steps).
+    fn list_light(&mut self) {
+        self.light_lanes.clear();
+        self.light_qps.clear();
+        if !self.engine.light_tenant_competes() {
+            return;
+        }
+        let engine = &self.engine;
+        self.light_lanes.extend(
+            self.lanes
+                .iter()
+                .filter(|(id, v)| v.inbox.is_none() && engine.is_light(**id))
+                .map(|(id, _)| *id),
+        );
+        let qps = &self.qps;
+        self.light_qps
+            .extend(self.watched.iter().copied().filter(|qp| {
+                qps.get(qp)
+                    .is_some_and(|s| !s.broken && engine.is_light(s.vnic))
+            }));
     }
 
     /// New work requests into the engine, at most [`RING_BATCH`] per ring: from the queues
@@ -757,5 +789,38 @@ impl Shard {
                 out.wakes.push(slot.ctx);
             }
         });
+    }
+}
+
+/// What the engine asks between the steps of a turn while a light tenant competes
+/// ([`vrnic_proto::Newcomers`]): whether a light tenant has posted work not yet taken. A few
+/// loads: each light lane's doorbell word (rung by QPs not watched) and the send queue's
+/// producer index of each of the light tenants' watched QPs, against what was taken (a posted
+/// receive needs no turn: the look after the turn takes it, and a request that would consume
+/// it takes the ring's receives first). The work itself is taken by
+/// the look that follows the turn ([`Look::Newcomers`]).
+pub(super) struct Peek<'a> {
+    lanes: &'a FxHashMap<VnicId, Lane>,
+    qps: &'a FxHashMap<QpId, QpSlot>,
+    light_lanes: &'a [VnicId],
+    light_qps: &'a [QpId],
+}
+
+impl vrnic_proto::Newcomers for Peek<'_> {
+    fn arrived(&mut self) -> bool {
+        let rung = self
+            .light_lanes
+            .iter()
+            .filter_map(|id| self.lanes.get(id))
+            .any(|v| vrnic_shm::bell::pending(&v.region));
+        rung || self.light_qps.iter().any(|qp| {
+            let Some(s) = self.qps.get(qp) else {
+                return false;
+            };
+            let Some(v) = self.lanes.get(&s.vnic) else {
+                return false;
+            };
+            s.sq.prod(&v.region).load(Ordering::Acquire) != s.sq_fetched
+        })
     }
 }

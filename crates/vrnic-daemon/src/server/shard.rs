@@ -310,6 +310,11 @@ pub(super) struct Shard {
     /// QPs whose rings the engine looks at every pass without a doorbell (recently busy
     /// ones; at most [`super::datapath::WATCH_MAX`]).
     pub(super) watched: Vec<QpId>,
+    /// The light tenants' home lanes and watched QPs ([`vrnic_proto::Engine::is_light`]),
+    /// listed at the start of a pass: what the engine has looked at between the steps of
+    /// others' turns ([`super::datapath::Peek`]).
+    pub(super) light_lanes: Vec<VnicId>,
+    pub(super) light_qps: Vec<QpId>,
     /// Its regions' engine-sleeping words are set.
     pub(super) sleeping: bool,
     pub(super) out: Outbox,
@@ -329,6 +334,8 @@ impl Shard {
             dirty: Vec::new(),
             carry: Vec::new(),
             watched: Vec::new(),
+            light_lanes: Vec::new(),
+            light_qps: Vec::new(),
             sleeping: false,
             out: Outbox::default(),
             wrs: 0,

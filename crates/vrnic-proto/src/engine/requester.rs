@@ -356,7 +356,12 @@ impl Engine {
             // Its 8 bytes go whole, in one segment.
             len
         } else {
-            len.saturating_sub(done).min(self.sched.turn_bytes)
+            // A step over a peer link costs the engine no copy: only local ones are short.
+            let step = match route {
+                Route::Remote(_) => self.sched.turn_bytes,
+                _ => self.sched.step_bytes,
+            };
+            len.saturating_sub(done).min(step)
         };
         let op = match wqe.opcode {
             SendOpcode::Send | SendOpcode::SendWithImm => Op::Send,

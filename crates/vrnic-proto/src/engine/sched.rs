@@ -219,17 +219,20 @@ impl Engine {
     /// ([`Engine::handle_timeout`] does; it also gives vRNICs whose debt is paid their turn
     /// back).
     pub fn turn(&mut self, now: Instant, mem: &mut dyn Memory) -> Option<Turn> {
-        self.turn_with(now, mem, &mut NoSiblings)
+        self.turn_with(now, mem, &mut NoSiblings, &mut NoNewcomers)
     }
 
-    /// [`Engine::turn`] on a daemon with engine threads: a work request whose destination is
-    /// on a sibling engine is executed here, through `sib`, with that engine held; one whose
-    /// sibling is busy waits for the next pass.
+    /// [`Engine::turn`] as a daemon runs it: a work request whose destination is on a sibling
+    /// engine (another engine thread) is executed here, through `sib`, with that engine held
+    /// (one whose sibling is busy waits for the next pass); and while a light tenant competes,
+    /// `news` is asked after each step of at most [`STEP`] bytes whether a light tenant has
+    /// new work, which ends the turn.
     pub fn turn_with(
         &mut self,
         now: Instant,
         mem: &mut dyn Memory,
         sib: &mut dyn Siblings,
+        news: &mut dyn Newcomers,
     ) -> Option<Turn> {
         let vid = self.sched.runq.pop_front()?;
         // Cloned only when it limits: an unlimited vRNIC's turn costs one relaxed load.
@@ -252,11 +255,13 @@ impl Engine {
         }
         self.sched.turns += 1;
         let others_wait = !self.sched.runq.is_empty();
-        self.sched.turn_bytes = if self.light_tenant_competes() {
-            CHUNK
+        let competes = self.light_tenant_competes();
+        (self.sched.turn_bytes, self.sched.step_bytes) = if competes {
+            (CHUNK, STEP)
         } else {
-            CHUNK_ALONE
+            (CHUNK_ALONE, CHUNK_ALONE)
         };
+        let mut cut = false;
         let turns = self.objs.vnics.get(&vid).map_or(0, |v| v.ready.len());
         let mut t = Turn {
             vnic: vid,
@@ -265,7 +270,7 @@ impl Engine {
             bytes: 0,
         };
         for _ in 0..turns {
-            if t.wrs >= VNIC_WRS || t.bytes >= self.sched.turn_bytes {
+            if cut || t.wrs >= VNIC_WRS || t.bytes >= self.sched.turn_bytes {
                 break;
             }
             let Some(qp) = self
@@ -308,6 +313,11 @@ impl Engine {
                 wrs += retired;
                 t.wrs += retired;
                 t.bytes = t.bytes.saturating_add(n);
+                // A light tenant with new work goes next: after this step, not the turn.
+                if competes && news.arrived() {
+                    cut = true;
+                    break;
+                }
             }
             if busy {
                 self.defer(qp);
@@ -333,6 +343,7 @@ impl Engine {
             } else if others_wait {
                 // A light tenant (its work done in one turn) beside busy ones: theirs stay short.
                 self.sched.light_at = self.sched.turns;
+                self.note_light(vid);
             }
         }
         Some(t)
@@ -344,6 +355,28 @@ impl Engine {
     #[must_use]
     pub fn light_tenant_competes(&self) -> bool {
         self.sched.turns - self.sched.light_at <= SOLO_TURNS
+    }
+
+    /// Notes `vid` as a light tenant as of this turn, and forgets those that have not been
+    /// for [`SOLO_TURNS`] turns (so the list holds at most that many).
+    fn note_light(&mut self, vid: VnicId) {
+        let now = self.sched.turns;
+        self.sched
+            .light
+            .retain(|&(v, at)| v != vid && now - at <= SOLO_TURNS);
+        self.sched.light.push((vid, now));
+    }
+
+    /// Whether `vnic` is a light tenant: in the last [`SOLO_TURNS`] turns it had one that did
+    /// all its work while others waited. A driver's [`Newcomers`] looks at these vRNICs' rings
+    /// between the steps of others' turns.
+    #[must_use]
+    pub fn is_light(&self, vnic: VnicId) -> bool {
+        let now = self.sched.turns;
+        self.sched
+            .light
+            .iter()
+            .any(|&(v, at)| v == vnic && now - at <= SOLO_TURNS)
     }
 
     /// Whether `vnic` has work waiting for a turn (it is in the run queue, or waits for its QoS
