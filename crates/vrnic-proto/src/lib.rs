@@ -164,8 +164,8 @@ mod engine;
 mod state;
 
 pub use engine::{
-    BURST, CHUNK, CHUNK_ALONE, CLASSES, Engine, Flow, GRH_LEN, Limit, MAX_AH, MAX_CQ, MAX_CQE,
-    MAX_MR, MAX_MW, MAX_PD, MAX_QP, MAX_QP_WR, MAX_REFUSALS, MAX_SRQ, MAX_XRCD, MW_TYPE_1,
+    BURST, CHUNK, CHUNK_ALONE, CLASSES, Engine, Flow, GRH_LEN, LIGHT_MAX, Limit, MAX_AH, MAX_CQ,
+    MAX_CQE, MAX_MR, MAX_MW, MAX_PD, MAX_QP, MAX_QP_WR, MAX_REFUSALS, MAX_SRQ, MAX_XRCD, MW_TYPE_1,
     MW_TYPE_2, Meter, PAGE, PASS_BYTES, PASS_WRS, Placement, Policy, QP_WRS, Refusal, Refused,
     SEGMENT, SOLO_TURNS, STEP, Sender, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
     WINDOW_FULL,

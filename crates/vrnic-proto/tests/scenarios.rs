@@ -1100,7 +1100,7 @@ fn uc_write_with_a_bad_rkey_is_dropped_silently() {
 // ---- bounded work, bad WQEs, limits -------------------------------------------------------
 
 use vrnic_proto::{
-    CHUNK, CHUNK_ALONE, MemoryRefused, Newcomers, NoSiblings, QP_WRS, SOLO_TURNS, STEP,
+    CHUNK, CHUNK_ALONE, LIGHT_MAX, MemoryRefused, Newcomers, NoSiblings, QP_WRS, SOLO_TURNS, STEP,
 };
 
 /// Counts what one `process` call moves.
@@ -1428,6 +1428,27 @@ fn a_light_tenants_new_work_cuts_a_busy_turn_after_the_step_under_way() {
     };
     assert_eq!(t.turn_asking(&mut quiet), Some((flood, CHUNK_ALONE)));
     assert_eq!(quiet.asked, 0);
+}
+
+#[test]
+fn the_engine_remembers_the_latest_light_tenants_only() {
+    let n = LIGHT_MAX + 2;
+    let mut t = Tenants::new(n as u32 + 1);
+    for _ in 0..8 {
+        t.write(0, BUF as u32);
+    }
+    t.turn();
+    for pair in 1..=n {
+        t.write(pair, 64);
+        assert_eq!(t.turn(), Some((t.vnic(pair), 64)), "pair {pair} goes next");
+        t.turn();
+    }
+    let mut light: Vec<VnicId> = t.e.light_vnics().collect();
+    light.sort();
+    let latest: Vec<VnicId> = (n + 1 - LIGHT_MAX..=n).map(|p| t.vnic(p)).collect();
+    assert_eq!(light, latest);
+    assert!(!t.e.is_light(t.vnic(1)) && !t.e.is_light(t.vnic(2)));
+    assert!(latest.iter().all(|&v| t.e.is_light(v)));
 }
 
 #[test]

@@ -358,18 +358,20 @@ impl Shard {
         if !self.engine.light_tenant_competes() {
             return;
         }
-        let engine = &self.engine;
+        let lanes = &self.lanes;
         self.light_lanes.extend(
-            self.lanes
-                .iter()
-                .filter(|(id, v)| v.inbox.is_none() && engine.is_light(**id))
-                .map(|(id, _)| *id),
+            self.engine
+                .light_vnics()
+                .filter(|id| lanes.get(id).is_some_and(|v| v.inbox.is_none())),
         );
-        let qps = &self.qps;
+        if self.light_lanes.is_empty() {
+            return;
+        }
+        let (qps, light) = (&self.qps, &self.light_lanes);
         self.light_qps
             .extend(self.watched.iter().copied().filter(|qp| {
                 qps.get(qp)
-                    .is_some_and(|s| !s.broken && engine.is_light(s.vnic))
+                    .is_some_and(|s| !s.broken && light.contains(&s.vnic))
             }));
     }
 

@@ -113,6 +113,11 @@ pub const SOLO_TURNS: u64 = 64;
 /// a peer link are not shortened: a frame's payload is read by the kernel, not copied by the
 /// engine.
 pub const STEP: u64 = 32 << 10;
+/// The most light tenants an engine remembers, the latest ([`Engine::is_light`]): between the
+/// steps of a busy turn the driver looks at these alone, so the question stays a few loads
+/// however many tenants are light. An older one waits for the turn under way, as every tenant
+/// did before turns were cut.
+pub const LIGHT_MAX: usize = 8;
 /// Page size of the region page lists.
 pub const PAGE: u64 = 4096;
 
@@ -534,7 +539,8 @@ struct Scheduler {
     turns: u64,
     light_at: u64,
     /// The light tenants: each vRNIC whose turn did all its work while others waited, with
-    /// that turn's number; those older than [`SOLO_TURNS`] turns are dropped as others come.
+    /// that turn's number, oldest first; those older than [`SOLO_TURNS`] turns are dropped as
+    /// others come, and past [`LIGHT_MAX`] the oldest.
     light: Vec<(VnicId, u64)>,
     /// Timers of waiting QPs (RNR and retry), earliest first; an entry whose QP no longer
     /// waits until then is stale and skipped.

@@ -361,14 +361,27 @@ impl Engine {
     /// for [`SOLO_TURNS`] turns (so the list holds at most that many).
     fn note_light(&mut self, vid: VnicId) {
         let now = self.sched.turns;
+        let light = &mut self.sched.light;
+        light.retain(|&(v, at)| v != vid && now - at <= SOLO_TURNS);
+        // Oldest first (noted in turn order): past the bound, the oldest is forgotten.
+        if light.len() >= LIGHT_MAX {
+            light.remove(0);
+        }
+        light.push((vid, now));
+    }
+
+    /// The light tenants ([`Engine::is_light`]), at most [`LIGHT_MAX`], the latest.
+    pub fn light_vnics(&self) -> impl Iterator<Item = VnicId> + '_ {
+        let now = self.sched.turns;
         self.sched
             .light
-            .retain(|&(v, at)| v != vid && now - at <= SOLO_TURNS);
-        self.sched.light.push((vid, now));
+            .iter()
+            .filter(move |&&(_, at)| now - at <= SOLO_TURNS)
+            .map(|&(v, _)| v)
     }
 
     /// Whether `vnic` is a light tenant: in the last [`SOLO_TURNS`] turns it had one that did
-    /// all its work while others waited. A driver's [`Newcomers`] looks at these vRNICs' rings
+    /// all its work while others waited (and it is among the [`LIGHT_MAX`] latest such). A driver's [`Newcomers`] looks at these vRNICs' rings
     /// between the steps of others' turns.
     #[must_use]
     pub fn is_light(&self, vnic: VnicId) -> bool {
