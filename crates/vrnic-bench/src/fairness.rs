@@ -83,24 +83,18 @@ pub fn measure(ctx: &Ctx, d: &Daemon, idle_qps: u32, pairs: u32, report: &mut Re
 
 /// A rate of the flood into `report` (shown), or its error.
 fn rate(report: &mut Report, name: &str, r: Result<f64>) {
-    match r {
-        Ok(mbs) => {
-            report
-                .sample("fairness", name, None, "MB/s", Better::Higher, mbs)
-                .shown = true;
-        }
-        Err(e) => report.error(&format!("fairness: {name}"), e),
-    }
+    shown(report, name, ("MB/s", Better::Higher), r);
 }
 
 /// A round trip into `report` (shown), or its error.
 fn sample(report: &mut Report, name: &str, r: Result<f64>) {
+    shown(report, name, ("us", Better::Lower), r);
+}
+
+/// A figure of the section into `report`, in `unit`, shown in the table; or its error.
+fn shown(report: &mut Report, name: &str, (unit, better): (&'static str, Better), r: Result<f64>) {
     match r {
-        Ok(us) => {
-            report
-                .sample("fairness", name, None, "us", Better::Lower, us)
-                .shown = true;
-        }
+        Ok(v) => report.sample("fairness", name, None, unit, better, v).shown = true,
         Err(e) => report.error(&format!("fairness: {name}"), e),
     }
 }

@@ -1305,6 +1305,18 @@ impl Tenants {
         self.e.handle_send_wqe(self.now, a.qp, Ok(w));
     }
 
+    /// Pair 0 floods (8 writes of the whole buffer) until it has had the engine to itself for
+    /// [`SOLO_TURNS`] turns; its vRNIC and pair 1's.
+    fn flooding_alone(&mut self) -> (VnicId, VnicId) {
+        for _ in 0..8 {
+            self.write(0, BUF as u32);
+        }
+        for _ in 0..=SOLO_TURNS {
+            self.turn();
+        }
+        (self.vnic(0), self.vnic(1))
+    }
+
     /// The next turn: whose it was and the bytes it moved.
     fn turn(&mut self) -> Option<(VnicId, u64)> {
         let t = self.e.turn(self.now, &mut self.mem)?;
@@ -1350,13 +1362,7 @@ fn a_vrnic_alone_moves_short_steps_until_it_has_had_the_engine_to_itself() {
 #[test]
 fn a_vrnic_whose_work_arrives_goes_next_and_the_flood_steps_stay_short_while_it_is_active() {
     let mut t = Tenants::new(2);
-    let (flood, pair) = (t.vnic(0), t.vnic(1));
-    for _ in 0..8 {
-        t.write(0, BUF as u32);
-    }
-    for _ in 0..=SOLO_TURNS {
-        t.turn();
-    }
+    let (flood, pair) = t.flooding_alone();
     assert_eq!(t.turn(), Some((flood, CHUNK_ALONE)), "alone: long steps");
     // Each of the pair's small messages goes right after the turn under way, and from its first
     // one on the flood moves short steps: the pair's turns begin with the flood waiting, though
@@ -1382,13 +1388,7 @@ fn a_vrnic_whose_work_arrives_goes_next_and_the_flood_steps_stay_short_while_it_
 #[test]
 fn a_light_tenants_new_work_cuts_a_busy_turn_after_the_step_under_way() {
     let mut t = Tenants::new(2);
-    let (flood, pair) = (t.vnic(0), t.vnic(1));
-    for _ in 0..8 {
-        t.write(0, BUF as u32);
-    }
-    for _ in 0..=SOLO_TURNS {
-        t.turn();
-    }
+    let (flood, pair) = t.flooding_alone();
     // Alone: one long step, nothing asked (no light tenant).
     let mut quiet = Answers {
         yes_at: Some(1),

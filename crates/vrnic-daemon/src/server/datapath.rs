@@ -799,8 +799,8 @@ impl Shard {
 /// loads: each light lane's doorbell word (rung by QPs not watched) and the send queue's
 /// producer index of each of the light tenants' watched QPs, against what was taken (a posted
 /// receive needs no turn: the look after the turn takes it, and a request that would consume
-/// it takes the ring's receives first). The work itself is taken by
-/// the look that follows the turn ([`Look::Newcomers`]).
+/// it takes the ring's receives first). The work itself is taken by the look that follows the
+/// turn ([`Look::Newcomers`]).
 pub(super) struct Peek<'a> {
     lanes: &'a FxHashMap<VnicId, Lane>,
     qps: &'a FxHashMap<QpId, QpSlot>,

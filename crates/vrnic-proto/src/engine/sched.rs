@@ -358,7 +358,7 @@ impl Engine {
     }
 
     /// Notes `vid` as a light tenant as of this turn, and forgets those that have not been
-    /// for [`SOLO_TURNS`] turns (so the list holds at most that many).
+    /// for [`SOLO_TURNS`] turns, and past [`LIGHT_MAX`] the oldest.
     fn note_light(&mut self, vid: VnicId) {
         let now = self.sched.turns;
         let light = &mut self.sched.light;
@@ -381,8 +381,8 @@ impl Engine {
     }
 
     /// Whether `vnic` is a light tenant: in the last [`SOLO_TURNS`] turns it had one that did
-    /// all its work while others waited (and it is among the [`LIGHT_MAX`] latest such). A driver's [`Newcomers`] looks at these vRNICs' rings
-    /// between the steps of others' turns.
+    /// all its work while others waited (and it is among the [`LIGHT_MAX`] latest such). A
+    /// driver's [`Newcomers`] looks at these vRNICs' rings between the steps of others' turns.
     #[must_use]
     pub fn is_light(&self, vnic: VnicId) -> bool {
         let now = self.sched.turns;
