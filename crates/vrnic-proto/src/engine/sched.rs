@@ -385,11 +385,7 @@ impl Engine {
     /// driver's [`Newcomers`] looks at these vRNICs' rings between the steps of others' turns.
     #[must_use]
     pub fn is_light(&self, vnic: VnicId) -> bool {
-        let now = self.sched.turns;
-        self.sched
-            .light
-            .iter()
-            .any(|&(v, at)| v == vnic && now - at <= SOLO_TURNS)
+        self.light_vnics().any(|v| v == vnic)
     }
 
     /// Whether `vnic` has work waiting for a turn (it is in the run queue, or waits for its QoS
