@@ -265,15 +265,21 @@ impl Server {
 
     /// One engine pass run by the loop itself (one shard), frames to the peer links, then what
     /// it produced handed on to contexts. Returns whether anything happened.
+    /// One lock a pass, and the outbox handed on only when it holds something: an idle pass
+    /// is what a new request waits for.
     pub(super) fn engine_pass(&mut self, now: Instant) -> bool {
-        let cell = self.shard0();
-        let mut sh = cell.lock();
-        let worked = match &mut self.peers {
-            Some(p) => sh.engine_pass(now, &mut p.frames(now), None),
-            None => sh.engine_pass(now, &mut NoFrames, None),
+        let (worked, produced) = {
+            let mut sh = self.shards[0].lock_for_loop_pass();
+            let worked = match &mut self.peers {
+                Some(p) => sh.engine_pass(now, &mut p.frames(now), None),
+                None => sh.engine_pass(now, &mut NoFrames, None),
+            };
+            (worked, !sh.out.is_empty())
         };
-        drop(sh);
-        self.drain_outbox(&cell);
+        if produced {
+            let cell = self.shards[0].clone();
+            self.drain_outbox(&cell);
+        }
         worked
     }
 

@@ -425,6 +425,19 @@ impl ShardCell {
         g
     }
 
+    /// The shard, for a pass the loop thread runs itself (one shard, no engine thread): with
+    /// no engine thread there is nobody to let in first, so the waiting count that
+    /// [`ShardCell::lock`] keeps is left alone (two atomic operations on every idle pass).
+    pub(super) fn lock_for_loop_pass(&self) -> MutexGuard<'_, Shard> {
+        debug_assert!(
+            self.thread.get().is_none(),
+            "an engine thread runs this shard"
+        );
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The shard, for the engine thread's next pass: after any control call waiting.
     pub(super) fn lock_for_pass(&self) -> MutexGuard<'_, Shard> {
         while self.want.load(Ordering::SeqCst) != 0 {

@@ -111,6 +111,17 @@ impl Engine {
         let Some(Ok(w)) = q.sq.pop_front() else {
             return;
         };
+        self.retire(qp, &w, byte_len);
+    }
+
+    /// Retires `w`, the send WQE just taken off the head of `qp`'s queue, with a completion
+    /// if it is signaled ([`Engine::complete_head`] for one still at the head).
+    fn retire(&mut self, qp: QpId, w: &SendWqe, byte_len: u32) {
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
+            return;
+        };
+        q.wait = Wait::None;
+        q.progress = None;
         q.sq_retired = q.sq_retired.wrapping_add(1);
         touch(&mut self.sched.touched, qp, q);
         if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
@@ -203,22 +214,37 @@ impl Engine {
         } else {
             wqe.payload.len() as u32
         };
-        // The WQE goes back to the head: completing or failing takes it from there.
-        if let Some(q) = self.objs.qps.get_mut(&qp) {
-            q.sq.push_front(Ok(wqe));
-        }
         match outcome {
             Outcome::Complete(moved) => {
-                self.complete_head(qp, byte_len);
+                // Retired as it is, not put back to be taken off again.
+                self.retire(qp, &wqe, byte_len);
                 Step::Done(moved)
             }
             Outcome::Fail(status) => {
+                self.put_back(qp, wqe);
                 self.fail_qp(qp, Some(status.status()));
                 Step::Done(0)
             }
-            Outcome::Partial(n) => Step::Partial(n),
-            Outcome::Blocked => Step::Blocked,
-            Outcome::Busy => Step::Busy,
+            Outcome::Partial(n) => {
+                self.put_back(qp, wqe);
+                Step::Partial(n)
+            }
+            Outcome::Blocked => {
+                self.put_back(qp, wqe);
+                Step::Blocked
+            }
+            Outcome::Busy => {
+                self.put_back(qp, wqe);
+                Step::Busy
+            }
+        }
+    }
+
+    /// Puts a WQE taken for a step back at the head of `qp`'s queue: failing, or the next
+    /// step, takes it from there.
+    fn put_back(&mut self, qp: QpId, wqe: SendWqe) {
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
+            q.sq.push_front(Ok(wqe));
         }
     }
 
