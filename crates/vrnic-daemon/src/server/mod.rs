@@ -713,7 +713,9 @@ impl Server {
             } else {
                 let worked = self.engine_pass(now);
                 if self.flush_peers(now) || worked || self.peers_backlogged() {
-                    last_work = Instant::now();
+                    // The pass's own time (read before it): idleness is counted in
+                    // milliseconds, and a clock read is a good part of a short pass.
+                    last_work = now;
                     spin.worked();
                 } else {
                     spin.idle();

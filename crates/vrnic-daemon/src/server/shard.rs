@@ -27,7 +27,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::Thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use vrnic_proto::{CqId, CtxId, Engine, HostId, QpId, SrqId, VnicId};
@@ -321,6 +321,11 @@ pub(super) struct Shard {
     /// Work requests its passes executed (its own QPs', each to its end, wherever the
     /// responder is): the activity new vRNICs are placed by (`engines.rs`).
     pub(super) wrs: u64,
+    /// What the last timed look at the rings cost, and the passes with turns since it was
+    /// timed (`datapath.rs`: looks are timed every [`super::datapath::LOOK_RETIME`] such
+    /// passes, not on each: a clock read is a good part of a short pass).
+    pub(super) look_cost: Duration,
+    pub(super) look_age: u32,
 }
 
 impl Shard {
@@ -339,6 +344,8 @@ impl Shard {
             sleeping: false,
             out: Outbox::default(),
             wrs: 0,
+            look_cost: Duration::ZERO,
+            look_age: 0,
         }
     }
 
