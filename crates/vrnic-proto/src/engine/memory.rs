@@ -93,23 +93,28 @@ impl Engine {
         n: u64,
         out: &mut Vec<(Loc, u64)>,
     ) -> bool {
+        let mem_gen = self.mem_gen;
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return false;
         };
+        let t = &mut q.tr.tx_mem;
+        if (done > 0 || t.fresh) && t.covers(mem_gen, done, done.saturating_add(n)) {
+            // What the check or an earlier chunk translated: one lookup of the QP, no more.
+            t.fresh = false;
+            t.slice(done, n, out);
+            return true;
+        }
         let vnic = q.vnic;
         let mut t = std::mem::take(&mut q.tr.tx_mem);
-        let reuse = (done > 0 || t.fresh) && t.covers(self.mem_gen, done, done.saturating_add(n));
         t.fresh = false;
-        if !reuse {
-            t.runs.clear();
-            t.generation = 0;
-            let upto = len.min(done.saturating_add(TRANSLATE_AHEAD.max(n)));
-            if self
-                .sge_runs(vnic, sges, done, upto - done, &mut t.runs)
-                .is_some()
-            {
-                (t.generation, t.start, t.end) = (self.mem_gen, done, upto);
-            }
+        t.runs.clear();
+        t.generation = 0;
+        let upto = len.min(done.saturating_add(TRANSLATE_AHEAD.max(n)));
+        if self
+            .sge_runs(vnic, sges, done, upto - done, &mut t.runs)
+            .is_some()
+        {
+            (t.generation, t.start, t.end) = (self.mem_gen, done, upto);
         }
         let ok = t.generation != 0;
         if ok {
@@ -142,25 +147,30 @@ impl Engine {
         let (Some(end), Some(msg_end)) = (va.checked_add(take), va.checked_add(len)) else {
             return false;
         };
+        let mem_gen = self.mem_gen;
         let Some(q) = self.objs.qps.get_mut(&peer) else {
             return false;
         };
-        let mut t = std::mem::take(&mut q.tr.rx_mem);
         let must_cover = if first { msg_end } else { end };
-        if !(t.rkey == rkey && t.need == need && t.covers(self.mem_gen, va, must_cover)) {
-            t.runs.clear();
-            t.generation = 0;
-            // The message (up to TRANSLATE_AHEAD of it), and for a short one what its check
-            // grants beyond it, up to REMOTE_AHEAD: the next messages of a requester that
-            // walks a buffer (perftest cycles through one) then need no check or translation.
-            let ahead = len.min(TRANSLATE_AHEAD.max(take));
-            if let Some((m, limit)) = self.remote_access(peer, va, len, rkey, need)
-                && let ahead = ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD))
-                && translate(m, va, ahead, &mut t.runs).is_some()
-            {
-                (t.generation, t.rkey, t.need) = (self.mem_gen, rkey, need);
-                (t.start, t.end) = (va, va + ahead);
-            }
+        let t = &q.tr.rx_mem;
+        if t.rkey == rkey && t.need == need && t.covers(mem_gen, va, must_cover) {
+            // Checked and translated for an earlier segment or message: one lookup, no more.
+            t.slice(va, take, out);
+            return true;
+        }
+        let mut t = std::mem::take(&mut q.tr.rx_mem);
+        t.runs.clear();
+        t.generation = 0;
+        // The message (up to TRANSLATE_AHEAD of it), and for a short one what its check
+        // grants beyond it, up to REMOTE_AHEAD: the next messages of a requester that
+        // walks a buffer (perftest cycles through one) then need no check or translation.
+        let ahead = len.min(TRANSLATE_AHEAD.max(take));
+        if let Some((m, limit)) = self.remote_access(peer, va, len, rkey, need)
+            && let ahead = ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD))
+            && translate(m, va, ahead, &mut t.runs).is_some()
+        {
+            (t.generation, t.rkey, t.need) = (self.mem_gen, rkey, need);
+            (t.start, t.end) = (va, va + ahead);
         }
         let ok = t.generation != 0;
         if ok {
@@ -184,42 +194,43 @@ impl Engine {
         write: bool,
         len: u64,
     ) -> bool {
+        let mem_gen = self.mem_gen;
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return false;
         };
-        let mut t = std::mem::take(&mut q.tr.tx_mem);
-        t.runs.clear();
-        (t.generation, t.fresh) = (0, false);
         let upto = len.min(TRANSLATE_AHEAD);
         let need = u32::from(write);
-        let ok = match sges {
+        let tr = &mut q.tr;
+        if let [s] = sges
+            && tr.tx_ahead.rkey == s.lkey
+            && tr.tx_ahead.need >= need
+            && s.addr
+                .checked_add(u64::from(s.length))
+                .is_some_and(|end| tr.tx_ahead.covers(mem_gen, s.addr, end))
+        {
             // One SGE inside what the last one's check granted (same key, same rights, no
-            // memory change since): no lookup, no translation.
-            [s] if q.tr.tx_ahead.rkey == s.lkey
-                && q.tr.tx_ahead.need >= need
-                && s.addr
-                    .checked_add(u64::from(s.length))
-                    .is_some_and(|end| q.tr.tx_ahead.covers(self.mem_gen, s.addr, end)) =>
-            {
-                q.tr.tx_ahead.slice(s.addr, upto, &mut t.runs);
-                true
-            }
-            _ => {
-                let mut ahead = std::mem::take(&mut q.tr.tx_ahead);
-                let ok = self.check_sges_translating(vnic, pd, sges, write, upto, &mut t.runs);
-                ahead.generation = 0;
-                if ok
-                    && let [s] = sges
-                    && u64::from(s.length) < REMOTE_AHEAD
-                {
-                    self.local_ahead(vnic, s, need, &mut ahead);
-                }
-                if let Some(q) = self.objs.qps.get_mut(&qp) {
-                    q.tr.tx_ahead = ahead;
-                }
-                ok
-            }
-        };
+            // memory change since): no MR lookup, no translation, one lookup of the QP.
+            let t = &mut tr.tx_mem;
+            t.runs.clear();
+            tr.tx_ahead.slice(s.addr, upto, &mut t.runs);
+            (t.generation, t.start, t.end, t.fresh) = (mem_gen, 0, upto, true);
+            return true;
+        }
+        let mut t = std::mem::take(&mut tr.tx_mem);
+        t.runs.clear();
+        (t.generation, t.fresh) = (0, false);
+        let mut ahead = std::mem::take(&mut tr.tx_ahead);
+        let ok = self.check_sges_translating(vnic, pd, sges, write, upto, &mut t.runs);
+        ahead.generation = 0;
+        if ok
+            && let [s] = sges
+            && u64::from(s.length) < REMOTE_AHEAD
+        {
+            self.local_ahead(vnic, s, need, &mut ahead);
+        }
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
+            q.tr.tx_ahead = ahead;
+        }
         if ok {
             (t.generation, t.start, t.end, t.fresh) = (self.mem_gen, 0, upto, true);
         }
