@@ -6,6 +6,38 @@
 use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_next};
 use super::*;
 
+/// What a step needs of its QP, read under the lookup that takes the head WQE (the checks
+/// and the segment's making change none of it).
+#[derive(Clone, Copy)]
+struct Head {
+    vnic: VnicId,
+    pd: PdId,
+    ty: QpType,
+    route: Route,
+    addr: AddrRepr,
+    qpn: u32,
+    dst_qpn: u32,
+    psn: u32,
+    /// Bytes of the head WQE already moved.
+    done: u64,
+}
+
+impl Head {
+    fn of(q: &Qp) -> Head {
+        Head {
+            vnic: q.vnic,
+            pd: q.pd,
+            ty: q.ty,
+            route: q.route,
+            addr: q.addr,
+            qpn: q.qpn,
+            dst_qpn: q.attr.dest_qp_num,
+            psn: q.attr.sq_psn,
+            done: q.progress.map_or(0, |p| p.done),
+        }
+    }
+}
+
 /// What to do with the head WQE after a step.
 ///
 /// Every payload is 64 bits wide, so that an outcome is a (tag, word) pair returned in two
@@ -208,7 +240,8 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let outcome = self.step_wqe(now, qp, &wqe, mem, sib);
+        let at = Head::of(q);
+        let outcome = self.step_wqe(now, qp, at, &wqe, mem, sib);
         let byte_len = if wqe.opcode.is_local() {
             0
         } else {
@@ -253,16 +286,13 @@ impl Engine {
         &mut self,
         now: Instant,
         qp: QpId,
+        at: Head,
         wqe: &SendWqe,
         mem: &mut dyn Memory,
         sib: &mut dyn Siblings,
     ) -> Outcome {
-        let Some(q) = self.objs.qps.get(&qp) else {
-            return Outcome::Blocked;
-        };
-        let (ty, route) = (q.ty, q.route);
-        let done = q.progress.map_or(0, |p| p.done);
-        if let Some(status) = self.refused_locally(qp, wqe, Some(done)) {
+        let (ty, route) = (at.ty, at.route);
+        if let Some(status) = self.refused_for(qp, (at.vnic, at.pd, ty), wqe, Some(at.done)) {
             return Outcome::fail(status);
         }
         if ty == QpType::Ud {
@@ -280,7 +310,7 @@ impl Engine {
         {
             return Outcome::fail(WcStatus::LocQpOpErr);
         }
-        self.step_connected(now, qp, wqe, mem, sib)
+        self.step_connected(now, qp, at, wqe, mem, sib)
     }
 
     /// The requester's checks of send WQE `wqe` of `qp` that hold whatever its route (one
@@ -297,7 +327,18 @@ impl Engine {
         head: Option<u64>,
     ) -> Option<WcStatus> {
         let q = self.objs.qps.get(&qp)?;
-        let (vnic, pd, ty) = (q.vnic, q.pd, q.ty);
+        let facts = (q.vnic, q.pd, q.ty);
+        self.refused_for(qp, facts, wqe, head)
+    }
+
+    /// [`Engine::refused_locally`], the QP's vRNIC, PD and type known.
+    fn refused_for(
+        &mut self,
+        qp: QpId,
+        (vnic, pd, ty): (VnicId, PdId, QpType),
+        wqe: &SendWqe,
+        head: Option<u64>,
+    ) -> Option<WcStatus> {
         let len = wqe.payload.len();
         let needs_write = wqe.opcode.reads_back();
         if len > u64::from(MAX_MSG_SIZE) {
@@ -360,18 +401,23 @@ impl Engine {
         &mut self,
         now: Instant,
         qp: QpId,
+        at: Head,
         wqe: &SendWqe,
         mem: &mut dyn Memory,
         sib: &mut dyn Siblings,
     ) -> Outcome {
-        let Some(q) = self.objs.qps.get(&qp) else {
-            return Outcome::Blocked;
-        };
-        let (vnic, uc, xrc, route) = (q.vnic, q.ty == QpType::Uc, q.ty == QpType::XrcSend, q.route);
-        let addr = q.addr;
-        let (qpn, dst_qpn, psn) = (q.qpn, q.attr.dest_qp_num, q.attr.sq_psn);
+        let Head {
+            vnic,
+            route,
+            addr,
+            qpn,
+            dst_qpn,
+            psn,
+            done,
+            ..
+        } = at;
+        let (uc, xrc) = (at.ty == QpType::Uc, at.ty == QpType::XrcSend);
         let len = wqe.payload.len();
-        let done = q.progress.map_or(0, |p| p.done);
         let atomic = matches!(
             wqe.opcode,
             SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
@@ -465,12 +511,12 @@ impl Engine {
                     addr,
                     &mut req,
                     &mut back,
-                    |e, answer, back, m| e.answered(now, qp, wqe, answer, done, n, back, m),
+                    |e, answer, back, m| e.answered(now, qp, at, wqe, answer, n, back, m),
                 )
                 .unwrap_or(Outcome::Busy),
             None => {
                 let answer = self.deliver(route, &req, mem, &mut back);
-                self.answered(now, qp, wqe, answer, done, n, &back, mem)
+                self.answered(now, qp, at, wqe, answer, n, &back, mem)
             }
         };
         self.scratch.scratch_src = src;
@@ -478,24 +524,21 @@ impl Engine {
         outcome
     }
 
-    /// Acts on the answer to a segment of `wqe` that moved bytes `[done, done + n)`.
+    /// Acts on the answer to a segment of `wqe` that moved bytes `[at.done, at.done + n)`.
     #[allow(clippy::too_many_arguments)]
     fn answered(
         &mut self,
         now: Instant,
         qp: QpId,
+        at: Head,
         wqe: &SendWqe,
         answer: Option<Response>,
-        done: u64,
         n: u64,
         back: &[(Loc, u64)],
         mem: &mut dyn Memory,
     ) -> Outcome {
         let len = wqe.payload.len();
-        let Some(q) = self.objs.qps.get(&qp) else {
-            return Outcome::Blocked;
-        };
-        let (vnic, uc, dst_qpn) = (q.vnic, q.ty == QpType::Uc, q.attr.dest_qp_num);
+        let (vnic, uc, dst_qpn, done) = (at.vnic, at.ty == QpType::Uc, at.dst_qpn, at.done);
         let accepted = |e: &mut Engine| {
             if let Some(q) = e.objs.qps.get_mut(&qp) {
                 q.attr.sq_psn = psn_next(q.attr.sq_psn);
@@ -556,7 +599,7 @@ impl Engine {
                 // A receive posted to the responder's queue wakes the QP early where that
                 // queue is this engine's; a sibling's is not watched here, only the timer
                 // wakes it.
-                let on = match q.route {
+                let on = match at.route {
                     Route::Local(_) => self.objs.by_qpn.get(&dst_qpn).map(|&peer| {
                         match self.objs.qps.get(&peer).and_then(|p| p.srq.or(p.xrc_srq)) {
                             Some(s) => RecvQueue::Srq(s),

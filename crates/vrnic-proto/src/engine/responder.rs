@@ -57,7 +57,9 @@ impl Engine {
         let uc = req.transport == QpType::Uc;
         match psn_cmp(req.psn, p.attr.rq_psn) {
             0 => {
-                if let Some(q) = self.objs.qps.get_mut(&peer) {
+                if p.resp.nak_sent
+                    && let Some(q) = self.objs.qps.get_mut(&peer)
+                {
                     q.resp.nak_sent = false;
                 }
             }
@@ -99,21 +101,24 @@ impl Engine {
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
             Op::AtomicWrite => self.perform_atomic_write(peer, req, mem),
         };
-        if let (Some(q), Response::RnrNak { .. }) = (self.objs.qps.get_mut(&peer), r) {
-            // What follows it in flight is out of sequence until it comes again.
-            q.resp.nak_sent = true;
-        }
-        self.meter_request(peer, req, r);
-        if let Some(q) = self.objs.qps.get_mut(&peer)
-            && (uc
+        // The answer's effects on the responder QP, under one lookup.
+        if let Some(q) = self.objs.qps.get_mut(&peer) {
+            if let Response::RnrNak { .. } = r {
+                // What follows it in flight is out of sequence until it comes again.
+                q.resp.nak_sent = true;
+            }
+            // The vRNIC's count is the sum of its QPs' ([`Engine::meter`]).
+            meter_request(&mut q.meter, req, r);
+            if uc
                 || matches!(
                     r,
                     Response::Ack | Response::ReadData | Response::AtomicAck(_)
-                ))
-        {
-            q.attr.rq_psn = psn_next(req.psn);
-            if let Response::AtomicAck(old) = r {
-                q.resp.last_atomic = Some((req.psn, old));
+                )
+            {
+                q.attr.rq_psn = psn_next(req.psn);
+                if let Response::AtomicAck(old) = r {
+                    q.resp.last_atomic = Some((req.psn, old));
+                }
             }
         }
         Some(if uc { Response::Unacknowledged } else { r })
@@ -253,6 +258,7 @@ impl Engine {
         };
         let timer = RnrTimer::new(p.attr.min_rnr_timer);
         let uc = p.ty == QpType::Uc;
+        let (write_len, lost) = (p.resp.write_len, p.resp.rx_lost);
         if req.last && req.imm.is_some() && self.recv_empty(peer) {
             return if uc {
                 Response::Unacknowledged
@@ -261,13 +267,14 @@ impl Engine {
             };
         }
         if req.first
+            && (write_len != req.len || lost)
             && let Some(q) = self.objs.qps.get_mut(&peer)
         {
             // The RETH's DMA length, which a receive it consumes reports.
             q.resp.write_len = req.len;
             q.resp.rx_lost = false;
         }
-        if uc && self.objs.qps.get(&peer).is_some_and(|q| q.resp.rx_lost) {
+        if uc && !req.first && lost {
             // UC: the rest of a WRITE that lost a segment is dropped.
             return Response::Unacknowledged;
         }
@@ -470,26 +477,6 @@ impl Engine {
         Response::Unacknowledged
     }
 
-    /// Counts what request `req` did at responder `peer` (its answer `r`): a WRITE segment
-    /// placed, a READ served, an atomic executed, an RNR NAK or a NAK sent. (A SEND counts when
-    /// its receive completes, in [`Engine::finish_recv`].)
-    fn meter_request(&mut self, peer: QpId, req: &Request, r: Response) {
-        let count = |m: &mut Meter| match (req.op, r) {
-            (Op::Write, Response::Ack) => m.received(req.op, req.last, req.chunk),
-            (Op::Read, Response::ReadData) => m.received(req.op, req.chunk >= req.len, req.chunk),
-            (Op::CmpSwap { .. } | Op::FetchAdd { .. }, Response::AtomicAck(_))
-            | (Op::AtomicWrite, Response::Ack) => m.received(req.op, true, 8),
-            (_, Response::RnrNak { .. }) => m.rnr_naks = m.rnr_naks.wrapping_add(1),
-            (_, Response::Nak(_)) => m.naks = m.naks.wrapping_add(1),
-            _ => {}
-        };
-        let Some(q) = self.objs.qps.get_mut(&peer) else {
-            return;
-        };
-        // The vRNIC's count is the sum of its QPs' ([`Engine::meter`]): no second lookup.
-        count(&mut q.meter);
-    }
-
     /// A UD datagram dropped at QP `peer` of `vnic` (wrong Q_Key, no receive).
     fn meter_ud_drop(&mut self, peer: QpId, vnic: VnicId) {
         let m = match self.objs.qps.get_mut(&peer) {
@@ -603,5 +590,20 @@ fn place(mem: &mut dyn Memory, payload: Payload, dst: &[(Loc, u64)]) -> Result<(
         Payload::Bytes(b) => scatter_bytes(mem, b, dst),
         // Read from the link into `dst` already (only where `Engine::placement` said).
         Payload::Placed(_) => Ok(()),
+    }
+}
+
+/// Counts what request `req` did at a responder (its answer `r`), on that QP's meter: a WRITE
+/// segment placed, a READ served, an atomic executed, an RNR NAK or a NAK sent. (A SEND counts
+/// when its receive completes, in [`Engine::finish_recv`].)
+fn meter_request(m: &mut Meter, req: &Request, r: Response) {
+    match (req.op, r) {
+        (Op::Write, Response::Ack) => m.received(req.op, req.last, req.chunk),
+        (Op::Read, Response::ReadData) => m.received(req.op, req.chunk >= req.len, req.chunk),
+        (Op::CmpSwap { .. } | Op::FetchAdd { .. }, Response::AtomicAck(_))
+        | (Op::AtomicWrite, Response::Ack) => m.received(req.op, true, 8),
+        (_, Response::RnrNak { .. }) => m.rnr_naks = m.rnr_naks.wrapping_add(1),
+        (_, Response::Nak(_)) => m.naks = m.naks.wrapping_add(1),
+        _ => {}
     }
 }
