@@ -18,6 +18,17 @@
 //! asks the kernel whether it was switched out since the last time it asked (its thread's
 //! involuntary context switches, `getrusage`: a yield that runs another thread counts as
 //! one, and so does a preemption by one), and if it was, yields come every few polls again.
+//!
+//! A yield can also cost a whole time slice: the thread it ran may spin without yielding
+//! back (perftest's latency tests poll their buffer, not the driver), and then the poller
+//! waits for the scheduler's tick (milliseconds here) before it runs again. On two cores with
+//! the daemon and two such apps, that is what happens when the daemon yields right after
+//! executing one app's request, before the other app's answer (a microsecond later) has
+//! arrived: the app that got the CPU spins on the answer, which the daemon, off the CPU, has
+//! not executed. A poller that reads the clock ([`Spin::worked_at`], [`Spin::idle_at`]) so
+//! keeps its CPU for a while after its last work before it yields ([`Spin::hold`]): none at
+//! first, [`HOLD_MIN`] after a yield that took a time slice, twice as long after each further
+//! one (up to [`HOLD_MAX`]), half as long after [`STREAK`] yields in a row that did not.
 
 #![allow(unsafe_code)]
 
@@ -30,6 +41,13 @@ const SWITCH_MARGIN: Duration = Duration::from_nanos(500);
 
 /// Yields in a row that ran nobody before yields are spaced out twice as far.
 pub const STREAK: u32 = 16;
+/// A yield that took this long gave the CPU to a thread that kept it for a time slice.
+pub const SLICE: Duration = Duration::from_micros(500);
+/// The first hold after such a yield: longer than an app on another core takes to see an
+/// answer and post its next request.
+pub const HOLD_MIN: Duration = Duration::from_micros(4);
+/// The longest hold: a few round trips, small beside a time slice.
+pub const HOLD_MAX: Duration = Duration::from_micros(64);
 
 /// The empty-poll policy of one poller (see the module docs).
 #[derive(Debug, Clone)]
@@ -46,6 +64,12 @@ pub struct Spin {
     switched: u64,
     /// The fastest yield seen: what a yield that runs nobody else costs here.
     fastest: Duration,
+    /// How long after its last work the poller keeps its CPU ([`Spin::idle_at`]).
+    hold: Duration,
+    /// Yields in a row that did not take a time slice, since `hold` last changed.
+    short: u32,
+    /// When the poller last had work ([`Spin::worked_at`]).
+    worked_at: Option<Instant>,
 }
 
 impl Spin {
@@ -61,12 +85,22 @@ impl Spin {
             floor,
             ceiling: ceiling.max(floor),
             fastest: Duration::MAX,
+            hold: Duration::ZERO,
+            short: 0,
+            worked_at: None,
         }
     }
 
     /// The poll found work: empty polls count from zero again.
     pub fn worked(&mut self) {
         self.empty = 0;
+    }
+
+    /// The poll found work at `now`: empty polls count from zero again, and the CPU is kept
+    /// for [`Spin::hold`] from now on.
+    pub fn worked_at(&mut self, now: Instant) {
+        self.empty = 0;
+        self.worked_at = Some(now);
     }
 
     /// An empty poll: yields the CPU when due. Returns whether it yielded.
@@ -78,8 +112,44 @@ impl Spin {
         self.empty = 0;
         let start = Instant::now();
         std::thread::yield_now();
-        self.yielded(start.elapsed(), involuntary_switches);
+        let took = start.elapsed();
+        self.yielded(took, involuntary_switches);
+        self.held(took);
         true
+    }
+
+    /// An empty poll at `now`: as [`Spin::idle`], but not within [`Spin::hold`] of the last
+    /// work ([`Spin::worked_at`]).
+    pub fn idle_at(&mut self, now: Instant) -> bool {
+        if self
+            .worked_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.hold)
+        {
+            return false;
+        }
+        self.idle()
+    }
+
+    /// How long after its last work the poller keeps its CPU now.
+    pub fn hold(&self) -> Duration {
+        self.hold
+    }
+
+    /// Adapts the hold to a yield that took `took` (see the module docs).
+    fn held(&mut self, took: Duration) {
+        if took >= SLICE {
+            self.hold = self.hold.saturating_mul(2).clamp(HOLD_MIN, HOLD_MAX);
+            self.short = 0;
+        } else if !self.hold.is_zero() {
+            self.short += 1;
+            if self.short >= STREAK {
+                self.short = 0;
+                self.hold /= 2;
+                if self.hold < HOLD_MIN {
+                    self.hold = Duration::ZERO;
+                }
+            }
+        }
     }
 
     /// Adapts to a yield that took `took`; `switches` counts this thread's involuntary
@@ -174,6 +244,48 @@ mod tests {
             s.yielded(quick, || 7);
         }
         assert_eq!(s.every(), 16, "not since");
+    }
+
+    /// A yield that took a time slice makes the poller keep its CPU after its work, longer
+    /// after each such yield up to the most; a streak of yields that did not shortens it,
+    /// down to none.
+    #[test]
+    fn a_yield_that_took_a_slice_holds_the_cpu_after_work_and_short_ones_release_it() {
+        let mut s = Spin::new(1, 1);
+        let quick = Duration::from_micros(1);
+        s.held(quick);
+        assert_eq!(s.hold(), Duration::ZERO, "no slice lost: no hold");
+        s.held(SLICE);
+        assert_eq!(s.hold(), HOLD_MIN);
+        s.held(Duration::from_millis(4));
+        assert_eq!(s.hold(), HOLD_MIN * 2);
+        for _ in 0..10 {
+            s.held(SLICE);
+        }
+        assert_eq!(s.hold(), HOLD_MAX);
+        for _ in 0..STREAK - 1 {
+            s.held(quick);
+        }
+        assert_eq!(s.hold(), HOLD_MAX, "one short of a streak");
+        s.held(quick);
+        assert_eq!(s.hold(), HOLD_MAX / 2);
+        let mut streaks = 0;
+        while !s.hold().is_zero() {
+            for _ in 0..STREAK {
+                s.held(quick);
+            }
+            streaks += 1;
+        }
+        assert_eq!(streaks, 4, "32, 16, 8, 4 us, then none");
+        // Within the hold of the last work, an empty poll does not yield; past it, it does.
+        s.held(SLICE);
+        let t = Instant::now();
+        s.worked_at(t);
+        assert!(!s.idle_at(t + HOLD_MIN / 2));
+        assert!(
+            s.idle_at(t + HOLD_MIN),
+            "a floor of 1 yields once the hold is over"
+        );
     }
 
     /// `idle` yields on the `every`-th empty poll in a row, and work restarts the count.

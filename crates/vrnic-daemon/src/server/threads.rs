@@ -219,9 +219,9 @@ fn engine_thread(
             wait
         };
         match wait {
-            None => spin.worked(),
+            None => spin.worked_at(now),
             Some(Duration::ZERO) => {
-                spin.idle();
+                spin.idle_at(now);
             }
             Some(t) => std::thread::park_timeout(t),
         }
