@@ -25,7 +25,7 @@
 //! the daemon and two such apps, that is what happens when the daemon yields right after
 //! executing one app's request, before the other app's answer (a microsecond later) has
 //! arrived: the app that got the CPU spins on the answer, which the daemon, off the CPU, has
-//! not executed. A poller that reads the clock ([`Spin::worked_at`], [`Spin::idle_at`]) so
+//! not executed. A poller that knows how long it has been idle ([`Spin::idle_for`]) so
 //! keeps its CPU for a while after its last work before it yields ([`Spin::hold`]): none at
 //! first, [`HOLD_MIN`] after a yield that took a time slice, twice as long after each further
 //! one (up to [`HOLD_MAX`]), half as long after [`STREAK`] yields in a row that did not.
@@ -64,12 +64,10 @@ pub struct Spin {
     switched: u64,
     /// The fastest yield seen: what a yield that runs nobody else costs here.
     fastest: Duration,
-    /// How long after its last work the poller keeps its CPU ([`Spin::idle_at`]).
+    /// How long after its last work the poller keeps its CPU ([`Spin::idle_for`]).
     hold: Duration,
     /// Yields in a row that did not take a time slice, since `hold` last changed.
     short: u32,
-    /// When the poller last had work ([`Spin::worked_at`]).
-    worked_at: Option<Instant>,
 }
 
 impl Spin {
@@ -87,20 +85,12 @@ impl Spin {
             fastest: Duration::MAX,
             hold: Duration::ZERO,
             short: 0,
-            worked_at: None,
         }
     }
 
     /// The poll found work: empty polls count from zero again.
     pub fn worked(&mut self) {
         self.empty = 0;
-    }
-
-    /// The poll found work at `now`: empty polls count from zero again, and the CPU is kept
-    /// for [`Spin::hold`] from now on.
-    pub fn worked_at(&mut self, now: Instant) {
-        self.empty = 0;
-        self.worked_at = Some(now);
     }
 
     /// An empty poll: yields the CPU when due. Returns whether it yielded.
@@ -118,13 +108,10 @@ impl Spin {
         true
     }
 
-    /// An empty poll at `now`: as [`Spin::idle`], but not within [`Spin::hold`] of the last
-    /// work ([`Spin::worked_at`]).
-    pub fn idle_at(&mut self, now: Instant) -> bool {
-        if self
-            .worked_at
-            .is_some_and(|t| now.saturating_duration_since(t) < self.hold)
-        {
+    /// An empty poll `idle` after the poller's last work (by the caller's clock): as
+    /// [`Spin::idle`], but not within [`Spin::hold`] of that work.
+    pub fn idle_for(&mut self, idle: Duration) -> bool {
+        if idle < self.hold {
             return false;
         }
         self.idle()
@@ -279,11 +266,10 @@ mod tests {
         assert_eq!(streaks, 4, "32, 16, 8, 4 us, then none");
         // Within the hold of the last work, an empty poll does not yield; past it, it does.
         s.held(SLICE);
-        let t = Instant::now();
-        s.worked_at(t);
-        assert!(!s.idle_at(t + HOLD_MIN / 2));
+        s.worked();
+        assert!(!s.idle_for(HOLD_MIN / 2));
         assert!(
-            s.idle_at(t + HOLD_MIN),
+            s.idle_for(HOLD_MIN),
             "a floor of 1 yields once the hold is over"
         );
     }

@@ -264,9 +264,9 @@ impl Server {
     }
 
     /// One engine pass run by the loop itself (one shard), frames to the peer links, then what
-    /// it produced handed on to contexts. Returns whether anything happened.
-    /// One lock a pass, and the outbox handed on only when it holds something: an idle pass
-    /// is what a new request waits for.
+    /// it produced handed on to contexts (only when there is something: an idle pass, which
+    /// takes the shard's lock once, is what a new request waits for). Returns whether
+    /// anything happened.
     pub(super) fn engine_pass(&mut self, now: Instant) -> bool {
         let (worked, produced) = {
             let mut sh = self.shards[0].lock_for_loop_pass();

@@ -716,9 +716,9 @@ impl Server {
                     // The pass's own time (read before it): idleness is counted in
                     // milliseconds, and a clock read is a good part of a short pass.
                     last_work = now;
-                    spin.worked_at(now);
+                    spin.worked();
                 } else {
-                    spin.idle_at(now);
+                    spin.idle_for(now.saturating_duration_since(last_work));
                 }
             }
             let epoch = vrnic_shm::fault::epoch();

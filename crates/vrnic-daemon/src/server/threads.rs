@@ -219,9 +219,9 @@ fn engine_thread(
             wait
         };
         match wait {
-            None => spin.worked_at(now),
+            None => spin.worked(),
             Some(Duration::ZERO) => {
-                spin.idle_at(now);
+                spin.idle_for(now.saturating_duration_since(last_work));
             }
             Some(t) => std::thread::park_timeout(t),
         }
