@@ -33,8 +33,35 @@ pub(super) struct Translated {
 }
 
 impl Translated {
+    /// Whether it is valid at memory generation `generation` (made then, and not empty).
+    pub(super) fn valid_at(&self, generation: u64) -> bool {
+        self.generation == generation
+    }
+
     fn covers(&self, generation: u64, start: u64, end: u64) -> bool {
         self.generation == generation && self.start <= start && end <= self.end
+    }
+
+    /// At a responder: if it was checked for R_Key `rkey` and access `need` and covers the
+    /// `take` bytes at `va` of a message of `len` bytes (the whole rest of the message if
+    /// `first`: a message is checked whole at its first segment) at generation `generation`,
+    /// appends their runs to `out`. `false`: it does not (nothing appended).
+    pub(super) fn slice_cached(
+        &self,
+        generation: u64,
+        (va, len, take, first): (u64, u64, u64, bool),
+        (rkey, need): (u32, u32),
+        out: &mut Vec<(Loc, u64)>,
+    ) -> bool {
+        let (Some(end), Some(msg_end)) = (va.checked_add(take), va.checked_add(len)) else {
+            return false;
+        };
+        let must_cover = if first { msg_end } else { end };
+        if self.rkey == rkey && self.need == need && self.covers(generation, va, must_cover) {
+            self.slice(va, take, out);
+            return true;
+        }
+        false
     }
 
     /// Appends the runs of `[from, from + take)` (inside what it covers) to `out`.
@@ -67,17 +94,6 @@ impl Engine {
     /// QP's access flags): every [`Translated`] is stale from now on.
     pub(super) fn memory_changed(&mut self) {
         self.mem_gen += 1;
-    }
-
-    /// Whether the head send WQE of `qp`, `done` bytes into its message, was checked and
-    /// translated at this generation (so its SGEs need no check again).
-    pub(super) fn head_translated(&self, qp: QpId, done: u64) -> bool {
-        done > 0
-            && self
-                .objs
-                .qps
-                .get(&qp)
-                .is_some_and(|q| q.tr.tx_mem.generation == self.mem_gen)
     }
 
     /// The region runs of bytes `[done, done + n)` of the head send WQE of `qp` (its SGEs
@@ -144,18 +160,18 @@ impl Engine {
         need: u32,
         out: &mut Vec<(Loc, u64)>,
     ) -> bool {
-        let (Some(end), Some(msg_end)) = (va.checked_add(take), va.checked_add(len)) else {
+        if va.checked_add(take).is_none() || va.checked_add(len).is_none() {
             return false;
-        };
+        }
         let mem_gen = self.mem_gen;
         let Some(q) = self.objs.qps.get_mut(&peer) else {
             return false;
         };
-        let must_cover = if first { msg_end } else { end };
-        let t = &q.tr.rx_mem;
-        if t.rkey == rkey && t.need == need && t.covers(mem_gen, va, must_cover) {
+        if q.tr
+            .rx_mem
+            .slice_cached(mem_gen, (va, len, take, first), (rkey, need), out)
+        {
             // Checked and translated for an earlier segment or message: one lookup, no more.
-            t.slice(va, take, out);
             return true;
         }
         let mut t = std::mem::take(&mut q.tr.rx_mem);

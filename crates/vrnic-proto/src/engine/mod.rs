@@ -789,16 +789,12 @@ impl Engine {
 
     /// Whether `host` is another engine of this daemon ([`Engine::set_siblings`]).
     pub(super) fn is_sibling(&self, host: HostId) -> bool {
-        self.siblings
-            .is_some_and(|b| host.0 >= b && host.0 - b < self.qpn_stride)
+        is_sibling(self.siblings, self.qpn_stride, host)
     }
 
     /// `route` if it leads to another engine of this daemon: the sibling's host.
     fn sibling_route(&self, route: Route) -> Option<HostId> {
-        match route {
-            Route::Remote(host) if self.is_sibling(host) => Some(host),
-            _ => None,
-        }
+        sibling_host(self.siblings, self.qpn_stride, route)
     }
 
     /// This engine, as its siblings know it ([`Engine::set_siblings`]).
@@ -809,5 +805,19 @@ impl Engine {
     /// The number of completions waiting (for tests and metrics).
     pub fn pending_completions(&self) -> usize {
         self.out.completions.len()
+    }
+}
+
+/// Whether `host` is another engine of a daemon whose engines are hosts `siblings..` (one per
+/// class of `stride`): [`Engine::is_sibling`] by its fields, for a caller that holds a QP.
+fn is_sibling(siblings: Option<u32>, stride: u32, host: HostId) -> bool {
+    siblings.is_some_and(|b| host.0 >= b && host.0 - b < stride)
+}
+
+/// `route` if it leads to another engine of the daemon ([`is_sibling`]): the sibling's host.
+fn sibling_host(siblings: Option<u32>, stride: u32, route: Route) -> Option<HostId> {
+    match route {
+        Route::Remote(host) if is_sibling(siblings, stride, host) => Some(host),
+        _ => None,
     }
 }

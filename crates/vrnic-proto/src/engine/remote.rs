@@ -17,6 +17,7 @@
 //! [`Request`] a local requester hands over (the RDMA WRITE's RETH is only on its first
 //! segment: the responder keeps the cursor) and runs it through the same checks.
 
+use super::responder::Admit;
 use std::collections::VecDeque;
 
 use vrnic_wire::GlobalRoute;
@@ -656,31 +657,55 @@ impl Engine {
         let qp = self.objs.by_qpn.get(&dest_qpn).copied();
         let ok = qp.is_some_and(|qp| self.admits(host, addr, deth_src, qp));
         if !ok {
-            self.routes.refused_segments += 1;
-            let q = qp.and_then(|qp| self.objs.qps.get(&qp));
-            tracing::trace!(
-                ?host,
-                qpn = dest_qpn,
-                ?addr,
-                vnic = ?q.map(|q| q.vnic),
-                dlid_is = ?self.routes.by_lid.get(&addr.dlid),
-                slid_is = ?self.routes.remote_lids.get(&addr.slid),
-                route = ?q.map(|q| q.route),
-                peer = ?q.map(|q| (q.addr, q.attr.dest_qp_num)),
-                "segment refused"
-            );
+            self.refuse_segment(host, addr, dest_qpn, qp);
             return None;
         }
         qp
     }
 
-    fn admits(&mut self, host: HostId, addr: &AddrRepr, deth_src: Option<u32>, qp: QpId) -> bool {
+    /// Counts (and traces) a segment from `host` for QP number `dest_qpn` (QP `qp` here, if
+    /// any) that the address-word checks refused.
+    pub(super) fn refuse_segment(
+        &mut self,
+        host: HostId,
+        addr: &AddrRepr,
+        dest_qpn: u32,
+        qp: Option<QpId>,
+    ) {
+        self.routes.refused_segments += 1;
+        let q = qp.and_then(|qp| self.objs.qps.get(&qp));
+        tracing::trace!(
+            ?host,
+            qpn = dest_qpn,
+            ?addr,
+            vnic = ?q.map(|q| q.vnic),
+            dlid_is = ?self.routes.by_lid.get(&addr.dlid),
+            slid_is = ?self.routes.remote_lids.get(&addr.slid),
+            route = ?q.map(|q| q.route),
+            peer = ?q.map(|q| (q.addr, q.attr.dest_qp_num)),
+            "segment refused"
+        );
+    }
+
+    /// Whether connected QP `q` admitted the sender `host` with address word `addr` before,
+    /// and no route changed since: then it is admitted again without lookups.
+    pub(super) fn admitted_before(&self, q: &Qp, host: HostId, addr: &AddrRepr) -> bool {
+        q.resp.admitted == Some((host, *addr, self.routes.generation)) && q.ty != QpType::Ud
+    }
+
+    pub(super) fn admits(
+        &mut self,
+        host: HostId,
+        addr: &AddrRepr,
+        deth_src: Option<u32>,
+        qp: QpId,
+    ) -> bool {
         let Some(q) = self.objs.qps.get(&qp) else {
             return false;
         };
         // A connected QP's peer, admitted before and unchanged since: no lookups.
         let generation = self.routes.generation;
-        if q.resp.admitted == Some((host, *addr, generation)) && q.ty != QpType::Ud {
+        if self.admitted_before(q, host, addr) {
             return true;
         }
         let vnic = q.vnic;
@@ -994,7 +1019,7 @@ impl Engine {
         };
         let mut back = std::mem::take(&mut self.scratch.scratch_dst);
         back.clear();
-        let r = self.handle_request(qp, &req, mem, &mut back);
+        let r = self.handle_request(qp, Admit::Checked, &req, mem, &mut back);
         tracing::trace!(?r, "answer");
         // The cursor moves past a segment the responder took (the PSN expected moved past
         // it), never for a duplicate, one NAKed out of sequence, or one turned back for RNR.

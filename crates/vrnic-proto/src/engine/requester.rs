@@ -3,6 +3,7 @@
 //! the answer completes the WQE, continues it, or makes it wait (RNR, a missing responder) or
 //! fail.
 
+use super::responder::Admit;
 use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_next};
 use super::*;
 
@@ -20,10 +21,14 @@ struct Head {
     psn: u32,
     /// Bytes of the head WQE already moved.
     done: u64,
+    /// Whether its SGEs were checked and translated at an earlier chunk and memory has not
+    /// changed since (then they are not checked again).
+    translated: bool,
 }
 
 impl Head {
-    fn of(q: &Qp) -> Head {
+    fn of(q: &Qp, mem_gen: u64) -> Head {
+        let done = q.progress.map_or(0, |p| p.done);
         Head {
             vnic: q.vnic,
             pd: q.pd,
@@ -33,7 +38,8 @@ impl Head {
             qpn: q.qpn,
             dst_qpn: q.attr.dest_qp_num,
             psn: q.attr.sq_psn,
-            done: q.progress.map_or(0, |p| p.done),
+            done,
+            translated: done > 0 && q.tr.tx_mem.valid_at(mem_gen),
         }
     }
 }
@@ -47,6 +53,9 @@ pub(super) enum Outcome {
     /// Retire it with a completion (of the WQE's length; 0 for a memory-window operation);
     /// the step moved this many bytes.
     Complete(u64),
+    /// Answered and retired already (with its completion), under the lookup that took the
+    /// answer: the step moved this many bytes.
+    Retired(u64),
     /// Fail the QP; the head completes with this status.
     Fail(Failed),
     /// Moved this many bytes of a message that continues in a later step.
@@ -149,19 +158,34 @@ impl Engine {
     /// Retires `w`, the send WQE just taken off the head of `qp`'s queue, with a completion
     /// if it is signaled ([`Engine::complete_head`] for one still at the head).
     fn retire(&mut self, qp: QpId, w: &SendWqe, byte_len: u32) {
-        let Some(q) = self.objs.qps.get_mut(&qp) else {
-            return;
-        };
-        q.wait = Wait::None;
-        q.progress = None;
-        q.sq_retired = q.sq_retired.wrapping_add(1);
-        touch(&mut self.sched.touched, qp, q);
-        if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
-            let mut c = cqe(w.wr_id, WcStatus::Success, w.opcode.wc_opcode(), q.qpn);
-            c.byte_len = byte_len;
-            self.out.completions.push_back((q.send_cq, c, false));
+        if let Some(q) = self.objs.qps.get_mut(&qp) {
+            retire_wqe(q, qp, w, byte_len, &mut self.sched.touched, &mut self.out);
         }
-        q.meter.sent(w.opcode, u64::from(byte_len));
+    }
+
+    /// The answer to a segment of the head WQE `wqe` of `qp` accepted it: the QP's next PSN,
+    /// and the WQE continues at byte `next` (`Partial(moved)`) or, if `next` is its length,
+    /// is retired (`Retired(moved)`), all under one lookup of the QP.
+    fn accepted(&mut self, qp: QpId, wqe: &SendWqe, moved: u64, next: u64) -> Outcome {
+        let len = wqe.payload.len();
+        let Some(q) = self.objs.qps.get_mut(&qp) else {
+            return Outcome::Retired(moved);
+        };
+        q.attr.sq_psn = psn_next(q.attr.sq_psn);
+        q.wait = Wait::None;
+        if next < len {
+            continue_in(q, next);
+            return Outcome::Partial(moved);
+        }
+        retire_wqe(
+            q,
+            qp,
+            wqe,
+            len as u32,
+            &mut self.sched.touched,
+            &mut self.out,
+        );
+        Outcome::Retired(moved)
     }
 
     /// The route of connected QP `qp` if it leads somewhere; if it leads nowhere (its RTR came
@@ -202,16 +226,18 @@ impl Engine {
         mem: &mut dyn Memory,
         sib: &mut dyn Siblings,
     ) -> Step {
-        let route = match self.objs.qps.get(&qp) {
-            Some(q) if q.route == Route::Nowhere => self.reroute(qp),
-            Some(q) => q.route,
-            None => return Step::Blocked,
-        };
-        // A sibling engine's QP is reached as one of this engine's: by a call, not frames.
-        let sibling = self.sibling_route(route).is_some();
-        let Some(q) = self.objs.qps.get_mut(&qp) else {
+        let Some(mut q) = self.objs.qps.get_mut(&qp) else {
             return Step::Blocked;
         };
+        if q.route == Route::Nowhere {
+            self.reroute(qp);
+            let Some(again) = self.objs.qps.get_mut(&qp) else {
+                return Step::Blocked;
+            };
+            q = again;
+        }
+        // A sibling engine's QP is reached as one of this engine's: by a call, not frames.
+        let sibling = sibling_host(self.siblings, self.qpn_stride, q.route).is_some();
         if let (Route::Remote(host), QpType::Rc | QpType::Uc | QpType::XrcSend, false) =
             (q.route, q.ty, sibling)
         {
@@ -240,7 +266,7 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let at = Head::of(q);
+        let at = Head::of(q, self.mem_gen);
         let outcome = self.step_wqe(now, qp, at, &wqe, mem, sib);
         let byte_len = if wqe.opcode.is_local() {
             0
@@ -253,6 +279,7 @@ impl Engine {
                 self.retire(qp, &wqe, byte_len);
                 Step::Done(moved)
             }
+            Outcome::Retired(moved) => Step::Done(moved),
             Outcome::Fail(status) => {
                 self.put_back(qp, wqe);
                 self.fail_qp(qp, Some(status.status()));
@@ -292,7 +319,8 @@ impl Engine {
         sib: &mut dyn Siblings,
     ) -> Outcome {
         let (ty, route) = (at.ty, at.route);
-        if let Some(status) = self.refused_for(qp, (at.vnic, at.pd, ty), wqe, Some(at.done)) {
+        let head = Some((at.done, at.translated));
+        if let Some(status) = self.refused_for(qp, (at.vnic, at.pd, ty), wqe, head) {
             return Outcome::fail(status);
         }
         if ty == QpType::Ud {
@@ -328,7 +356,8 @@ impl Engine {
     ) -> Option<WcStatus> {
         let q = self.objs.qps.get(&qp)?;
         let facts = (q.vnic, q.pd, q.ty);
-        self.refused_for(qp, facts, wqe, head)
+        let translated = q.tr.tx_mem.valid_at(self.mem_gen);
+        self.refused_for(qp, facts, wqe, head.map(|d| (d, d > 0 && translated)))
     }
 
     /// [`Engine::refused_locally`], the QP's vRNIC, PD and type known.
@@ -337,7 +366,7 @@ impl Engine {
         qp: QpId,
         (vnic, pd, ty): (VnicId, PdId, QpType),
         wqe: &SendWqe,
-        head: Option<u64>,
+        head: Option<(u64, bool)>,
     ) -> Option<WcStatus> {
         let len = wqe.payload.len();
         let needs_write = wqe.opcode.reads_back();
@@ -357,9 +386,8 @@ impl Engine {
         }
         match (&wqe.payload, head) {
             // The head: checked at its first chunk, again only if memory changed since.
-            (SendPayload::Sges(sges), Some(done))
-                if !self.head_translated(qp, done)
-                    && !self.check_head_sges(qp, (vnic, pd), sges, needs_write, len) =>
+            (SendPayload::Sges(sges), Some((_, translated)))
+                if !translated && !self.check_head_sges(qp, (vnic, pd), sges, needs_write, len) =>
             {
                 return Some(WcStatus::LocProtErr);
             }
@@ -539,31 +567,16 @@ impl Engine {
     ) -> Outcome {
         let len = wqe.payload.len();
         let (vnic, uc, dst_qpn, done) = (at.vnic, at.ty == QpType::Uc, at.dst_qpn, at.done);
-        let accepted = |e: &mut Engine| {
-            if let Some(q) = e.objs.qps.get_mut(&qp) {
-                q.attr.sq_psn = psn_next(q.attr.sq_psn);
-                q.wait = Wait::None;
-            }
-        };
         let Some(response) = answer else {
             if uc {
                 // Nobody acknowledges UC: the message is simply lost.
-                accepted(self);
-                return Outcome::Complete(len);
+                return self.accepted(qp, wqe, len, len);
             }
             return self.lost(now, qp);
         };
         match response {
-            Response::Ack | Response::Unacknowledged => {
-                accepted(self);
-                if done + n < len {
-                    self.continue_at(qp, done + n);
-                    return Outcome::Partial(n);
-                }
-                Outcome::Complete(n)
-            }
+            Response::Ack | Response::Unacknowledged => self.accepted(qp, wqe, n, done + n),
             Response::ReadData => {
-                accepted(self);
                 if let SendPayload::Sges(sges) = &wqe.payload {
                     let mut local = std::mem::take(&mut self.scratch.scratch_local);
                     local.clear();
@@ -572,17 +585,13 @@ impl Engine {
                     let copied = copy_runs(mem, back, &local, n);
                     self.scratch.scratch_local = local;
                     if copied.is_err() {
+                        self.psn_taken(qp);
                         return Outcome::fail(WcStatus::GeneralErr);
                     }
                 }
-                if done + n < len {
-                    self.continue_at(qp, done + n);
-                    return Outcome::Partial(n);
-                }
-                Outcome::Complete(n)
+                self.accepted(qp, wqe, n, done + n)
             }
             Response::AtomicAck(old) => {
-                accepted(self);
                 if let SendPayload::Sges(sges) = &wqe.payload {
                     let mut local = std::mem::take(&mut self.scratch.scratch_local);
                     local.clear();
@@ -590,10 +599,11 @@ impl Engine {
                     let written = scatter_bytes(mem, &old.to_le_bytes(), &local);
                     self.scratch.scratch_local = local;
                     if written.is_err() {
+                        self.psn_taken(qp);
                         return Outcome::fail(WcStatus::GeneralErr);
                     }
                 }
-                Outcome::Complete(8)
+                self.accepted(qp, wqe, 8, len)
             }
             Response::RnrNak { timer } => {
                 // A receive posted to the responder's queue wakes the QP early where that
@@ -625,15 +635,12 @@ impl Engine {
         }
     }
 
-    /// Records that the head WQE moved its first `done` bytes and continues later.
-    fn continue_at(&mut self, qp: QpId, done: u64) {
+    /// A segment of `qp`'s head WQE took its PSN, and the WQE fails (a copy the daemon could
+    /// not make).
+    fn psn_taken(&mut self, qp: QpId) {
         if let Some(q) = self.objs.qps.get_mut(&qp) {
-            let psn = match q.progress {
-                Some(p) => p.psn,
-                // The PSN of the first segment, taken by the segment just accepted.
-                None => q.attr.sq_psn.wrapping_sub(1) & 0xff_ffff,
-            };
-            q.progress = Some(Progress { done, psn });
+            q.attr.sq_psn = psn_next(q.attr.sq_psn);
+            q.wait = Wait::None;
         }
     }
 
@@ -713,10 +720,8 @@ impl Engine {
             return None;
         };
         let &peer = self.objs.by_qpn.get(&req.dst_qpn)?;
-        if self.objs.qps.get(&peer)?.vnic != vid {
-            return None;
-        }
-        self.handle_request(peer, req, mem, back)
+        // Only a QP of the vRNIC the route resolved, not another's reached by its number.
+        self.handle_request(peer, Admit::Local(vid), req, mem, back)
     }
 
     /// A UD send: one segment to the QP the address handle and QP number name; nothing
@@ -835,4 +840,36 @@ impl Engine {
 pub(super) fn atomic_write_ok(wqe: &SendWqe) -> bool {
     wqe.opcode != SendOpcode::AtomicWrite
         || matches!(&wqe.payload, SendPayload::Inline(d) if d.len() == 8)
+}
+
+/// Records that the head WQE of `q` moved its first `done` bytes and continues later.
+fn continue_in(q: &mut Qp, done: u64) {
+    let psn = match q.progress {
+        Some(p) => p.psn,
+        // The PSN of the first segment, taken by the segment just accepted.
+        None => q.attr.sq_psn.wrapping_sub(1) & 0xff_ffff,
+    };
+    q.progress = Some(Progress { done, psn });
+}
+
+/// Retires the head send WQE `w` of `q` (numbered `qp`), taken off its queue, with a completion
+/// of `byte_len` if it is signaled.
+fn retire_wqe(
+    q: &mut Qp,
+    qp: QpId,
+    w: &SendWqe,
+    byte_len: u32,
+    touched: &mut Vec<QpId>,
+    out: &mut Outputs,
+) {
+    q.wait = Wait::None;
+    q.progress = None;
+    q.sq_retired = q.sq_retired.wrapping_add(1);
+    touch(touched, qp, q);
+    if q.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+        let mut c = cqe(w.wr_id, WcStatus::Success, w.opcode.wc_opcode(), q.qpn);
+        c.byte_len = byte_len;
+        out.completions.push_back((q.send_cq, c, false));
+    }
+    q.meter.sent(w.opcode, u64::from(byte_len));
 }

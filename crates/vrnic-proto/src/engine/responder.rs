@@ -18,6 +18,41 @@ pub(super) struct Rx {
     pub(super) cq: CqId,
 }
 
+/// Where a request segment comes from, as its responder checks it first (the checks every
+/// path between two QPs applies, under the lookup that finds the responder QP).
+#[derive(Clone, Copy)]
+pub(super) enum Admit {
+    /// A QP of this engine whose route resolved vRNIC `.0`: only a QP of that vRNIC takes
+    /// it, not another's named by its number.
+    Local(VnicId),
+    /// A segment from a link, admitted by [`Engine::admitted`] already.
+    Checked,
+    /// Sibling engine `host`, with address word `addr` (and a datagram's source QP number):
+    /// admitted as a segment from a link is ([`Engine::admits`]: the QP of the vRNIC the
+    /// address resolved, a sender of its group, a connected QP's own peer); a connected peer
+    /// admitted before, with no route changed since, without lookups.
+    Sibling {
+        host: HostId,
+        addr: AddrRepr,
+        deth: Option<u32>,
+    },
+}
+
+/// What a WRITE segment needs of its responder QP, read by [`Engine::handle_request`] under
+/// the lookup that checks the connection.
+#[derive(Clone, Copy)]
+struct WriteAt {
+    /// The RNR NAK's timer, for a WRITE with immediate that finds no receive.
+    timer: RnrTimer,
+    /// The responder's WRITE state: the message's RETH length, and whether a UC message lost a
+    /// segment.
+    write_len: u64,
+    lost: bool,
+    /// The destination's runs are in `scratch_place` already (translated for an earlier
+    /// segment or message, for this R_Key and access, still valid).
+    ready: bool,
+}
+
 impl Engine {
     /// A request segment for `peer` (on this daemon). `None`: dropped without an answer (the
     /// QP is not connected to the requester, or not ready to receive), as a network drops an
@@ -25,11 +60,23 @@ impl Engine {
     pub(super) fn handle_request(
         &mut self,
         peer: QpId,
+        from: Admit,
         req: &Request,
         mem: &mut dyn Memory,
         back: &mut Vec<(Loc, u64)>,
     ) -> Option<Response> {
-        let p = self.objs.qps.get(&peer)?;
+        let mut p = self.objs.qps.get(&peer)?;
+        match from {
+            Admit::Local(vnic) if vnic != p.vnic => return None,
+            Admit::Sibling { host, addr, deth } if !self.admitted_before(p, host, &addr) => {
+                if !self.admits(host, &addr, deth, peer) {
+                    self.refuse_segment(host, &addr, req.dst_qpn, Some(peer));
+                    return None;
+                }
+                p = self.objs.qps.get(&peer)?;
+            }
+            _ => {}
+        }
         // An XRC request lands on an XRC receive QP, and nothing else does.
         let lands = match p.ty {
             QpType::XrcRecv => req.transport == QpType::XrcSend,
@@ -55,6 +102,26 @@ impl Engine {
             return None;
         }
         let uc = req.transport == QpType::Uc;
+        // What a WRITE needs of the QP, read under this lookup; its destination's runs too
+        // where an earlier segment or message checked and translated them.
+        let write = (req.op == Op::Write).then(|| {
+            let ready = req.len != 0 && {
+                let dst = &mut self.scratch.scratch_place;
+                dst.clear();
+                p.tr.rx_mem.slice_cached(
+                    self.mem_gen,
+                    (req.va, req.len, req.payload.len(), req.first),
+                    (req.rkey, access::REMOTE_WRITE),
+                    dst,
+                )
+            };
+            WriteAt {
+                timer: RnrTimer::new(p.attr.min_rnr_timer),
+                write_len: p.resp.write_len,
+                lost: p.resp.rx_lost,
+                ready,
+            }
+        });
         match psn_cmp(req.psn, p.attr.rq_psn) {
             0 => {
                 if p.resp.nak_sent
@@ -96,7 +163,10 @@ impl Engine {
         }
         let r = match req.op {
             Op::Send | Op::SendInv => self.place_send(peer, req, mem),
-            Op::Write => self.place_write(peer, req, mem),
+            Op::Write => match write {
+                Some(at) => self.place_write(peer, at, req, mem),
+                None => Response::Nak(Nak::InvalidRequest),
+            },
             Op::Read => self.locate_read(peer, req, back),
             Op::CmpSwap { .. } | Op::FetchAdd { .. } => self.perform_atomic(peer, req, mem),
             Op::AtomicWrite => self.perform_atomic_write(peer, req, mem),
@@ -252,13 +322,21 @@ impl Engine {
 
     /// RDMA WRITE: the payload at `va` under `rkey`; WITH_IMM's last segment also takes a
     /// receive (no receive: RNR).
-    fn place_write(&mut self, peer: QpId, req: &Request, mem: &mut dyn Memory) -> Response {
-        let Some(p) = self.objs.qps.get(&peer) else {
-            return Response::Nak(Nak::InvalidRequest);
-        };
-        let timer = RnrTimer::new(p.attr.min_rnr_timer);
-        let uc = p.ty == QpType::Uc;
-        let (write_len, lost) = (p.resp.write_len, p.resp.rx_lost);
+    fn place_write(
+        &mut self,
+        peer: QpId,
+        at: WriteAt,
+        req: &Request,
+        mem: &mut dyn Memory,
+    ) -> Response {
+        let WriteAt {
+            timer,
+            write_len,
+            lost,
+            ready,
+        } = at;
+        // The QP's type is the request's (`handle_request` checked it).
+        let uc = req.transport == QpType::Uc;
         if req.last && req.imm.is_some() && self.recv_empty(peer) {
             return if uc {
                 Response::Unacknowledged
@@ -280,9 +358,12 @@ impl Engine {
         }
         let n = req.payload.len();
         let mut dst = std::mem::take(&mut self.scratch.scratch_place);
-        dst.clear();
+        if !ready {
+            dst.clear();
+        }
         // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
         let ok = req.len == 0
+            || ready
             || self.remote_runs(
                 peer,
                 req.va,

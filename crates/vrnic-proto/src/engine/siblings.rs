@@ -8,6 +8,7 @@
 //! the responder's, once; the answer comes back as the call's value and the requester acts on
 //! it at once, as on one engine. No frame, PSN window, ACK or inbox goes between engines.
 
+use super::responder::Admit;
 use super::segment::{Op, Request, Response, Src};
 use super::*;
 
@@ -33,9 +34,17 @@ impl Engine {
         let Src::Remote(from) = req.src else {
             return None;
         };
+        let Some(&qp) = self.objs.by_qpn.get(&req.dst_qpn) else {
+            self.refuse_segment(from, addr, req.dst_qpn, None);
+            return None;
+        };
         let deth = (req.transport == QpType::Ud).then_some(req.src_qpn);
-        let qp = self.admitted_to(from, addr, req.dst_qpn, deth)?;
-        self.handle_request(qp, req, mem, back)
+        let from = Admit::Sibling {
+            host: from,
+            addr: *addr,
+            deth,
+        };
+        self.handle_request(qp, from, req, mem, back)
     }
 
     /// Hands request `req`, of the QP whose address word is `addr`, to sibling engine `host`
