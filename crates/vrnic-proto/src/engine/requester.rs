@@ -24,10 +24,12 @@ struct Head {
     /// Whether its SGEs were checked and translated at an earlier chunk and memory has not
     /// changed since (then they are not checked again).
     translated: bool,
+    /// The head WQE's payload length (summed once per step, not by each part of it).
+    len: u64,
 }
 
 impl Head {
-    fn of(q: &Qp, mem_gen: u64) -> Head {
+    fn of(q: &Qp, mem_gen: u64, wqe: &SendWqe) -> Head {
         let done = q.progress.map_or(0, |p| p.done);
         Head {
             vnic: q.vnic,
@@ -40,6 +42,7 @@ impl Head {
             psn: q.attr.sq_psn,
             done,
             translated: done > 0 && q.tr.tx_mem.valid_at(mem_gen),
+            len: wqe.payload.len(),
         }
     }
 }
@@ -166,8 +169,13 @@ impl Engine {
     /// The answer to a segment of the head WQE `wqe` of `qp` accepted it: the QP's next PSN,
     /// and the WQE continues at byte `next` (`Partial(moved)`) or, if `next` is its length,
     /// is retired (`Retired(moved)`), all under one lookup of the QP.
-    fn accepted(&mut self, qp: QpId, wqe: &SendWqe, moved: u64, next: u64) -> Outcome {
-        let len = wqe.payload.len();
+    fn accepted(
+        &mut self,
+        qp: QpId,
+        (wqe, len): (&SendWqe, u64),
+        moved: u64,
+        next: u64,
+    ) -> Outcome {
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Outcome::Retired(moved);
         };
@@ -266,12 +274,12 @@ impl Engine {
             }
             None => return Step::Blocked,
         };
-        let at = Head::of(q, self.mem_gen);
+        let at = Head::of(q, self.mem_gen, &wqe);
         let outcome = self.step_wqe(now, qp, at, &wqe, mem, sib);
         let byte_len = if wqe.opcode.is_local() {
             0
         } else {
-            wqe.payload.len() as u32
+            at.len as u32
         };
         match outcome {
             Outcome::Complete(moved) => {
@@ -320,7 +328,7 @@ impl Engine {
     ) -> Outcome {
         let (ty, route) = (at.ty, at.route);
         let head = Some((at.done, at.translated));
-        if let Some(status) = self.refused_for(qp, (at.vnic, at.pd, ty), wqe, head) {
+        if let Some(status) = self.refused_for(qp, (at.vnic, at.pd, ty), (wqe, at.len), head) {
             return Outcome::fail(status);
         }
         if ty == QpType::Ud {
@@ -357,7 +365,13 @@ impl Engine {
         let q = self.objs.qps.get(&qp)?;
         let facts = (q.vnic, q.pd, q.ty);
         let translated = q.tr.tx_mem.valid_at(self.mem_gen);
-        self.refused_for(qp, facts, wqe, head.map(|d| (d, d > 0 && translated)))
+        let len = wqe.payload.len();
+        self.refused_for(
+            qp,
+            facts,
+            (wqe, len),
+            head.map(|d| (d, d > 0 && translated)),
+        )
     }
 
     /// [`Engine::refused_locally`], the QP's vRNIC, PD and type known.
@@ -365,10 +379,9 @@ impl Engine {
         &mut self,
         qp: QpId,
         (vnic, pd, ty): (VnicId, PdId, QpType),
-        wqe: &SendWqe,
+        (wqe, len): (&SendWqe, u64),
         head: Option<(u64, bool)>,
     ) -> Option<WcStatus> {
-        let len = wqe.payload.len();
         let needs_write = wqe.opcode.reads_back();
         if len > u64::from(MAX_MSG_SIZE) {
             return Some(WcStatus::LocLenErr);
@@ -445,7 +458,7 @@ impl Engine {
             ..
         } = at;
         let (uc, xrc) = (at.ty == QpType::Uc, at.ty == QpType::XrcSend);
-        let len = wqe.payload.len();
+        let len = at.len;
         let atomic = matches!(
             wqe.opcode,
             SendOpcode::AtomicCmpAndSwp | SendOpcode::AtomicFetchAndAdd
@@ -565,17 +578,17 @@ impl Engine {
         back: &[(Loc, u64)],
         mem: &mut dyn Memory,
     ) -> Outcome {
-        let len = wqe.payload.len();
+        let len = at.len;
         let (vnic, uc, dst_qpn, done) = (at.vnic, at.ty == QpType::Uc, at.dst_qpn, at.done);
         let Some(response) = answer else {
             if uc {
                 // Nobody acknowledges UC: the message is simply lost.
-                return self.accepted(qp, wqe, len, len);
+                return self.accepted(qp, (wqe, len), len, len);
             }
             return self.lost(now, qp);
         };
         match response {
-            Response::Ack | Response::Unacknowledged => self.accepted(qp, wqe, n, done + n),
+            Response::Ack | Response::Unacknowledged => self.accepted(qp, (wqe, len), n, done + n),
             Response::ReadData => {
                 if let SendPayload::Sges(sges) = &wqe.payload {
                     let mut local = std::mem::take(&mut self.scratch.scratch_local);
@@ -589,7 +602,7 @@ impl Engine {
                         return Outcome::fail(WcStatus::GeneralErr);
                     }
                 }
-                self.accepted(qp, wqe, n, done + n)
+                self.accepted(qp, (wqe, len), n, done + n)
             }
             Response::AtomicAck(old) => {
                 if let SendPayload::Sges(sges) = &wqe.payload {
@@ -603,7 +616,7 @@ impl Engine {
                         return Outcome::fail(WcStatus::GeneralErr);
                     }
                 }
-                self.accepted(qp, wqe, 8, len)
+                self.accepted(qp, (wqe, len), 8, len)
             }
             Response::RnrNak { timer } => {
                 // A receive posted to the responder's queue wakes the QP early where that
