@@ -68,7 +68,10 @@ impl Engine {
                     && !matches!(wqe, Err(ParseError::ProducerIndex(_))) =>
             {
                 q.sq.push_back(wqe);
-                self.wake(qp);
+                // One already on its vRNIC's ready list (a burst's second WQE on) stays there.
+                if !q.sched.queued {
+                    self.wake(qp);
+                }
             }
             state => {
                 tracing::debug!(qpn = q.qpn, ?state, ok = wqe.is_ok(), "send WQE refused");
