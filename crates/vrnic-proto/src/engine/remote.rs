@@ -693,6 +693,9 @@ impl Engine {
         q.resp.admitted == Some((host, *addr, self.routes.generation)) && q.ty != QpType::Ud
     }
 
+    /// Whether QP `qp` takes a segment from `host` with address word `addr` (and a datagram's
+    /// source QP number `deth_src`): the QP of the vRNIC its destination LID resolved, a
+    /// sender of its group, a connected QP's own peer (remembered for the next segment).
     pub(super) fn admits(
         &mut self,
         host: HostId,
