@@ -179,8 +179,7 @@ impl Engine {
         let Some(q) = self.objs.qps.get_mut(&qp) else {
             return Outcome::Retired(moved);
         };
-        q.attr.sq_psn = psn_next(q.attr.sq_psn);
-        q.wait = Wait::None;
+        took_psn(q);
         if next < len {
             continue_in(q, next);
             return Outcome::Partial(moved);
@@ -652,8 +651,7 @@ impl Engine {
     /// not make).
     fn psn_taken(&mut self, qp: QpId) {
         if let Some(q) = self.objs.qps.get_mut(&qp) {
-            q.attr.sq_psn = psn_next(q.attr.sq_psn);
-            q.wait = Wait::None;
+            took_psn(q);
         }
     }
 
@@ -853,6 +851,12 @@ impl Engine {
 pub(super) fn atomic_write_ok(wqe: &SendWqe) -> bool {
     wqe.opcode != SendOpcode::AtomicWrite
         || matches!(&wqe.payload, SendPayload::Inline(d) if d.len() == 8)
+}
+
+/// A segment of `q`'s head WQE was answered: it took its PSN, and `q` waits for nothing.
+fn took_psn(q: &mut Qp) {
+    q.attr.sq_psn = psn_next(q.attr.sq_psn);
+    q.wait = Wait::None;
 }
 
 /// Records that the head WQE of `q` moved its first `done` bytes and continues later.
