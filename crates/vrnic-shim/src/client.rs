@@ -11,6 +11,7 @@
 //!
 //! Nothing here knows C types; `ffi` converts between the verbs structs and these calls.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -955,6 +956,23 @@ impl WorkQueue {
     }
 }
 
+/// A poll of the calling thread found work: its empty polls count from zero again.
+fn worked() {
+    SPIN.with(|s| s.borrow_mut().worked());
+}
+
+thread_local! {
+    /// When this thread's empty CQ polls give its CPU away (`vrnic_shm::Spin`): a yield every
+    /// 8 empty polls while that runs another thread, at most every 1,024 while it does not.
+    /// It is the thread's, not a CQ's: whether to give the CPU away is a question about the
+    /// thread that polls, whichever CQs it polls. A thread that polls several CQs in turn
+    /// (UCX's progress polls its RC receive and send CQs and its UD ones, four per round)
+    /// counts them together, and work on any of them is work: with a count per CQ, four
+    /// counts that reached their yield in one round gave the CPU away four times in a row,
+    /// and a CQ that stayed empty beside one that did not made a busy thread yield.
+    static SPIN: RefCell<Spin> = const { RefCell::new(Spin::new(8, 1024)) };
+}
+
 /// A CQ as the driver sees it: it owns the consumer index.
 #[derive(Debug)]
 pub struct CompQueue {
@@ -962,15 +980,12 @@ pub struct CompQueue {
     pub ring: Ring,
     /// Private consumer index.
     pub cons: u32,
-    /// When an empty poll gives the CPU away (`vrnic_shm::Spin`).
-    pub spin: Spin,
 }
 
 impl CompQueue {
-    /// The empty-poll policy of a new CQ: a yield every 8 empty polls while that runs
-    /// another thread, at most every 1,024 while it does not.
-    pub fn spin() -> Spin {
-        Spin::new(8, 1024)
+    /// A CQ over `ring` with nothing polled yet.
+    pub fn new(ring: Ring) -> CompQueue {
+        CompQueue { ring, cons: 0 }
     }
 
     /// Whether the slot at the consumer index holds a completion: its sequence word says it
@@ -998,7 +1013,7 @@ impl CompQueue {
         }
         if n > 0 {
             self.publish(region);
-            self.spin.worked();
+            worked();
         } else {
             self.idle();
         }
@@ -1012,7 +1027,7 @@ impl CompQueue {
         while self.ready(region) {
             self.ring.read_slot(region, self.cons, &mut raw);
             if let Ok(cqe) = Cqe::parse(&raw) {
-                self.spin.worked();
+                worked();
                 return Some(cqe);
             }
             self.cons = self.cons.wrapping_add(1);
@@ -1076,11 +1091,12 @@ impl CompQueue {
         !self.ready(region)
     }
 
-    /// Counts an empty poll. On a machine with few cores, an app spinning on an empty CQ can
-    /// starve the engine that would fill it: the CPU is given away every few empty polls
-    /// while that lets another thread run, and rarely while it does not (a core of its own).
-    fn idle(&mut self) {
-        self.spin.idle();
+    /// Counts an empty poll, the calling thread's (see `SPIN`). On a machine with few cores,
+    /// an app spinning on an empty CQ can starve the engine that would fill it: the CPU is
+    /// given away every few empty polls while that lets another thread run, and rarely while
+    /// it does not (a core of its own). Returns whether it gave the CPU away.
+    fn idle(&self) -> bool {
+        SPIN.with(|s| s.borrow_mut().idle())
     }
 
     /// Arms the CQ: the next completion (or next solicited one) raises a channel event.
@@ -1141,11 +1157,7 @@ mod tests {
         ring.prod(&r)
             .store(start + qps.len() as u32, Ordering::Release);
         ring.cons(&r).store(start, Ordering::Release);
-        let mut q = CompQueue {
-            ring,
-            cons: start,
-            spin: CompQueue::spin(),
-        };
+        let mut q = CompQueue { ring, cons: start };
         assert_eq!(q.clean(&r, 1), 3);
         assert_eq!(q.cons, start + 3);
         assert_eq!(ring.cons(&r).load(Ordering::Acquire), start + 3);
@@ -1154,6 +1166,49 @@ mod tests {
         assert_eq!(got, vec![(6, 2), (8, 3), (10, 2)]);
         assert_eq!(q.clean(&r, 2), 0, "an empty ring has nothing to clean");
         std::fs::remove_file(p).unwrap();
+    }
+
+    /// Empty polls are counted per thread, whichever CQ they were of: a thread polling two
+    /// CQs in turn gives its CPU away every 8 empty polls in all (not 8 of each, all due in
+    /// the same round), and work found on either counts from zero again.
+    #[test]
+    fn empty_polls_of_several_cqs_count_together_for_their_thread() {
+        let p = std::env::temp_dir().join(format!("vrnic-spin-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let ra = Ring::new(&r, layout::HEAP_OFF, 4, CQ_SLOT).unwrap();
+        let rb = Ring::new(&r, layout::HEAP_OFF + 4096, 4, CQ_SLOT).unwrap();
+        ra.reset(&r);
+        rb.reset(&r);
+        // A thread of its own: its count starts at zero.
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                let mut a = CompQueue::new(ra);
+                let mut b = CompQueue::new(rb);
+                for _ in 0..7 {
+                    assert_eq!(a.poll(&r, 4, |_, _| ()), 0);
+                }
+                assert!(
+                    b.idle(),
+                    "the thread's 8th empty poll, b's first, gives the CPU away"
+                );
+                for _ in 0..3 {
+                    assert!(!a.idle());
+                    assert!(!b.idle());
+                }
+                // Work on b: a's empty polls count from zero again.
+                rb.write_slot(&r, 0, &cqe(1, 1));
+                rb.slot_word(&r, 0, CQE_SEQ)
+                    .store(vrnic_wire::cqe_seq(0), Ordering::Release);
+                assert_eq!(b.poll(&r, 4, |_, _| ()), 1);
+                for _ in 0..7 {
+                    assert!(!a.idle());
+                }
+                assert!(a.idle(), "8 empty polls after the work");
+            });
+        });
+        drop(r);
+        let _ = std::fs::remove_file(&p);
     }
 
     /// A poll takes the slot at the consumer index only when its sequence word names that
@@ -1168,11 +1223,7 @@ mod tests {
         let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
         let ring = Ring::new(&r, layout::HEAP_OFF, 4, CQ_SLOT).unwrap();
         ring.reset(&r);
-        let mut q = CompQueue {
-            ring,
-            cons: 0,
-            spin: CompQueue::spin(),
-        };
+        let mut q = CompQueue::new(ring);
         let mut got = Vec::new();
         assert_eq!(q.poll(&r, 16, |_, c| got.push(c.wr_id)), 0, "a zeroed ring");
         assert!(q.is_empty(&r));

@@ -73,15 +73,15 @@ pub struct Spin {
 impl Spin {
     /// A poller that yields every `floor` empty polls while that gives the CPU to someone,
     /// and at most every `ceiling` while it does not (`1 <= floor <= ceiling`).
-    pub fn new(floor: u32, ceiling: u32) -> Spin {
-        let floor = floor.max(1);
+    pub const fn new(floor: u32, ceiling: u32) -> Spin {
+        let floor = if floor == 0 { 1 } else { floor };
         Spin {
             empty: 0,
             every: floor,
             streak: 0,
             switched: 0,
             floor,
-            ceiling: ceiling.max(floor),
+            ceiling: if ceiling < floor { floor } else { ceiling },
             fastest: Duration::MAX,
             hold: Duration::ZERO,
             short: 0,

@@ -117,11 +117,7 @@ pub(crate) fn create_cq(
     cq.cqe = depth as c_int;
     let v = Box::new(VCq {
         cq,
-        q: Mutex::new(CompQueue {
-            ring,
-            cons: 0,
-            spin: CompQueue::spin(),
-        }),
+        q: Mutex::new(CompQueue::new(ring)),
         channel: chan.clone(),
         events: Arc::default(),
         delivered: std::sync::atomic::AtomicU32::new(0),
