@@ -61,29 +61,28 @@ struct Other<'a> {
 }
 
 impl Siblings for Other<'_> {
-    fn with(
+    fn with<R>(
         &mut self,
         host: HostId,
         _recv_for: Option<u32>,
-        f: &mut dyn FnMut(&mut Engine, &mut dyn Memory),
-    ) -> bool {
+        f: impl FnOnce(&mut Engine, &mut dyn Memory) -> R,
+    ) -> Option<R> {
         assert_eq!(
             host, self.host,
             "a request for an engine that does not exist"
         );
         if self.busy.get() > 0 {
             self.busy.set(self.busy.get() - 1);
-            return false;
+            return None;
         }
         self.calls.set(self.calls.get() + 1);
-        f(
+        Some(f(
             self.e,
             &mut Shared {
                 mem: self.mem,
                 moved: self.moved,
             },
-        );
-        true
+        ))
     }
 }
 

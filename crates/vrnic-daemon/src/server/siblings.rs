@@ -143,21 +143,18 @@ pub(super) struct Reach<'s, 'c> {
 }
 
 impl vrnic_proto::Siblings for Reach<'_, '_> {
-    fn with(
+    fn with<R>(
         &mut self,
         host: HostId,
         recv_for: Option<u32>,
-        f: &mut dyn FnMut(&mut Engine, &mut dyn Memory),
-    ) -> bool {
+        f: impl FnOnce(&mut Engine, &mut dyn Memory) -> R,
+    ) -> Option<R> {
         let now = self.sibs.now;
-        let Some(sh) = host_shard(host).and_then(|k| self.sibs.get(k)) else {
-            return false;
-        };
+        let sh = host_shard(host).and_then(|k| self.sibs.get(k))?;
         if let Some(qpn) = recv_for {
             sh.fetch_receives(now, qpn);
         }
         let Shard { engine, lanes, .. } = sh;
-        f(engine, &mut Mem::pair(self.lanes, lanes));
-        true
+        Some(f(engine, &mut Mem::pair(self.lanes, lanes)))
     }
 }

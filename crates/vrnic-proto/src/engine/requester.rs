@@ -226,12 +226,12 @@ impl Engine {
     }
 
     /// Tries the head send WQE of an RTS QP: one segment.
-    pub(super) fn step(
+    pub(super) fn step<S: Siblings>(
         &mut self,
         now: Instant,
         qp: QpId,
         mem: &mut dyn Memory,
-        sib: &mut dyn Siblings,
+        sib: &mut S,
     ) -> Step {
         let Some(mut q) = self.objs.qps.get_mut(&qp) else {
             return Step::Blocked;
@@ -316,14 +316,14 @@ impl Engine {
     }
 
     /// Local checks, then the next segment of `wqe` (taken off the head of `qp`'s queue).
-    fn step_wqe(
+    fn step_wqe<S: Siblings>(
         &mut self,
         now: Instant,
         qp: QpId,
         at: Head,
         wqe: &SendWqe,
         mem: &mut dyn Memory,
-        sib: &mut dyn Siblings,
+        sib: &mut S,
     ) -> Outcome {
         let (ty, route) = (at.ty, at.route);
         let head = Some((at.done, at.translated));
@@ -437,14 +437,14 @@ impl Engine {
     }
 
     /// The next segment of an RC or UC message.
-    fn step_connected(
+    fn step_connected<S: Siblings>(
         &mut self,
         now: Instant,
         qp: QpId,
         at: Head,
         wqe: &SendWqe,
         mem: &mut dyn Memory,
-        sib: &mut dyn Siblings,
+        sib: &mut S,
     ) -> Outcome {
         let Head {
             vnic,
@@ -737,12 +737,12 @@ impl Engine {
 
     /// A UD send: one segment to the QP the address handle and QP number name; nothing
     /// answers, so it completes once handed on (a datagram nobody takes is dropped).
-    fn step_ud(
+    fn step_ud<S: Siblings>(
         &mut self,
         qp: QpId,
         wqe: &SendWqe,
         mem: &mut dyn Memory,
-        sib: &mut dyn Siblings,
+        sib: &mut S,
     ) -> Outcome {
         let len = wqe.payload.len();
         let Some(q) = self.objs.qps.get(&qp) else {

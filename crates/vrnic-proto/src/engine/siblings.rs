@@ -52,9 +52,9 @@ impl Engine {
     /// then runs `then` on this engine with the answer (and a READ's runs in
     /// `back`) and a memory that reaches both engines' regions, before the sibling is let go.
     /// `None`, having done nothing, if the sibling is busy.
-    pub(super) fn via_sibling<T>(
+    pub(super) fn via_sibling<S: Siblings, T>(
         &mut self,
-        sib: &mut dyn Siblings,
+        sib: &mut S,
         host: HostId,
         addr: AddrRepr,
         req: &mut Request,
@@ -70,20 +70,10 @@ impl Engine {
             Op::Write => req.last && req.imm.is_some(),
             _ => false,
         };
-        let mut then = Some(then);
-        let mut out = None;
-        let recv_for = takes.then_some(req.dst_qpn);
-        sib.with(
-            host,
-            recv_for,
-            &mut |other: &mut Engine, m: &mut dyn Memory| {
-                back.clear();
-                let answer = other.sibling_request(&addr, req, m, back);
-                if let Some(f) = then.take() {
-                    out = Some(f(self, answer, back, m));
-                }
-            },
-        );
-        out
+        sib.with(host, takes.then_some(req.dst_qpn), |other, m| {
+            back.clear();
+            let answer = other.sibling_request(&addr, req, m, back);
+            then(self, answer, back, m)
+        })
     }
 }
