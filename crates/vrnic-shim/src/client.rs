@@ -1136,13 +1136,19 @@ mod tests {
         raw
     }
 
+    /// A fresh test region in a file named for `tag`, and its path (to remove).
+    fn region(tag: &str) -> (std::path::PathBuf, Region) {
+        let p = std::env::temp_dir().join(format!("vrnic-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        (p, r)
+    }
+
     /// `clean` removes one QP's completions and keeps the others in order, across the end of
     /// the ring, and frees exactly the removed slots for the daemon.
     #[test]
     fn clean_removes_one_qps_completions_and_keeps_the_rest_in_order() {
-        let p = std::env::temp_dir().join(format!("vrnic-clean-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let (p, r) = region("clean");
         let ring = Ring::new(&r, layout::HEAP_OFF, 8, CQ_SLOT).unwrap();
         ring.reset(&r);
         // Six completions from index 5 on (they wrap past slot 7), QP 1's among QP 2's and 3's.
@@ -1173,9 +1179,7 @@ mod tests {
     /// the same round), and work found on either counts from zero again.
     #[test]
     fn empty_polls_of_several_cqs_count_together_for_their_thread() {
-        let p = std::env::temp_dir().join(format!("vrnic-spin-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let (p, r) = region("spin");
         let ra = Ring::new(&r, layout::HEAP_OFF, 4, CQ_SLOT).unwrap();
         let rb = Ring::new(&r, layout::HEAP_OFF + 4096, 4, CQ_SLOT).unwrap();
         ra.reset(&r);
@@ -1218,9 +1222,7 @@ mod tests {
     /// The producer index is not what it reads (left at 0 here throughout).
     #[test]
     fn a_poll_takes_only_slots_whose_sequence_word_names_their_index() {
-        let p = std::env::temp_dir().join(format!("vrnic-seq-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let r = Region::create(&p, 0, "r", 1, [0; 16], 1).unwrap();
+        let (p, r) = region("seq");
         let ring = Ring::new(&r, layout::HEAP_OFF, 4, CQ_SLOT).unwrap();
         ring.reset(&r);
         let mut q = CompQueue::new(ring);
