@@ -13,7 +13,10 @@
  *       (what a window needs of its MR: MW_BIND, and local write for remote write or
  *       atomics, no remote right; LOCAL_WRITE in a window's flags, as rdma-core's tests bind
  *       them, granting nothing remote; type 1 and both type 2 binds; invalidation by
- *       LOCAL_INV and by ibv_dealloc_mw of a bound window).
+ *       LOCAL_INV and by ibv_dealloc_mw of a bound window). A MODE prefixed "far-" runs
+ *       the same with a QP made (and never used) before the server's own, so that on a
+ *       daemon with --spread-qps its QP is in another slice than its vRNIC's home, which
+ *       allocates the windows and pins the MR.
  *
  * Every check asserts bytes (landed exactly, or not at all) and completion statuses on the side
  * that sees them. After an error both sides move their QPs to RESET and up again. Prints "OK
@@ -99,7 +102,7 @@ static void restate(struct side *s)
 		fail("out of step after a restate (heard %u)", got);
 }
 
-static void setup(struct side *s, int server)
+static void setup(struct side *s, int server, int far)
 {
 	int n;
 	struct ibv_device **list = ibv_get_device_list(&n);
@@ -125,6 +128,8 @@ static void setup(struct side *s, int server)
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = s->pd, .send_ops_flags = OPS,
 	};
+	if (far && !ibv_create_qp_ex(s->ctx, &ia))
+		fail("create the QP made first");
 	s->qp = ibv_create_qp_ex(s->ctx, &ia);
 	if (!s->qp)
 		fail("create_qp_ex with BIND_MW, LOCAL_INV, SEND_WITH_INV");
@@ -693,13 +698,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *mode = argv[argc - 1];
+	int far = !strncmp(mode, "far-", 4);
+	const char *what = far ? mode + 4 : mode;
 	s.sock = server ? listen_on(argv[2]) : connect_to(argv[2], argv[3]);
-	setup(&s, server);
-	if (!strcmp(mode, "type2"))
+	setup(&s, server, far && server);
+	if (!strcmp(what, "type2"))
 		server ? server_type2(&s) : client_type2(&s);
-	else if (!strcmp(mode, "type1"))
+	else if (!strcmp(what, "type1"))
 		server ? server_type1(&s) : client_type1(&s);
-	else if (!strcmp(mode, "rights"))
+	else if (!strcmp(what, "rights"))
 		server ? server_rights(&s) : client_rights(&s);
 	else
 		fail("unknown mode %s", mode);

@@ -42,10 +42,6 @@ pub struct DeviceInfo {
     /// Most SRQs (0 from a daemon that did not say: the driver reports `max_qp`).
     #[serde(default)]
     pub max_srq: u32,
-    /// Memory windows are not offered on this vRNIC (its QPs spread over engine threads):
-    /// `max_mw` is 0 and `ibv_alloc_mw` fails with `EOPNOTSUPP`.
-    #[serde(default)]
-    pub no_mw: bool,
 }
 
 /// A run of pages backing part of a registration: `pages` app pages from `va` are backed by

@@ -168,7 +168,7 @@ pub use engine::{
     MAX_CQE, MAX_MR, MAX_MW, MAX_PD, MAX_QP, MAX_QP_WR, MAX_REFUSALS, MAX_SRQ, MAX_XRCD, MW_TYPE_1,
     MW_TYPE_2, Meter, PAGE, PASS_BYTES, PASS_WRS, Placement, Policy, QP_WRS, Refusal, Refused,
     SEGMENT, SOLO_TURNS, STEP, Sender, Transmit, Turn, TxPayload, UD_MTU, VNIC_WRS, WINDOW,
-    WINDOW_FULL,
+    WINDOW_FULL, Windows,
 };
 
 /// A positive errno value, returned for local misuse or resource failure.

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{VecMem, per_page};
+use common::{VecMem, bind, inc, per_page};
 
 use std::time::{Duration, Instant};
 
@@ -1505,8 +1505,21 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
     let dst = n.b.map(
         0x80_0000,
         1 << 20,
-        access::LOCAL_WRITE | access::REMOTE_WRITE,
+        access::LOCAL_WRITE | access::REMOTE_WRITE | access::MW_BIND,
     );
+    // A window over the whole MR: its grant may change in another engine (see `mw`).
+    let (mw, r) =
+        n.b.e
+            .alloc_mw(n.b.ctx, n.b.pd, vrnic_proto::MW_TYPE_1)
+            .unwrap();
+    let wkey = inc(r);
+    let acc = access::REMOTE_WRITE;
+    n.b.post(
+        n.now,
+        bind(1, mw, wkey, dst.0.lkey, 0x80_0000, 1 << 20, acc),
+    );
+    n.run();
+    assert_eq!(statuses(&n.b.cqes()), vec![(1, WcStatus::Success)]);
     let write = |op: Op, psn: u32, rkey: u32, len: usize| {
         let mut s = SegmentRepr::new(Opcode::new(Transport::Rc, op).unwrap(), n.b.qpn, psn);
         s.reth = Some(Reth {
@@ -1532,8 +1545,8 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
     runs.clear();
     assert!(n.b.e.placement(from, &ab, &ok, &mut runs).is_some());
     assert_eq!(runs, first);
-    // Not offered: out of sequence, a wrong key, a key past the MR, with immediate data (it
-    // takes a receive), from another host, for no QP.
+    // Not offered: out of sequence, a wrong key, a key past the MR, a window's key (checked
+    // when handled), with immediate data (it takes a receive), from another host, for no QP.
     for (what, seg, host) in [
         (
             "ahead",
@@ -1553,6 +1566,11 @@ fn placement_is_offered_only_where_the_responder_would_take_the_segment_and_chan
         (
             "past the MR",
             write(Op::RdmaWriteOnly, 0x77, dst.0.rkey, 1 << 20),
+            from,
+        ),
+        (
+            "through a window",
+            write(Op::RdmaWriteOnly, 0x77, wkey, 64),
             from,
         ),
         (

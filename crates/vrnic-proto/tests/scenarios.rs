@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{VecMem, per_page};
+use common::{VecMem, bind, inc, per_page};
 
 use std::time::{Duration, Instant};
 
@@ -2359,42 +2359,12 @@ fn an_srq_resizes_keeping_its_receives_and_refuses_to_shrink_below_them() {
 
 // ---- memory windows -------------------------------------------------------------------------
 
-/// A bind work request for window `mw` over `[addr, addr + len)` of the MR `lkey`.
-fn bind(
-    wr_id: u64,
-    mw: vrnic_proto::MwId,
-    rkey: u32,
-    lkey: u32,
-    addr: u64,
-    len: u64,
-    acc: u32,
-) -> SendWqe {
-    SendWqe {
-        wr_id,
-        opcode: SendOpcode::BindMw,
-        flags: SendFlags::SIGNALED,
-        imm_data: acc,
-        remote_addr: addr,
-        rkey,
-        compare_add: len,
-        swap: u64::from(mw.0) << 32 | u64::from(lkey),
-        ud: Default::default(),
-        xrc_srqn: 0,
-        payload: SendPayload::Sges(Default::default()),
-    }
-}
-
 /// A local invalidation (or, with `SendWithInv`, a SEND that invalidates) of `rkey`.
 fn inv(wr_id: u64, opcode: SendOpcode, sges: Vec<Sge>, rkey: u32) -> SendWqe {
     SendWqe {
         imm_data: rkey,
         ..wqe(wr_id, opcode, sges, 0, 0)
     }
-}
-
-/// The next key of a window: same index, next consumer byte (`ibv_inc_rkey`).
-fn inc(rkey: u32) -> u32 {
-    (rkey & !0xff) | ((rkey + 1) & 0xff)
 }
 
 /// Setup for the window tests: on b, an MR at 0x40_0000 (8 KiB, MW_BIND) and a type-`ty`

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{VecMem, per_page};
+use common::{VecMem, bind, inc, per_page};
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
@@ -686,14 +686,17 @@ fn a_qp_number_reaches_only_its_own_vrnic_and_group_across_engines() {
 /// QP of its own class, and the QPs, connected to the vRNIC's own LID, reach each other through
 /// the sibling, by a call: a SEND and an RDMA WRITE land byte for byte in the one region both
 /// slices share, with the MR key the maker gave honoured by the mirror.
-#[test]
-fn a_vrnic_sliced_over_two_engines_connects_its_qps_through_its_siblings() {
-    let mut p = Pair::new();
+/// One vRNIC sliced over both engines (as `--spread-qps` makes it: its PD and CQ made by
+/// engine 0 and mirrored in engine 1 with the same ids, one window table shared), with one RC
+/// QP in each slice, not yet connected.
+fn sliced(p: &mut Pair) -> (End, End) {
     let (vnic, ctx, lid, gid) = (VnicId(1), CtxId(1), 10u16, [1u8; 16]);
     p.mem.borrow_mut().0.insert(vnic, vec![0u8; REGION]);
     for e in &mut p.e {
         e.add_vnic(vnic, lid, gid);
     }
+    let windows = p.e[0].vnic_windows(vnic).unwrap();
+    p.e[1].set_vnic_windows(vnic, windows);
     let pd = p.e[0].alloc_pd(vnic, ctx).unwrap();
     let cq = p.e[0].create_cq(vnic, ctx, 256).unwrap();
     let pd1 = p.e[1]
@@ -726,17 +729,39 @@ fn a_vrnic_sliced_over_two_engines_connects_its_qps_through_its_siblings() {
         })
         .collect();
     let b = ends.pop().unwrap();
-    let mut a = ends.pop().unwrap();
-    let (addr, len) = (0x40_0000u64, 64u64 << 10);
-    let mr = p.map(&mut a, addr, len);
-    let acc =
-        access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
-    let keys = p.e[1]
-        .mirrored(mr.0.mr.0, Some(mr.0.lkey), |e| {
-            e.reg_mr(ctx, pd, addr, len, addr, acc, &per_page(&mr.1))
+    let a = ends.pop().unwrap();
+    (a, b)
+}
+
+/// An MR of the sliced vRNIC `a` is of, with access `acc`, made by engine 0 and mirrored in
+/// engine 1 with the same id and keys.
+fn sliced_mr(p: &mut Pair, a: &mut End, addr: u64, len: u64, acc: u32) -> (MrKeys, Vec<u64>) {
+    let n = (addr + len).div_ceil(4096) - addr / 4096;
+    let base = a.next_page;
+    a.next_page += n + 1;
+    let pages: Vec<u64> = (0..n).map(|i| (base + i) * 4096).collect();
+    let (ctx, pd) = (a.ctx, a.pd);
+    let keys = p.e[0]
+        .reg_mr(ctx, pd, addr, len, addr, acc, &per_page(&pages))
+        .unwrap();
+    let mirror = p.e[1]
+        .mirrored(keys.mr.0, Some(keys.lkey), |e| {
+            e.reg_mr(ctx, pd, addr, len, addr, acc, &per_page(&pages))
         })
         .unwrap();
-    assert_eq!(keys, mr.0, "a mirrored MR keeps its id and keys");
+    assert_eq!(mirror, keys, "a mirrored MR keeps its id and keys");
+    (keys, pages)
+}
+
+#[test]
+fn a_vrnic_sliced_over_two_engines_connects_its_qps_through_its_siblings() {
+    let mut p = Pair::new();
+    let (mut a, b) = sliced(&mut p);
+    let lid = a.lid;
+    let (addr, len) = (0x40_0000u64, 64u64 << 10);
+    let acc =
+        access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+    let mr = sliced_mr(&mut p, &mut a, addr, len, acc);
     p.connect(&a, b.qpn, lid, false);
     p.connect(&b, a.qpn, lid, false);
     let msg = pattern(5000, 3);
@@ -768,6 +793,108 @@ fn a_vrnic_sliced_over_two_engines_connects_its_qps_through_its_siblings() {
     );
     assert_eq!(statuses(&p.cqes(&b)), vec![(9, WcStatus::Success)]);
     assert_eq!(p.moved.get(), 8000);
+}
+
+/// Memory windows of a vRNIC sliced over two engines (`--spread-qps`): one table, so a window
+/// allocated by the home engine is bound by a work request in either slice and used by a
+/// request to the other; an MR with a window bound in one slice is pinned in the other, and a
+/// PD with windows too; a type 2 window bound to the QP of one slice is invalidated by a local
+/// invalidation in the other; and a type 1 window unbound in one slice refuses, at once, the
+/// key that the other slice's responder checked a moment before (no translation through a
+/// window is kept, since an unbinding changes only the binding engine's memory generation).
+#[test]
+fn memory_windows_of_a_sliced_vrnic_are_one_table_for_both_engines() {
+    let mut p = Pair::new();
+    let (mut a, b) = sliced(&mut p);
+    let (addr, len) = (0x40_0000u64, 64u64 << 10);
+    // The MR grants no remote access: only windows open it.
+    let mr = sliced_mr(
+        &mut p,
+        &mut a,
+        addr,
+        len,
+        access::LOCAL_WRITE | access::MW_BIND,
+    );
+    let lkey = mr.0.lkey;
+    p.connect(&a, b.qpn, a.lid, false);
+    p.connect(&b, a.qpn, a.lid, false);
+    let (w1, r1) = p.e[0]
+        .alloc_mw(a.ctx, a.pd, vrnic_proto::MW_TYPE_1)
+        .unwrap();
+    let (w2, r2) = p.e[0]
+        .alloc_mw(a.ctx, a.pd, vrnic_proto::MW_TYPE_2)
+        .unwrap();
+    let (k1, k2) = (inc(r1), inc(r2));
+    let rights = access::REMOTE_WRITE;
+    // Type 2 bound by b's bind (engine 1) to b; type 1 by a's (engine 0).
+    p.post(&b, bind(1, w2, k2, lkey, addr + 0x2000, 0x1000, rights));
+    p.post(&a, bind(2, w1, k1, lkey, addr + 0x1000, 0x1000, rights));
+    p.run();
+    assert_eq!(statuses(&p.cqes(&b)), vec![(1, WcStatus::Success)]);
+    assert_eq!(statuses(&p.cqes(&a)), vec![(2, WcStatus::Success)]);
+    // a (engine 0) writes through both; b's slice (engine 1) checks them.
+    let (x, y) = (pattern(300, 1), pattern(200, 2));
+    p.set(&a, &mr, addr, addr + 0x8000, &x);
+    p.set(&a, &mr, addr, addr + 0x9000, &y);
+    let write = |id, from, to, rkey, n| {
+        wqe(
+            id,
+            SendOpcode::RdmaWrite,
+            vec![sge(from, n, lkey)],
+            to,
+            rkey,
+        )
+    };
+    p.post(&a, write(3, addr + 0x8000, addr + 0x2100, k2, 300));
+    p.post(&a, write(4, addr + 0x9000, addr + 0x1040, k1, 200));
+    p.run();
+    assert!(p.calls.get() > 0, "the sibling was not called");
+    assert_eq!(
+        statuses(&p.cqes(&a)),
+        vec![(3, WcStatus::Success), (4, WcStatus::Success)]
+    );
+    assert_eq!(
+        p.get(&b, &mr, addr, addr + 0x2100, 300),
+        x,
+        "through type 2"
+    );
+    assert_eq!(
+        p.get(&b, &mr, addr, addr + 0x1040, 200),
+        y,
+        "through type 1"
+    );
+    // Pinned in the other slice: its MR (bound windows), its PD (windows).
+    for e in &mut p.e {
+        assert_eq!(e.dereg_mr(a.ctx, mr.0.mr), Err(vrnic_proto::errno::EINVAL));
+        assert_eq!(e.dealloc_pd(a.ctx, a.pd), Err(vrnic_proto::errno::EBUSY));
+        assert!(e.pd_busy(a.ctx, a.pd));
+    }
+    // a (engine 0) invalidates the type 2 window bound to b (engine 1) and unbinds type 1.
+    p.post(
+        &a,
+        SendWqe {
+            imm_data: k2,
+            ..wqe(5, SendOpcode::LocalInv, vec![], 0, 0)
+        },
+    );
+    p.post(&a, bind(6, w1, k1, 0, 0, 0, 0));
+    p.run();
+    assert_eq!(
+        statuses(&p.cqes(&a)),
+        vec![(5, WcStatus::Success), (6, WcStatus::Success)]
+    );
+    // The key engine 1 checked last is refused there now; nothing lands.
+    p.set(&a, &mr, addr, addr + 0x9000, &pattern(200, 9));
+    p.post(&a, write(7, addr + 0x9000, addr + 0x1040, k1, 200));
+    p.run();
+    assert_eq!(statuses(&p.cqes(&a)), vec![(7, WcStatus::RemAccessErr)]);
+    assert_eq!(p.get(&b, &mr, addr, addr + 0x1040, 200), y, "unchanged");
+    // Once the windows are gone (deallocated by the home), either slice may let the MR go.
+    p.e[0].dealloc_mw(a.ctx, w1).unwrap();
+    p.e[0].dealloc_mw(a.ctx, w2).unwrap();
+    for e in &mut p.e {
+        assert_eq!(e.dereg_mr(a.ctx, mr.0.mr), Ok(()));
+    }
 }
 
 /// A connected QP remembers the peer it admitted (no lookups per segment), but not past a

@@ -336,7 +336,6 @@ impl Conn {
                 max_pd: 0,
                 max_mr_size: 0,
                 max_srq: 0,
-                no_mw: false,
             },
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),

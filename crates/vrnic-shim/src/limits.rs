@@ -137,7 +137,6 @@ mod tests {
             max_pd: 4,
             max_mr_size: 1 << 30,
             max_srq: 4,
-            no_mw: false,
         }
     }
 

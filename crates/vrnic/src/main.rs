@@ -88,7 +88,7 @@ enum Cmd {
         #[arg(long)]
         engine_threads: Option<usize>,
         /// Spread each vRNIC's QPs over the engine threads (a process's QPs then use several
-        /// cores); memory windows are then not offered (max_mw 0, ibv_alloc_mw EOPNOTSUPP).
+        /// cores).
         #[arg(long)]
         spread_qps: bool,
         /// This host's address for peer links to other hosts' daemons: `ADDR[:PORT]` (a host

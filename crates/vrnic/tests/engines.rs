@@ -436,7 +436,7 @@ fn one_process_s_qps_spread_over_every_engine_thread() {
 
 /// `--spread-qps`, every byte checked: one process with one CQ and two RC QPs (on two engine
 /// threads) SENDs, WRITEs and READs 1 MiB with two peers at once, interleaved
-/// (`tests/c/fanout_check.c`); and memory windows are not offered (`ibv_devinfo -v`: max_mw 0).
+/// (`tests/c/fanout_check.c`); and memory windows are offered (`ibv_devinfo -v`: max_mw 65536).
 #[test]
 fn one_process_s_qps_on_two_engine_threads_land_every_byte() {
     let d = spread_daemon(2);
@@ -450,7 +450,7 @@ fn one_process_s_qps_on_two_engine_threads_land_every_byte() {
         .lines()
         .find(|l| l.trim_start().starts_with("max_mw:"))
         .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string());
-    assert_eq!(max_mw.as_deref(), Some("0"), "{}", info.stdout);
+    assert_eq!(max_mw.as_deref(), Some("65536"), "{}", info.stdout);
     // The client's vRNIC has two QPs, one on each thread.
     let used = qp_engines(d);
     let client = used
@@ -466,6 +466,34 @@ fn one_process_s_qps_on_two_engine_threads_land_every_byte() {
         threads.len() == 2 && threads[0] != threads[1],
         "the client's QPs not on two engine threads: {used:?}"
     );
+}
+
+/// `--spread-qps`: memory windows (`tests/c/mw_check.c`, its three modes) where the server's QP
+/// is in another slice than its vRNIC's home (a QP made first takes the home): the windows are
+/// allocated and deallocated by the home, bound, invalidated and used in the other slice, and
+/// the MR they pin is refused deregistration by the home; bytes and statuses as on one thread.
+#[test]
+fn memory_windows_hold_on_a_slice_other_than_the_home_with_spread_qps() {
+    let bin = common::c_program("mw_check", &["-libverbs"]);
+    for mode in ["far-type2", "far-type1", "far-rights"] {
+        let d = spread_daemon(2);
+        let pair = common::c_check_pair_on(&d, &bin, &[mode], Duration::from_secs(120));
+        for side in [&pair.server, &pair.client] {
+            assert!(side.stdout.contains(&format!(" {mode} done")), "{pair}");
+            assert!(!side.stdout.contains("FAIL"), "{pair}");
+        }
+        // The server's vRNIC has two QPs, one on each thread; the client's one.
+        let used = qp_engines(d);
+        let server: Vec<u32> = used
+            .iter()
+            .filter(|(v, _)| used.iter().filter(|(w, _)| w == v).count() == 2)
+            .map(|&(_, e)| e)
+            .collect();
+        assert!(
+            server.len() == 2 && server[0] != server[1],
+            "{mode}: the server's QPs not on two engine threads: {used:?}"
+        );
+    }
 }
 
 /// Daemons on two hosts, each with three engine threads: unmodified clients and our UD check

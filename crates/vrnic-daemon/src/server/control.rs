@@ -109,7 +109,6 @@ impl Server {
                     max_pd: self.opts.limits.max_pd,
                     max_mr_size: v.region.size() - layout::HEAP_OFF,
                     max_srq: self.opts.limits.max_srq,
-                    no_mw: self.spread,
                 })
             }
             Request::AllocPd => {
@@ -181,10 +180,6 @@ impl Server {
             ),
             Request::DeregMr { mr } => self.dereg_mr(id, MrId(mr)),
             Request::ReleasePages { runs } => self.release_pages(id, &runs),
-            Request::AllocMw { .. } if self.spread => err(
-                libc::EOPNOTSUPP,
-                "memory windows are not offered on a vRNIC whose QPs spread (--spread-qps)",
-            ),
             Request::AllocMw { pd, ty } => match cell.lock().engine.alloc_mw(id, PdId(pd), ty) {
                 Ok((mw, rkey)) => Reply::Mw { mw: mw.0, rkey },
                 Err(e) => err(e, "alloc_mw"),

@@ -13,8 +13,9 @@
 //! (a request executed inside the other shard's engine, `siblings.rs`; engines route by the
 //! destination QP number's class, [`Engine::set_siblings`]). A CQ's slot is shared by the slices under a mutex. The home
 //! lane alone takes the region's doorbell bits and hands a slice's on to it
-//! ([`super::shard::BellInbox`]). Memory windows are not offered: a bind is a work request of
-//! one shard, and a window's R_Key would have to be known in every slice at once.
+//! ([`super::shard::BellInbox`]). Its memory windows are one table that every slice shares
+//! ([`vrnic_proto::Windows`]): they are allocated and deallocated by the home, bound and
+//! invalidated by a work request on any slice's QP, and used by a request to any.
 
 use super::*;
 
@@ -149,6 +150,8 @@ impl Server {
     ) {
         let (lid, gid) = identity;
         let mut slices = Vec::new();
+        // One window table for every slice: a window bound in one is used in another.
+        let windows = vrnic_proto::Windows::new();
         for (k, cell) in self.shards.iter().enumerate() {
             if k == shard {
                 continue;
@@ -158,6 +161,7 @@ impl Server {
                 let inbox = BellInbox::new();
                 sh.engine.add_vnic_in_group(id, lid, gid, group);
                 sh.engine.set_vnic_limit(id, limit.clone());
+                sh.engine.set_vnic_windows(id, windows.clone());
                 sh.lanes
                     .insert(id, Lane::slice(region.clone(), inbox.clone()));
                 slices.push(Slice {
@@ -173,6 +177,7 @@ impl Server {
         let mut sh = self.shards[shard].lock();
         sh.engine.add_vnic_in_group(id, lid, gid, group);
         sh.engine.set_vnic_limit(id, limit.clone());
+        sh.engine.set_vnic_windows(id, windows);
         let mut lane = Lane::new(region.clone());
         lane.slices = slices;
         sh.lanes.insert(id, lane);

@@ -120,8 +120,8 @@ pub struct ServeOptions {
     /// Engine threads (`None`: [`default_engine_threads`]); see `threads`.
     pub engine_threads: Option<usize>,
     /// Spread each vRNIC's QPs over the engine threads (`vrnic serve --spread-qps`), so that
-    /// one process's QPs use several cores; its memory windows are then not offered
-    /// (`max_mw` 0, `ibv_alloc_mw` fails with `EOPNOTSUPP`). See `engines`.
+    /// one process's QPs use several cores (its memory windows one table that every slice
+    /// shares). See `engines`.
     pub spread_qps: bool,
     /// Peer links to other hosts' daemons.
     pub peer: PeerOptions,

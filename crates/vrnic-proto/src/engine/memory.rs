@@ -181,16 +181,26 @@ impl Engine {
         // grants beyond it, up to REMOTE_AHEAD: the next messages of a requester that
         // walks a buffer (perftest cycles through one) then need no check or translation.
         let ahead = len.min(TRANSLATE_AHEAD.max(take));
-        if let Some((m, limit)) = self.remote_access(peer, va, len, rkey, need)
-            && let ahead = ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD))
+        let mut window = false;
+        if let Some((m, limit, through)) = self.remote_access(peer, va, len, rkey, need)
+            // Through a window: this segment only, and not kept (see `mw`).
+            && let ahead = if through {
+                take
+            } else {
+                ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD))
+            }
             && translate(m, va, ahead, &mut t.runs).is_some()
         {
             (t.generation, t.rkey, t.need) = (self.mem_gen, rkey, need);
             (t.start, t.end) = (va, va + ahead);
+            window = through;
         }
         let ok = t.generation != 0;
         if ok {
             t.slice(va, take, out);
+        }
+        if window {
+            t.generation = 0;
         }
         if let Some(q) = self.objs.qps.get_mut(&peer) {
             q.tr.rx_mem = t;
@@ -368,11 +378,12 @@ impl Engine {
         need: u32,
     ) -> Option<&Mr> {
         self.remote_access(peer, addr, len, rkey, need)
-            .map(|(m, _)| m)
+            .map(|(m, _, _)| m)
     }
 
     /// As [`Engine::remote_mr`], with the end of what the same check grants from `addr` on:
-    /// the MR's end, or the window's. Any range from `addr` up to it passes the same check.
+    /// the MR's end, or the window's (and whether it was a window's). Any range from `addr`
+    /// up to it passes the same check.
     fn remote_access(
         &self,
         peer: QpId,
@@ -380,7 +391,7 @@ impl Engine {
         len: u64,
         rkey: u32,
         need: u32,
-    ) -> Option<(&Mr, u64)> {
+    ) -> Option<(&Mr, u64, bool)> {
         let p = self.objs.qps.get(&peer)?;
         if p.attr.qp_access_flags & need == 0 {
             return None;
@@ -388,11 +399,15 @@ impl Engine {
         let v = self.objs.vnics.get(&p.vnic)?;
         let Some(mr) = v.keys.get(&rkey) else {
             // Not an MR's key: perhaps a memory window's.
-            return self.window_mr(peer, addr, len, rkey, need);
+            let (m, limit) = self.window_mr(peer, addr, len, rkey, need)?;
+            return Some((m, limit, true));
         };
         let m = self.objs.mrs.get(mr)?;
-        (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len))
-            .then_some((m, m.iova.saturating_add(m.len)))
+        (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len)).then_some((
+            m,
+            m.iova.saturating_add(m.len),
+            false,
+        ))
     }
 }
 
@@ -528,7 +543,6 @@ mod tests {
             access: 0,
             key: 1,
             spans,
-            windows: 0,
         }
     }
 

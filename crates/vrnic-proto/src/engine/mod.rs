@@ -21,8 +21,7 @@ mod xrc;
 pub use groups::{MAX_REFUSALS, Refusal, Refused};
 use memory::{Translated, copy_runs, grh, inside, scatter_bytes, translate};
 pub use meter::{CLASSES, Flow, Meter};
-use mw::Mw;
-pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2};
+pub use mw::{MAX_MW, MW_TYPE_1, MW_TYPE_2, Windows};
 pub use qos::{BURST, Limit, Policy};
 use remote::Flights;
 pub use remote::{Placement, SEGMENT, Sender, Transmit, TxPayload, WINDOW, WINDOW_FULL};
@@ -48,7 +47,7 @@ use crate::errno::*;
 use crate::state;
 use crate::{
     AhId, CqId, CtxId, Errno, Event, GroupId, HostId, Loc, Memory, MemoryRefused, MrId, MrKeys,
-    MwId, Newcomers, NoNewcomers, NoSiblings, PdId, QpId, Siblings, SrqId, VnicId, XrcdId,
+    Newcomers, NoNewcomers, NoSiblings, PdId, QpId, Siblings, SrqId, VnicId, XrcdId,
 };
 
 /// Deepest work queue.
@@ -135,8 +134,8 @@ struct Vnic {
     group: GroupId,
     /// Memory keys -> MR.
     keys: FxHashMap<u32, MrId>,
-    /// Memory-window key indices (R_Key >> 8) -> window.
-    mws: FxHashMap<u32, MwId>,
+    /// Its memory windows (shared with the engines holding its other slices).
+    windows: std::sync::Arc<Windows>,
     /// Its QPs that may have work to run, in turn (each at most once: `Qp::queued`).
     ready: VecDeque<QpId>,
     /// In the engine's run queue.
@@ -170,8 +169,6 @@ struct Mr {
     /// entry per stretch contiguous in the region, so that its size and every lookup go with
     /// the runs, not the pages.
     spans: Vec<Span>,
-    /// Memory windows bound to it (it cannot be deregistered or reregistered meanwhile).
-    windows: u32,
 }
 
 /// Pages `first..first + pages` of an MR (counted from the page holding its first byte) are
@@ -509,7 +506,6 @@ struct Objects {
     vnics: FxHashMap<VnicId, Vnic>,
     pds: FxHashMap<PdId, Pd>,
     mrs: FxHashMap<MrId, Mr>,
-    mws: FxHashMap<MwId, Mw>,
     cqs: FxHashMap<CqId, Cq>,
     qps: FxHashMap<QpId, Qp>,
     srqs: FxHashMap<SrqId, Srq>,
@@ -675,7 +671,6 @@ impl Engine {
                 vnics: FxHashMap::default(),
                 pds: FxHashMap::default(),
                 mrs: FxHashMap::default(),
-                mws: FxHashMap::default(),
                 cqs: FxHashMap::default(),
                 qps: FxHashMap::default(),
                 srqs: FxHashMap::default(),

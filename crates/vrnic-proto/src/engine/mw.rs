@@ -15,9 +15,21 @@
 //! never leaves the window's range, which never leaves its MR: an MR cannot be deregistered
 //! or reregistered while windows are bound to it (`EINVAL`, as rxe), and a window is checked
 //! against the responder QP's PD like an MR.
+//!
+//! A vRNIC's windows are one [`Windows`] table, which every engine holding a slice of the
+//! vRNIC shares (`--spread-qps`: [`Engine::set_vnic_windows`]), so that a window bound by a
+//! work request on one engine thread is seen, and its unbinding too, by a responder QP on
+//! any other at its next segment. The table's mutex is a leaf: nothing else is locked while
+//! it is held, and it is taken only by window verbs and by requests under a window's R_Key.
+//! A translation made through a window is never kept for a later segment, nor is a payload
+//! from a peer host read into place through one ([`Engine::placement`]): an engine's memory
+//! generation sees only its own changes, so each segment is checked against the window as
+//! it is when the segment is handled. Window verbs therefore leave the memory generation
+//! alone, and an MR's own translations are unaffected by windows.
 
 use super::*;
 use crate::MwId;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Most memory windows per vRNIC.
 pub const MAX_MW: usize = 65536;
@@ -27,9 +39,23 @@ pub const MW_TYPE_1: u32 = 1;
 /// `IBV_MW_TYPE_2`.
 pub const MW_TYPE_2: u32 = 2;
 
+/// A vRNIC's memory windows, shared by the engines holding its slices (see the module docs).
+#[derive(Debug, Default)]
+pub struct Windows(Mutex<Table>);
+
+#[derive(Debug, Default)]
+struct Table {
+    by_id: FxHashMap<MwId, Mw>,
+    /// Key indices (R_Key >> 8) -> window.
+    by_index: FxHashMap<u32, MwId>,
+    /// Windows per PD (it cannot be deallocated meanwhile).
+    in_pd: FxHashMap<PdId, u32>,
+    /// Bound windows per MR (it cannot be deregistered or reregistered meanwhile).
+    on_mr: FxHashMap<MrId, u32>,
+}
+
 #[derive(Debug)]
-pub(super) struct Mw {
-    vnic: VnicId,
+struct Mw {
     ctx: CtxId,
     pd: PdId,
     /// `IBV_MW_TYPE_1` or `IBV_MW_TYPE_2`.
@@ -51,7 +77,78 @@ struct Binding {
     qp: Option<QpId>,
 }
 
+impl Windows {
+    /// A new, empty table (one per vRNIC; its slices' engines share it).
+    #[must_use]
+    pub fn new() -> Arc<Windows> {
+        Arc::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a window's key index is `index` (an MR's key must not fall in its range).
+    pub(super) fn uses_index(&self, index: u32) -> bool {
+        self.lock().by_index.contains_key(&index)
+    }
+
+    /// Windows in `pd`.
+    pub(super) fn in_pd(&self, pd: PdId) -> u32 {
+        self.lock().in_pd.get(&pd).copied().unwrap_or(0)
+    }
+
+    /// Windows bound to `mr`.
+    pub(super) fn on_mr(&self, mr: MrId) -> u32 {
+        self.lock().on_mr.get(&mr).copied().unwrap_or(0)
+    }
+}
+
+impl Table {
+    /// Drops a window's binding (its MR may be deregistered again once none is left).
+    fn unbind(&mut self, mw: MwId) {
+        let Some(b) = self.by_id.get_mut(&mw).and_then(|w| w.bound.take()) else {
+            return;
+        };
+        if let Some(n) = self.on_mr.get_mut(&b.mr) {
+            *n -= 1;
+            if *n == 0 {
+                self.on_mr.remove(&b.mr);
+            }
+        }
+    }
+
+    /// Takes window `mw` out, bound or not.
+    fn remove(&mut self, mw: MwId) {
+        self.unbind(mw);
+        let Some(w) = self.by_id.remove(&mw) else {
+            return;
+        };
+        self.by_index.remove(&(w.rkey >> 8));
+        if let Some(n) = self.in_pd.get_mut(&w.pd) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_pd.remove(&w.pd);
+            }
+        }
+    }
+}
+
 impl Engine {
+    /// The windows of `vnic`, to share with the engines holding its other slices.
+    #[must_use]
+    pub fn vnic_windows(&self, vnic: VnicId) -> Option<Arc<Windows>> {
+        self.objs.vnics.get(&vnic).map(|v| v.windows.clone())
+    }
+
+    /// Gives `vnic` the window table `windows` (its home engine's, [`Engine::vnic_windows`]):
+    /// before any window or MR of it is made here.
+    pub fn set_vnic_windows(&mut self, vnic: VnicId, windows: Arc<Windows>) {
+        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
+            v.windows = windows;
+        }
+    }
+
     /// `ibv_alloc_mw`: a window of `ty` in `pd`, unbound; returns it and its R_Key.
     pub fn alloc_mw(&mut self, ctx: CtxId, pd: PdId, ty: u32) -> Result<(MwId, u32), Errno> {
         let vnic = match self.objs.pds.get(&pd) {
@@ -61,104 +158,115 @@ impl Engine {
         if ty != MW_TYPE_1 && ty != MW_TYPE_2 {
             return Err(EINVAL);
         }
-        if self.objs.vnics.get(&vnic).ok_or(ENOENT)?.mws.len() >= MAX_MW {
+        let windows = self.objs.vnics.get(&vnic).ok_or(ENOENT)?.windows.clone();
+        if windows.lock().by_id.len() >= MAX_MW {
             return Err(ENOMEM);
         }
+        let id = MwId(self.id());
         // An index (upper 24 bits) no memory key of the vRNIC uses, whatever its low byte.
-        let index = loop {
-            let r = self.random();
-            let index = (r >> 8) as u32 & 0x00ff_ffff;
+        loop {
+            let index = (self.random() >> 8) as u32 & 0x00ff_ffff;
+            let low = self.random() as u32 & 0xff;
             let Some(v) = self.objs.vnics.get(&vnic) else {
                 return Err(ENOENT);
             };
-            if index != 0
-                && !v.mws.contains_key(&index)
-                && !(0..=0xffu32).any(|low| v.keys.contains_key(&(index << 8 | low)))
-            {
-                break index;
+            if index == 0 || (0..=0xffu32).any(|low| v.keys.contains_key(&(index << 8 | low))) {
+                continue;
             }
-        };
-        let rkey = index << 8 | (self.random() as u32 & 0xff);
-        let id = MwId(self.id());
-        if let Some(v) = self.objs.vnics.get_mut(&vnic) {
-            v.mws.insert(index, id);
+            let mut t = windows.lock();
+            if t.by_index.contains_key(&index) {
+                continue;
+            }
+            let rkey = index << 8 | low;
+            t.by_index.insert(index, id);
+            *t.in_pd.entry(pd).or_default() += 1;
+            t.by_id.insert(
+                id,
+                Mw {
+                    ctx,
+                    pd,
+                    ty,
+                    rkey,
+                    bound: None,
+                },
+            );
+            return Ok((id, rkey));
         }
-        self.objs.mws.insert(
-            id,
-            Mw {
-                vnic,
-                ctx,
-                pd,
-                ty,
-                rkey,
-                bound: None,
-            },
-        );
-        if let Some(p) = self.objs.pds.get_mut(&pd) {
-            p.users += 1;
-        }
-        Ok((id, rkey))
     }
 
     /// `ibv_dealloc_mw`: the window and its R_Key are gone, bound or not.
     pub fn dealloc_mw(&mut self, ctx: CtxId, mw: MwId) -> Result<(), Errno> {
-        match self.objs.mws.get(&mw) {
-            Some(w) if w.ctx == ctx => {}
+        let windows = self.windows_of_ctx(ctx).ok_or(EINVAL)?;
+        let mut t = windows.lock();
+        match t.by_id.get(&mw) {
+            Some(w) if w.ctx == ctx => t.remove(mw),
             _ => return Err(EINVAL),
-        }
-        self.unbind(mw);
-        self.memory_changed();
-        let w = self.objs.mws.remove(&mw).ok_or(EINVAL)?;
-        if let Some(v) = self.objs.vnics.get_mut(&w.vnic) {
-            v.mws.remove(&(w.rkey >> 8));
-        }
-        if let Some(p) = self.objs.pds.get_mut(&w.pd) {
-            p.users = p.users.saturating_sub(1);
         }
         Ok(())
     }
 
     /// The R_Key of a window (for tests and the daemon's logs).
     pub fn mw_rkey(&self, mw: MwId) -> Option<u32> {
-        self.objs.mws.get(&mw).map(|w| w.rkey)
+        self.objs
+            .vnics
+            .values()
+            .find_map(|v| v.windows.lock().by_id.get(&mw).map(|w| w.rkey))
     }
 
-    /// Drops a window's binding (its MR may be deregistered again once none is left).
-    fn unbind(&mut self, mw: MwId) {
-        let Some(b) = self.objs.mws.get_mut(&mw).and_then(|w| w.bound.take()) else {
+    /// Windows of `vnic` in `pd`.
+    pub(super) fn windows_in(&self, vnic: VnicId, pd: PdId) -> u32 {
+        self.objs
+            .vnics
+            .get(&vnic)
+            .map_or(0, |v| v.windows.in_pd(pd))
+    }
+
+    /// Windows of `vnic` bound to `mr`.
+    pub(super) fn windows_on(&self, vnic: VnicId, mr: MrId) -> u32 {
+        self.objs
+            .vnics
+            .get(&vnic)
+            .map_or(0, |v| v.windows.on_mr(mr))
+    }
+
+    /// The window table of the vRNIC `ctx` belongs to (found through its PDs: a window is
+    /// in one of them).
+    fn windows_of_ctx(&self, ctx: CtxId) -> Option<Arc<Windows>> {
+        let vnic = self.objs.pds.values().find(|p| p.ctx == ctx)?.vnic;
+        self.vnic_windows(vnic)
+    }
+
+    /// Type 2 windows bound to `qp` of `vnic`, which is being destroyed, become free.
+    pub(super) fn unbind_qp_windows(&mut self, vnic: VnicId, qp: QpId) {
+        let Some(v) = self.objs.vnics.get(&vnic) else {
             return;
         };
-        self.memory_changed();
-        if let Some(m) = self.objs.mrs.get_mut(&b.mr) {
-            m.windows = m.windows.saturating_sub(1);
-        }
-    }
-
-    /// Type 2 windows bound to a QP being destroyed become free.
-    pub(super) fn unbind_qp_windows(&mut self, qp: QpId) {
-        let ids: Vec<MwId> = self
-            .objs
-            .mws
+        let mut t = v.windows.lock();
+        let ids: Vec<MwId> = t
+            .by_id
             .iter()
             .filter(|(_, w)| w.bound.is_some_and(|b| b.qp == Some(qp)))
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
-            self.unbind(id);
+            t.unbind(id);
         }
     }
 
     /// Deallocates every window of `ctx` (before its MRs go).
     pub(super) fn dealloc_ctx_windows(&mut self, ctx: CtxId) {
-        let ids: Vec<MwId> = self
-            .objs
-            .mws
+        let Some(windows) = self.windows_of_ctx(ctx) else {
+            return;
+        };
+        let mut t = windows.lock();
+        let ids: Vec<MwId> = t
+            .by_id
             .iter()
             .filter(|(_, w)| w.ctx == ctx)
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
-            let _ = self.dealloc_mw(ctx, id);
+            t.remove(id);
         }
     }
 
@@ -171,31 +279,24 @@ impl Engine {
     /// only.
     pub(super) fn bind_mw(&mut self, qp: QpId, wqe: &SendWqe) -> Result<(), WcStatus> {
         const BAD: WcStatus = WcStatus::MwBindErr;
-        // A window's range and rights may change: translations through it are stale.
-        self.memory_changed();
         let q = self.objs.qps.get(&qp).ok_or(BAD)?;
-        let (vnic, ctx, qpd) = (q.vnic, q.ctx, q.pd);
+        let (ctx, qpd) = (q.ctx, q.pd);
+        let v = self.objs.vnics.get(&q.vnic).ok_or(BAD)?;
         let id = MwId((wqe.swap >> 32) as u32);
         let lkey = wqe.swap as u32;
         let (addr, len, acc, rkey) = (wqe.remote_addr, wqe.compare_add, wqe.imm_data, wqe.rkey);
-        let w = self.objs.mws.get(&id).filter(|w| w.ctx == ctx).ok_or(BAD)?;
+        let mut t = v.windows.lock();
+        let w = t.by_id.get(&id).filter(|w| w.ctx == ctx).ok_or(BAD)?;
         if (rkey ^ w.rkey) & !0xff != 0 || acc & !access::MW_SUPPORTED != 0 {
             return Err(BAD);
         }
         if w.ty == MW_TYPE_2 && (w.bound.is_some() || qpd != w.pd || len == 0) {
             return Err(BAD);
         }
-        let mr = if len == 0 {
+        let binding = if len == 0 {
             None
         } else {
-            let mr = *self
-                .objs
-                .vnics
-                .get(&vnic)
-                .ok_or(BAD)?
-                .keys
-                .get(&lkey)
-                .ok_or(BAD)?;
+            let mr = *v.keys.get(&lkey).ok_or(BAD)?;
             let m = self.objs.mrs.get(&mr).ok_or(BAD)?;
             let writable = acc & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0;
             if m.pd != w.pd
@@ -205,23 +306,19 @@ impl Engine {
             {
                 return Err(BAD);
             }
-            Some(mr)
+            Some(Binding {
+                mr,
+                addr,
+                len,
+                access: acc & access::MW_RIGHTS,
+                qp: (w.ty == MW_TYPE_2).then_some(qp),
+            })
         };
-        let ty = w.ty;
-        self.unbind(id);
-        let binding = mr.map(|mr| Binding {
-            mr,
-            addr,
-            len,
-            access: acc & access::MW_RIGHTS,
-            qp: (ty == MW_TYPE_2).then_some(qp),
-        });
-        if let Some(b) = binding
-            && let Some(m) = self.objs.mrs.get_mut(&b.mr)
-        {
-            m.windows += 1;
+        t.unbind(id);
+        if let Some(b) = binding {
+            *t.on_mr.entry(b.mr).or_default() += 1;
         }
-        if let Some(w) = self.objs.mws.get_mut(&id) {
+        if let Some(w) = t.by_id.get_mut(&id) {
             w.rkey = rkey;
             w.bound = binding;
         }
@@ -237,13 +334,10 @@ impl Engine {
         rkey: u32,
         on: Option<QpId>,
     ) -> Result<(), ()> {
-        let id = *self
-            .objs
-            .vnics
-            .get(&vnic)
-            .and_then(|v| v.mws.get(&(rkey >> 8)))
-            .ok_or(())?;
-        let w = self.objs.mws.get(&id).ok_or(())?;
+        let v = self.objs.vnics.get(&vnic).ok_or(())?;
+        let mut t = v.windows.lock();
+        let id = *t.by_index.get(&(rkey >> 8)).ok_or(())?;
+        let w = t.by_id.get(&id).ok_or(())?;
         let b = w.bound.ok_or(())?;
         if w.rkey != rkey
             || w.ty != MW_TYPE_2
@@ -252,7 +346,7 @@ impl Engine {
         {
             return Err(());
         }
-        self.unbind(id);
+        t.unbind(id);
         Ok(())
     }
 
@@ -268,17 +362,15 @@ impl Engine {
         need: u32,
     ) -> Option<(&Mr, u64)> {
         let p = self.objs.qps.get(&peer)?;
-        let (vnic, pd) = (p.vnic, self.responder_pd(p));
-        let id = self.objs.vnics.get(&vnic)?.mws.get(&(rkey >> 8))?;
-        let w = self.objs.mws.get(id)?;
-        let b = w.bound?;
+        let pd = self.responder_pd(p);
+        let b = {
+            let t = self.objs.vnics.get(&p.vnic)?.windows.lock();
+            let w = t.by_id.get(t.by_index.get(&(rkey >> 8))?)?;
+            let b = w.bound?;
+            (w.rkey == rkey && w.pd == pd && b.qp.is_none_or(|qp| qp == peer)).then_some(b)?
+        };
         let end = addr.checked_add(len)?;
-        let ok = w.rkey == rkey
-            && w.pd == pd
-            && b.qp.is_none_or(|qp| qp == peer)
-            && b.access & need != 0
-            && addr >= b.addr
-            && end <= b.addr.checked_add(b.len)?;
+        let ok = b.access & need != 0 && addr >= b.addr && end <= b.addr.checked_add(b.len)?;
         let m = self.objs.mrs.get(&b.mr)?;
         // What it grants ends at the window's end (inside its MR, but bounded by both).
         let limit = b

@@ -800,6 +800,11 @@ impl Engine {
                     Some(r) => (r.va, r.rkey, u64::from(r.dma_len)),
                     None => q.link.write_at?,
                 };
+                // Not an MR's key (a window's, whose grant another engine may change while
+                // the payload is read: see `mw`): read into a buffer, checked when handled.
+                if !self.objs.vnics.get(&q.vnic)?.keys.contains_key(&rkey) {
+                    return None;
+                }
                 n <= len
                     && self.remote_runs(qp, va, len, n, first, rkey, access::REMOTE_WRITE, runs)
             }
@@ -836,8 +841,8 @@ impl Engine {
         })
     }
 
-    /// Whether memory a [`Placement`] names may still be written: nothing was deregistered,
-    /// rebound or given other access since. A driver reading a payload into place over several
+    /// Whether memory a [`Placement`] names may still be written: nothing was deregistered
+    /// or given other access since (a window's grant is never placed). A driver reading a payload into place over several
     /// reads checks it before each, and once it is false reads the rest into a buffer it drops
     /// (then hands the segment over with `whole` false).
     #[must_use]

@@ -19,7 +19,7 @@ impl Engine {
                 gid,
                 group: GroupId(0),
                 keys: FxHashMap::default(),
-                mws: FxHashMap::default(),
+                windows: Windows::new(),
                 ready: VecDeque::new(),
                 queued: false,
                 meter: Meter::default(),
@@ -153,11 +153,11 @@ impl Engine {
         Ok(pd)
     }
 
-    /// `ibv_dealloc_pd`: `EBUSY` while MRs or QPs use it.
+    /// `ibv_dealloc_pd`: `EBUSY` while MRs, QPs or memory windows use it.
     pub fn dealloc_pd(&mut self, ctx: CtxId, pd: PdId) -> Result<(), Errno> {
         match self.objs.pds.get(&pd) {
             Some(p) if p.ctx == ctx => {
-                if p.users > 0 {
+                if p.users > 0 || self.windows_in(p.vnic, pd) > 0 {
                     return Err(EBUSY);
                 }
                 self.objs.pds.remove(&pd);
@@ -167,13 +167,14 @@ impl Engine {
         }
     }
 
-    /// Whether PD `pd` of `ctx` is used here (by MRs, QPs, SRQs, address handles): of a vRNIC
-    /// with slices on several engines, each slice counts its own users.
+    /// Whether PD `pd` of `ctx` is used here (by MRs, QPs, SRQs, address handles) or by a
+    /// memory window: of a vRNIC with slices on several engines, each slice counts its own
+    /// users (its windows are one table, which they share).
     pub fn pd_busy(&self, ctx: CtxId, pd: PdId) -> bool {
         self.objs
             .pds
             .get(&pd)
-            .is_some_and(|p| p.ctx == ctx && p.users > 0)
+            .is_some_and(|p| p.ctx == ctx && (p.users > 0 || self.windows_in(p.vnic, pd) > 0))
     }
 
     /// Whether CQ `cq` of `ctx` is used here by a QP or SRQ (see [`Engine::pd_busy`]).
@@ -239,7 +240,7 @@ impl Engine {
                 || e.objs
                     .vnics
                     .get(&vnic)
-                    .is_some_and(|v| v.keys.contains_key(&key) || v.mws.contains_key(&(key >> 8)))
+                    .is_some_and(|v| v.keys.contains_key(&key) || v.windows.uses_index(key >> 8))
         };
         let key = match self.forced {
             // A mirror keeps the key its maker gave.
@@ -271,7 +272,6 @@ impl Engine {
                 access,
                 key,
                 spans,
-                windows: 0,
             },
         );
         if let Some(p) = self.objs.pds.get_mut(&pd) {
@@ -288,7 +288,7 @@ impl Engine {
     /// memory windows are bound to it (IB spec 10.6.7.2.6, as rxe).
     pub fn dereg_mr(&mut self, ctx: CtxId, mr: MrId) -> Result<(), Errno> {
         match self.objs.mrs.get(&mr) {
-            Some(m) if m.ctx == ctx && m.windows == 0 => {}
+            Some(m) if m.ctx == ctx && self.windows_on(m.vnic, mr) == 0 => {}
             _ => return Err(EINVAL),
         }
         let m = self.objs.mrs.remove(&mr).ok_or(EINVAL)?;
@@ -656,7 +656,7 @@ impl Engine {
         if let Some(v) = self.objs.vnics.get_mut(&q.vnic) {
             v.meter.add(&q.meter);
         }
-        self.unbind_qp_windows(qp);
+        self.unbind_qp_windows(q.vnic, qp);
         if let Some(p) = self.objs.pds.get_mut(&q.pd) {
             p.users = p.users.saturating_sub(1);
         }
@@ -1032,7 +1032,7 @@ impl Engine {
         acc: Option<u32>,
     ) -> Result<(), Errno> {
         let (old_pd, vnic) = match self.objs.mrs.get(&mr) {
-            Some(m) if m.ctx == ctx && m.windows == 0 => (m.pd, m.vnic),
+            Some(m) if m.ctx == ctx && self.windows_on(m.vnic, mr) == 0 => (m.pd, m.vnic),
             _ => return Err(EINVAL),
         };
         if let Some(p) = pd {

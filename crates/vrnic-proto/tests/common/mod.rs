@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 
-use vrnic_proto::{Loc, Memory, MemoryRefused, VnicId};
+use vrnic_proto::{Loc, Memory, MemoryRefused, MwId, VnicId};
+use vrnic_wire::{SendFlags, SendOpcode, SendPayload, SendWqe};
 
 /// Each vRNIC's region, as a vector.
 pub struct VecMem(pub HashMap<VnicId, Vec<u8>>);
@@ -38,4 +39,29 @@ impl Memory for VecMem {
 /// Region runs `(offset, pages)` for `Engine::reg_mr` from one region offset per page.
 pub fn per_page(pages: &[u64]) -> Vec<(u64, u64)> {
     pages.iter().map(|&p| (p, 1)).collect()
+}
+
+/// A signaled bind work request (`IBV_WR_BIND_MW`, as the driver posts it): window `mw` to
+/// `rkey`, over `[addr, addr + len)` of the MR whose L_Key is `lkey`, granting `acc`.
+#[allow(dead_code)] // not every test binary binds windows
+pub fn bind(wr_id: u64, mw: MwId, rkey: u32, lkey: u32, addr: u64, len: u64, acc: u32) -> SendWqe {
+    SendWqe {
+        wr_id,
+        opcode: SendOpcode::BindMw,
+        flags: SendFlags::SIGNALED,
+        imm_data: acc,
+        remote_addr: addr,
+        rkey,
+        compare_add: len,
+        swap: u64::from(mw.0) << 32 | u64::from(lkey),
+        ud: Default::default(),
+        xrc_srqn: 0,
+        payload: SendPayload::Sges(Default::default()),
+    }
+}
+
+/// The next key of a window: same index, next consumer byte (`ibv_inc_rkey`).
+#[allow(dead_code)] // not every test binary binds windows
+pub fn inc(rkey: u32) -> u32 {
+    (rkey & !0xff) | ((rkey + 1) & 0xff)
 }
