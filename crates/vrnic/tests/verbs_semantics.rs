@@ -25,8 +25,8 @@ fn case(name: &str, expect: &[&str]) {
     case_on(&[], name, expect);
 }
 
-/// [`case`] on a daemon started with `serve_args`.
-fn case_on(serve_args: &[&str], name: &str, expect: &[&str]) {
+/// [`case`] on a daemon started with `serve_args`; returns the daemon.
+fn case_on(serve_args: &[&str], name: &str, expect: &[&str]) -> Daemon {
     let bin = program().to_str().expect("utf-8 path").to_string();
     let d = Daemon::start_with(serve_args);
     let out = output(d.run(&[&bin, name]), name, Duration::from_secs(90));
@@ -40,25 +40,70 @@ fn case_on(serve_args: &[&str], name: &str, expect: &[&str]) {
             out.text()
         );
     }
+    d
 }
+
+const READ_ATOMICS: &[&str] = &[
+    "READ 4097 bytes exact",
+    "FETCH_AND_ADD returns the original",
+    "CMP_AND_SWP with a matching compare swaps",
+    "CMP_AND_SWP with another compare",
+    "atomic without REMOTE_ATOMIC: remote access error",
+];
+const HAMMER: &[&str] = &["every original distinct"];
+const RNR: &[&str] = &[
+    "no receive, rnr_retry 2: RNR retry counter exceeded",
+    "rnr_retry 7 waits",
+];
+const RETRY: &[&str] = &[
+    "send to a destroyed QP: transport retry counter exceeded",
+    "requester QP fatal event",
+];
+const SRQ: &[&str] = &[
+    "post_recv on a QP attached to an SRQ: EINVAL",
+    "SRQ resize past max_srq_wr: EINVAL",
+    "land in SRQ receives, 2 per QP",
+    "SRQ limit reached",
+    "limit disarmed",
+    "destroy_srq in use: EBUSY",
+    "last WQE reached",
+    "the SRQ still serves r2",
+];
 
 #[test]
 fn read_and_atomics_byte_for_byte() {
-    case(
-        "read_atomics",
-        &[
-            "READ 4097 bytes exact",
-            "FETCH_AND_ADD returns the original",
-            "CMP_AND_SWP with a matching compare swaps",
-            "CMP_AND_SWP with another compare",
-            "atomic without REMOTE_ATOMIC: remote access error",
-        ],
-    );
+    case("read_atomics", READ_ATOMICS);
 }
 
 #[test]
 fn atomics_stay_atomic_under_two_qps() {
-    case("hammer", &["every original distinct"]);
+    case("hammer", HAMMER);
+}
+
+/// The cases whose QPs pair up inside the process (READ and atomics byte for byte, two QPs
+/// hammering one word, RNR, a gone peer, an SRQ shared by two QPs), on a daemon whose QPs
+/// spread over two engine threads (`--spread-qps`: a vRNIC's plain QPs go to the slice with
+/// the fewest, so each pair's two QPs are on two threads, an SRQ's QPs at home and their
+/// requesters on the other): the same outcomes as on one thread.
+#[test]
+fn pairs_of_one_process_across_engine_threads_keep_read_atomic_rnr_and_srq_semantics() {
+    for (name, expect) in [
+        ("read_atomics", READ_ATOMICS),
+        ("hammer", HAMMER),
+        ("rnr", RNR),
+        ("retry", RETRY),
+        ("srq", SRQ),
+    ] {
+        let mut d = case_on(&["--engine-threads", "2", "--spread-qps"], name, expect);
+        let log = d.stop().text();
+        for engine in ["engine=0", "engine=1"] {
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("QP created") && l.contains(engine)),
+                "{name}: no QP on {engine}\n{log}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -155,41 +200,17 @@ fn event_mode_under_two_posting_threads_loses_no_completion_and_leaves_no_wait_h
 
 #[test]
 fn rnr_retries_exhaust_or_wait_forever() {
-    case(
-        "rnr",
-        &[
-            "no receive, rnr_retry 2: RNR retry counter exceeded",
-            "rnr_retry 7 waits",
-        ],
-    );
+    case("rnr", RNR);
 }
 
 #[test]
 fn a_gone_peer_gives_retry_exceeded_and_qp_fatal() {
-    case(
-        "retry",
-        &[
-            "send to a destroyed QP: transport retry counter exceeded",
-            "requester QP fatal event",
-        ],
-    );
+    case("retry", RETRY);
 }
 
 #[test]
 fn srq_shared_by_qps_with_limit_event() {
-    case(
-        "srq",
-        &[
-            "post_recv on a QP attached to an SRQ: EINVAL",
-            "SRQ resize past max_srq_wr: EINVAL",
-            "land in SRQ receives, 2 per QP",
-            "SRQ limit reached",
-            "limit disarmed",
-            "destroy_srq in use: EBUSY",
-            "last WQE reached",
-            "the SRQ still serves r2",
-        ],
-    );
+    case("srq", SRQ);
 }
 
 #[test]
