@@ -42,6 +42,9 @@ pub struct DeviceInfo {
     /// Most SRQs (0 from a daemon that did not say: the driver reports `max_qp`).
     #[serde(default)]
     pub max_srq: u32,
+    /// Most memory windows (0 from a daemon that did not say: the driver reports none).
+    #[serde(default)]
+    pub max_mw: u32,
 }
 
 /// A run of pages backing part of a registration: `pages` app pages from `va` are backed by

@@ -336,6 +336,7 @@ impl Conn {
                 max_pd: 0,
                 max_mr_size: 0,
                 max_srq: 0,
+                max_mw: 0,
             },
             dead: AtomicBool::new(false),
             stop: AtomicBool::new(false),

@@ -34,9 +34,6 @@ pub const PORT_CAP_FLAGS: u32 =
 pub const MW_CAP_FLAGS: u32 =
     crate::abi::IBV_DEVICE_MEM_WINDOW | crate::abi::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
 
-/// `max_mw`: windows per vRNIC (the engine's `MAX_MW`).
-pub const MAX_MW: i32 = 65536;
-
 /// `max_dm_size` reported by `ibv_query_device_ex`: the largest allocation.
 pub const MAX_DM_SIZE: u64 = 4 << 20;
 
@@ -137,6 +134,7 @@ mod tests {
             max_pd: 4,
             max_mr_size: 1 << 30,
             max_srq: 4,
+            max_mw: 4,
         }
     }
 

@@ -109,6 +109,7 @@ impl Server {
                     max_pd: self.opts.limits.max_pd,
                     max_mr_size: v.region.size() - layout::HEAP_OFF,
                     max_srq: self.opts.limits.max_srq,
+                    max_mw: vrnic_proto::MAX_MW as u32,
                 })
             }
             Request::AllocPd => {

@@ -122,8 +122,11 @@ fn device_attr(conn: &Conn) -> ibv_device_attr {
     a.max_qp_wr = i.max_qp_wr as c_int;
     a.device_cap_flags = limits::DEVICE_CAP_FLAGS;
     // `ibv_modify_srq` with `IBV_SRQ_MAX_WR` (srq.rs); memory windows (mw.rs); XRC (xrc.rs).
-    a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC | limits::MW_CAP_FLAGS;
-    a.max_mw = limits::MAX_MW;
+    a.device_cap_flags |= IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
+    if i.max_mw > 0 {
+        a.device_cap_flags |= limits::MW_CAP_FLAGS;
+    }
+    a.max_mw = c_int::try_from(i.max_mw).unwrap_or(c_int::MAX);
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
     a.max_cq = i.max_cq as c_int;
