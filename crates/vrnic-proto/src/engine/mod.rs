@@ -27,7 +27,7 @@ use remote::Flights;
 pub use remote::{Placement, SEGMENT, Sender, Transmit, TxPayload, WINDOW, WINDOW_FULL};
 use responder::Rx;
 pub use sched::Turn;
-use segment::Route;
+use segment::{Route, psn_after};
 pub use xrc::MAX_XRCD;
 use xrc::Xrcd;
 
@@ -420,7 +420,7 @@ impl Qp {
         if self.link.flights.is_empty() || self.ty == QpType::Uc {
             return true;
         }
-        let d = self.attr.sq_psn.wrapping_sub(self.link.una) & 0xff_ffff;
+        let d = psn_after(self.attr.sq_psn, self.link.una);
         if d >= WINDOW {
             return false;
         }

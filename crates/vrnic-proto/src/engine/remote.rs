@@ -23,10 +23,12 @@ use std::collections::VecDeque;
 use vrnic_wire::GlobalRoute;
 use vrnic_wire::frame::{
     AddrRepr, Aeth, AtomicAckEth, AtomicEth, Deth, Frame, FrameRepr, GrhRepr, NakCode,
-    Op as WireOp, Opcode, Reth, SegmentRepr, Syndrome, Transport,
+    Op as WireOp, Opcode, QPN_MASK, Reth, SegmentRepr, Syndrome, Transport,
 };
 
-use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_cmp, psn_next};
+use super::segment::{
+    Nak, Op, Payload, Request, Response, Route, Src, psn_after, psn_cmp, psn_next, psn_prev,
+};
 use super::*;
 
 /// Most payload bytes in one segment over a peer link (one frame).
@@ -416,7 +418,7 @@ impl Engine {
         seg.solicited = last && wqe.flags.contains(SendFlags::SOLICITED);
         let ext = opcode.ext_headers();
         if ext.contains(&vrnic_wire::frame::ExtHeader::XrcEth) {
-            seg.xrc_srqn = Some(wqe.xrc_srqn & 0xff_ffff);
+            seg.xrc_srqn = Some(wqe.xrc_srqn & QPN_MASK);
         }
         if ext.contains(&vrnic_wire::frame::ExtHeader::Reth) {
             seg.reth = Some(Reth {
@@ -816,7 +818,7 @@ impl Engine {
                     psn_cmp(seg.psn, f.first_psn) >= 0 && psn_cmp(seg.psn, f.next_psn) < 0
                 })?;
                 let (f, w) = (q.link.flights.get(i)?, q.sq.get(i)?.as_ref().ok()?);
-                let off = u64::from(seg.psn.wrapping_sub(f.first_psn) & 0xff_ffff) * SEGMENT;
+                let off = u64::from(psn_after(seg.psn, f.first_psn)) * SEGMENT;
                 let want = w.payload.len().saturating_sub(off).min(SEGMENT);
                 if off != f.got {
                     // Only the next one the READ waits for (those before it may still be on
@@ -1183,7 +1185,7 @@ impl Engine {
         match (seg.opcode.op(), seg.aeth.map(|a| a.syndrome)) {
             (WireOp::Acknowledge, Some(Syndrome::Ack { .. })) => self.acked_through(now, qp, psn),
             (WireOp::Acknowledge, Some(Syndrome::RnrNak { timer })) => {
-                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.acked_through(now, qp, psn_prev(psn));
                 self.rewind(qp, psn);
                 if let Some(q) = self.objs.qps.get_mut(&qp) {
                     q.link.rnr_psn = Some(psn);
@@ -1202,11 +1204,11 @@ impl Engine {
                 }
             }
             (WireOp::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
-                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.acked_through(now, qp, psn_prev(psn));
                 self.rewind(qp, psn);
             }
             (WireOp::Acknowledge, Some(Syndrome::Nak(code))) => {
-                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.acked_through(now, qp, psn_prev(psn));
                 let status = match code {
                     NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                     NakCode::RemoteOperationalError => WcStatus::RemOpErr,
@@ -1222,7 +1224,7 @@ impl Engine {
                     .qps
                     .get(&qp)
                     .map_or(0, |q| q.link.flights[i].first_psn);
-                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.acked_through(now, qp, psn_prev(psn));
                 if let Some(i) = self.flight_of(qp, first) {
                     self.place_read_response(qp, i, psn, payload, mem);
                 }
@@ -1234,7 +1236,7 @@ impl Engine {
                     .qps
                     .get(&qp)
                     .map_or(0, |q| q.link.flights[i].first_psn);
-                self.acked_through(now, qp, psn.wrapping_sub(1) & 0xff_ffff);
+                self.acked_through(now, qp, psn_prev(psn));
                 if let (Some(orig), Some(i)) =
                     (seg.atomic_ack.map(|a| a.orig), self.flight_of(qp, first))
                 {
@@ -1264,7 +1266,7 @@ impl Engine {
         let (Some(f), Some(Ok(w))) = (q.link.flights.get(i).copied(), q.sq.get(i)) else {
             return;
         };
-        let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
+        let k = u64::from(psn_after(psn, f.first_psn));
         let off = k * SEGMENT;
         let len = w.payload.len();
         let want = len.saturating_sub(off).min(SEGMENT);
@@ -1349,7 +1351,7 @@ impl Engine {
             q.wait = Wait::None;
         }
         for (f, w) in q.link.flights.iter_mut().zip(q.sq.iter()) {
-            if psn_cmp(f.next_psn.wrapping_sub(1) & 0xff_ffff, psn) > 0 {
+            if psn_cmp(psn_prev(f.next_psn), psn) > 0 {
                 break;
             }
             // An ATOMIC WRITE is answered by the ACK, as a WRITE.
@@ -1460,7 +1462,7 @@ impl Engine {
         }
         q.link.flights.truncate(i + 1);
         let f = &mut q.link.flights[i];
-        let k = u64::from(psn.wrapping_sub(f.first_psn) & 0xff_ffff);
+        let k = u64::from(psn_after(psn, f.first_psn));
         f.sent = k * SEGMENT;
         f.got = f.got.min(f.sent);
         f.next_psn = psn;
@@ -1470,7 +1472,7 @@ impl Engine {
             q.link.flights.truncate(i);
         }
         q.link.sq_sent = i;
-        let again = u64::from(q.attr.sq_psn.wrapping_sub(psn) & 0xff_ffff);
+        let again = u64::from(psn_after(q.attr.sq_psn, psn));
         if let Route::Remote(h) = q.route {
             *self.out.resent.entry(h).or_default() += again;
         }

@@ -4,8 +4,9 @@
 //! fail.
 
 use super::responder::Admit;
-use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_next};
+use super::segment::{Nak, Op, Payload, Request, Response, Route, Src, psn_next, psn_prev};
 use super::*;
+use vrnic_wire::frame::QPN_MASK;
 
 /// What a step needs of its QP, read under the lookup that takes the head WQE (the checks
 /// and the segment's making change none of it).
@@ -514,7 +515,7 @@ impl Engine {
                 (_, true) => QpType::XrcSend,
                 _ => QpType::Rc,
             },
-            xrc_srqn: if xrc { wqe.xrc_srqn & 0xff_ffff } else { 0 },
+            xrc_srqn: if xrc { wqe.xrc_srqn & QPN_MASK } else { 0 },
             first: done == 0,
             last,
             src: Src::Local { vnic, qpn },
@@ -864,7 +865,7 @@ fn continue_in(q: &mut Qp, done: u64) {
     let psn = match q.progress {
         Some(p) => p.psn,
         // The PSN of the first segment, taken by the segment just accepted.
-        None => q.attr.sq_psn.wrapping_sub(1) & 0xff_ffff,
+        None => psn_prev(q.attr.sq_psn),
     };
     q.progress = Some(Progress { done, psn });
 }

@@ -19,6 +19,7 @@
 //! announced later.
 
 use vrnic_wire::QpType;
+use vrnic_wire::frame::PSN_MASK;
 
 use super::GRH_LEN;
 use crate::{HostId, Loc, VnicId};
@@ -211,13 +212,23 @@ impl RnrTimer {
 
 /// Next PSN after `psn` (24 bits).
 pub(super) fn psn_next(psn: u32) -> u32 {
-    psn.wrapping_add(1) & 0xff_ffff
+    psn.wrapping_add(1) & PSN_MASK
+}
+
+/// The PSN before `psn` (24 bits).
+pub(super) fn psn_prev(psn: u32) -> u32 {
+    psn.wrapping_sub(1) & PSN_MASK
+}
+
+/// How many PSNs `psn` lies past `base`, counted forward in the 24-bit space.
+pub(super) fn psn_after(psn: u32, base: u32) -> u32 {
+    psn.wrapping_sub(base) & PSN_MASK
 }
 
 /// Where `psn` lies relative to the expected `epsn`: 0 equal, > 0 ahead, < 0 behind (the
 /// 24-bit space split in halves, IB spec 9.7.1).
 pub(super) fn psn_cmp(psn: u32, epsn: u32) -> i32 {
-    let d = psn.wrapping_sub(epsn) & 0xff_ffff;
+    let d = psn_after(psn, epsn);
     if d == 0 {
         0
     } else if d < 0x80_0000 {
@@ -234,6 +245,9 @@ mod tests {
     #[test]
     fn psn_arithmetic_wraps_at_24_bits() {
         assert_eq!(psn_next(0xff_ffff), 0);
+        assert_eq!(psn_prev(0), 0xff_ffff);
+        assert_eq!(psn_after(1, 0xff_ffff), 2);
+        assert_eq!(psn_after(0xff_ffff, 1), 0xff_fffe);
         assert_eq!(psn_cmp(5, 5), 0);
         assert_eq!(psn_cmp(0, 0xff_ffff), 1);
         assert_eq!(psn_cmp(0xff_ffff, 0), -1);

@@ -537,7 +537,7 @@ impl Engine {
                         | access::REMOTE_READ
                         | access::REMOTE_ATOMIC)
                     != 0)
-            || (mask & qp_attr::DEST_QPN != 0 && attr.dest_qp_num > 0xff_ffff)
+            || (mask & qp_attr::DEST_QPN != 0 && attr.dest_qp_num > QPN_MASK)
             || (mask & qp_attr::AV != 0 && attr.ah_attr.port_num > 1)
         {
             return Err(EINVAL);
@@ -807,9 +807,9 @@ impl Engine {
         let depth = max_wr.next_power_of_two();
         let mut srqn = self.objs.next_srqn;
         while self.objs.by_srqn.contains_key(&srqn) || srqn == 0 {
-            srqn = (srqn + 1) & 0xff_ffff;
+            srqn = (srqn + 1) & QPN_MASK;
         }
-        self.objs.next_srqn = (srqn + 1) & 0xff_ffff;
+        self.objs.next_srqn = (srqn + 1) & QPN_MASK;
         self.objs.by_srqn.insert(srqn, id);
         self.objs.srqs.insert(
             id,
