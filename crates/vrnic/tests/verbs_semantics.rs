@@ -81,10 +81,11 @@ fn atomics_stay_atomic_under_two_qps() {
 }
 
 /// The cases whose QPs pair up inside the process (READ and atomics byte for byte, two QPs
-/// hammering one word, RNR, a gone peer, an SRQ shared by two QPs), on a daemon whose QPs
-/// spread over two engine threads (`--spread-qps`: a vRNIC's plain QPs go to the slice with
-/// the fewest, so each pair's two QPs are on two threads, an SRQ's QPs at home and their
-/// requesters on the other): the same outcomes as on one thread.
+/// hammering one word, RNR, a gone peer, an SRQ shared by two QPs, CQs and SRQs resized under
+/// traffic), on a daemon whose QPs spread over two engine threads (`--spread-qps`: a vRNIC's
+/// plain QPs go to the slice with the fewest, so each pair's two QPs are on two threads, an
+/// SRQ's QPs at home and their requesters on the other; a new ring grows the region's mapping
+/// with both threads' shards held): the same outcomes as on one thread.
 #[test]
 fn pairs_of_one_process_across_engine_threads_keep_read_atomic_rnr_and_srq_semantics() {
     for (name, expect) in [
@@ -93,6 +94,7 @@ fn pairs_of_one_process_across_engine_threads_keep_read_atomic_rnr_and_srq_seman
         ("rnr", RNR),
         ("retry", RETRY),
         ("srq", SRQ),
+        ("resize", RESIZE),
     ] {
         let mut d = case_on(&["--engine-threads", "2", "--spread-qps"], name, expect);
         let log = d.stop().text();
@@ -355,27 +357,26 @@ fn registration_loses_no_write_another_thread_makes_to_a_shared_page() {
 
 #[test]
 fn cq_and_srq_resize_keep_what_is_pending_and_refuse_to_drop_it() {
-    case(
-        "resize",
-        &[
-            "IBV_DEVICE_SRQ_RESIZE reported",
-            "resize_cq below the completions waiting: EINVAL, nothing changed",
-            "resize_cq grows 4 -> 128",
-            "the 3 completions waiting survive the resize, in order, bytes exact",
-            "resize_cq to 59 with 60 waiting: EINVAL",
-            "resize_cq shrinks 128 -> 64",
-            "60 completions in order and exact after growing and shrinking",
-            "an armed CQ stays armed across a resize",
-            "9 completions into a CQ shrunk to 8: CQ error",
-            "SRQ resize below the receives posted: EINVAL",
-            "SRQ grown 4 -> 16 takes 12 more receives, then ENOMEM",
-            "10 SENDs land in the SRQ's receives in order, bytes exact",
-            "SRQ shrunk 16 -> 6 with 6 outstanding, then full",
-            "the kept receives, then 6 new ones, take SENDs in order, bytes exact",
-            "SRQ resize below the limit set with it: EINVAL",
-        ],
-    );
+    case("resize", RESIZE);
 }
+
+const RESIZE: &[&str] = &[
+    "IBV_DEVICE_SRQ_RESIZE reported",
+    "resize_cq below the completions waiting: EINVAL, nothing changed",
+    "resize_cq grows 4 -> 128",
+    "the 3 completions waiting survive the resize, in order, bytes exact",
+    "resize_cq to 59 with 60 waiting: EINVAL",
+    "resize_cq shrinks 128 -> 64",
+    "60 completions in order and exact after growing and shrinking",
+    "an armed CQ stays armed across a resize",
+    "9 completions into a CQ shrunk to 8: CQ error",
+    "SRQ resize below the receives posted: EINVAL",
+    "SRQ grown 4 -> 16 takes 12 more receives, then ENOMEM",
+    "10 SENDs land in the SRQ's receives in order, bytes exact",
+    "SRQ shrunk 16 -> 6 with 6 outstanding, then full",
+    "the kept receives, then 6 new ones, take SENDs in order, bytes exact",
+    "SRQ resize below the limit set with it: EINVAL",
+];
 
 #[test]
 fn query_gid_ex_and_table_report_one_ib_gid_with_the_kernels_errnos() {

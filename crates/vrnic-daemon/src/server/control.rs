@@ -554,23 +554,23 @@ impl Server {
         // Its ring may grow the region's mapping: every shard reading it is held. An SRQ is
         // its vRNIC's home shard's.
         let cells = self.slices_of(vnic);
-        let mut guards = lock_all(&cells);
+        let mut guards = Slices::lock(vnic, &cells);
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let Some(sh) = guards.first_mut() else {
+        if guards.is_empty() {
             return err(libc::ENODEV, "vRNIC gone");
-        };
-        let sh = &mut **sh;
-        let Some(bell) = sh.lane(vnic).and_then(Lane::alloc_bell) else {
+        }
+        let Some(bell) = guards[0].lane(vnic).and_then(Lane::alloc_bell) else {
             return err(libc::ENOMEM, "no doorbell left for the SRQ");
         };
-        let Some(ring) = alloc_ring(v, depth, RQ_SLOT) else {
-            if let Some(l) = sh.lane(vnic) {
+        let Some(ring) = alloc_ring(guards.grow(), vnic, v, depth, RQ_SLOT) else {
+            if let Some(l) = guards[0].lane(vnic) {
                 l.free_bell(bell);
             }
             return err(libc::ENOMEM, "no memory for the SRQ ring");
         };
+        let sh = &mut *guards[0];
         let made = match xrc {
             Some((xrcd, cq)) => sh
                 .engine
@@ -641,14 +641,14 @@ impl Server {
         let depth = cqe.next_power_of_two();
         // Its ring may grow the region's mapping: every shard reading it is held.
         let cells = self.slices_of(vnic);
-        let mut guards = lock_all(&cells);
+        let mut guards = Slices::lock(vnic, &cells);
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
         if guards.is_empty() {
             return err(libc::ENODEV, "vRNIC gone");
         }
-        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
+        let Some(ring) = alloc_ring(guards.grow(), vnic, v, depth, CQ_SLOT) else {
             return err(libc::ENOMEM, "no memory for the CQ ring");
         };
         let made = guards[0].engine.create_cq(vnic, id, depth).and_then(|cq| {
@@ -680,7 +680,7 @@ impl Server {
                     guards[0].cqs.insert(cq, CqCell::Own(slot));
                 } else {
                     let shared = Arc::new(std::sync::Mutex::new(slot));
-                    for g in &mut guards {
+                    for g in guards.iter_mut() {
                         g.cqs.insert(cq, CqCell::Shared(shared.clone()));
                     }
                 }
@@ -744,7 +744,7 @@ impl Server {
         let rq_depth = cap.max_recv_wr.max(1).next_power_of_two();
         // Its rings may grow the region's mapping: every shard reading it is held.
         let cells = self.slices_of(vnic);
-        let mut guards = lock_all(&cells);
+        let mut guards = Slices::lock(vnic, &cells);
         let Some(v) = self.vnics.get_mut(&vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
@@ -769,11 +769,11 @@ impl Server {
                 l.free_bell(bell);
             }
         };
-        let Some(sq) = alloc_ring(v, sq_depth, SQ_SLOT) else {
+        let Some(sq) = alloc_ring(guards.grow(), vnic, v, sq_depth, SQ_SLOT) else {
             free_bell(&mut guards[0]);
             return err(libc::ENOMEM, "no memory for the send ring");
         };
-        let Some(rq) = alloc_ring(v, rq_depth, RQ_SLOT) else {
+        let Some(rq) = alloc_ring(guards.grow(), vnic, v, rq_depth, RQ_SLOT) else {
             free_ring(v, sq.offset(), sq_depth, SQ_SLOT);
             free_bell(&mut guards[0]);
             return err(libc::ENOMEM, "no memory for the receive ring");

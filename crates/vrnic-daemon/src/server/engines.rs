@@ -21,9 +21,8 @@ use super::*;
 
 use super::datapath::{Frames, Mem, NoFrames};
 use super::shard::{BellInbox, Lane, Slice};
-use super::shard::{Shard, host_shard, qpn_shard, shard_host};
+use super::shard::{host_shard, qpn_shard, shard_host};
 use super::threads::ShardFrames;
-use std::sync::MutexGuard;
 use vrnic_proto::HostId;
 
 /// How often the shards' activity is looked at, and the window it is counted over.
@@ -361,9 +360,4 @@ impl Server {
             sh.out = out;
         }
     }
-}
-
-/// Locks every shard of `cells` (in their order; only the loop thread holds more than one).
-pub(super) fn lock_all(cells: &[Arc<ShardCell>]) -> Vec<MutexGuard<'_, Shard>> {
-    cells.iter().map(|c| c.lock()).collect()
 }

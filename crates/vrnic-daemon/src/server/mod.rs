@@ -74,10 +74,10 @@ pub use peers::PeerOptions;
 pub use threads::default_engine_threads;
 
 use control::err;
-use engines::lock_all;
 use pages::{alloc_ring, free_pages, free_ring};
 use registry::cleanup_stale;
-use shard::{Bell, CqCell, CqSlot, QpSlot, ShardCell, SrqSlot};
+pub(crate) use shard::Grow;
+use shard::{Bell, CqCell, CqSlot, QpSlot, ShardCell, Slices, SrqSlot};
 
 const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);

@@ -5,29 +5,28 @@
 
 use super::*;
 
-/// Extends the daemon's mapping of `region` over its first `end` bytes (the heap handed out
-/// pages up to there). `false` if the address space has no room: the caller gives the pages
-/// back and the request fails with `ENOMEM`.
-///
-/// The mapping may move, so the caller holds the locks of the shards serving the region's
-/// vRNIC (every slice's, with `--spread-qps`): their engine threads are then between passes,
-/// the only time they hold no address into the region.
-pub(super) fn cover(region: &Region, end: u64) -> bool {
-    sys::grow_region(region, end)
+/// Extends the daemon's mapping of `region` (vRNIC `vnic`'s) over its first `end` bytes (the
+/// heap handed out pages up to there). `false` if the address space has no room: the caller
+/// gives the pages back and the request fails with `ENOMEM`. The mapping may move, so it takes
+/// leave from the vRNIC's shards, held ([`Slices::grow`]): their engine threads are then
+/// between passes, the only time they hold no address into the region.
+pub(super) fn cover(grow: Grow<'_>, vnic: VnicId, region: &Region, end: u64) -> bool {
+    assert_eq!(grow.vnic(), vnic, "another vRNIC's shards held");
+    sys::grow_region(grow, region, end)
 }
 
-/// [`cover`] with the locks of the shards `cells` taken for it.
-fn cover_locked(cells: &[Arc<ShardCell>], region: &Region, end: u64) -> bool {
-    let _pass = super::engines::lock_all(cells);
-    cover(region, end)
-}
-
-/// A ring of `depth` slots carved from the heap. The caller holds the lock of the vRNIC's
-/// shard (see [`cover`]).
-pub(super) fn alloc_ring(v: &mut Vnic, depth: u32, slot: usize) -> Option<Ring> {
+/// A ring of `depth` slots carved from the heap of `v` (vRNIC `vnic`), its shards held (see
+/// [`cover`]).
+pub(super) fn alloc_ring(
+    grow: Grow<'_>,
+    vnic: VnicId,
+    v: &mut Vnic,
+    depth: u32,
+    slot: usize,
+) -> Option<Ring> {
     let bytes = layout::ring_bytes(depth, slot);
     let off = v.heap.alloc_contiguous(bytes / layout::PAGE)?;
-    if !cover(&v.region, off + bytes) {
+    if !cover(grow, vnic, &v.region, off + bytes) {
         v.heap.free(off, bytes / layout::PAGE);
         return None;
     }
@@ -128,7 +127,7 @@ impl Server {
                 .unwrap_or(0);
             // Under the shard's lock for the growth only: the pages' contents come through the
             // file, while the engine runs.
-            if cover_locked(&cells, region, end) {
+            if cover(Slices::lock(vnic, &cells).grow(), vnic, region, end) {
                 Some(runs)
             } else {
                 for &(off, p) in &runs {

@@ -31,18 +31,19 @@ impl Server {
         };
         // A new ring may grow the region's mapping: every shard reading it is held.
         let cells = self.slices_of(vnic);
-        let mut guards = lock_all(&cells);
-        let Some(home) = guards.first_mut() else {
+        let mut guards = Slices::lock(vnic, &cells);
+        let (grow, shards) = guards.split();
+        let Some(home) = shards.first_mut() else {
             return err(libc::ENODEV, "vRNIC gone");
         };
         let Some(cell) = home.cqs.get_mut(&cq) else {
             return err(libc::EINVAL, "no such CQ");
         };
-        cell.with(|slot| self.resize_cq_slot(cq, cqe, slot))
+        cell.with(|slot| self.resize_cq_slot(grow, cq, cqe, slot))
     }
 
-    /// [`Server::resize_cq`] on the CQ's slot, its shards held.
-    fn resize_cq_slot(&mut self, cq: CqId, cqe: u32, slot: &mut CqSlot) -> Reply {
+    /// [`Server::resize_cq`] on the CQ's slot, its shards held (`grow`).
+    fn resize_cq_slot(&mut self, grow: Grow<'_>, cq: CqId, cqe: u32, slot: &mut CqSlot) -> Reply {
         let Some(v) = self.vnics.get_mut(&slot.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
@@ -69,7 +70,7 @@ impl Server {
                 depth,
             };
         }
-        let Some(ring) = alloc_ring(v, depth, CQ_SLOT) else {
+        let Some(ring) = alloc_ring(grow, slot.vnic, v, depth, CQ_SLOT) else {
             return err(libc::ENOMEM, "no memory for the CQ ring");
         };
         let region = &v.region;
@@ -113,11 +114,18 @@ impl Server {
         }
         // A bounded loop: each round takes up to a batch, and the engine's room is at most the
         // SRQ's depth.
-        let Some(cell) = self.ctxs.get(&id).and_then(|c| self.cell_of(c.vnic)) else {
+        // A new ring may grow the region's mapping: every shard reading it is held (the SRQ
+        // is its vRNIC's home shard's, the first).
+        let Some(vnic) = self.ctxs.get(&id).map(|c| c.vnic) else {
             return err(libc::ENODEV, "vRNIC gone");
         };
-        let mut sh = cell.lock();
-        let sh = &mut *sh;
+        let cells = self.slices_of(vnic);
+        let mut guards = Slices::lock(vnic, &cells);
+        let (grow, shards) = guards.split();
+        let Some(sh) = shards.first_mut() else {
+            return err(libc::ENODEV, "vRNIC gone");
+        };
+        let sh = &mut **sh;
         for _ in 0..=(control::MAX_QP_WR / datapath::RING_BATCH) {
             if !sh.fetch_srq(srq) {
                 break;
@@ -152,7 +160,7 @@ impl Server {
                     let Some(v) = self.vnics.get_mut(&vnic) else {
                         return err(libc::ENODEV, "vRNIC gone");
                     };
-                    let Some(r) = alloc_ring(v, depth, RQ_SLOT) else {
+                    let Some(r) = alloc_ring(grow, vnic, v, depth, RQ_SLOT) else {
                         return err(libc::ENOMEM, "no memory for the SRQ ring");
                     };
                     Some(r)

@@ -18,8 +18,8 @@
 //! |---|---|---|
 //! | a shard's engine, lanes, slots, outbox | its pass; a control call; another shard's pass executing a request for one of its QPs (`siblings.rs`) | that shard's mutex |
 //! | a vRNIC's region mapping (the daemon's addresses into it) | anyone reading or writing its pages | the mutex of the shard serving the vRNIC (each slice's with `--spread-qps`) |
-//! | growing a region's mapping (`pages.rs` `cover`, which may move it) | the loop, for a control call | the mutex of every shard serving the vRNIC, so no one holds an address into it |
-//! | several shards' mutexes at once | a control call (`engines.rs` `lock_all`); a pass reaching its siblings | taken in shard index order, or *tried* (a pass's sibling: never waited for while it holds another, `siblings.rs`) |
+//! | growing a region's mapping (`pages.rs` `cover`, which may move it) | the loop, for a control call | the mutex of every shard serving the vRNIC, so no one holds an address into it: `cover` takes a [`Grow`], which only a [`Slices`] of that vRNIC gives |
+//! | several shards' mutexes at once | a control call ([`Slices::lock`]); a pass reaching its siblings | taken in shard index order (a vRNIC's slices too, though named home first), or *tried* (a pass's sibling: never waited for while it holds another, `siblings.rs`) |
 //! | the rings' producer/consumer words, doorbells, the engine-sleeping word | the apps and the passes | atomics with their fences (`vrnic-shm`) |
 //! | the outbox's hand-off to contexts | the loop (`engines.rs` `drain_outbox`) | the shard's mutex for the take; contexts are the loop's alone |
 
@@ -376,6 +376,81 @@ pub(super) struct ShardCell {
     pub(super) index: usize,
 }
 
+/// The shards serving one vRNIC (its home and, with `--spread-qps`, its other slices, named
+/// home first as `Server::slices_of` gives them), every one locked by the loop for a control
+/// call, in shard index order whatever the order they are named in: an engine thread starting
+/// a pass takes the siblings it wants in index order while it holds its own shard, so a loop
+/// that held a higher shard while it waited for a lower one could wait for a thread that waits
+/// for it. While one is held no engine thread is in a pass over the vRNIC's region, so nothing
+/// holds an address into it and its mapping may move: growing the mapping takes the [`Grow`]
+/// it gives ([`crate::sys::grow_region`]). It derefs to the guards, in the order named.
+pub(super) struct Slices<'a> {
+    vnic: VnicId,
+    guards: Vec<MutexGuard<'a, Shard>>,
+}
+
+impl<'a> Slices<'a> {
+    /// Locks `cells`, the shards serving `vnic`, in index order.
+    pub(super) fn lock(vnic: VnicId, cells: &'a [Arc<ShardCell>]) -> Slices<'a> {
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| cells[i].index);
+        let mut taken: Vec<Option<MutexGuard<'a, Shard>>> = cells.iter().map(|_| None).collect();
+        for i in order {
+            taken[i] = Some(cells[i].lock());
+        }
+        Slices {
+            vnic,
+            guards: taken.into_iter().flatten().collect(),
+        }
+    }
+
+    /// Leave to grow the vRNIC's region mapping, for as long as this is borrowed.
+    pub(super) fn grow(&self) -> Grow<'_> {
+        Grow {
+            vnic: self.vnic,
+            held: std::marker::PhantomData,
+        }
+    }
+
+    /// [`Slices::grow`] beside the guards themselves (a slot inside a shard changed while the
+    /// region grows).
+    pub(super) fn split(&mut self) -> (Grow<'_>, &mut [MutexGuard<'a, Shard>]) {
+        let grow = Grow {
+            vnic: self.vnic,
+            held: std::marker::PhantomData,
+        };
+        (grow, &mut self.guards)
+    }
+}
+
+/// Leave to grow vRNIC `vnic`'s region mapping (it may move): made only by a [`Slices`] of
+/// that vRNIC and living no longer than its borrow, so the shards serving it are held.
+#[derive(Clone, Copy)]
+pub(crate) struct Grow<'b> {
+    vnic: VnicId,
+    held: std::marker::PhantomData<&'b ()>,
+}
+
+impl Grow<'_> {
+    /// The vRNIC whose shards are held.
+    pub(crate) fn vnic(self) -> VnicId {
+        self.vnic
+    }
+}
+
+impl<'a> std::ops::Deref for Slices<'a> {
+    type Target = [MutexGuard<'a, Shard>];
+    fn deref(&self) -> &Self::Target {
+        &self.guards
+    }
+}
+
+impl std::ops::DerefMut for Slices<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.guards
+    }
+}
+
 /// Where the shards' host ids begin: far above any peer host's index, so that an engine tells
 /// a segment for another shard from one for another host.
 const SHARD_HOSTS: u32 = 0x8000_0000;
@@ -478,5 +553,43 @@ impl ShardCell {
         if let Some(t) = self.thread.get() {
             t.unpark();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop takes a vRNIC's shards in index order, not in the order they are named (home
+    /// first): while another thread holds shard 0, a control call on a vRNIC whose home is
+    /// shard 2 waits for shard 0 holding nothing, so shard 2 stays free for an engine thread
+    /// that holds shard 0 and wants it.
+    #[test]
+    fn a_vrnics_shards_are_locked_in_index_order_whatever_their_order() {
+        let cells: Vec<Arc<ShardCell>> = (0..3).map(|i| ShardCell::new(i, 3, 1, true)).collect();
+        // Each shard marked with its index, to tell the guards apart.
+        for (i, c) in cells.iter().enumerate() {
+            c.lock().wrs = i as u64;
+        }
+        let named = vec![cells[2].clone(), cells[0].clone(), cells[1].clone()];
+        let zero = cells[0].lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let held = Slices::lock(VnicId(7), &named);
+            let order: Vec<u64> = held.iter().map(|g| g.wrs).collect();
+            tx.send((held.grow().vnic(), held.len(), order)).unwrap();
+        });
+        // The other thread is blocked on shard 0 (or not started): shard 2 is not held.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "locked while shard 0 was held");
+        assert!(
+            cells[2].try_lock_for_sibling().is_some(),
+            "shard 2 was taken before shard 0"
+        );
+        drop(zero);
+        t.join().unwrap();
+        let (vnic, n, order) = rx.recv().unwrap();
+        assert_eq!((vnic, n), (VnicId(7), 3));
+        assert_eq!(order, vec![2, 0, 1], "the guards in the order named");
     }
 }
