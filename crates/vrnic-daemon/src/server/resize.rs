@@ -112,8 +112,6 @@ impl Server {
         if !self.ctxs.get(&id).is_some_and(|c| c.srqs.contains(&srq)) {
             return err(libc::EINVAL, "no such SRQ");
         }
-        // A bounded loop: each round takes up to a batch, and the engine's room is at most the
-        // SRQ's depth.
         // A new ring may grow the region's mapping: every shard reading it is held (the SRQ
         // is its vRNIC's home shard's, the first).
         let Some(vnic) = self.ctxs.get(&id).map(|c| c.vnic) else {
@@ -126,6 +124,8 @@ impl Server {
             return err(libc::ENODEV, "vRNIC gone");
         };
         let sh = &mut **sh;
+        // A bounded loop: each round takes up to a batch, and the engine's room is at most the
+        // SRQ's depth.
         for _ in 0..=(control::MAX_QP_WR / datapath::RING_BATCH) {
             if !sh.fetch_srq(srq) {
                 break;
