@@ -381,18 +381,18 @@ pub unsafe fn readv(fd: std::os::fd::RawFd, pieces: &[(usize, usize)]) -> std::i
 }
 
 /// Extends the daemon's mapping of `region` over its first `end` bytes (`Region::grow`; the
-/// mapping may move). `false` if the address space has no room. `grow`: every shard serving
-/// the region's vRNIC is held (`server::pages::cover` checks that it is the region's vRNIC).
+/// mapping may move). `false` if the address space has no room. `_grow`: leave that only the
+/// locks of every shard serving the region's vRNIC give (`server::pages::cover` checks that
+/// it is the region's vRNIC's).
 pub(crate) fn grow_region(
-    grow: crate::server::Grow<'_>,
+    _grow: crate::server::Grow<'_>,
     region: &vrnic_shm::Region,
     end: u64,
 ) -> bool {
-    let _ = grow.vnic();
     // SAFETY: the daemon keeps no address or reference from a region across a request: every
     // access computes its address from an offset when it is made (copies, rings, atomics, and
     // the iovecs of a link's readv/writev at the call), and the loop calls this between
-    // accesses, from the control path, with `grow`, which only a lock of every shard that
+    // accesses, from the control path, with `_grow`, which only a lock of every shard that
     // serves the region gives, so no engine thread is in a pass over it either.
     unsafe { region.grow(end) }.is_ok()
 }
