@@ -11,6 +11,15 @@ pub(super) const TRANSLATE_AHEAD: u64 = 1 << 20;
 /// few runs at most.
 pub(super) const REMOTE_AHEAD: u64 = 64 << 10;
 
+/// What gave a responder access to memory under an R_Key ([`Engine::remote_runs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Grant {
+    /// A memory region's own key.
+    Mr,
+    /// A memory window's key: its binding may change in another engine (see `mw`).
+    Window,
+}
+
 /// A stretch of a work request's memory translated into region runs once, for the chunks (and,
 /// at a responder, the messages) after the first: valid while the engine's memory generation
 /// ([`Engine::memory_changed`]) is the one it was made at, so that any deregistration,
@@ -147,7 +156,7 @@ impl Engine {
     /// appended to `out`: from the last translation while it is valid and covers them (the
     /// whole message, for a first segment, so that a message running past its MR fails
     /// before a byte of it lands), else checked ([`Engine::remote_mr`] over the whole rest of
-    /// the message) and translated anew. `false`: no access.
+    /// the message) and translated anew. What granted the access, or `None`: no access.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn remote_runs(
         &mut self,
@@ -159,20 +168,18 @@ impl Engine {
         rkey: u32,
         need: u32,
         out: &mut Vec<(Loc, u64)>,
-    ) -> bool {
-        if va.checked_add(take).is_none() || va.checked_add(len).is_none() {
-            return false;
-        }
+    ) -> Option<Grant> {
+        va.checked_add(take)?;
+        va.checked_add(len)?;
         let mem_gen = self.mem_gen;
-        let Some(q) = self.objs.qps.get_mut(&peer) else {
-            return false;
-        };
+        let q = self.objs.qps.get_mut(&peer)?;
         if q.tr
             .rx_mem
             .slice_cached(mem_gen, (va, len, take, first), (rkey, need), out)
         {
-            // Checked and translated for an earlier segment or message: one lookup, no more.
-            return true;
+            // Checked and translated for an earlier segment or message (an MR's: a window's
+            // translation is never kept): one lookup, no more.
+            return Some(Grant::Mr);
         }
         let mut t = std::mem::take(&mut q.tr.rx_mem);
         t.runs.clear();
@@ -181,31 +188,27 @@ impl Engine {
         // grants beyond it, up to REMOTE_AHEAD: the next messages of a requester that
         // walks a buffer (perftest cycles through one) then need no check or translation.
         let ahead = len.min(TRANSLATE_AHEAD.max(take));
-        let mut window = false;
-        if let Some((m, limit, through)) = self.remote_access(peer, va, len, rkey, need)
+        let mut grant = None;
+        if let Some((m, limit, g)) = self.remote_access(peer, va, len, rkey, need)
             // Through a window: this segment only, and not kept (see `mw`).
-            && let ahead = if through {
-                take
-            } else {
-                ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD))
+            && let ahead = match g {
+                Grant::Window => take,
+                Grant::Mr => ahead.max(limit.saturating_sub(va).min(REMOTE_AHEAD)),
             }
             && translate(m, va, ahead, &mut t.runs).is_some()
         {
             (t.generation, t.rkey, t.need) = (self.mem_gen, rkey, need);
             (t.start, t.end) = (va, va + ahead);
-            window = through;
-        }
-        let ok = t.generation != 0;
-        if ok {
             t.slice(va, take, out);
-        }
-        if window {
-            t.generation = 0;
+            if g == Grant::Window {
+                t.generation = 0;
+            }
+            grant = Some(g);
         }
         if let Some(q) = self.objs.qps.get_mut(&peer) {
             q.tr.rx_mem = t;
         }
-        ok
+        grant
     }
 
     /// [`Engine::check_sges`] for the head send WQE of `qp` at its first chunk, translating
@@ -391,7 +394,7 @@ impl Engine {
         len: u64,
         rkey: u32,
         need: u32,
-    ) -> Option<(&Mr, u64, bool)> {
+    ) -> Option<(&Mr, u64, Grant)> {
         let p = self.objs.qps.get(&peer)?;
         if p.attr.qp_access_flags & need == 0 {
             return None;
@@ -400,13 +403,13 @@ impl Engine {
         let Some(mr) = v.keys.get(&rkey) else {
             // Not an MR's key: perhaps a memory window's.
             let (m, limit) = self.window_mr(peer, addr, len, rkey, need)?;
-            return Some((m, limit, true));
+            return Some((m, limit, Grant::Window));
         };
         let m = self.objs.mrs.get(mr)?;
         (m.pd == self.responder_pd(p) && m.access & need != 0 && inside(m, addr, len)).then_some((
             m,
             m.iova.saturating_add(m.len),
-            false,
+            Grant::Mr,
         ))
     }
 }

@@ -17,6 +17,7 @@
 //! [`Request`] a local requester hands over (the RDMA WRITE's RETH is only on its first
 //! segment: the responder keeps the cursor) and runs it through the same checks.
 
+use super::memory::Grant;
 use super::responder::Admit;
 use std::collections::VecDeque;
 
@@ -802,13 +803,12 @@ impl Engine {
                     Some(r) => (r.va, r.rkey, u64::from(r.dma_len)),
                     None => q.link.write_at?,
                 };
-                // Not an MR's key (a window's, whose grant another engine may change while
-                // the payload is read: see `mw`): read into a buffer, checked when handled.
-                if !self.objs.vnics.get(&q.vnic)?.keys.contains_key(&rkey) {
-                    return None;
-                }
+                // Only under an MR's key: a window's grant may change in another engine while
+                // the payload is read (see `mw`), so that one is read into a buffer and checked
+                // when handled (the runs appended are dropped below).
                 n <= len
                     && self.remote_runs(qp, va, len, n, first, rkey, access::REMOTE_WRITE, runs)
+                        == Some(Grant::Mr)
             }
             RdmaReadResponseOnly => {
                 if !q.ty.is_reliable() || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {

@@ -364,16 +364,18 @@ impl Engine {
         // A zero-length write names no memory, so its rkey is not checked (IB C9-88, as rxe).
         let ok = req.len == 0
             || ready
-            || self.remote_runs(
-                peer,
-                req.va,
-                req.len,
-                n,
-                req.first,
-                req.rkey,
-                access::REMOTE_WRITE,
-                &mut dst,
-            );
+            || self
+                .remote_runs(
+                    peer,
+                    req.va,
+                    req.len,
+                    n,
+                    req.first,
+                    req.rkey,
+                    access::REMOTE_WRITE,
+                    &mut dst,
+                )
+                .is_some();
         let placed = if ok {
             place(mem, req.payload, &dst)
         } else {
@@ -422,7 +424,7 @@ impl Engine {
             access::REMOTE_READ,
             back,
         );
-        if !found {
+        if found.is_none() {
             back.clear();
             return self.refuse(peer, Nak::RemoteAccess);
         }
