@@ -632,3 +632,46 @@ fn a_pair_across_engine_threads_copies_each_byte_once() {
     let used = engines_used(d);
     assert_ne!(used[0], used[1], "s0 and c0 on one engine thread: {used:?}");
 }
+
+/// The CPU time (user and system, in clock ticks, every thread) process `pid` has used.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the daemon's stat");
+    // The fields after the command's closing parenthesis: state is the 3rd, utime the 14th.
+    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Whoever drives the shards (the loop thread with one engine thread, engine threads with
+/// two), a daemon whose traffic has stopped sleeps: over a quiet second it uses a small part
+/// of one core (a thread that kept spinning would use most of one), and the next pair's first
+/// doorbell still wakes it.
+#[test]
+fn an_idle_daemon_sleeps_whoever_drives_its_shards_and_wakes_for_the_next_pair() {
+    let limit = Duration::from_secs(120);
+    for n in [1, 2] {
+        let d = daemon(n);
+        let pingpong = |d: &Daemon| {
+            let p = port().to_string();
+            run_pair(
+                d,
+                &["ibv_rc_pingpong", "-c", "-n", "200", "-p", &p],
+                &["ibv_rc_pingpong", "-c", "-n", "200", "-p", &p, "localhost"],
+                limit,
+            )
+            .assert_ok();
+        };
+        pingpong(&d);
+        // Quiet for far longer than a driver spins after its last work (2 ms).
+        std::thread::sleep(Duration::from_millis(300));
+        let ticks_per_s = 100; // USER_HZ on Linux
+        let before = cpu_ticks(d.pid());
+        std::thread::sleep(Duration::from_secs(1));
+        let used = cpu_ticks(d.pid()) - before;
+        assert!(
+            used * 100 < 15 * ticks_per_s,
+            "with {n} engine thread(s), an idle daemon used {used} ticks of CPU in one second"
+        );
+        pingpong(&d);
+    }
+}

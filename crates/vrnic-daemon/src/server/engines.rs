@@ -1,7 +1,7 @@
 //! The loop's side of the shards: which shard serves a vRNIC (or, with `--spread-qps`, which
-//! serve its slices, and which one a QP), the passes the loop runs itself when there is one
-//! shard, and what the shards' passes produced for contexts (events, wake-ups), handed on to
-//! them.
+//! serve its slices, and which one a QP), the passes the loop runs itself (the one shard's,
+//! when it drives it; a shard's for a control call), and what the shards' passes produced for
+//! contexts (events, wake-ups), handed on to them.
 //!
 //! With `--spread-qps` every vRNIC has a *slice* in every shard: the same vRNIC (LID, GID,
 //! group) in each shard's engine, its lane on the same region. Its home shard (picked as
@@ -20,6 +20,7 @@
 use super::*;
 
 use super::datapath::{Frames, Mem, NoFrames};
+use super::pacer::Wait;
 use super::shard::{BellInbox, Lane, Slice};
 use super::shard::{host_shard, qpn_shard, shard_host};
 use super::threads::ShardFrames;
@@ -56,11 +57,6 @@ impl Server {
     pub(super) fn cell_of(&self, vnic: VnicId) -> Option<Arc<ShardCell>> {
         let v = self.vnics.get(&vnic)?;
         self.shards.get(v.shard).cloned()
-    }
-
-    /// The one shard, which the loop runs itself (peer links exist only then).
-    pub(super) fn shard0(&self) -> Arc<ShardCell> {
-        self.shards[0].clone()
     }
 
     /// The shard whose engine serves the QP numbered `qpn` (its number's class, whatever the
@@ -267,37 +263,39 @@ impl Server {
         }
     }
 
-    /// One engine pass run by the loop itself (one shard), frames to the peer links, then what
+    /// A pass of the one shard, run by the loop thread, which drives it as an engine thread
+    /// drives its own (`pacer.rs`): its frames for peer hosts written to the links, then what
     /// it produced handed on to contexts (only when there is something: an idle pass, which
-    /// takes the shard's lock once, is what a new request waits for). Returns whether
-    /// anything happened.
-    pub(super) fn engine_pass(&mut self, now: Instant) -> bool {
-        let (worked, produced) = {
-            let mut sh = self.shards[0].lock_for_loop_pass();
-            let worked = match &mut self.peers {
-                Some(p) => sh.engine_pass(now, &mut p.frames(now), None),
-                None => sh.engine_pass(now, &mut NoFrames, None),
+    /// takes the shard's lock once, is what a new request waits for). `None` with engine
+    /// threads: they drive the shards.
+    pub(super) fn drive(&mut self, now: Instant) -> Option<Wait> {
+        let pacer = self.pacer.as_mut()?;
+        let cell = &self.shards[0];
+        let (wait, produced) = {
+            let mut sh = cell.lock_for_loop_pass();
+            let guests = cell.guests.load(Ordering::Acquire) != 0;
+            let wait = match &mut self.peers {
+                Some(p) => pacer.pass(now, &mut sh, &mut p.frames(now), None, guests),
+                None => pacer.pass(now, &mut sh, &mut NoFrames, None, guests),
             };
-            (worked, !sh.out.is_empty())
+            (wait, !sh.out.is_empty())
         };
         if produced {
-            let cell = self.shards[0].clone();
+            let cell = cell.clone();
             self.drain_outbox(&cell);
         }
-        worked
+        Some(wait)
     }
 
     /// A pass of `cell`'s shard now, run by the loop thread for a control call whose reply
     /// must find its effects published (a QP destroyed or reset: its completions in its CQs).
+    /// Its frames for peer hosts go through the engine threads' channel, which the loop
+    /// empties before it next waits ([`Server::flush_peers`]).
     pub(super) fn pass_now(&mut self, cell: &Arc<ShardCell>, now: Instant) {
-        let Some(t) = &self.threads else {
-            self.engine_pass(now);
-            return;
-        };
         {
             let mut guard = cell.lock();
             let sh = &mut *guard;
-            let mut frames = ShardFrames::of(t);
+            let mut frames = ShardFrames::of_loop(&self.threads);
             // Without its siblings: a request for one waits for the engine thread's pass.
             sh.engine_pass(now, &mut frames, None);
             if sh.engine.has_transmit() {
@@ -308,11 +306,6 @@ impl Server {
             }
         }
         self.drain_outbox(cell);
-    }
-
-    /// Sets or clears the engine-sleeping word of the one shard's regions.
-    pub(super) fn set_sleeping(&mut self, on: bool) {
-        self.shard0().lock().set_sleeping(on);
     }
 
     /// Wakes every shard serving `vnic` (a doorbell on its socket, a guest come or gone).

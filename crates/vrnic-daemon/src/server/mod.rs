@@ -3,13 +3,14 @@
 //! completions back out.
 //!
 //! The loop thread owns the sockets, contexts and the connection manager; the data path's state
-//! is in shards (`shard.rs`: an engine and its vRNICs behind a mutex each), whose passes the
-//! loop runs itself with one engine thread (`--engine-threads 1`, the default: the mutex is
-//! then never contended) or engine threads run (`threads.rs`). A control request is served
-//! between two passes of its shard, holding that shard's lock. The loop spins (yielding the CPU each idle pass) while there is traffic and
-//! sleeps in `epoll` after a quiet period; before sleeping it sets every region's
-//! engine-sleeping word and re-checks the rings, so a driver that publishes a work request
-//! and then reads that word can never be missed (brief §9, lost wake-ups).
+//! is in shards (`shard.rs`: an engine and its vRNICs behind a mutex each), each driven the
+//! same way (`pacer.rs`): by the loop itself, between its looks at the sockets, with one
+//! engine thread (`--engine-threads 1`, the default: the mutex is then never contended), or
+//! by engine threads (`threads.rs`). A control request is served between two passes of its
+//! shard, holding that shard's lock. While the loop drives the shard it spins with it and
+//! sleeps in `epoll` when its pacer says the shard sleeps (its regions' engine-sleeping words
+//! set, the rings looked at once more: brief §9, lost wake-ups); with engine threads it waits
+//! in `epoll` for sockets, the shards' outboxes and its timers.
 //!
 //! This file holds what the daemon owns (vRNICs, contexts, ring slots, admin connections) and
 //! the loop; each job on that state has a room of its own: `registry` (vRNICs come and go,
@@ -60,6 +61,7 @@ mod events;
 mod inbound;
 mod linkbuf;
 mod outqueue;
+mod pacer;
 mod pages;
 mod pagetable;
 mod peers;
@@ -74,6 +76,7 @@ pub use peers::PeerOptions;
 pub use threads::default_engine_threads;
 
 use control::err;
+use pacer::Wait;
 use pages::{alloc_ring, free_pages, free_ring};
 use registry::cleanup_stale;
 pub(crate) use shard::Grow;
@@ -81,16 +84,6 @@ use shard::{Bell, CqCell, CqSlot, QpSlot, ShardCell, Slices, SrqSlot};
 
 const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
-/// How long the loop keeps spinning after the last work before it sleeps.
-const SPIN_QUIET: Duration = Duration::from_millis(2);
-
-/// The empty-pass policy of a thread that runs engine passes (the loop with one engine, an
-/// engine thread): while spinning, the CPU is given away after every empty pass as long as
-/// that lets another thread run (an app on the same core), and at most every 32nd while it
-/// does not (a core of its own), so that a doorbell is not left waiting for a system call.
-fn idle_spin() -> vrnic_shm::Spin {
-    vrnic_shm::Spin::new(1, 32)
-}
 /// How long after the last control call the loop looks at the sockets every pass instead of
 /// every 32nd (a driver's next call comes within a few microseconds of its last answer).
 pub(super) const CONTROL_HOT: Duration = Duration::from_millis(1);
@@ -273,8 +266,11 @@ pub struct Server {
     /// vRNICs' QPs spread over the shards (`--spread-qps`, with more than one shard): every
     /// vRNIC has a slice in every shard, its home shard the first.
     spread: bool,
-    /// The engine threads, when there is more than one shard.
-    threads: Option<threads::Threads>,
+    /// The engine threads, when there is more than one shard, and the channel their frames
+    /// for peer hosts come through.
+    threads: threads::Threads,
+    /// The one shard's pacer, when the loop drives it (no engine threads).
+    pacer: Option<pacer::Pacer>,
     vnics: BTreeMap<VnicId, Vnic>,
     ctxs: HashMap<CtxId, Ctx>,
     /// Contexts with `wake` set, to be written to by `flush_wakes`.
@@ -519,12 +515,9 @@ impl Server {
                 ShardCell::new(i, engine_threads, seed, spread)
             })
             .collect();
-        let threads = if engine_threads > 1 {
-            let waker = Arc::new(mio::Waker::new(poll.registry(), token(Tok::Shards))?);
-            Some(threads::Threads::start(&shards, waker)?)
-        } else {
-            None
-        };
+        let waker = Arc::new(mio::Waker::new(poll.registry(), token(Tok::Shards))?);
+        let threads = threads::Threads::start(&shards, waker)?;
+        let pacer = (!threads.running()).then(pacer::Pacer::new);
         let kept = match persist_file {
             Some(file) => {
                 let waker = mio::Waker::new(poll.registry(), token(Tok::Persist))?;
@@ -553,6 +546,7 @@ impl Server {
             spread,
             shards,
             threads,
+            pacer,
             vnics: BTreeMap::new(),
             ctxs: HashMap::new(),
             wakes: Vec::new(),
@@ -588,26 +582,26 @@ impl Server {
 
     fn run(&mut self) -> Result<()> {
         let mut events = Events::with_capacity(256);
-        let mut last_work = Instant::now();
         let mut pass: u64 = 0;
-        let mut asleep = false;
+        // What the one shard's pacer said after the loop's last pass of it (`None`: engine
+        // threads drive the shards).
+        let mut wait = self.pacer.as_ref().map(|_| Wait::Now);
         // The peer links moved frames in the last pass, in or out (a read may have stopped at
         // its budget with more in the socket, which an edge-triggered poll would not report
-        // again): with engine threads, the next poll does not wait.
+        // again): the next poll does not wait.
         let mut links_busy = false;
-        // Between empty passes of the one-thread loop: see `idle_spin`.
-        let mut spin = idle_spin();
         loop {
             let now = Instant::now();
-            let idle = now.duration_since(last_work);
-            // While a context is making control calls (a connection being set up: create,
-            // then modify, modify, modify), the sockets are looked at every pass, so that its
-            // next call waits for one pass, not for the next of every 32.
-            let threaded = self.threads.is_some();
-            let poll_now = threaded
-                || pass.is_multiple_of(32)
-                || idle >= SPIN_QUIET
-                || now < self.control_hot_until;
+            // While the loop drives the shard and it has traffic, the sockets are looked at
+            // every 32nd pass, and every pass while a context is making control calls (a
+            // connection being set up: create, then modify, modify, modify), so that its next
+            // call waits for one pass, not for the next of every 32.
+            let poll_now = match wait {
+                Some(Wait::Now | Wait::Spin) => {
+                    pass.is_multiple_of(32) || now < self.control_hot_until
+                }
+                None | Some(Wait::Sleep(_)) => true,
+            };
             if poll_now {
                 let cap = if self.guests.is_empty() {
                     MAX_SLEEP
@@ -618,57 +612,29 @@ impl Server {
                     t.map_or(MAX_SLEEP, |t| t.saturating_duration_since(Instant::now()))
                         .min(cap)
                 };
-                let timeout = if threaded && links_busy {
-                    Some(Duration::ZERO)
-                } else if threaded {
-                    // The engine threads run the passes: the loop waits for sockets, the
+                let due = [self.cm.next_deadline(), self.next_redial()];
+                let timeout = match wait {
+                    Some(Wait::Now | Wait::Spin) => Duration::ZERO,
+                    _ if links_busy => Duration::ZERO,
+                    // The one shard sleeps (its regions say so): a doorbell comes on a
+                    // socket; its engine's next timer is due in `t` at most.
+                    Some(Wait::Sleep(t)) => until(due.into_iter().flatten().chain([now + t]).min()),
+                    // The engine threads drive the shards: the loop waits for sockets, the
                     // shards' outboxes, timers and guests.
-                    Some(until(
-                        [self.cm.next_deadline(), self.next_redial()]
-                            .into_iter()
-                            .flatten()
-                            .min(),
-                    ))
-                } else if idle >= SPIN_QUIET {
-                    // Sleep: announce it, then look once more before really waiting.
-                    self.set_sleeping(true);
-                    asleep = true;
-                    if self.engine_pass(Instant::now()) {
-                        self.set_sleeping(false);
-                        asleep = false;
-                        last_work = Instant::now();
-                        Some(Duration::ZERO)
-                    } else {
-                        let engine_timer = self.shard0().lock().engine.poll_timeout();
-                        Some(until(
-                            [engine_timer, self.cm.next_deadline(), self.next_redial()]
-                                .into_iter()
-                                .flatten()
-                                .min(),
-                        ))
-                    }
-                } else {
-                    Some(Duration::ZERO)
+                    None => until(due.into_iter().flatten().min()),
                 };
-                match self.poll.poll(&mut events, timeout) {
+                match self.poll.poll(&mut events, Some(timeout)) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => return Err(e).context("epoll"),
                 }
-                if asleep {
-                    self.set_sleeping(false);
-                    asleep = false;
-                }
                 let mut stop = false;
+                let mut worked = false;
                 for ev in events.iter() {
                     match ev.token() {
                         SIGNAL => stop = true,
                         ADMIN => self.accept_admin(),
-                        t => {
-                            if self.handle_token(t) {
-                                last_work = Instant::now();
-                            }
-                        }
+                        t => worked |= self.handle_token(t),
                     }
                 }
                 if stop {
@@ -677,6 +643,9 @@ impl Server {
                 }
                 if let Some(why) = self.cluster_fatal() {
                     bail!("{why}");
+                }
+                if worked {
+                    self.worked(Instant::now());
                 }
             }
             // Read again only after a poll (which may have waited).
@@ -690,11 +659,11 @@ impl Server {
                 self.retry_recorded();
             }
             if !self.guests.is_empty() && self.serve_guests() {
-                last_work = Instant::now();
+                self.worked(now);
             }
             links_busy = self.peer_pass(now);
             if links_busy {
-                last_work = Instant::now();
+                self.worked(now);
             }
             if self.cm.has_notes() {
                 self.flush_cm_notes();
@@ -708,18 +677,17 @@ impl Server {
             if self.cm.has_refusals() {
                 self.log_cm_refusals();
             }
-            if self.threads.is_some() {
-                links_busy |= self.flush_peers(now);
-            } else {
-                let worked = self.engine_pass(now);
-                if self.flush_peers(now) || worked || self.peers_backlogged() {
-                    // The pass's own time (read before it): idleness is counted in
-                    // milliseconds, and a clock read is a good part of a short pass.
-                    last_work = now;
-                    spin.worked();
-                } else {
-                    spin.idle_for(now.saturating_duration_since(last_work));
+            let drove = self.drive(now);
+            links_busy |= self.flush_peers(now);
+            // Frames written, or (the loop drives the shard) still to be written: not idle.
+            let busy = links_busy || (drove.is_some() && self.peers_backlogged());
+            if let (Some(mut w), Some(d)) = (drove, self.pacer.as_mut()) {
+                if busy {
+                    d.worked(now);
+                    w = Wait::Now;
                 }
+                d.settle(w, now);
+                wait = Some(w);
             }
             let epoch = vrnic_shm::fault::epoch();
             if epoch != self.fault_epoch {
@@ -727,6 +695,13 @@ impl Server {
                 self.remove_poisoned();
             }
             pass = pass.wrapping_add(1);
+        }
+    }
+
+    /// Work the loop did besides the passes: the shard it drives does not go to sleep yet.
+    fn worked(&mut self, at: Instant) {
+        if let Some(d) = self.pacer.as_mut() {
+            d.worked(at);
         }
     }
 
@@ -760,9 +735,7 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
-        if let Some(mut t) = self.threads.take() {
-            t.stop(&self.shards);
-        }
+        self.threads.stop(&self.shards);
         let ids: Vec<VnicId> = self.vnics.keys().copied().collect();
         for id in ids {
             self.remove_vnic(id);

@@ -17,9 +17,9 @@
 //! between the loop and a shard, no copy of a frame; the shard's thread is then woken to send
 //! what its engine answers.
 //!
-//! An engine thread spins (yielding the CPU each idle pass) while it has traffic, then, after
-//! [`SPIN_QUIET`], sets its regions' engine-sleeping words, looks once more, and parks until
-//! the loop wakes it (a doorbell, a control call or a segment from a peer host for one of its
+//! An engine thread is driven as the loop drives the one shard (`pacer.rs`): it spins
+//! (yielding the CPU each idle pass) while it has traffic, then sets its regions'
+//! engine-sleeping words, looks once more, and parks until the loop wakes it (a doorbell, a control call or a segment from a peer host for one of its
 //! vRNICs), another thread leaves it work, or its engine's next timer is due. What its passes
 //! produce for contexts (events, wake-ups) waits in its outbox, and a mio `Waker` tells the
 //! loop thread to hand it on.
@@ -33,6 +33,7 @@ use vrnic_proto::HostId;
 
 use super::datapath::{Frames, Mem};
 use super::outqueue::OutQueue;
+use super::pacer::{Pacer, Wait};
 use super::peers::enqueue;
 use super::shard::host_shard;
 use super::siblings::SiblingShards;
@@ -50,30 +51,32 @@ pub fn default_engine_threads() -> usize {
     1
 }
 
-/// What the loop holds of the engine threads.
+/// What the loop holds of the engine threads: the channel their passes' frames for peer hosts
+/// come through (a control call's pass puts its frames there too, whoever drives the shard),
+/// and the threads, none when the loop drives the one shard itself.
 pub(super) struct Threads {
     /// Frames the shards made for peer hosts, and the loop's end of that channel.
     pub(super) to_peers: std::sync::mpsc::Sender<PeerFrame>,
     pub(super) from_shards: Receiver<PeerFrame>,
-    /// Tells the loop that an outbox or the peer channel has something.
-    pub(super) waker: Arc<mio::Waker>,
     handles: Vec<JoinHandle<()>>,
 }
 
 /// Where a pass of a shard puts its frames: onto the channel to the loop, which is then woken
-/// (its link's queue bounds it: what an engine sends is bounded by its QPs' windows). Frames
-/// go to peer hosts only: another shard is reached by a call (`siblings.rs`).
+/// unless the loop is the thread that runs the pass (its link's queue bounds it: what an
+/// engine sends is bounded by its QPs' windows). Frames go to peer hosts only: another shard
+/// is reached by a call (`siblings.rs`).
 pub(super) struct ShardFrames<'a> {
-    pub(super) to_peers: &'a std::sync::mpsc::Sender<PeerFrame>,
-    pub(super) waker: &'a mio::Waker,
+    to_peers: &'a std::sync::mpsc::Sender<PeerFrame>,
+    waker: Option<&'a mio::Waker>,
 }
 
 impl ShardFrames<'_> {
-    /// The sink of a shard's passes.
-    pub(super) fn of(t: &Threads) -> ShardFrames<'_> {
+    /// The sink of a pass the loop thread runs for a control call: the loop takes the frames
+    /// off the channel itself before it next waits.
+    pub(super) fn of_loop(t: &Threads) -> ShardFrames<'_> {
         ShardFrames {
             to_peers: &t.to_peers,
-            waker: &t.waker,
+            waker: None,
         }
     }
 }
@@ -104,19 +107,20 @@ impl Frames for ShardFrames<'_> {
             // The loop appends it to the link's queue (or drops it, the link down).
             sent |= self.to_peers.send(batch).is_ok();
         }
-        if sent {
-            let _ = self.waker.wake();
+        if sent && let Some(w) = self.waker {
+            let _ = w.wake();
         }
         sent
     }
 }
 
 impl Threads {
-    /// Starts one engine thread per shard; `waker` tells the loop that an outbox has something.
+    /// Starts one engine thread per shard when there are several (with one, the loop drives
+    /// it and none is started); `waker` tells the loop that an outbox has something.
     pub(super) fn start(cells: &[Arc<ShardCell>], waker: Arc<mio::Waker>) -> Result<Threads> {
         let (to_peers, from_shards) = std::sync::mpsc::channel();
         let mut handles = Vec::new();
-        for cell in cells {
+        for cell in cells.iter().filter(|_| cells.len() > 1) {
             let cell = cell.clone();
             let cells = cells.to_vec();
             let to_peers = to_peers.clone();
@@ -126,7 +130,7 @@ impl Threads {
                 .spawn(move || {
                     let frames = ShardFrames {
                         to_peers: &to_peers,
-                        waker: &waker,
+                        waker: Some(&waker),
                     };
                     engine_thread(&cell, &cells, frames, &waker)
                 })
@@ -140,9 +144,13 @@ impl Threads {
         Ok(Threads {
             to_peers,
             from_shards,
-            waker,
             handles,
         })
+    }
+
+    /// Whether engine threads drive the shards (else the loop drives the one shard).
+    pub(super) fn running(&self) -> bool {
+        !self.handles.is_empty()
     }
 
     /// Stops and joins every engine thread.
@@ -157,73 +165,33 @@ impl Threads {
     }
 }
 
-/// An engine thread: its shard's passes (with the siblings it reaches, `siblings.rs`), its
-/// sleep.
+/// An engine thread: its shard's passes (with the siblings it reaches, `siblings.rs`), driven
+/// as every shard is (`pacer.rs`), parked while it sleeps.
 fn engine_thread(
     cell: &ShardCell,
     cells: &[Arc<ShardCell>],
     mut frames: ShardFrames,
     waker: &mio::Waker,
 ) {
-    let mut last_work = Instant::now();
-    let mut asleep = false;
+    let mut pacer = Pacer::new();
     let mut sibs = SiblingShards::new(cells, cell.index, waker);
-    let mut spin = super::idle_spin();
     while !cell.stop.load(Ordering::Acquire) {
         let now = Instant::now();
-        // How long to wait before the next pass: `None` none, zero a yield.
         let wait = {
             let mut guard = sibs.lock(now);
             let sh = &mut *guard;
-            if asleep {
-                sh.set_sleeping(false);
-                asleep = false;
-            }
-            let mut worked = sh.engine_pass(now, &mut frames, Some(&mut sibs));
-            if sh.engine.has_transmit() {
-                worked |= frames.send(&mut sh.engine, &mut Mem::new(&sh.lanes));
-            }
+            let guests = cell.guests.load(Ordering::Acquire) != 0;
+            let wait = pacer.pass(now, sh, &mut frames, Some(&mut sibs), guests);
             if !sh.out.is_empty() && !sh.out.told {
                 sh.out.told = true;
                 let _ = waker.wake();
             }
-            let wait = if worked || sibs.any_busy() || sh.engine.has_deferred() {
-                last_work = now;
-                None
-            } else if now.duration_since(last_work) < SPIN_QUIET {
-                Some(Duration::ZERO)
-            } else {
-                // Sleep: announce it, then look once more before really waiting.
-                sh.set_sleeping(true);
-                asleep = true;
-                if sh.engine_pass(Instant::now(), &mut frames, Some(&mut sibs))
-                    || sibs.any_busy()
-                    || sh.engine.has_deferred()
-                {
-                    last_work = Instant::now();
-                    None
-                } else {
-                    let cap = if cell.guests.load(Ordering::Acquire) == 0 {
-                        MAX_SLEEP
-                    } else {
-                        GUEST_SLEEP
-                    };
-                    Some(sh.engine.poll_timeout().map_or(cap, |t| {
-                        t.saturating_duration_since(Instant::now())
-                            .min(cap)
-                            .max(Duration::from_micros(1))
-                    }))
-                }
-            };
             sibs.release();
             wait
         };
         match wait {
-            None => spin.worked(),
-            Some(Duration::ZERO) => {
-                spin.idle_for(now.saturating_duration_since(last_work));
-            }
-            Some(t) => std::thread::park_timeout(t),
+            Wait::Sleep(t) => std::thread::park_timeout(t),
+            w => pacer.settle(w, now),
         }
     }
 }

@@ -1552,25 +1552,17 @@ impl Server {
                 l.cm_backlog.push_back(f);
             }
         }
-        let sent = match &self.threads {
-            // The engine threads' frames, as they queued them, then what each link can take.
-            Some(t) => {
-                for (host, mut frames) in t.from_shards.try_iter() {
-                    if let Some(Some(l)) = p.links.get_mut(host.0 as usize)
-                        && l.state == State::Up
-                    {
-                        l.out.append(&mut frames);
-                    }
-                }
-                p.write_links(now)
+        // The frames the shards' passes queued for the channel (an engine thread's, a control
+        // call's), as they queued them, then what each link can take (the loop's own passes
+        // of the one shard wrote theirs onto the links already).
+        for (host, mut frames) in self.threads.from_shards.try_iter() {
+            if let Some(Some(l)) = p.links.get_mut(host.0 as usize)
+                && l.state == State::Up
+            {
+                l.out.append(&mut frames);
             }
-            None => {
-                let cell = self.shards[0].clone();
-                let mut sh = cell.lock();
-                let sh = &mut *sh;
-                p.frames(now).send(&mut sh.engine, &mut Mem::new(&sh.lanes))
-            }
-        };
+        }
+        let sent = p.write_links(now);
         for (i, why) in std::mem::take(&mut p.failed) {
             self.close_link(now, i, Close::Gone(why));
         }
