@@ -587,9 +587,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
     fairness::set_limits(&mut report, idle_qps, flood_pairs);
     hosts::set_limits(&mut report);
     ucx::set_limits(&mut report);
-    if let Some(w) = oversubscribed(&sections, Machine::probe().cpus) {
-        report.notes.push(w);
-    }
+    report
+        .notes
+        .extend(oversubscribed(&sections, Machine::probe().cpus));
     if args.all_sizes {
         for f in &mut report.figures {
             if matches!(f.section, "bandwidth" | "latency") {
@@ -659,23 +659,37 @@ pub fn main(args: BenchArgs) -> Result<()> {
 /// Busy-polling processes of a perftest or fairness run: its server, its client and the
 /// daemon's engine.
 const BUSY_POLLERS: usize = 3;
+/// Busy-polling processes of an across-host run: its server, its client and both daemons'
+/// engines.
+const BUSY_POLLERS_HOSTS: usize = 4;
 
-/// A warning for the table when the runs' busy-polling processes outnumber the cores: each
+/// Warnings for the table when the runs' busy-polling processes outnumber the cores: each
 /// then waits for the scheduler to give it a core, and latencies (the 2 B one above all)
 /// measure time slices rather than vrnic.
-fn oversubscribed(sections: &[Section], cpus: usize) -> Option<String> {
+fn oversubscribed(sections: &[Section], cpus: usize) -> Vec<String> {
+    let s = if cpus == 1 { "" } else { "s" };
+    let mut notes = Vec::new();
     let polls = sections
         .iter()
         .any(|s| matches!(s, Section::Perftest | Section::Fairness | Section::Scale));
-    (polls && cpus < BUSY_POLLERS).then(|| {
-        format!(
+    if polls && cpus < BUSY_POLLERS {
+        notes.push(format!(
             "WARNING: {BUSY_POLLERS} processes busy-poll in each run (server, client, the \
-             daemon's engine) on {cpus} core{}: they take turns on the cores, so latencies \
+             daemon's engine) on {cpus} core{s}: they take turns on the cores, so latencies \
              (the 2 B one above all) measure the scheduler's time slices, not vrnic; measure \
-             on at least {BUSY_POLLERS} cores",
-            if cpus == 1 { "" } else { "s" }
-        )
-    })
+             on at least {BUSY_POLLERS} cores"
+        ));
+    }
+    if sections.contains(&Section::Hosts) && cpus < BUSY_POLLERS_HOSTS {
+        notes.push(format!(
+            "WARNING: across hosts {BUSY_POLLERS_HOSTS} processes busy-poll (server, client, \
+             both daemons' engines) on {cpus} core{s}; ib_write_lat's apps wait for the \
+             peer's bytes by polling their buffer, never giving the CPU away, so a round trip \
+             often waits for a time slice (milliseconds: the typical figure is then bimodal); \
+             measure on at least {BUSY_POLLERS_HOSTS} cores"
+        ));
+    }
+    notes
 }
 
 #[cfg(test)]
@@ -684,13 +698,25 @@ mod tests {
 
     #[test]
     fn busy_pollers_past_the_cores_are_warned_of() {
-        let w = oversubscribed(&[Section::Perftest], 2).unwrap();
+        let w = oversubscribed(&[Section::Perftest], 2);
         assert!(
-            w.starts_with("WARNING: 3 processes busy-poll") && w.contains("2 cores"),
-            "{w}"
+            w.len() == 1
+                && w[0].starts_with("WARNING: 3 processes busy-poll")
+                && w[0].contains("2 cores"),
+            "{w:?}"
         );
-        assert!(oversubscribed(&[Section::Perftest], 4).is_none());
-        assert!(oversubscribed(&[Section::Ctrl], 2).is_none());
+        assert!(oversubscribed(&[Section::Perftest], 4).is_empty());
+        assert!(oversubscribed(&[Section::Ctrl], 2).is_empty());
+        let w = oversubscribed(&[Section::Ctrl, Section::Hosts], 3);
+        assert!(
+            w.len() == 1 && w[0].starts_with("WARNING: across hosts 4 processes busy-poll"),
+            "{w:?}"
+        );
+        assert_eq!(
+            oversubscribed(&[Section::Perftest, Section::Hosts], 2).len(),
+            2
+        );
+        assert!(oversubscribed(&[Section::Hosts], 4).is_empty());
     }
 
     #[test]
