@@ -10,7 +10,7 @@
 //! so they are free everywhere); its plain QPs go to the slice with the fewest, and QPs with an
 //! SRQ, XRC QPs, SRQs and XRC domains stay home. A QP's id and number are of its shard's
 //! class, so both name its shard. QPs of two slices reach each other as QPs of two shards do
-//! (a request executed inside the other shard's engine, `siblings.rs`; engines route by the
+//! (a request executed inside the other shard's engine, `shard/siblings.rs`; engines route by the
 //! destination QP number's class, [`Engine::set_siblings`]). A CQ's slot is shared by the slices under a mutex. The home
 //! lane alone takes the region's doorbell bits and hands a slice's on to it
 //! ([`super::shard::BellInbox`]). Its memory windows are one table that every slice shares
@@ -19,9 +19,8 @@
 
 use super::*;
 
-use super::datapath::{Frames, Mem, NoFrames};
-use super::pacer::Wait;
 use super::shard::{BellInbox, Lane, Slice};
+use super::shard::{Frames, Mem, NoFrames, Wait};
 use super::shard::{host_shard, qpn_shard, shard_host};
 use super::threads::ShardFrames;
 use vrnic_proto::HostId;
@@ -264,7 +263,7 @@ impl Server {
     }
 
     /// A pass of the one shard, run by the loop thread, which drives it as an engine thread
-    /// drives its own (`pacer.rs`): its frames for peer hosts written to the links, then what
+    /// drives its own (`shard/pacer.rs`): its frames for peer hosts written to the links, then what
     /// it produced handed on to contexts (only when there is something: an idle pass, which
     /// takes the shard's lock once, is what a new request waits for). `None` with engine
     /// threads: they drive the shards.

@@ -3,8 +3,8 @@
 //! completions back out.
 //!
 //! The loop thread owns the sockets, contexts and the connection manager; the data path's state
-//! is in shards (`shard.rs`: an engine and its vRNICs behind a mutex each), each driven the
-//! same way (`pacer.rs`): by the loop itself, between its looks at the sockets, with one
+//! is in shards (`shard/`: an engine and its vRNICs behind a mutex each), each driven the
+//! same way (`shard/pacer.rs`): by the loop itself, between its looks at the sockets, with one
 //! engine thread (`--engine-threads 1`, the default: the mutex is then never contended), or
 //! by engine threads (`threads.rs`). A control request is served between two passes of its
 //! shard, holding that shard's lock. While the loop drives the shard it spins with it and
@@ -18,7 +18,9 @@
 //! `admin_socket` (the CLI), `attach` (contexts come and go), `control` (requests from
 //! a mailbox), `pages` and `pagetable` (registered memory and rings), `resize` (CQ and SRQ
 //! rings moved to a new depth), `events` (async events and wake-ups back to contexts),
-//! `datapath` (the engine pass), `peers`, `linkbuf`, `outqueue` and `inbound` (links to other
+//! `shard` (a shard of the data path: its engine pass over the rings, what it publishes, its
+//! pacing, the siblings it reaches), `engines` and `threads` (who serves a vRNIC, who drives
+//! each shard), `peers`, `linkbuf`, `outqueue` and `inbound` (links to other
 //! hosts' daemons: frames out and in, payloads from and into registered memory), `directory`
 //! (who is where), `cluster` (cluster mode: the directory and the host set from etcd, whose
 //! client runs on a thread of its own and wakes this loop through a mio `Waker`).
@@ -54,21 +56,18 @@ mod announce;
 mod attach;
 mod cluster;
 mod control;
-mod datapath;
 mod directory;
 mod engines;
 mod events;
 mod inbound;
 mod linkbuf;
 mod outqueue;
-mod pacer;
 mod pages;
 mod pagetable;
 mod peers;
 mod registry;
 mod resize;
 mod shard;
-mod siblings;
 mod threads;
 
 pub use cluster::{ClusterOptions, DEFAULT_TTL_S};
@@ -76,11 +75,10 @@ pub use peers::PeerOptions;
 pub use threads::default_engine_threads;
 
 use control::err;
-use pacer::Wait;
 use pages::{alloc_ring, free_pages, free_ring};
 use registry::cleanup_stale;
 pub(crate) use shard::Grow;
-use shard::{Bell, CqCell, CqSlot, QpSlot, ShardCell, Slices, SrqSlot};
+use shard::{Bell, CqCell, CqSlot, QpSlot, ShardCell, Slices, SrqSlot, Wait};
 
 const SIGNAL: Token = Token(0);
 const ADMIN: Token = Token(1);
@@ -270,7 +268,7 @@ pub struct Server {
     /// for peer hosts come through.
     threads: threads::Threads,
     /// The one shard's pacer, when the loop drives it (no engine threads).
-    pacer: Option<pacer::Pacer>,
+    pacer: Option<shard::Pacer>,
     vnics: BTreeMap<VnicId, Vnic>,
     ctxs: HashMap<CtxId, Ctx>,
     /// Contexts with `wake` set, to be written to by `flush_wakes`.
@@ -517,7 +515,7 @@ impl Server {
             .collect();
         let waker = Arc::new(mio::Waker::new(poll.registry(), token(Tok::Shards))?);
         let threads = threads::Threads::start(&shards, waker)?;
-        let pacer = (!threads.running()).then(pacer::Pacer::new);
+        let pacer = (!threads.running()).then(shard::Pacer::new);
         let kept = match persist_file {
             Some(file) => {
                 let waker = mio::Waker::new(poll.registry(), token(Tok::Persist))?;

@@ -126,7 +126,7 @@ impl Server {
         let sh = &mut **sh;
         // A bounded loop: each round takes up to a batch, and the engine's room is at most the
         // SRQ's depth.
-        for _ in 0..=(control::MAX_QP_WR / datapath::RING_BATCH) {
+        for _ in 0..=(control::MAX_QP_WR / shard::RING_BATCH) {
             if !sh.fetch_srq(srq) {
                 break;
             }

@@ -4,7 +4,7 @@
 //! A shard serves whole vRNICs (or, with `--spread-qps`, slices of them), so every check inside
 //! a vRNIC (PD, MR, window, CQ, SRQ, XRC domain) stays in one engine. A work request whose
 //! destination QP is on another shard is executed by the thread that took it, inside that
-//! shard's engine, which its pass holds for the purpose (`siblings.rs`): one copy per byte,
+//! shard's engine, which its pass holds for the purpose (`shard/siblings.rs`): one copy per byte,
 //! the same checks as on one engine, no frame between threads.
 //!
 //! Peer links stay the loop's: the frames a pass makes for another host leave an engine thread
@@ -17,7 +17,7 @@
 //! between the loop and a shard, no copy of a frame; the shard's thread is then woken to send
 //! what its engine answers.
 //!
-//! An engine thread is driven as the loop drives the one shard (`pacer.rs`): it spins
+//! An engine thread is driven as the loop drives the one shard (`shard/pacer.rs`): it spins
 //! (yielding the CPU each idle pass) while it has traffic, then sets its regions'
 //! engine-sleeping words, looks once more, and parks until the loop wakes it (a doorbell, a control call or a segment from a peer host for one of its
 //! vRNICs), another thread leaves it work, or its engine's next timer is due. What its passes
@@ -31,12 +31,11 @@ use std::thread::JoinHandle;
 
 use vrnic_proto::HostId;
 
-use super::datapath::{Frames, Mem};
 use super::outqueue::OutQueue;
-use super::pacer::{Pacer, Wait};
 use super::peers::enqueue;
 use super::shard::host_shard;
-use super::siblings::SiblingShards;
+use super::shard::{Frames, Mem};
+use super::shard::{Pacer, SiblingShards, Wait};
 
 /// Frames from a shard for a peer host, as one pass queued them: the host, and the frames as
 /// its link queues them (headers and small payloads as bytes, large reliable payloads as
@@ -45,7 +44,7 @@ pub(super) type PeerFrame = (HostId, OutQueue);
 
 /// Engine threads by default: 1, the daemon's loop thread running the engine itself. More
 /// threads serve more busy pairs at once; a pair whose two vRNICs are on different threads
-/// costs what a pair on one does (`siblings.rs`), but a vRNIC is served by one thread, so
+/// costs what a pair on one does (`shard/siblings.rs`), but a vRNIC is served by one thread, so
 /// threads are a capacity choice (docs/performance.md, "Engine threads").
 pub fn default_engine_threads() -> usize {
     1
@@ -64,7 +63,7 @@ pub(super) struct Threads {
 /// Where a pass of a shard puts its frames: onto the channel to the loop, which is then woken
 /// unless the loop is the thread that runs the pass (its link's queue bounds it: what an
 /// engine sends is bounded by its QPs' windows). Frames go to peer hosts only: another shard
-/// is reached by a call (`siblings.rs`).
+/// is reached by a call (`shard/siblings.rs`).
 pub(super) struct ShardFrames<'a> {
     to_peers: &'a std::sync::mpsc::Sender<PeerFrame>,
     waker: Option<&'a mio::Waker>,
@@ -165,8 +164,8 @@ impl Threads {
     }
 }
 
-/// An engine thread: its shard's passes (with the siblings it reaches, `siblings.rs`), driven
-/// as every shard is (`pacer.rs`), parked while it sleeps.
+/// An engine thread: its shard's passes (with the siblings it reaches, `shard/siblings.rs`), driven
+/// as every shard is (`shard/pacer.rs`), parked while it sleeps.
 fn engine_thread(
     cell: &ShardCell,
     cells: &[Arc<ShardCell>],

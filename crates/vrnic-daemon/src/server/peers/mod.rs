@@ -82,11 +82,11 @@ use secure::{Cipher, HANDSHAKE_DEADLINE, Handshake, HandshakeBucket, Security};
 use crate::keys::{KeyPair, PublicKey};
 
 use super::announce::{Entry, announce};
-use super::datapath::{Frames, Mem};
 use super::inbound::{HEADROOM, PLACE_MIN, Placing};
 use super::linkbuf::LinkBuf;
 use super::outqueue::OutQueue;
 use super::shard::ShardCell;
+use super::shard::{Frames, Mem};
 use super::{Server, Tok};
 
 /// How often a link that sent nothing else sends a keepalive.

@@ -16,17 +16,16 @@
 //! thread or a control call waits for its lock is treated as busy, so a thread that keeps
 //! finding work for a sibling cannot starve that sibling's own thread.
 
-use super::*;
+use crate::server::*;
 
 use std::sync::MutexGuard;
 
-use super::datapath::Mem;
-use super::shard::{Lane, Shard, host_shard};
+use super::{Lane, Mem, Shard, host_shard};
 use vrnic_proto::HostId;
 
 /// The sibling shards the passes of shard `me` hold, one pass at a time, and those they found
 /// busy. Kept by its engine thread for its life (no allocation per pass).
-pub(super) struct SiblingShards<'c> {
+pub(in crate::server) struct SiblingShards<'c> {
     cells: &'c [Arc<ShardCell>],
     me: usize,
     held: Vec<Option<MutexGuard<'c, Shard>>>,
@@ -41,7 +40,11 @@ pub(super) struct SiblingShards<'c> {
 }
 
 impl<'c> SiblingShards<'c> {
-    pub(super) fn new(cells: &'c [Arc<ShardCell>], me: usize, waker: &'c mio::Waker) -> Self {
+    pub(in crate::server) fn new(
+        cells: &'c [Arc<ShardCell>],
+        me: usize,
+        waker: &'c mio::Waker,
+    ) -> Self {
         let n = cells.len();
         SiblingShards {
             cells,
@@ -57,7 +60,7 @@ impl<'c> SiblingShards<'c> {
 
     /// Starts a pass at `now`: locks, in index order, the siblings the last pass found busy
     /// and shard `me` itself (after any control call waiting for it); returns its guard.
-    pub(super) fn lock(&mut self, now: Instant) -> MutexGuard<'c, Shard> {
+    pub(in crate::server) fn lock(&mut self, now: Instant) -> MutexGuard<'c, Shard> {
         self.now = now;
         let cells = self.cells;
         let mut own = None;
@@ -72,7 +75,7 @@ impl<'c> SiblingShards<'c> {
     }
 
     /// Ends a pass: lets every sibling go; those found busy are wanted at the next.
-    pub(super) fn release(&mut self) {
+    pub(in crate::server) fn release(&mut self) {
         for k in 0..self.held.len() {
             self.held[k] = None;
             self.touched[k] = false;
@@ -81,7 +84,7 @@ impl<'c> SiblingShards<'c> {
     }
 
     /// Whether some sibling was found busy.
-    pub(super) fn any_busy(&self) -> bool {
+    pub(in crate::server) fn any_busy(&self) -> bool {
         self.busy.iter().any(|&b| b)
     }
 
@@ -107,7 +110,7 @@ impl<'c> SiblingShards<'c> {
     /// of events and wake-ups for contexts, and a sibling's thread with work of its own now
     /// (receives its app posted, taken on its behalf, may carry sends too) is woken. Returns
     /// whether anything was published.
-    pub(super) fn publish(&mut self) -> bool {
+    pub(in crate::server) fn publish(&mut self) -> bool {
         let mut work = false;
         for k in 0..self.held.len() {
             if !std::mem::take(&mut self.touched[k]) {
@@ -131,13 +134,16 @@ impl<'c> SiblingShards<'c> {
     /// What the engine of this pass reaches its siblings through, for one turn: the siblings,
     /// and this shard's regions (`lanes`), which requests executed on a sibling read from and
     /// its answers write into.
-    pub(super) fn reach<'s>(&'s mut self, lanes: &'s FxHashMap<VnicId, Lane>) -> Reach<'s, 'c> {
+    pub(in crate::server) fn reach<'s>(
+        &'s mut self,
+        lanes: &'s FxHashMap<VnicId, Lane>,
+    ) -> Reach<'s, 'c> {
         Reach { sibs: self, lanes }
     }
 }
 
 /// See [`SiblingShards::reach`].
-pub(super) struct Reach<'s, 'c> {
+pub(in crate::server) struct Reach<'s, 'c> {
     sibs: &'s mut SiblingShards<'c>,
     lanes: &'s FxHashMap<VnicId, Lane>,
 }

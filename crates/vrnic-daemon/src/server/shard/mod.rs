@@ -8,9 +8,15 @@
 //! loop thread takes only to serve a control call on one of the shard's vRNICs. A control call
 //! announces itself first ([`ShardCell::lock`]), and an engine thread lets it in before its
 //! next pass ([`ShardCell::lock_for_pass`]), so a busy shard delays a control call by one pass
-//! at most. With one shard (`--engine-threads 1`, the default on small machines) the loop
-//! thread runs the passes itself and the lock is never contended; with more, each shard has an
-//! engine thread of its own (`threads.rs`).
+//! at most. With one shard (`--engine-threads 1`, the default) the loop thread runs the
+//! passes itself and the lock is never contended; with more, each shard has an engine thread
+//! of its own (`../threads.rs`).
+//!
+//! The files beside this one: `pass.rs` (the engine pass: work requests from the rings into
+//! the engine, turns, looks between them), `publish.rs` (retired indices and completions back
+//! into the rings), `mem.rs` (region memory as the engine sees it), `pacer.rs` (pass again,
+//! spin or sleep: the same whoever runs the passes), `siblings.rs` (the other shards as an
+//! engine thread's pass reaches them).
 //!
 //! The concurrency contract, in one table (each rule is what makes the row below it sound):
 //!
@@ -22,6 +28,17 @@
 //! | several shards' mutexes at once | a control call ([`Slices::lock`]); a pass reaching its siblings | taken in shard index order (a vRNIC's slices too, though named home first), or *tried* (a pass's sibling: never waited for while it holds another, `siblings.rs`) |
 //! | the rings' producer/consumer words, doorbells, the engine-sleeping word | the apps and the passes | atomics with their fences (`vrnic-shm`) |
 //! | the outbox's hand-off to contexts | the loop (`engines.rs` `drain_outbox`) | the shard's mutex for the take; contexts are the loop's alone |
+
+mod mem;
+mod pacer;
+mod pass;
+mod publish;
+mod siblings;
+
+pub(super) use mem::Mem;
+pub(super) use pacer::{Pacer, Wait};
+pub(super) use pass::{Frames, NoFrames, RING_BATCH};
+pub(super) use siblings::SiblingShards;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -308,11 +325,11 @@ pub(super) struct Shard {
     pub(super) dirty: Vec<Bell>,
     pub(super) carry: Vec<Bell>,
     /// QPs whose rings the engine looks at every pass without a doorbell (recently busy
-    /// ones; at most [`super::datapath::WATCH_MAX`]).
+    /// ones; at most [`pass::WATCH_MAX`]).
     pub(super) watched: Vec<QpId>,
     /// The light tenants' home lanes and watched QPs ([`vrnic_proto::Engine::is_light`]),
     /// listed at the start of a pass: what the engine has looked at between the steps of
-    /// others' turns ([`super::datapath::Peek`]).
+    /// others' turns ([`pass::Peek`]).
     pub(super) light_lanes: Vec<VnicId>,
     pub(super) light_qps: Vec<QpId>,
     /// Its regions' engine-sleeping words are set.
@@ -322,7 +339,7 @@ pub(super) struct Shard {
     /// responder is): the activity new vRNICs are placed by (`engines.rs`).
     pub(super) wrs: u64,
     /// What the last timed look at the rings cost, and the passes with turns since it was
-    /// timed (`datapath.rs`: looks are timed every [`super::datapath::LOOK_RETIME`] such
+    /// timed (`pass.rs`: looks are timed every [`pass::LOOK_RETIME`] such
     /// passes, not on each: a clock read is a good part of a short pass).
     pub(super) look_cost: Duration,
     pub(super) look_age: u32,

@@ -14,11 +14,9 @@
 //! ring a doorbell, is attached). A driver library that publishes a work request and then
 //! reads that word is never missed (brief §9, lost wake-ups); the next pass clears it.
 
-use super::*;
+use crate::server::*;
 
-use super::datapath::{Frames, Mem};
-use super::shard::Shard;
-use super::siblings::SiblingShards;
+use super::{Frames, Mem, Shard, SiblingShards};
 
 /// How long a shard's thread keeps spinning after the shard's last work before it sleeps.
 const SPIN_QUIET: Duration = Duration::from_millis(2);
@@ -33,7 +31,7 @@ fn idle_spin() -> vrnic_shm::Spin {
 
 /// What a shard's thread does after a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Wait {
+pub(in crate::server) enum Wait {
     /// Pass again at once: there was work, or a sibling's lock is wanted.
     Now,
     /// Nothing to do: spin (the CPU given away when due, [`Pacer::settle`]).
@@ -45,14 +43,14 @@ pub(super) enum Wait {
 
 /// The state that paces a shard's passes: when the last did work, whether its regions say the
 /// engine sleeps, and the spin's count of empty passes.
-pub(super) struct Pacer {
+pub(in crate::server) struct Pacer {
     last_work: Instant,
     asleep: bool,
     spin: vrnic_shm::Spin,
 }
 
 impl Pacer {
-    pub(super) fn new() -> Pacer {
+    pub(in crate::server) fn new() -> Pacer {
         Pacer {
             last_work: Instant::now(),
             asleep: false,
@@ -62,14 +60,14 @@ impl Pacer {
 
     /// Work its thread did besides the passes (the loop's sockets and links): the shard does
     /// not go to sleep while its thread is busy.
-    pub(super) fn worked(&mut self, at: Instant) {
+    pub(in crate::server) fn worked(&mut self, at: Instant) {
         self.last_work = at;
     }
 
     /// One pass of `sh` at `now` (its frames for other hosts to `frames`, its requests for
     /// other shards through `sibs`), then what to do next: see [`Wait`]. `guests`: region-only
     /// contexts are attached to the shard's vRNICs.
-    pub(super) fn pass(
+    pub(in crate::server) fn pass(
         &mut self,
         now: Instant,
         sh: &mut Shard,
@@ -114,7 +112,7 @@ impl Pacer {
 
     /// Between two passes that did not sleep: counts the pass that worked, or gives the CPU
     /// away after an empty one when due (`now`: when that pass began).
-    pub(super) fn settle(&mut self, wait: Wait, now: Instant) {
+    pub(in crate::server) fn settle(&mut self, wait: Wait, now: Instant) {
         match wait {
             Wait::Now => self.spin.worked(),
             Wait::Spin => {

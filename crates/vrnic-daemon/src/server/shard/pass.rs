@@ -1,150 +1,25 @@
-//! The data path: each engine pass takes new work requests from the rings (copied out once,
-//! parsed, handed to the engine), lets the engine move the bytes through region memory
-//! ([`Mem`]), and publishes retired indices and completions; plus the engine-sleeping word.
+//! A shard's engine pass: new work requests taken from the rings whose doorbells rang (or
+//! that are watched), copied out once, parsed and handed to the engine; engine turns, each
+//! followed by its frames for other hosts ([`Frames`]) and what it produced
+//! (`publish.rs`); the doorbells looked at again between turns; the engine-sleeping word.
 
-use super::*;
-use std::sync::Arc;
+use crate::server::*;
 
-use super::shard::{Bell, Lane, QpSlot, Shard};
-use super::siblings::SiblingShards;
-
-use std::sync::atomic::AtomicU64;
-use vrnic_proto::{HostId, MemoryRefused, NoSiblings, PASS_BYTES, PASS_WRS, Sender};
+use super::{Bell, Lane, Mem, QpSlot, Shard, SiblingShards};
+use vrnic_proto::{HostId, NoSiblings, PASS_BYTES, PASS_WRS, Sender};
 use vrnic_wire::frame::FrameRepr;
 
-/// The engine's view of region memory: every vRNIC's region of its shard, by id, and, while
-/// a pass executes a request on a sibling shard, that shard's too. It remembers the last
-/// region it found for a source and for a destination, so the runs of one segment (often many,
-/// all in the same two regions) cost no lookups after the first. Each copy, write or read is
-/// counted on the lane of the region it writes into (a read, on the one it reads): what
-/// `vrnic stats` calls the bytes the engine copied.
-pub(super) struct Mem<'a> {
-    lanes: &'a FxHashMap<VnicId, Lane>,
-    /// A sibling shard's lanes (looked up when a vRNIC is not in `lanes`).
-    more: Option<&'a FxHashMap<VnicId, Lane>>,
-    src: Option<(VnicId, &'a Lane)>,
-    dst: Option<(VnicId, &'a Lane)>,
-}
-
-impl<'a> Mem<'a> {
-    pub(super) fn new(lanes: &'a FxHashMap<VnicId, Lane>) -> Self {
-        Mem {
-            lanes,
-            more: None,
-            src: None,
-            dst: None,
-        }
-    }
-
-    /// The regions of two shards: this pass's and a sibling's it holds.
-    pub(super) fn pair(
-        lanes: &'a FxHashMap<VnicId, Lane>,
-        more: &'a FxHashMap<VnicId, Lane>,
-    ) -> Self {
-        Mem {
-            more: Some(more),
-            ..Mem::new(lanes)
-        }
-    }
-
-    /// The region of `vnic`, as a source of bytes.
-    pub(super) fn source(&mut self, vnic: VnicId) -> Option<&'a Arc<Region>> {
-        Self::lane(self.lanes, self.more, &mut self.src, vnic).map(|l| &l.region)
-    }
-
-    fn lane(
-        lanes: &'a FxHashMap<VnicId, Lane>,
-        more: Option<&'a FxHashMap<VnicId, Lane>>,
-        last: &mut Option<(VnicId, &'a Lane)>,
-        id: VnicId,
-    ) -> Option<&'a Lane> {
-        match *last {
-            Some((v, l)) if v == id => Some(l),
-            _ => {
-                let l = lanes.get(&id).or_else(|| more?.get(&id))?;
-                *last = Some((id, l));
-                Some(l)
-            }
-        }
-    }
-}
-
-impl Memory for Mem<'_> {
-    fn copy(&mut self, src: Loc, dst: Loc, len: usize) -> Result<(), MemoryRefused> {
-        let s = Self::lane(self.lanes, self.more, &mut self.src, src.vnic);
-        let d = Self::lane(self.lanes, self.more, &mut self.dst, dst.vnic);
-        let (Some(s), Some(d)) = (s, d) else {
-            return refused(&format!("copy between unknown vRNICs {src:?} -> {dst:?}"));
-        };
-        d.count_copy(len);
-        Region::copy(&s.region, src.off, &d.region, dst.off, len as u64)
-            .or_else(|e| refused(&format!("engine copy refused: {e}")))
-    }
-    fn write(&mut self, dst: Loc, data: &[u8]) -> Result<(), MemoryRefused> {
-        let Some(d) = Self::lane(self.lanes, self.more, &mut self.dst, dst.vnic) else {
-            return refused(&format!("write to an unknown vRNIC {dst:?}"));
-        };
-        d.count_copy(data.len());
-        d.region
-            .write_bytes(dst.off, data)
-            .or_else(|e| refused(&format!("engine write refused: {e}")))
-    }
-    fn read(&mut self, src: Loc, out: &mut [u8]) -> Result<(), MemoryRefused> {
-        let Some(s) = Self::lane(self.lanes, self.more, &mut self.src, src.vnic) else {
-            return refused(&format!("read of an unknown vRNIC {src:?}"));
-        };
-        s.count_copy(out.len());
-        s.region
-            .read_bytes(src.off, out)
-            .or_else(|e| refused(&format!("engine read refused: {e}")))
-    }
-    fn store_u64(&mut self, dst: Loc, value: [u8; 8]) -> Result<(), MemoryRefused> {
-        let Some(d) = Self::lane(self.lanes, self.more, &mut self.dst, dst.vnic) else {
-            return refused(&format!("atomic store to an unknown vRNIC {dst:?}"));
-        };
-        d.count_copy(8);
-        d.region
-            .store_u64(dst.off, value)
-            .or_else(|e| refused(&format!("engine atomic store refused: {e}")))
-    }
-}
-
-/// Copies refused since the last warning, and when that was (seconds of the monotonic clock): a
-/// tenant that makes every copy fail gets one line a second.
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-static REFUSED_LOGGED: AtomicU64 = AtomicU64::new(0);
-
-/// A refused copy: counted, and logged at most once a second (with how many since); the
-/// engine completes the work request it served with an error.
-#[cold]
-fn refused(what: &str) -> Result<(), MemoryRefused> {
-    let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
-    let now = crate::sys::monotonic_ns() / 1_000_000_000;
-    let last = REFUSED_LOGGED.load(Ordering::Relaxed);
-    if now > last
-        && REFUSED_LOGGED
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        REFUSED.store(0, Ordering::Relaxed);
-        warn!(
-            refused = n,
-            "{what} (the work request fails; at most one such line a second)"
-        );
-    }
-    Err(MemoryRefused)
-}
-
-/// Where a pass puts the frames its engine made: the peer links (one shard), or the other
-/// shards' inboxes.
-pub(super) trait Frames {
+/// Where a pass puts the frames its engine made for other hosts: the peer links (the loop's
+/// pass of the one shard), or the channel to the loop (an engine thread's pass, a control
+/// call's).
+pub(in crate::server) trait Frames {
     /// Takes every frame `engine` has to send (`mem` reads their payloads). Returns whether
     /// anything was sent.
     fn send(&mut self, engine: &mut Engine, mem: &mut Mem<'_>) -> bool;
 }
 
 /// No links: a frame (a route to another host cannot exist) is dropped.
-pub(super) struct NoFrames;
+pub(in crate::server) struct NoFrames;
 
 impl Frames for NoFrames {
     fn send(&mut self, engine: &mut Engine, _: &mut Mem<'_>) -> bool {
@@ -155,7 +30,7 @@ impl Frames for NoFrames {
 
 /// How many new work requests to take from a send or receive ring now. The producer index
 /// comes from the region (hostile): more outstanding entries than the ring holds is an error.
-pub(super) fn pending(
+pub(in crate::server) fn pending(
     ring: &Ring,
     region: &Region,
     fetched: u32,
@@ -192,33 +67,33 @@ fn prefetch_ahead(ring: &Ring, region: &Region, next: u32, i: u32, n: u32, lines
 }
 
 /// Work requests taken from one ring per look.
-pub(super) const RING_BATCH: u32 = 64;
+pub(in crate::server) const RING_BATCH: u32 = 64;
 
 /// Most QPs the engine watches at once: looks at their rings every pass, having told their
 /// drivers (the rings' `POLLED` words) that no doorbell is needed. A doorbell costs a driver
 /// three words the engine took back after its last pass, each a cache line to fetch from the
 /// engine's core, on every post; a watched ring costs the engine one load per look. Bounded
 /// so that a tenant with many busy QPs cannot make every look long: past the bound, QPs ring.
-pub(super) const WATCH_MAX: usize = 256;
+pub(in crate::server) const WATCH_MAX: usize = 256;
 /// A watched QP without new work for this long goes back to doorbells.
-pub(super) const WATCH_IDLE: Duration = Duration::from_micros(200);
+pub(in crate::server) const WATCH_IDLE: Duration = Duration::from_micros(200);
 
 /// Among busy tenants only, looks at the doorbells take about this fraction (1/16) of the pass
 /// (each look is a header page per vRNIC to walk to after the copies have gone through the
 /// TLB, and a cache line to take back from every app that posts): 32 bulk pairs lost a fifth
 /// of their bandwidth to looks spaced by eight looks' time. A newcomer then waits a few turns;
 /// from its first turn on, it is a light tenant and looks come after every turn.
-pub(super) const LOOK_SHARE: u32 = 16;
+pub(in crate::server) const LOOK_SHARE: u32 = 16;
 /// What a turn is taken to last, to count dear looks' spacing in turns (a 64 KiB turn copies
 /// in about 2 us here).
-pub(super) const TURN_NOMINAL: Duration = Duration::from_micros(2);
+pub(in crate::server) const TURN_NOMINAL: Duration = Duration::from_micros(2);
 /// A look at the rings is timed once in this many passes with turns; the others take that
 /// time (it changes with the vRNICs and their apps' posting, over many passes).
-pub(super) const LOOK_RETIME: u32 = 16;
+pub(in crate::server) const LOOK_RETIME: u32 = 16;
 
 impl Shard {
     /// A segment frame (decoded) that came from `host`, its payload `body`, to the engine.
-    pub(super) fn take_segment(
+    pub(in crate::server) fn take_segment(
         &mut self,
         now: Instant,
         host: HostId,
@@ -246,7 +121,7 @@ impl Shard {
     /// posted them, then told its peer to send, while this engine was not running: they must
     /// be there for the message, as on a device, which the engine would otherwise drop (UD,
     /// UC) or answer with RNR (RC).
-    pub(super) fn fetch_receives(&mut self, now: Instant, qpn: u32) {
+    pub(in crate::server) fn fetch_receives(&mut self, now: Instant, qpn: u32) {
         match self.engine.receives_wanted(qpn) {
             Some((_, Some(srq))) => {
                 self.fetch_srq(srq);
@@ -261,7 +136,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn set_sleeping(&mut self, on: bool) {
+    pub(in crate::server) fn set_sleeping(&mut self, on: bool) {
         self.sleeping = on;
         // A slice's engine-sleeping word is its home's: the home takes its doorbells.
         for v in self.lanes.values().filter(|v| v.inbox.is_none()) {
@@ -281,7 +156,7 @@ impl Shard {
     /// for the turn under way, not for the rest of the pass. Frames the engine made for other
     /// hosts (or shards) go to `frames` after the turn that made them, not at the end of the
     /// pass: the link carries a steady stream, not bursts. Returns whether anything happened.
-    pub(super) fn engine_pass(
+    pub(in crate::server) fn engine_pass(
         &mut self,
         now: Instant,
         frames: &mut dyn Frames,
@@ -493,88 +368,6 @@ impl Shard {
         });
     }
 
-    /// Hands back what the engine produced: retired indices, completions, async events and
-    /// the wake-ups they call for. Returns whether there was anything.
-    pub(super) fn publish(&mut self) -> bool {
-        let mut work = false;
-        // Retired indices first, completions second: an app that sees a completion must also
-        // see the ring slot it frees (perftest posts again as soon as it polls one).
-        // Only the queues whose counters moved: idle ones cost nothing here.
-        let (qps, srqs, vnics) = (&mut self.qps, &mut self.srqs, &self.lanes);
-        self.engine.drain_retired(
-            |qp, sq, rq| {
-                let Some(slot) = qps.get_mut(&qp) else { return };
-                let Some(v) = vnics.get(&slot.vnic) else {
-                    return;
-                };
-                if sq != slot.sq_cons {
-                    slot.sq_cons = sq;
-                    slot.sq.cons(&v.region).store(sq, Ordering::Release);
-                }
-                if rq != slot.rq_cons {
-                    slot.rq_cons = rq;
-                    slot.rq.cons(&v.region).store(rq, Ordering::Release);
-                }
-            },
-            |srq, r| {
-                let Some(slot) = srqs.get_mut(&srq) else {
-                    return;
-                };
-                let Some(v) = vnics.get(&slot.vnic) else {
-                    return;
-                };
-                if r != slot.cons {
-                    slot.cons = r;
-                    slot.ring.cons(&v.region).store(r, Ordering::Release);
-                }
-            },
-        );
-        while let Some((cq, cqe, solicited)) = self.engine.poll_completion() {
-            work = true;
-            self.post_cqe(cq, &cqe, solicited);
-        }
-        while let Some((ctx, ev)) = self.engine.poll_event() {
-            work = true;
-            // An event the engine queued for an object destroyed since (a QP moved to ERR and
-            // destroyed at once, as UCX does) is dropped: after `ibv_destroy_*` returns, no
-            // event names the object, as the kernel guarantees.
-            let (kind, handle, live) = match ev {
-                vrnic_proto::Event::QpFatal { qp } => {
-                    (vrnic_api::event::QP_FATAL, qp.0, self.qps.contains_key(&qp))
-                }
-                vrnic_proto::Event::CqError { cq } => {
-                    (vrnic_api::event::CQ_ERR, cq.0, self.cqs.contains_key(&cq))
-                }
-                vrnic_proto::Event::SrqLimit { srq } => (
-                    vrnic_api::event::SRQ_LIMIT_REACHED,
-                    srq.0,
-                    self.srqs.contains_key(&srq),
-                ),
-                vrnic_proto::Event::SrqError { srq } => (
-                    vrnic_api::event::SRQ_ERR,
-                    srq.0,
-                    self.srqs.contains_key(&srq),
-                ),
-                vrnic_proto::Event::LastWqeReached { qp } => (
-                    vrnic_api::event::QP_LAST_WQE_REACHED,
-                    qp.0,
-                    self.qps.contains_key(&qp),
-                ),
-            };
-            if live {
-                self.out.events.push((ctx, kind, handle));
-            }
-        }
-        if self.engine.has_refusals() {
-            // Bounded as the engine bounds its own list, whenever the loop drains it.
-            let (list, n) = self.engine.take_refusals();
-            let room = vrnic_proto::MAX_REFUSALS.saturating_sub(self.out.refused.len());
-            self.out.refused.extend(list.into_iter().take(room));
-            self.out.refused_n += n;
-        }
-        work
-    }
-
     /// Takes new work requests from a QP's send and receive rings into the engine (copied out
     /// once, parsed, handed over; at most [`RING_BATCH`] per ring). Returns whether a ring still
     /// holds more.
@@ -702,7 +495,7 @@ impl Shard {
     /// Takes new receive WQEs from an SRQ's ring into the engine. Returns whether any came.
     /// Called by every engine pass, and before the SRQ's limit is armed or queried, so that
     /// what the app posted counts, as on a device.
-    pub(super) fn fetch_srq(&mut self, srq: SrqId) -> bool {
+    pub(in crate::server) fn fetch_srq(&mut self, srq: SrqId) -> bool {
         let Some(slot) = self.srqs.get_mut(&srq) else {
             return false;
         };
@@ -742,63 +535,6 @@ impl Shard {
             }
         }
     }
-
-    pub(super) fn post_cqe(&mut self, cq: CqId, cqe: &Cqe, solicited: bool) {
-        let Some(cell) = self.cqs.get_mut(&cq) else {
-            return;
-        };
-        let (lanes, out) = (&self.lanes, &mut self.out);
-        cell.with(|slot| {
-            let Some(v) = lanes.get(&slot.vnic) else {
-                return;
-            };
-            if slot.broken {
-                return;
-            }
-            let region = &v.region;
-            let depth = slot.ring.depth();
-            if slot.prod.wrapping_sub(slot.cons_seen) >= depth {
-                slot.cons_seen = slot.ring.cons(region).load(Ordering::Acquire);
-                if slot.prod.wrapping_sub(slot.cons_seen) >= depth {
-                    // Overflow (or a garbage consumer index): the CQ is in error, as on a
-                    // device.
-                    warn!(cq = cq.0, "completion queue overrun; CQ in error");
-                    slot.broken = true;
-                    out.events.push((slot.ctx, vrnic_api::event::CQ_ERR, cq.0));
-                    return;
-                }
-            }
-            let mut raw = [0u8; CQ_SLOT];
-            let stamped = Cqe {
-                timestamp_ns: sys::monotonic_ns(),
-                ..*cqe
-            };
-            stamped.encode(&mut raw);
-            // The slot, then its sequence word (what the driver polls), then the index.
-            slot.ring
-                .write_slot_head(region, slot.prod, &raw[..CQE_SEQ]);
-            slot.ring
-                .slot_word(region, slot.prod, CQE_SEQ)
-                .store(vrnic_wire::cqe_seq(slot.prod), Ordering::Release);
-            slot.prod = slot.prod.wrapping_add(1);
-            slot.ring.prod(region).store(slot.prod, Ordering::Release);
-            // Store-then-load against the driver's arm-then-poll: without a full fence both
-            // sides could miss each other (the CQE unseen by the poll, the arm unseen here).
-            fence(Ordering::SeqCst);
-            // Arm word: 1 = next completion, 2 = next solicited completion.
-            let arm = slot.ring.arm(region);
-            let a = arm.load(Ordering::Acquire);
-            if (a == 1 || (a == 2 && solicited))
-                && arm
-                    .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                let n = slot.ring.notify(region).fetch_add(1, Ordering::AcqRel);
-                tracing::trace!(cq = cq.0, notify = n + 1, "CQ event");
-                out.wakes.push(slot.ctx);
-            }
-        });
-    }
 }
 
 /// What the engine asks between the steps of a turn while a light tenant competes
@@ -808,7 +544,7 @@ impl Shard {
 /// receive needs no turn: the look after the turn takes it, and a request that would consume
 /// it takes the ring's receives first). The work itself is taken by the look that follows the
 /// turn ([`Look::Newcomers`]).
-pub(super) struct Peek<'a> {
+pub(in crate::server) struct Peek<'a> {
     lanes: &'a FxHashMap<VnicId, Lane>,
     qps: &'a FxHashMap<QpId, QpSlot>,
     light_lanes: &'a [VnicId],
