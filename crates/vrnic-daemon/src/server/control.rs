@@ -448,15 +448,22 @@ impl Server {
                 Err(e) => err(e, "CM event"),
             },
             Request::ReregMr { mr, pd, access } => {
-                match cell
-                    .lock()
-                    .engine
-                    .rereg_mr(id, MrId(mr), pd.map(PdId), access)
-                {
+                // Every slice held at once (`--spread-qps`): a window bound to the MR in
+                // another slice between the home's change and that slice's would leave that
+                // slice's copy of the MR with its old access and PD. Held, every copy answers
+                // as the home's does.
+                let cells = self.slices_of(vnic);
+                let mut guards = Slices::lock(vnic, &cells);
+                let Some((home, others)) = guards.split_first_mut() else {
+                    return err(libc::ENODEV, "vRNIC gone");
+                };
+                match home.engine.rereg_mr(id, MrId(mr), pd.map(PdId), access) {
                     Ok(()) => {
-                        self.on_slices(vnic, |e| {
-                            let _ = e.rereg_mr(id, MrId(mr), pd.map(PdId), access);
-                        });
+                        for g in others {
+                            if let Err(e) = g.engine.rereg_mr(id, MrId(mr), pd.map(PdId), access) {
+                                warn!(mr, errno = e, "a slice refused an MR change its home took");
+                            }
+                        }
                         Reply::Ok
                     }
                     Err(e) => err(e, "rereg_mr"),
