@@ -123,3 +123,63 @@ impl Pacer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::NoFrames;
+    use super::*;
+
+    /// A moment past the quiet time after now.
+    fn quiet() -> Instant {
+        Instant::now() + SPIN_QUIET + Duration::from_millis(1)
+    }
+
+    /// A shard without work spins until [`SPIN_QUIET`] after its last work, then its regions
+    /// say the engine sleeps and its thread may wait up to [`MAX_SLEEP`] (with no timer due),
+    /// [`GUEST_SLEEP`] while a guest that cannot ring is attached; each pass first clears the
+    /// word.
+    #[test]
+    fn an_idle_shard_spins_then_sleeps_at_most_as_long_as_its_guests_allow() {
+        let mut sh = Shard::new(1);
+        let mut p = Pacer::new();
+        let w = p.pass(Instant::now(), &mut sh, &mut NoFrames, None, false);
+        assert_eq!(w, Wait::Spin);
+        assert!(!sh.sleeping, "asleep while spinning");
+        let w = p.pass(quiet(), &mut sh, &mut NoFrames, None, false);
+        assert_eq!(w, Wait::Sleep(MAX_SLEEP));
+        assert!(sh.sleeping, "sleeping without saying so");
+        let w = p.pass(quiet(), &mut sh, &mut NoFrames, None, true);
+        assert!(
+            matches!(w, Wait::Sleep(t) if t <= GUEST_SLEEP),
+            "a guest attached: {w:?}"
+        );
+        assert!(sh.sleeping);
+        // Work elsewhere (below), then a pass: the word is cleared and the thread spins.
+        let at = quiet();
+        p.worked(at);
+        assert_eq!(p.pass(at, &mut sh, &mut NoFrames, None, false), Wait::Spin);
+        assert!(!sh.sleeping, "the pass after a sleep left the word set");
+    }
+
+    /// Work its thread did besides the passes (the loop's sockets and links) keeps the shard
+    /// from sleeping until [`SPIN_QUIET`] after it.
+    #[test]
+    fn work_besides_the_passes_keeps_the_shard_awake_for_the_quiet_time() {
+        let mut sh = Shard::new(1);
+        let mut p = Pacer::new();
+        let at = quiet();
+        p.worked(at);
+        let soon = at + SPIN_QUIET / 2;
+        assert_eq!(
+            p.pass(soon, &mut sh, &mut NoFrames, None, false),
+            Wait::Spin
+        );
+        assert!(!sh.sleeping);
+        let late = at + SPIN_QUIET + Duration::from_millis(1);
+        assert!(matches!(
+            p.pass(late, &mut sh, &mut NoFrames, None, false),
+            Wait::Sleep(_)
+        ));
+        assert!(sh.sleeping);
+    }
+}
