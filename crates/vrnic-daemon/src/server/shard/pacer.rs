@@ -41,11 +41,10 @@ pub(in crate::server) enum Wait {
     Sleep(Duration),
 }
 
-/// The state that paces a shard's passes: when the last did work, whether its regions say the
-/// engine sleeps, and the spin's count of empty passes.
+/// The state that paces a shard's passes: when the last did work and the spin's count of empty
+/// passes (whether its regions say the engine sleeps is the shard's own `sleeping`).
 pub(in crate::server) struct Pacer {
     last_work: Instant,
-    asleep: bool,
     spin: vrnic_shm::Spin,
 }
 
@@ -53,7 +52,6 @@ impl Pacer {
     pub(in crate::server) fn new() -> Pacer {
         Pacer {
             last_work: Instant::now(),
-            asleep: false,
             spin: idle_spin(),
         }
     }
@@ -75,9 +73,8 @@ impl Pacer {
         mut sibs: Option<&mut SiblingShards<'_>>,
         guests: bool,
     ) -> Wait {
-        if self.asleep {
+        if sh.sleeping {
             sh.set_sleeping(false);
-            self.asleep = false;
         }
         let mut worked = sh.engine_pass(now, frames, sibs.as_deref_mut());
         // Frames the pass made after its last turn (a timer's resend, an ACK due).
@@ -96,7 +93,6 @@ impl Pacer {
         }
         // Sleep: announce it, then look once more before really waiting.
         sh.set_sleeping(true);
-        self.asleep = true;
         let again = Instant::now();
         if sh.engine_pass(again, frames, sibs.as_deref_mut()) || pending(sh, &sibs) {
             self.last_work = again;
